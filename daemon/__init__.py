@@ -1,0 +1,1 @@
+"""The imperative shell: runner, adapters, service, control socket and CLI."""

@@ -1,0 +1,5 @@
+"""`python -m daemon` runs the service."""
+
+from daemon.service import main
+
+raise SystemExit(main())

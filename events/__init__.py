@@ -1,0 +1,1 @@
+"""The event log: schema, append-only hash-chained store, verification, projections."""

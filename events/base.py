@@ -1,0 +1,75 @@
+"""The event base class, the per-type registry and the payload codec (tagged msgspec unions)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Union
+
+import msgspec
+
+from events.upcast import upcast
+
+
+class Event(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Base of every logged event; a subclass's tag is its `type` and is never renamed or reused."""
+
+    schema_v: ClassVar[int] = 1
+
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+
+def register(cls: type[Event]) -> type[Event]:
+    """Class decorator: adds an event type to the union the log decodes."""
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{cls.__name__} needs a string tag")
+    if tag in _REGISTRY and _REGISTRY[tag] is not cls:
+        raise TypeError(f"event tag {tag!r} is already used by {_REGISTRY[tag].__name__}")
+    _REGISTRY[tag] = cls
+    _codec_cache.clear()
+    return cls
+
+
+def event_type(tag: str) -> type[Event] | None:
+    return _REGISTRY.get(tag)
+
+
+def known_tags() -> dict[str, int]:
+    return {tag: cls.schema_v for tag, cls in _REGISTRY.items()}
+
+
+_codec_cache: dict[str, Any] = {}
+_encoder = msgspec.json.Encoder()
+
+
+def encode_payload(event: Event) -> bytes:
+    """The exact bytes that are stored and hashed."""
+    return _encoder.encode(event)
+
+
+def _decoder() -> msgspec.json.Decoder:
+    dec = _codec_cache.get("decoder")
+    if dec is None:
+        union = Union[tuple(_REGISTRY.values())]  # type: ignore[valid-type]
+        dec = _codec_cache["decoder"] = msgspec.json.Decoder(union)
+    return dec
+
+
+class UnknownEventError(ValueError):
+    """An event whose tag or schema version this build does not know."""
+
+
+def decode_payload(type_: str, schema_v: int, payload: bytes) -> Event:
+    """Decodes stored bytes, upcasting older schema versions first."""
+    cls = _REGISTRY.get(type_)
+    if cls is None:
+        raise UnknownEventError(f"unknown event type {type_!r}")
+    if schema_v > cls.schema_v:
+        raise UnknownEventError(
+            f"event type {type_!r} has schema_v {schema_v}, newer than this build's {cls.schema_v}"
+        )
+    if schema_v == cls.schema_v:
+        return _decoder().decode(payload)
+    raw = msgspec.json.decode(payload)
+    raw = upcast(type_, schema_v, cls.schema_v, raw)
+    return msgspec.convert(raw, cls)

@@ -1,0 +1,28 @@
+"""The stored envelope of one event, as read back from the log."""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.base import Event, decode_payload
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """One row of the log: gapless seq, both clocks, the tag, and the payload bytes exactly as hashed."""
+
+    seq: int
+    mono_ns: int
+    wall_ns: int
+    type: str
+    schema_v: int
+    window_id: str
+    causation_seq: int | None
+    payload: bytes
+    prev_hash: bytes
+    hash: bytes
+
+    def event(self) -> Event:
+        return decode_payload(self.type, self.schema_v, self.payload)
+
+
+COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"

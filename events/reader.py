@@ -1,0 +1,56 @@
+"""Synchronous read-only access to a log file, for offline tools (verify, export, audit, reports)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from events.envelope import Envelope
+from events.sqlschema import NotAnEventLog, check_format
+from events.store import row_envelope, select_sql
+
+
+class LogReader:
+    """Opens a log read-only; refuses a file that is not a flare-diag log."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NotAnEventLog(f"{self.path}: no such event log file")
+        try:
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise NotAnEventLog(f"{self.path}: cannot open as an event log ({exc})") from None
+        check_format(self.conn, str(self.path))
+
+    def iter(self, *, from_seq: int = 1, window_id: str | None = None,
+             types: Iterable[str] | None = None) -> Iterator[Envelope]:
+        sql, args = select_sql(from_seq, window_id, types)
+        cur = self.conn.execute(sql, args)
+        while rows := cur.fetchmany(4096):
+            for r in rows:
+                yield row_envelope(r)
+
+    def raw_rows(self) -> sqlite3.Cursor:
+        return self.conn.execute(
+            "SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload, prev_hash, hash"
+            " FROM events ORDER BY seq"
+        )
+
+    def window_ids(self) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT window_id FROM events WHERE window_id != '' GROUP BY window_id ORDER BY MIN(seq)")]
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

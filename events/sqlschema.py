@@ -1,0 +1,58 @@
+"""The SQLite layout of the log: tables, append-only triggers, and the format marker."""
+
+from __future__ import annotations
+
+import sqlite3
+
+FORMAT = "flare-diag.events"
+STORE_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY,
+  mono_ns INTEGER NOT NULL,
+  wall_ns INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  schema_v INTEGER NOT NULL,
+  window_id TEXT NOT NULL,
+  causation_seq INTEGER,
+  payload BLOB NOT NULL,
+  prev_hash BLOB NOT NULL,
+  hash BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_window ON events(window_id, seq);
+CREATE INDEX IF NOT EXISTS events_type ON events(type, seq);
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+  BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+  BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS meta_no_update BEFORE UPDATE ON meta
+  BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS meta_no_delete BEFORE DELETE ON meta
+  BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END;
+"""
+
+INSERT = (
+    "INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload,"
+    " prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?)"
+)
+
+
+class NotAnEventLog(ValueError):
+    """The file is not a flare-diag event log, or was written by a newer store format."""
+
+
+def check_format(conn: sqlite3.Connection, path: str) -> None:
+    """Raises NotAnEventLog with one line naming the file and what was expected."""
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
+    if rows.get("format") != FORMAT:
+        raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
+    version = int(rows.get("store_version", "0"))
+    if version > STORE_VERSION:
+        raise NotAnEventLog(
+            f"{path}: event log store_version {version} is newer than this build's {STORE_VERSION}; upgrade flare-diag"
+        )

@@ -1,0 +1,333 @@
+"""The append-only event store: one aiosqlite writer that group-commits durable, hash-chained batches."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sqlite3
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
+
+import aiosqlite
+
+from events.base import Event, _encoder
+from events.chain import DOMAIN_TAG, GENESIS, _fixed
+from events.checkpoint import default_path, write_checkpoint
+from events.envelope import COLUMNS, Envelope
+from events.sqlschema import DDL, FORMAT, INSERT, STORE_VERSION, NotAnEventLog
+
+Clock = Callable[[], tuple[int, int]]
+
+
+def system_clock() -> tuple[int, int]:
+    return time.monotonic_ns(), time.time_ns()
+
+
+class StoreClosed(RuntimeError):
+    """An append was attempted on a closed store."""
+
+
+class StoreWriteError(RuntimeError):
+    """A batch could not be committed; none of its events were acknowledged."""
+
+
+_Row = tuple[str, int, str, "int | None", bytes, int, int]
+
+
+class _Receipt(list):
+    """The envelopes of one acknowledged submission, built only when read (the hot path rarely reads them)."""
+
+    def __init__(self, rows: list[tuple]) -> None:
+        super().__init__()
+        self._rows = rows
+
+    def _fill(self) -> None:
+        if self._rows is not None:
+            super().extend(row_to_envelope(r) for r in self._rows)
+            self._rows = None
+
+    def __getitem__(self, i):  # type: ignore[override]
+        self._fill()
+        return super().__getitem__(i)
+
+    def __iter__(self):  # type: ignore[override]
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else super().__len__()
+
+
+def row_to_envelope(r: tuple) -> Envelope:
+    seq, mono, wall, type_, v, wid, caus, payload, prev, h = r
+    return Envelope(seq, mono, wall, type_, v, wid, caus, payload, prev, h)
+_STOP = object()
+_encode = _encoder.encode
+_TAGS: dict[type, tuple[str, int]] = {}
+
+
+def _tag_of(event: Event) -> tuple[str, int]:
+    cls = type(event)
+    tv = _TAGS.get(cls)
+    if tv is None:
+        tv = _TAGS[cls] = (cls.__struct_config__.tag, cls.schema_v)  # type: ignore[assignment]
+    return tv  # type: ignore[return-value]
+
+
+class EventStore:
+    """Appends are queued, stamped in submission order, and acknowledged only once committed.
+
+    One writer task owns the connection: it drains whatever is queued, hashes it onto the chain,
+    writes it in one `BEGIN IMMEDIATE` transaction with `synchronous=FULL`, then resolves the
+    waiters. Callers on a hot path use `submit` and need not await the fsync.
+    """
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path, checkpoint_path: Path, clock: Clock,
+                 seq: int, head_hash: bytes, max_batch: int) -> None:
+        self._conn = conn
+        self.path = path
+        self.checkpoint_path = checkpoint_path
+        self._clock = clock
+        self._seq = seq
+        self._head = head_hash
+        self._tent_seq, self._tent_head = seq, head_hash  # hashed, maybe not yet committed
+        self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._max_batch = max_batch
+        self._queue: deque[object] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self._writer = self._loop.create_task(self._write_loop(), name="event-store-writer")
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], *, checkpoint_path: str | os.PathLike[str] | None = None,
+                   clock: Clock = system_clock, max_batch: int = 65_536) -> EventStore:
+        path = Path(path)
+        cp = Path(checkpoint_path) if checkpoint_path is not None else default_path(path)
+        conn = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute("PRAGMA synchronous=FULL")
+            await conn.execute("BEGIN IMMEDIATE")
+            for stmt in _split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
+                await conn.execute(stmt)
+            meta = dict(await conn.execute_fetchall("SELECT key, value FROM meta"))
+            if not meta:
+                await conn.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [("format", FORMAT), ("store_version", str(STORE_VERSION))],
+                )
+            elif meta.get("format") != FORMAT:
+                raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
+            elif int(meta.get("store_version", "0")) > STORE_VERSION:
+                raise NotAnEventLog(f"{path}: event log store_version {meta['store_version']} is newer than this build's {STORE_VERSION}")
+            await conn.execute("COMMIT")
+            rows = await conn.execute_fetchall("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        except BaseException as exc:
+            await conn.close()
+            if isinstance(exc, aiosqlite.DatabaseError):
+                raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
+            raise
+        seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
+        return cls(conn, path, cp, clock, seq, head, max_batch)
+
+    @property
+    def head(self) -> tuple[int, bytes]:
+        """The last acknowledged (seq, hash)."""
+        return self._seq, self._head
+
+    def submit(self, event: Event, *, window_id: str = "", causation_seq: int | None = None,
+               mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[list[Envelope]]:
+        """Queues one event; the future resolves, with its envelope, once it is durable."""
+        if self._closed:
+            raise StoreClosed(f"{self.path}: event store is closed")
+        if mono_ns is None or wall_ns is None:
+            m, w = self._clock()
+            mono_ns = m if mono_ns is None else mono_ns
+            wall_ns = w if wall_ns is None else wall_ns
+        tag, v = _tag_of(event)
+        fut = self._loop.create_future()
+        self._queue.append(([(tag, v, window_id, causation_seq, _encode(event), mono_ns, wall_ns)], fut))
+        self._wake.set()
+        return fut
+
+    def submit_many(self, events: Iterable[Event], *, window_id: str = "", causation_seq: int | None = None,
+                    mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[list[Envelope]]:
+        """Queues events that get consecutive seqs, committed in one transaction."""
+        if self._closed:
+            raise StoreClosed(f"{self.path}: event store is closed")
+        if mono_ns is None or wall_ns is None:
+            m, w = self._clock()
+            mono_ns = m if mono_ns is None else mono_ns
+            wall_ns = w if wall_ns is None else wall_ns
+        rows = []
+        for e in events:
+            tag, v = _tag_of(e)
+            rows.append((tag, v, window_id, causation_seq, _encode(e), mono_ns, wall_ns))
+        fut = self._loop.create_future()
+        self._queue.append((rows, fut))
+        self._wake.set()
+        return fut
+
+    async def append(self, event: Event, **kw: object) -> Envelope:
+        """Appends one event and returns once it is durable."""
+        return (await self.submit(event, **kw))[0]  # type: ignore[arg-type]
+
+    async def append_many(self, events: Sequence[Event], **kw: object) -> list[Envelope]:
+        return await self.submit_many(events, **kw)  # type: ignore[arg-type]
+
+    async def flush(self) -> None:
+        """Waits until everything submitted so far is durable (or failed)."""
+        fut = self.submit_many([])
+        await fut
+
+    async def _write_loop(self) -> None:
+        # Pipelined: while one batch is being written on aiosqlite's thread, the next is gathered
+        # and hashed on the loop. At most one commit is in flight, so acknowledgements stay ordered.
+        queue = self._queue
+        inflight: asyncio.Task[bool] | None = None
+        stop = False
+        while not stop:
+            if not queue:
+                if inflight is not None:
+                    await inflight
+                    inflight = None
+                    continue
+                self._wake.clear()
+                await self._wake.wait()
+            batch, n = [], 0
+            while queue and n < self._max_batch:
+                item = queue.popleft()
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+                n += len(item[0])  # type: ignore[index]
+            if not batch:
+                continue
+            base = (self._tent_seq, self._tent_head)
+            rows = self._hash_rows(batch, *base)
+            if inflight is not None and not await inflight:
+                rows = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
+            inflight = asyncio.get_running_loop().create_task(self._commit(batch, rows))
+        if inflight is not None:
+            await inflight
+
+    async def _write_rows(self, rows: list[tuple]) -> None:
+        run = getattr(self._conn, "_execute", None)
+        if run is not None:  # one hop to aiosqlite's thread for the whole transaction
+            await run(_write_transaction, self._conn._conn, rows)
+        else:
+            await self._conn.execute("BEGIN IMMEDIATE")
+            await self._conn.executemany(INSERT, rows)
+            await self._conn.execute("COMMIT")
+
+    def _hash_rows(self, batch: list[tuple[list[_Row], asyncio.Future]], seq: int, prev: bytes) -> list[tuple]:
+        # event_hash() inlined, with the (type, window) part of the preimage cached: the store's hot loop
+        sha, pack, join, tag, pre = hashlib.sha256, _fixed.pack, b"".join, DOMAIN_TAG, self._prefixes
+        rows: list[tuple] = []
+        for items, _fut in batch:
+            for type_, v, wid, caus, payload, mono, wall in items:
+                seq += 1
+                tw = pre.get((type_, wid))
+                if tw is None:
+                    t, w = type_.encode(), wid.encode()
+                    tw = pre[(type_, wid)] = len(t).to_bytes(2, "big") + t + len(w).to_bytes(2, "big") + w
+                h = sha(join((tag, prev, pack(seq, v, mono, wall, -1 if caus is None else caus), tw, payload))).digest()
+                rows.append((seq, mono, wall, type_, v, wid, caus, payload, prev, h))
+                prev = h
+        self._tent_seq, self._tent_head = seq, prev
+        return rows
+
+    async def _commit(self, batch: list[tuple[list[_Row], asyncio.Future[list[Envelope]]]], rows: list[tuple]) -> bool:
+        if rows:
+            try:
+                await self._write_rows(rows)
+            except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
+                try:
+                    await self._conn.execute("ROLLBACK")
+                except Exception:
+                    pass
+                self._tent_seq, self._tent_head = self._seq, self._head
+                err = StoreWriteError(f"{self.path}: commit of {len(rows)} events failed: {exc}")
+                for _items, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                return False
+            self._seq, self._head = rows[-1][0], rows[-1][9]
+            write_checkpoint(self.checkpoint_path, self._seq, self._head)
+        i = 0
+        for items, fut in batch:
+            n = len(items)
+            if not fut.done():
+                fut.set_result(_Receipt(rows[i:i + n]))
+            i += n
+        return True
+
+    async def iter(self, *, from_seq: int = 1, window_id: str | None = None,
+                   types: Iterable[str] | None = None, chunk: int = 2048) -> AsyncIterator[Envelope]:
+        """Committed events in seq order, optionally one window's or some types'."""
+        sql, args = select_sql(from_seq, window_id, types)
+        async with self._conn.execute(sql, args) as cur:
+            while True:
+                rows = await cur.fetchmany(chunk)
+                if not rows:
+                    return
+                for r in rows:
+                    yield row_envelope(r)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.append(_STOP)
+        self._wake.set()
+        await self._writer
+        await self._conn.close()
+
+    async def __aenter__(self) -> EventStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _write_transaction(conn: sqlite3.Connection, rows: list[tuple]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(INSERT, rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None) -> tuple[str, list]:
+    where, args = ["seq >= ?"], [from_seq]
+    if window_id is not None:
+        where.append("window_id = ?")
+        args.append(window_id)
+    if types is not None:
+        ts = list(types)
+        where.append(f"type IN ({','.join('?' * len(ts))})")
+        args.extend(ts)
+    return f"SELECT {COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY seq", args
+
+
+def row_envelope(r: Sequence) -> Envelope:
+    return Envelope(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), bytes(r[8]), bytes(r[9]))
+
+
+def _split_ddl(ddl: str) -> list[str]:
+    """Splits the DDL into statements, keeping trigger bodies whole."""
+    out, cur = [], []
+    for line in ddl.strip().splitlines():
+        cur.append(line)
+        s = line.strip()
+        if s.endswith("END;") or (s.endswith(";") and not any(c.lstrip().startswith("CREATE TRIGGER") for c in cur)):
+            out.append("\n".join(cur))
+            cur = []
+    return out

@@ -1,0 +1,26 @@
+"""Helpers for tests that need a log on disk or need to tamper with one."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from events.schema import LogNote
+from events.store import EventStore
+
+
+async def write_notes(path: Path, n: int, window_id: str = "w1") -> EventStore:
+    store = await EventStore.open(path)
+    await store.append_many([LogNote(text=f"note {i}") for i in range(n)], window_id=window_id)
+    return store
+
+
+def tamper(path: Path, *statements: str) -> None:
+    """Drops the append-only triggers (as an attacker with file access would) and runs SQL."""
+    conn = sqlite3.connect(path)
+    for trig in ("events_no_update", "events_no_delete"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {trig}")
+    for s in statements:
+        conn.execute(s)
+    conn.commit()
+    conn.close()
