@@ -31,7 +31,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint file (default: DB.checkpoint when present)")
     e = lsub.add_parser("export", help="write the log as JSON lines")
     e.add_argument("db", type=Path)
+    au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
+    au.add_argument("db", type=Path)
+
+    plan = sub.add_parser("plan", help="check a plan")
+    psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
+    pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
+    pc.add_argument("plan", type=Path)
     return p
+
+
+def load_plan(path: Path):
+    """Reads and checks a plan file, or raises UsageError naming it."""
+    from policies.plan import PlanError, decode_plan
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read plan ({exc.strerror})") from None
+    try:
+        return decode_plan(data, str(path))
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _plan_check(path: Path) -> int:
+    plan = load_plan(path)
+    from policies.plan import expand_phases
+    phases = expand_phases(plan)
+    print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "log":
             from daemon.cli_log import run_log
             return run_log(args)
+        if args.cmd == "plan":
+            return _plan_check(args.plan)
     except UsageError as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -27,6 +27,8 @@ def run_log(args: argparse.Namespace) -> int:
         return _verify(args)
     if args.log_cmd == "export":
         return _export(args)
+    if args.log_cmd == "audit":
+        return _audit(args)
     return EXIT_BAD_INPUT
 
 
@@ -58,3 +60,22 @@ def _export(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.db}: {exc}") from None
     out.flush()
     return EXIT_OK
+
+
+def audit_reader(reader: LogReader):
+    from policies.audit import audit
+    return audit((env.seq, env.window_id, env.event()) for env in reader.iter())
+
+
+def _audit(args: argparse.Namespace) -> int:
+    with _open(args.db) as reader:
+        try:
+            res = audit_reader(reader)
+        except UnknownEventError as exc:
+            raise UsageError(f"{args.db}: {exc}") from None
+    if res.ok:
+        print(f"ok: {res.windows} windows, {res.inputs} inputs replayed, {res.decisions} decisions match")
+        return EXIT_OK
+    d = res.divergence
+    print(f"DIVERGED at seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}")
+    return EXIT_FAILED

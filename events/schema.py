@@ -11,3 +11,199 @@ class LogNote(Event, tag="log_note"):
 
     text: str
     source: str = ""
+
+
+# --- Policy inputs: every one is appended before the policy sees it. `at_ns` is the window clock
+# (nanoseconds since the window was opened, multiplied by the time scale of a rehearsal).
+
+class Input(Event, kw_only=True):
+    """Base of everything the window policy receives."""
+
+    at_ns: int
+
+
+@register
+class WindowOpened(Input, tag="window_opened"):
+    """The operator's start: the plan (as decoded builtins), where it runs, and how GPUs are read."""
+
+    window_id: str
+    plan: dict
+    plan_sha256: str
+    site: str
+    gpu_source: str
+    rehearsal: bool
+    candidate_recipe: str
+
+
+@register
+class Tick(Input, tag="tick"):
+    """The passage of time; carries nothing but `at_ns`."""
+
+
+@register
+class ActionDone(Input, tag="action_done"):
+    """The outcome of one requested action. `error` classifies a failure (see policies.rules)."""
+
+    action_id: int
+    ok: bool
+    error: str | None = None
+    detail: str = ""
+    data: dict = {}
+
+
+@register
+class RequestDone(Input, tag="request_done"):
+    """The outcome of one replayed request; timings are monotonic ns relative to its send."""
+
+    action_id: int
+    phase: str
+    order_index: int
+    body_index: int
+    body_sha256: str
+    outcome: str  # ok | error | cancelled
+    error: str | None = None
+    detail: str = ""
+    status_code: int | None = None
+    request_id: str | None = None
+    finish_reason: str | None = None
+    visible_output: bool = False
+    reasoning_only: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    first_byte_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    end_ns: int | None = None
+    response_bytes: int = 0
+    response_sha256: str = ""
+    response_head: str = ""
+
+
+@register
+class WatchObserved(Input, tag="watch_observed"):
+    """An unsolicited observation from a watcher (source: gpu | router)."""
+
+    source: str
+    data: dict
+
+
+@register
+class OperatorAbort(Input, tag="operator_abort"):
+    reason: str
+    uid: int | None = None
+    pid: int | None = None
+
+
+@register
+class DaemonRestarted(Input, tag="daemon_restarted"):
+    """The daemon came back with this window unfinished; unanswered actions are possibly done."""
+
+    unanswered: list[int] = []
+
+
+# --- Policy decisions: appended before they are carried out.
+
+class Decision(Event, kw_only=True):
+    """Base of everything the window policy decides."""
+
+
+@register
+class ActionRequested(Decision, tag="action_requested"):
+    action_id: int
+    action: str
+    args: dict = {}
+    experimental: bool = False
+
+
+@register
+class CancelRequested(Decision, tag="cancel_requested"):
+    action_ids: list[int]
+    reason: str
+
+
+@register
+class TimeMarked(Decision, tag="time_marked"):
+    """A point of the window timeline (t0, stop, window_end, restore_overrun)."""
+
+    mark: str
+    minute: float
+
+
+@register
+class TraceOrderFrozen(Decision, tag="trace_order_frozen"):
+    order: list[str]
+
+
+@register
+class PhaseStarted(Decision, tag="phase_started"):
+    phase: str
+    minute: float
+    estimated_end_minute: float
+
+
+@register
+class RequestMeasured(Decision, tag="request_measured"):
+    """One request's native counter deltas, from the scrapes before and after it."""
+
+    phase: str
+    order_index: int
+    body_index: int
+    body_sha256: str
+    outcome: str
+    natural_failure: str | None
+    delta: dict
+
+
+@register
+class CellRecorded(Decision, tag="cell_recorded"):
+    phase: str
+    status: str  # measured | failed | invalid | deferred
+    reason: str
+    requests: int = 0
+    host: dict | None = None
+    gpu: dict | None = None
+    comparable: bool = True
+    counters: dict = {}
+    natural_failures: int = 0
+
+
+@register
+class AbortDecided(Decision, tag="abort_decided"):
+    reason: str
+    detail: str
+    minute: float | None
+
+
+@register
+class RestoreStarted(Decision, tag="restore_started"):
+    cause: str  # completed | stop_minute | abort
+    minute: float | None
+
+
+@register
+class RestorationRecorded(Decision, tag="restoration_recorded"):
+    checks: dict
+    verified: bool
+    started_minute: float | None
+    finished_minute: float | None
+
+
+@register
+class VerdictReached(Decision, tag="verdict_reached"):
+    hypothesis: str
+    basis: str
+    next_experiment: str
+    findings: list[str] = []
+
+
+@register
+class Alarm(Decision, tag="alarm"):
+    kind: str
+    detail: str
+
+
+@register
+class WindowClosed(Decision, tag="window_closed"):
+    outcome: str  # completed | aborted | restore_failed
+    minute: float | None

@@ -1,0 +1,1 @@
+"""Pure decision logic (sans-I/O): plan schema, window state machine, rules, interpretation."""

@@ -1,0 +1,50 @@
+"""The follow-on acceptance rule: correctness, three matched repeats, >=5% benefit, <=3% regression."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+
+class Run(msgspec.Struct, frozen=True):
+    """One repeat: its fixture bytes' hash, correctness, primary metric and protected metrics (lower is better)."""
+
+    fixture_sha256: str
+    correct: bool
+    primary: float
+    protected: dict[str, float] = {}
+
+
+class Acceptance(msgspec.Struct, frozen=True):
+    accepted: bool
+    reason: str
+    primary_benefit: float | None = None
+    worst_regression: float | None = None
+
+
+def accept(candidate: Sequence[Run], baseline: Sequence[Run], *, repeats: int = 3,
+           min_benefit: float = 0.05, max_regression: float = 0.03) -> Acceptance:
+    if len(candidate) < repeats or len(baseline) < repeats:
+        return Acceptance(False, f"not accepted: {len(candidate)} candidate and {len(baseline)} baseline repeats, need {repeats} matched")
+    fixtures = {r.fixture_sha256 for r in (*candidate, *baseline)}
+    if len(fixtures) != 1:
+        return Acceptance(False, "not accepted: repeats were not run on the same fixture bytes")
+    if not all(r.correct for r in candidate):
+        return Acceptance(False, "not accepted: the candidate failed independent correctness")
+    c = sum(r.primary for r in candidate) / len(candidate)
+    b = sum(r.primary for r in baseline) / len(baseline)
+    if b <= 0:
+        return Acceptance(False, "not accepted: baseline primary metric is not positive")
+    benefit = (b - c) / b
+    worst, worst_name = 0.0, ""
+    for name in baseline[0].protected:
+        bc = sum(r.protected.get(name, 0.0) for r in candidate) / len(candidate)
+        bb = sum(r.protected.get(name, 0.0) for r in baseline) / len(baseline)
+        if bb > 0 and (bc - bb) / bb > worst:
+            worst, worst_name = (bc - bb) / bb, name
+    if benefit < min_benefit:
+        return Acceptance(False, f"not accepted: primary benefit {benefit:.1%} is below {min_benefit:.0%}", benefit, worst)
+    if worst > max_regression:
+        return Acceptance(False, f"not accepted: protected {worst_name} regressed {worst:.1%}, above {max_regression:.0%}", benefit, worst)
+    return Acceptance(True, f"accepted: primary benefit {benefit:.1%}, worst protected regression {worst:.1%}", benefit, worst)

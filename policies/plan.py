@@ -1,0 +1,194 @@
+"""The plan schema (TOML decoded with msgspec), its semantic checks, and phase expansion."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names the first bad field."""
+
+
+class ExpectedIdentity(msgspec.Struct, forbid_unknown_fields=True):
+    image: str
+    flare_commit: str
+    package: str
+    model: str
+    tensor_parallel: int
+    draft_tokens: int
+    host_cache_bytes: int
+    disk_cache_enabled: bool
+    capture_enabled: bool
+    gpu_count: int
+    gpu_power_limit_w: int
+
+
+class Sampling(msgspec.Struct, forbid_unknown_fields=True):
+    max_tokens: int
+    temperature: float
+    top_p: float
+    reasoning_effort: str = "max"
+
+
+class Timing(msgspec.Struct, forbid_unknown_fields=True):
+    window_min: float = 90
+    stop_min: float = 70
+    restore_reserve_min: float = 20
+    drain_timeout_s: float = 10
+    stable_observations: int = 2
+    drain_poll_s: float = 0.5
+    quiesce_drain_timeout_s: float = 120
+    load_estimate_s: float = 90
+    request_estimate_s: float = 20
+
+
+class Growth(msgspec.Struct, forbid_unknown_fields=True):
+    """Bounds whose crossing is uncontrolled growth."""
+
+    max_resident_bytes: int = 256 * 2**30
+    max_host_cache_records: int = 1_000_000
+    max_gpu_memory_fraction: float = 0.99
+
+
+class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    request_estimate_s: float | None = None
+
+
+PhaseKind = Literal["identity", "replay"]
+
+
+class PhaseSpec(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    incarnation: str
+    kind: PhaseKind
+    fixture: str | None = None
+    order: Literal["forward", "reverse"] = "forward"
+    select_last: int | None = None
+    passes: int = 1
+    concurrency: int = 1
+    optional: bool = False
+    comparable: bool = True
+    fresh: bool = False  # first phase of a new incarnation: verify counter reset and empty host cache
+    trace: bool | None = None
+    requires_measured: list[str] = []
+
+
+class TraceArms(msgspec.Struct, forbid_unknown_fields=True):
+    fixture: str
+    incarnation: str = "B"
+    repetitions: int = 3
+    concurrency: list[int] = msgspec.field(default_factory=lambda: [1, 4])
+    optional: bool = True
+
+
+class ConditionalStage(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    admission: str
+
+
+class Plan(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    identity: ExpectedIdentity
+    sampling: Sampling
+    fixtures: list[FixtureRef]
+    phases: list[PhaseSpec]
+    timing: Timing = msgspec.field(default_factory=Timing)
+    growth: Growth = msgspec.field(default_factory=Growth)
+    trace: TraceArms | None = None
+    conditional: list[ConditionalStage] = []
+    production: bool = True
+    description: str = ""
+
+
+FORBIDDEN_KINDS = {
+    "isolated_rank_kernel_replay": "no unsafe isolated replay of cooperative rank kernels",
+    "kernel_replay": "kernel replay is a later conditional stage, admitted only after cache effects and capture overhead are understood",
+    "nsight_capture": "Nsight capture is a later conditional stage, admitted only after cache effects and capture overhead are understood",
+}
+
+
+def decode_plan(data: bytes, source: str = "plan") -> Plan:
+    """Decodes and checks a TOML plan; PlanError names the first bad field."""
+    try:
+        raw = msgspec.toml.decode(data)
+    except msgspec.DecodeError as exc:
+        raise PlanError(f"{source}: not valid TOML ({exc})") from None
+    for i, ph in enumerate(raw.get("phases", []) if isinstance(raw, dict) else []):
+        kind = ph.get("kind") if isinstance(ph, dict) else None
+        if kind in FORBIDDEN_KINDS:
+            raise PlanError(f"{source}: phases[{i}].kind = {kind!r} is never schedulable: {FORBIDDEN_KINDS[kind]}")
+    return plan_from_builtins(raw, source)
+
+
+def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
+    try:
+        plan = msgspec.convert(raw, Plan)
+    except msgspec.ValidationError as exc:
+        raise PlanError(f"{source}: {exc}") from None
+    check_plan(plan, source)
+    return plan
+
+
+def check_plan(plan: Plan, source: str = "plan") -> None:
+    t = plan.timing
+    if not 0 < t.stop_min < t.window_min:
+        raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
+    if t.window_min - t.stop_min < t.restore_reserve_min:
+        raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
+    if t.drain_timeout_s <= 0 or t.drain_poll_s <= 0:
+        raise PlanError(f"{source}: timing.drain_timeout_s and timing.drain_poll_s must be positive")
+    if t.stable_observations < 2:
+        raise PlanError(f"{source}: timing.stable_observations = {t.stable_observations}, expected at least 2")
+    fixtures = {f.name for f in plan.fixtures}
+    seen: set[str] = set()
+    if not plan.phases:
+        raise PlanError(f"{source}: phases: expected at least one phase")
+    for i, ph in enumerate(plan.phases):
+        where = f"{source}: phases[{i}]"
+        if ph.id in seen:
+            raise PlanError(f"{where}.id = {ph.id!r} is used twice")
+        seen.add(ph.id)
+        if ph.kind == "replay":
+            if ph.fixture not in fixtures:
+                raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
+            if ph.concurrency < 1 or ph.passes < 1:
+                raise PlanError(f"{where}: concurrency and passes must be at least 1")
+            if ph.select_last is not None and ph.select_last < 1:
+                raise PlanError(f"{where}.select_last = {ph.select_last}, expected at least 1")
+        for dep in ph.requires_measured:
+            if dep not in seen:
+                raise PlanError(f"{where}.requires_measured names {dep!r}, which is not an earlier phase")
+    if plan.trace is not None:
+        if plan.trace.fixture not in fixtures:
+            raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {sorted(fixtures)}")
+        if plan.trace.repetitions < 1 or not plan.trace.concurrency:
+            raise PlanError(f"{source}: trace: repetitions and concurrency must be non-empty")
+    if not 0 < plan.sampling.top_p <= 1:
+        raise PlanError(f"{source}: sampling.top_p = {plan.sampling.top_p}, expected in (0, 1]")
+    if plan.sampling.max_tokens < 1:
+        raise PlanError(f"{source}: sampling.max_tokens = {plan.sampling.max_tokens}, expected at least 1")
+
+
+def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
+    """The frozen alternating order: (phase id, concurrency, repetition, trace on)."""
+    out = []
+    for c in trace.concurrency:
+        for r in range(1, trace.repetitions + 1):
+            arms = (False, True) if r % 2 == 1 else (True, False)
+            for on in arms:
+                out.append((f"trace.C{c}.r{r}.{'on' if on else 'off'}", c, r, on))
+    return out
+
+
+def expand_phases(plan: Plan) -> list[PhaseSpec]:
+    """The plan's phases followed by the trace arms in their frozen order."""
+    phases = list(plan.phases)
+    if plan.trace is not None:
+        for pid, c, _r, on in trace_arm_order(plan.trace):
+            phases.append(PhaseSpec(id=pid, incarnation=plan.trace.incarnation, kind="replay",
+                                    fixture=plan.trace.fixture, concurrency=c, optional=plan.trace.optional,
+                                    comparable=False, trace=on))
+    return phases

@@ -1,0 +1,125 @@
+"""Pure rules of the execution contract: abort classes, identity, growth, drain, counter deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
+ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
+                 "uncontrolled_growth", "operator", "daemon_restart", "preflight")
+
+# How an adapter classifies a failed action or request -> the abort it causes (None: no abort).
+ERROR_ABORTS = {
+    "authentication": "authentication",
+    "malformed_transport": "malformed_transport",
+    "transport": "malformed_transport",
+    "cuda_error": "gpu_fault",
+    "out_of_memory": "gpu_fault",
+    "gpu_fault": "gpu_fault",
+    "identity_drift": "identity_drift",
+    "containment": "containment",
+}
+
+HOST_KEYS = ("lookups", "hits", "fetched_tokens", "reused_tokens")
+GPU_KEYS = ("hits", "reused_tokens")
+DRAIN_GAUGES = ("requests_active", "requests_pending", "requests_retiring",
+                "host_transfers_inflight", "host_transfers_waiting")
+IDENTITY_FIELDS = ("image", "flare_commit", "package", "model", "tensor_parallel", "draft_tokens",
+                   "host_cache_bytes", "disk_cache_enabled", "capture_enabled")
+
+
+def abort_for_error(error: str | None) -> str | None:
+    return ERROR_ABORTS.get(error) if error else None
+
+
+def identity_mismatches(expected: Mapping, observed: Mapping, *, trace: bool | None = None) -> list[str]:
+    """Fields where the observed identity differs from the plan's, each as 'field: expected X, found Y'."""
+    out = []
+    for f in IDENTITY_FIELDS:
+        if f in expected and observed.get(f) != expected[f]:
+            out.append(f"{f}: expected {expected[f]!r}, found {observed.get(f)!r}")
+    gpus = observed.get("gpus")
+    if "gpu_count" in expected and gpus is not None:
+        if len(gpus) != expected["gpu_count"]:
+            out.append(f"gpus: expected {expected['gpu_count']}, found {len(gpus)}")
+        for g in gpus:
+            if g.get("power_limit_w") != expected.get("gpu_power_limit_w"):
+                out.append(f"gpu {g.get('uuid')}: power limit expected {expected.get('gpu_power_limit_w')} W,"
+                           f" found {g.get('power_limit_w')} W")
+    if trace is not None and observed.get("trace_enabled") not in (None, trace):
+        out.append(f"trace_enabled: expected {trace!r}, found {observed.get('trace_enabled')!r}")
+    return out
+
+
+def label_drift(reference: Mapping, labels: Mapping) -> list[str]:
+    """Identity labels from /metrics (build and incarnation info) that changed since the reference."""
+    return [f"{k}: was {reference[k]!r}, now {labels.get(k)!r}"
+            for k in sorted(reference) if k in labels and labels.get(k) != reference[k]]
+
+
+def drained(gauges: Mapping[str, float | None]) -> bool:
+    return all(not gauges.get(g) for g in DRAIN_GAUGES)
+
+
+def growth_breach(gauges: Mapping[str, float | None], bounds: Mapping, expected_host_bytes: int | None) -> str | None:
+    """The first bound crossed by these gauges, as a sentence, or None."""
+    resident = gauges.get("resident_bytes")
+    if resident is not None and resident > bounds["max_resident_bytes"]:
+        return f"engine resident memory {resident:.0f} B exceeds the bound {bounds['max_resident_bytes']} B"
+    used, cap = gauges.get("host_cache_bytes_used"), gauges.get("host_cache_bytes_capacity")
+    if used is not None and cap is not None and used > cap:
+        return f"host cache uses {used:.0f} B beyond its capacity {cap:.0f} B"
+    if cap is not None and expected_host_bytes is not None and cap > expected_host_bytes:
+        return f"host cache capacity {cap:.0f} B exceeds the recipe's {expected_host_bytes} B"
+    for pool in ("rows", "pages"):
+        u, c = gauges.get(f"{pool}_used"), gauges.get(f"{pool}_capacity")
+        if u is not None and c is not None and u > c:
+            return f"host cache {pool} pool holds {u:.0f}, beyond its capacity {c:.0f}"
+    records = gauges.get("host_cache_records")
+    if records is not None and records > bounds["max_host_cache_records"]:
+        return f"host cache records {records:.0f} exceed the bound {bounds['max_host_cache_records']}"
+    return None
+
+
+def gpu_memory_breach(gpus: list[Mapping], max_fraction: float) -> str | None:
+    for g in gpus:
+        used, total = g.get("memory_used_bytes"), g.get("memory_total_bytes")
+        if used is not None and total and used / total > max_fraction:
+            return f"GPU {g.get('uuid')} memory {used / total:.3f} of total exceeds {max_fraction}"
+    return None
+
+
+def counter_delta(before: Mapping[str, float | None], after: Mapping[str, float | None]) -> dict[str, float | None]:
+    """after - before per counter; None where either side is not observable."""
+    out: dict[str, float | None] = {}
+    for k in sorted(set(before) | set(after)):
+        a, b = after.get(k), before.get(k)
+        out[k] = None if a is None or b is None else a - b
+    return out
+
+
+def host_gpu(delta: Mapping[str, float | None]) -> tuple[dict, dict]:
+    """The contract's host and GPU columns from a counter delta (None: not observable)."""
+    def g(k: str) -> int | None:
+        v = delta.get(k)
+        return None if v is None else int(v)
+
+    host = {k: g(f"host_{k}") for k in HOST_KEYS}
+    gpu = {"hits": g("gpu_hits"), "reused_tokens": g("gpu_reused_tokens")}
+    return host, gpu
+
+
+def counters_reset(counters: Mapping[str, float | None]) -> list[str]:
+    """Counters that are not zero on a fresh incarnation."""
+    return [k for k, v in sorted(counters.items()) if v]
+
+
+def natural_failure(finish_reason: str | None, visible_output: bool) -> str | None:
+    """Natural output failures are recorded, never aborted on."""
+    if finish_reason == "length" and not visible_output:
+        return "length_cut_empty_visible"
+    if finish_reason == "length":
+        return "length_cut"
+    if not visible_output:
+        return "empty_visible_output"
+    return None

@@ -1,0 +1,187 @@
+"""A pure, in-memory host that answers the window policy's actions, for policy tests.
+
+It is deliberately simple (no HTTP, no cache model): it lets the policy's rules be tested on
+their own, with faults and timing chosen by each test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from events.schema import (
+    ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WindowOpened,
+)
+from policies.plan import decode_plan
+from policies.window import WindowPolicy
+
+PLAN_PATH = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+S = 1_000_000_000
+
+
+def plan_builtins(**timing) -> dict:
+    plan = msgspec.to_builtins(decode_plan(PLAN_PATH.read_bytes()))
+    plan["timing"].update(timing)
+    return plan
+
+
+class World:
+    """Answers actions; time advances by each action's cost. Tests tweak attributes to inject faults."""
+
+    def __init__(self, plan: dict, request_s: float = 15.0, reuse_on: set[str] | None = None) -> None:
+        self.plan = plan
+        self.now = 0
+        self.request_s = request_s
+        self.reuse_on = reuse_on if reuse_on is not None else {"A.reverse_replay"}
+        ident = dict(plan["identity"])
+        ident.pop("gpu_count"), ident.pop("gpu_power_limit_w")
+        self.base_identity = {**ident, "trace_enabled": False,
+                              "gpus": [{"uuid": f"GPU-{i}", "power_limit_w": 300} for i in range(2)]}
+        self.loaded = {"recipe": "glm-incumbent", "sha256": "inc-sha", "incarnation": "i0"}
+        self.incarnations = 0
+        self.counters = self._zero()
+        self.gauges = self._gauges()
+        self.trace = False
+        self.fail: dict[str, str] = {}          # action -> error class, answered once
+        self.request_error: dict[int, str] = {}  # nth request (1-based) -> error class
+        self.requests_sent = 0
+        self.drain_stuck = False
+        self.identity_override: dict = {}
+        self.admitted = True
+
+    @staticmethod
+    def _zero() -> dict:
+        return {k: 0 for k in ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens",
+                               "gpu_hits", "gpu_reused_tokens")}
+
+    def _gauges(self) -> dict:
+        return {"requests_active": 0, "requests_pending": 0, "requests_retiring": 0, "host_transfers_inflight": 0,
+                "host_transfers_waiting": 0, "host_cache_records": 0, "host_cache_bytes_used": 0,
+                "host_cache_bytes_capacity": self.plan["identity"]["host_cache_bytes"], "resident_bytes": 10 * 2**30}
+
+    def identity(self) -> dict:
+        return {**self.base_identity, "recipe_sha256": self.loaded["sha256"] if self.loaded else None,
+                "incarnation": self.loaded["incarnation"] if self.loaded else None,
+                "trace_enabled": self.trace, **self.identity_override}
+
+    def labels(self) -> dict:
+        i = self.identity()
+        return {k: i.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
+
+    def answer(self, d: ActionRequested) -> Input:
+        a, args = d.action, d.args
+        self.now += int(0.2 * S)
+        err = self.fail.pop(a, None) or self.fail.pop(f"{a}:{args.get('what') or args.get('op') or args.get('label') or ''}", None)
+        if err:
+            return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error=err, detail=f"injected {err}")
+        data: dict = {}
+        if a == "validate_fixtures":
+            data = {"fixtures": {"c1-52": {"count": 52, "sha256": [f"b{i:02d}" for i in range(52)]},
+                                 "tok1024": {"count": 8, "sha256": [f"t{i}" for i in range(8)]}}}
+        elif a == "snapshot":
+            w = args["what"]
+            data = {"incumbent": lambda: {**self.loaded, "identity": self.identity()},
+                    "router": lambda: {"config_sha256": "router-1", "backend": {"id": "primary", "admitted": self.admitted, "inflight": 0}},
+                    "monitoring": lambda: {"target": {"id": "primary", "registered": True, "healthy": True}},
+                    "gpu": lambda: {"gpus": self.base_identity["gpus"], "xid_events": []},
+                    "configuration": lambda: {"site_sha256": "site"}}[w]()
+        elif a == "preview":
+            data = {"ok": True, "steps": [args["op"]], "sha256": "cand-sha" if args["op"] == "load" else args.get("sha256")}
+        elif a == "quiesce":
+            self.admitted = False
+        elif a == "readmit":
+            self.admitted = True
+            data = {"admitted": True}
+        elif a == "scrape_metrics":
+            g = dict(self.gauges)
+            if self.drain_stuck:
+                g["requests_active"] = 1
+            data = {"counters": dict(self.counters), "gauges": g, "labels": self.labels()}
+        elif a == "unload":
+            self.loaded = None
+        elif a == "load":
+            self.incarnations += 1
+            self.now += int(60 * S)
+            self.loaded = {"recipe": args["recipe"], "sha256": args["sha256"], "incarnation": f"i{self.incarnations}"}
+            self.counters = self._zero()
+            data = {"incarnation": self.loaded["incarnation"]}
+        elif a == "read_identity":
+            data = self.identity()
+        elif a == "set_trace":
+            self.trace = args["enabled"]
+            data = self.identity()
+        elif a == "manager_state":
+            data = {"loaded": self.loaded, "busy": False}
+        elif a == "send_request":
+            return self._request(d)
+        return ActionDone(at_ns=self.now, action_id=d.action_id, ok=True, data=data)
+
+    def _request(self, d: ActionRequested) -> RequestDone:
+        self.requests_sent += 1
+        self.now += int(self.request_s * S)
+        args = d.args
+        err = self.request_error.get(self.requests_sent)
+        self.counters["host_lookups"] += 1
+        if args["phase"] in self.reuse_on:
+            self.counters["host_hits"] += 1
+            self.counters["host_fetched_tokens"] += 1000
+            self.counters["host_reused_tokens"] += 1000
+        self.counters["gpu_hits"] += 1
+        self.counters["gpu_reused_tokens"] += 256
+        common = dict(at_ns=self.now, action_id=d.action_id, phase=args["phase"], order_index=args["order_index"],
+                      body_index=args["body_index"], body_sha256=args["body_sha256"])
+        if err:
+            return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}")
+        length = args["body_index"] % 5 == 0
+        return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",
+                           visible_output=not (length and args["body_index"] % 10 == 0),
+                           prompt_tokens=5000, completion_tokens=900)
+
+
+Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]
+
+
+def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_steps: int = 20_000,
+          window_id: str = "w-test") -> list[tuple[Input, list[Decision]]]:
+    """Runs a window to its close; `hook` may inject an extra input before each answer."""
+    history: list[tuple[Input, list[Decision]]] = []
+    queue: list[ActionRequested] = []
+
+    def feed(inp: Input) -> None:
+        ds = policy.receive(inp)
+        history.append((inp, ds))
+        for d in ds:
+            if isinstance(d, ActionRequested):
+                queue.append(d)
+            elif isinstance(d, CancelRequested):
+                for q in list(queue):
+                    if q.action_id in d.action_ids:
+                        queue.remove(q)
+                        feed(RequestDone(at_ns=world.now, action_id=q.action_id, phase=q.args.get("phase", ""),
+                                         order_index=q.args.get("order_index", 0), body_index=q.args.get("body_index", 0),
+                                         body_sha256=q.args.get("body_sha256", ""), outcome="cancelled"))
+
+    feed(WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
+                      rehearsal=True, candidate_recipe="glm-candidate"))
+    for _ in range(max_steps):
+        if policy.closed:
+            return history
+        if hook is not None:
+            extra = hook(world, history)
+            if extra is not None:
+                feed(extra)
+                continue
+        if queue:
+            feed(world.answer(queue.pop(0)))
+            continue
+        wake = policy.next_wakeup_ns()
+        assert wake is not None, "policy waits for nothing but is not closed"
+        world.now = max(world.now, wake)
+        feed(Tick(at_ns=world.now))
+    raise AssertionError("window did not close")
+
+
+def decisions(history, kind=None) -> list[Decision]:
+    return [d for _i, ds in history for d in ds if kind is None or isinstance(d, kind)]

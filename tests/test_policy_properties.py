@@ -1,0 +1,165 @@
+"""Property tests of the window policy over thousands of random input sequences, and the audit."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events.schema import (
+    AbortDecided, ActionDone, ActionRequested, CellRecorded, DaemonRestarted, Decision, OperatorAbort,
+    RequestDone, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed,
+)
+from policies.audit import audit
+from policies.window import WindowPolicy
+from tests.policy_world import S, World, drive, plan_builtins
+
+PLAN = plan_builtins()
+FAULTS = ["authentication", "malformed_transport", "cuda_error", "out_of_memory", "engine_error", "transport", None]
+CHAOS = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32),
+    "request_s": st.floats(2, 40),
+    "p_fault": st.floats(0, 0.05),
+    "p_input": st.floats(0, 0.05),
+    "p_natural": st.floats(0, 1),
+})
+
+
+def chaotic_run(params: dict):
+    rng = random.Random(params["seed"])
+    world = World(PLAN, request_s=params["request_s"], reuse_on=rng.choice([set(), {"A.reverse_replay"}, {"B.forward_replay"}]))
+    orig = world.answer
+
+    def answer(d):
+        if rng.random() < params["p_fault"]:
+            world.fail[d.action] = rng.choice([f for f in FAULTS if f] + ["engine_error"])
+        r = orig(d)
+        if isinstance(r, RequestDone) and r.outcome == "ok" and rng.random() < params["p_natural"]:
+            r = msgspec.structs.replace(r, finish_reason="length", visible_output=False)
+        return r
+
+    world.answer = answer
+
+    def hook(w, hist):
+        if rng.random() >= params["p_input"]:
+            return None
+        kind = rng.randrange(6)
+        if kind == 0:
+            return OperatorAbort(at_ns=w.now, reason="chaos")
+        if kind == 1:
+            return WatchObserved(at_ns=w.now, source="gpu", data={"xid_events": [{"gpu": "GPU-1", "xid": 48}]})
+        if kind == 2:
+            return WatchObserved(at_ns=w.now, source="router", data={"config_sha256": "other", "backend": {}})
+        if kind == 3:
+            w.now += int(rng.uniform(0, 20) * 60 * S)
+            return Tick(at_ns=w.now)
+        if kind == 4:
+            return DaemonRestarted(at_ns=w.now)
+        return ActionDone(at_ns=w.now, action_id=rng.randrange(1, 2000), ok=True)
+
+    return drive(WindowPolicy(), world, hook)
+
+
+def _t0(hist):
+    for inp, ds in hist:
+        if any(isinstance(d, TimeMarked) and d.mark == "t0" for d in ds):
+            return inp.at_ns
+    return None
+
+
+settings.register_profile("policy", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+prop = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@prop
+@given(CHAOS)
+def test_no_experimental_request_is_decided_at_or_after_the_stop_minute(params):
+    hist = chaotic_run(params)
+    t0 = _t0(hist)
+    for inp, ds in hist:
+        if any(isinstance(d, ActionRequested) and d.experimental for d in ds):
+            assert t0 is not None and inp.at_ns < t0 + 70 * 60 * S
+
+
+@prop
+@given(CHAOS)
+def test_restore_starts_no_later_than_the_stop_minute_or_the_first_abort(params):
+    hist = chaotic_run(params)
+    t0 = _t0(hist)
+    for inp, ds in hist:
+        aborted = any(isinstance(d, AbortDecided) for d in ds)
+        past_stop = t0 is not None and inp.at_ns >= t0 + 70 * 60 * S
+        if aborted or past_stop:
+            assert any(isinstance(d, RestoreStarted) for d in ds) or _restore_before(hist, inp)
+            break
+
+
+def _restore_before(hist, inp):
+    for i, ds in hist:
+        if any(isinstance(d, RestoreStarted) for d in ds):
+            return True
+        if i is inp:
+            return False
+    return False
+
+
+@prop
+@given(CHAOS)
+def test_every_abort_ends_in_restore_and_a_closed_window(params):
+    hist = chaotic_run(params)
+    flat = [d for _i, ds in hist for d in ds]
+    if any(isinstance(d, AbortDecided) for d in flat):
+        assert any(isinstance(d, RestoreStarted) and d.cause == "abort" for d in flat)
+        assert flat[-1].outcome in ("aborted", "restore_failed")
+    assert isinstance(flat[-1], WindowClosed)
+    assert sum(isinstance(d, AbortDecided) for d in flat) <= 1
+
+
+@prop
+@given(st.integers(0, 2**32), st.floats(2, 30))
+def test_natural_output_failures_never_abort(seed, request_s):
+    hist = chaotic_run({"seed": seed, "request_s": request_s, "p_fault": 0, "p_input": 0, "p_natural": 0.9})
+    flat = [d for _i, ds in hist for d in ds]
+    assert not any(isinstance(d, AbortDecided) for d in flat)
+    assert sum(c.natural_failures for c in flat if isinstance(c, CellRecorded)) > 0
+
+
+@prop
+@given(CHAOS)
+def test_the_same_inputs_always_give_the_same_decisions(params):
+    hist = chaotic_run(params)
+    pol = WindowPolicy()
+    for inp, ds in hist:
+        assert pol.receive(inp) == ds
+
+
+def _records(hist):
+    seq, out = 0, []
+    for inp, ds in hist:
+        for ev in (inp, *ds):
+            seq += 1
+            out.append((seq, "w-test", ev))
+    return out
+
+
+@prop
+@given(CHAOS)
+def test_audit_finds_no_divergence_on_a_recorded_window(params):
+    res = audit(_records(chaotic_run(params)))
+    assert res.ok, res.divergence
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CHAOS, st.integers(0, 10**6))
+def test_audit_finds_the_first_altered_decision(params, pick):
+    recs = _records(chaotic_run(params))
+    idx = [i for i, (_s, _w, ev) in enumerate(recs) if isinstance(ev, Decision)]
+    i = idx[pick % len(idx)]
+    seq, wid, ev = recs[i]
+    altered = WindowClosed(outcome="tampered", minute=-1.0) if not isinstance(ev, WindowClosed) else \
+        WindowClosed(outcome="tampered", minute=ev.minute)
+    recs[i] = (seq, wid, altered)
+    res = audit(recs)
+    assert not res.ok and res.divergence.seq == seq

@@ -1,0 +1,153 @@
+"""Plan checks, pure rules, interpretation and the acceptance rule."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from policies import rules
+from policies.acceptance import Run, accept
+from policies.interpret import findings, verdict
+from policies.plan import PlanError, decode_plan, trace_arm_order
+from tests.policy_world import PLAN_PATH
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan_text(**replace) -> bytes:
+    text = PLAN_PATH.read_text()
+    for a, b in replace.items():
+        text = text.replace(a, b)
+    return text.encode()
+
+
+def test_the_2026_10_22_plan_checks_clean():
+    plan = decode_plan(PLAN_PATH.read_bytes())
+    assert plan.timing.stop_min == 70 and plan.sampling.max_tokens == 2048 and plan.identity.draft_tokens == 2
+
+
+def test_plan_with_a_wrongly_typed_field_names_it():
+    with pytest.raises(PlanError, match=r"timing.stop_min"):
+        decode_plan(_plan_text(**{"stop_min = 70 ": 'stop_min = "seventy" '}))
+
+
+def test_plan_with_an_unknown_field_is_refused():
+    with pytest.raises(PlanError, match="unknown field"):
+        decode_plan(_plan_text(**{"[sampling]\n": "[sampling]\ncolour = 1\n"}))
+
+
+def test_plan_whose_reserve_does_not_fit_is_refused():
+    with pytest.raises(PlanError, match="restore_reserve_min"):
+        decode_plan(_plan_text(**{"stop_min = 70 ": "stop_min = 80 "}))
+
+
+def test_plan_can_never_schedule_an_isolated_replay_of_cooperative_rank_kernels():
+    text = PLAN_PATH.read_text() + '\n[[phases]]\nid = "X"\nincarnation = "B"\nkind = "isolated_rank_kernel_replay"\n'
+    with pytest.raises(PlanError, match="cooperative rank kernels"):
+        decode_plan(text.encode())
+
+
+def test_trace_arms_alternate_and_cover_three_repetitions_at_c1_and_c4():
+    plan = decode_plan(PLAN_PATH.read_bytes())
+    order = trace_arm_order(plan.trace)
+    assert len(order) == 12
+    assert [o[3] for o in order[:6]] == [False, True, True, False, False, True]
+
+
+def test_drain_requires_every_scheduler_and_transfer_gauge_at_zero():
+    z = {g: 0 for g in rules.DRAIN_GAUGES}
+    assert rules.drained(z)
+    assert not rules.drained({**z, "host_transfers_waiting": 1})
+
+
+def test_counter_delta_is_none_where_not_observable():
+    assert rules.counter_delta({"a": 1, "b": None}, {"a": 4, "b": 2}) == {"a": 3, "b": None}
+
+
+def test_natural_failures_are_classified():
+    assert rules.natural_failure("length", True) == "length_cut"
+    assert rules.natural_failure("stop", False) == "empty_visible_output"
+    assert rules.natural_failure("stop", True) is None
+
+
+def test_findings_separate_hits_without_completed_restores():
+    cells = {"A.reverse_replay": {"status": "measured", "host": {"lookups": 52, "hits": 10, "fetched_tokens": 0, "reused_tokens": 0}}}
+    assert any("without a completed restore" in f for f in findings(cells))
+
+
+def test_verdict_follows_the_contract_order():
+    m = lambda r: {"status": "measured", "host": {"reused_tokens": r}}  # noqa: E731
+    assert verdict({})[0] == "inconclusive"
+    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(5)})[0] == "not_reproduced"
+    assert verdict({"A.reverse_replay": m(5), "B.forward_replay": m(0)})[0] == "row_checkpoint_churn"
+    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(0), "B.small_control": m(3)})[0] == "row_checkpoint_churn"
+    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(0)})[0] == "key_or_checkpoint_eligibility"
+
+
+def _runs(primary, protected=1.0, correct=True, n=3, sha="f"):
+    return [Run(fixture_sha256=sha, correct=correct, primary=primary, protected={"p99": protected}) for _ in range(n)]
+
+
+def test_acceptance_needs_three_matched_repeats():
+    assert not accept(_runs(90, n=2), _runs(100)).accepted
+
+
+def test_acceptance_needs_the_same_fixture_bytes():
+    assert "same fixture bytes" in accept(_runs(90, sha="a"), _runs(100, sha="b")).reason
+
+
+def test_acceptance_needs_independent_correctness():
+    assert "correctness" in accept(_runs(90, correct=False), _runs(100)).reason
+
+
+def test_acceptance_needs_five_percent_primary_benefit():
+    assert not accept(_runs(96), _runs(100)).accepted
+    assert accept(_runs(95), _runs(100)).accepted
+
+
+def test_acceptance_refuses_more_than_three_percent_protected_regression():
+    res = accept(_runs(90, protected=1.04), _runs(100, protected=1.0))
+    assert not res.accepted and "regressed" in res.reason
+
+
+IO_MODULES = {"asyncio", "anyio", "httpx", "httpx_sse", "aiosqlite", "sqlite3", "socket", "subprocess", "time",
+              "datetime", "os", "pathlib", "io", "threading", "random", "daemon", "fixtures", "uvicorn", "starlette",
+              "pynvml", "structlog", "shutil", "signal", "select"}
+
+
+def test_policies_import_nothing_that_does_io_or_reads_a_clock():
+    for path in (ROOT / "policies").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for n in names:
+                top = n.split(".")[0]
+                assert top not in IO_MODULES, f"{path.name} imports {n}"
+                if top == "events":
+                    assert n in ("events.schema", "events.base"), f"{path.name} imports {n}: only the events schema is allowed"
+
+
+def test_cli_plan_check_passes_the_shipped_plan(capsys):
+    from daemon.cli import main
+    assert main(["plan", "check", str(PLAN_PATH)]) == 0
+    assert "19 phases" in capsys.readouterr().out
+
+
+def test_cli_plan_check_names_the_first_bad_field_and_exits_2(tmp_path, capsys):
+    from daemon.cli import main
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(_plan_text(**{"max_tokens = 2048": "max_tokens = -1"}))
+    assert main(["plan", "check", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sampling.max_tokens" in err[0]
+
+
+def test_cli_plan_check_of_a_missing_file_exits_2(tmp_path, capsys):
+    from daemon.cli import main
+    assert main(["plan", "check", str(tmp_path / "none.toml")]) == 2

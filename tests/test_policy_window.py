@@ -1,0 +1,316 @@
+"""The window policy, rule by rule (seed "Execution contract"), against an in-memory host."""
+
+from __future__ import annotations
+
+from events.schema import (
+    AbortDecided, ActionRequested, Alarm, CellRecorded, OperatorAbort, RequestDone, RestorationRecorded,
+    RestoreStarted, TimeMarked, TraceOrderFrozen, VerdictReached, WatchObserved, WindowClosed,
+)
+from policies.window import WindowPolicy
+from tests.policy_world import S, World, decisions, drive, plan_builtins
+
+
+def run(world=None, hook=None, **timing):
+    w = world or World(plan_builtins(**timing))
+    h = drive(WindowPolicy(), w, hook)
+    return w, h
+
+
+def cells(h):
+    return {c.phase: c for c in decisions(h, CellRecorded)}
+
+
+def closed(h):
+    return decisions(h, WindowClosed)[-1]
+
+
+def actions(h):
+    return [d for d in decisions(h, ActionRequested)]
+
+
+def test_window_completes_and_restores_when_nothing_goes_wrong():
+    _w, h = run()
+    assert closed(h).outcome == "completed"
+    assert decisions(h, RestorationRecorded)[0].verified
+
+
+def test_snapshots_and_previews_come_before_the_incumbent_is_taken_down():
+    _w, h = run()
+    names = [(a.action, a.args.get("what") or a.args.get("op")) for a in actions(h)]
+    first_unload = names.index(("unload", None))
+    for needed in [("snapshot", "incumbent"), ("snapshot", "router"), ("snapshot", "monitoring"), ("snapshot", "gpu"),
+                   ("snapshot", "configuration"), ("preview", "load"), ("preview", "unload"), ("quiesce", None)]:
+        assert names.index(needed) < first_unload
+
+
+def test_identity_phases_send_no_generation_request():
+    _w, h = run()
+    ident = [a for a in actions(h) if a.action == "send_request" and a.args["phase"].endswith("identity")]
+    assert ident == [] and cells(h)["A.identity"].status == "measured"
+
+
+def test_reverse_replay_sends_the_same_bodies_in_reverse_order():
+    _w, h = run()
+    sent = [a.args for a in actions(h) if a.action == "send_request"]
+    fwd = [a["body_index"] for a in sent if a["phase"] == "A.forward_prime"]
+    rev = [a["body_index"] for a in sent if a["phase"] == "A.reverse_replay"]
+    assert fwd == list(range(52)) and rev == list(reversed(fwd))
+
+
+def test_small_control_replays_the_last_twelve_bodies_twice_and_is_not_comparable():
+    _w, h = run()
+    sent = [a.args["body_index"] for a in actions(h) if a.action == "send_request" and a.args["phase"] == "B.small_control"]
+    assert sent == list(range(40, 52)) * 2
+    assert cells(h)["B.small_control"].comparable is False
+
+
+def test_fresh_incarnation_b_is_loaded_before_its_phases():
+    _w, h = run()
+    acts = actions(h)
+    loads = [i for i, a in enumerate(acts) if a.action == "load"]
+    b_first = next(i for i, a in enumerate(acts) if a.action == "send_request" and a.args["phase"].startswith("B."))
+    assert len([i for i in loads if i < b_first]) == 2
+
+
+def test_trace_order_is_frozen_before_the_first_request():
+    _w, h = run()
+    flat = decisions(h)
+    frozen = next(i for i, d in enumerate(flat) if isinstance(d, TraceOrderFrozen))
+    first_req = next(i for i, d in enumerate(flat) if isinstance(d, ActionRequested) and d.action == "send_request")
+    assert frozen < first_req
+
+
+def test_phase_whose_estimated_end_passes_the_stop_minute_is_deferred_with_its_reason():
+    _w, h = run(World(plan_builtins(), request_s=22))
+    c = cells(h)
+    deferred = [p for p, x in c.items() if x.status == "deferred" and "estimated end" in x.reason]
+    assert deferred and all("passes the stop minute" in c[p].reason for p in deferred)
+
+
+def test_no_experimental_request_is_decided_at_or_after_the_stop_minute():
+    _w, h = run(World(plan_builtins(), request_s=30))
+    t0 = next(i.at_ns for i, ds in h if any(isinstance(d, TimeMarked) and d.mark == "t0" for d in ds))
+    for inp, ds in h:
+        if any(isinstance(d, ActionRequested) and d.experimental for d in ds):
+            assert inp.at_ns < t0 + 70 * 60 * S
+
+
+def test_restore_starts_at_the_stop_minute_and_cancels_in_flight_requests():
+    w = World(plan_builtins(), request_s=20)
+
+    def hook(world, hist):  # the runner's tick at the stop minute arrives while a request is in flight
+        return None
+
+    _w, h = run(w)
+    started = decisions(h, RestoreStarted)[0]
+    assert started.cause in ("stop_minute", "completed")
+
+
+def test_drain_that_does_not_settle_within_ten_seconds_invalidates_the_phase():
+    w = World(plan_builtins())
+    state = {"armed": False}
+
+    def hook(world, hist):
+        if not state["armed"] and any(isinstance(d, CellRecorded) and d.phase == "A.forward_prime" for _i, ds in hist for d in ds):
+            world.drain_stuck = True
+            state["armed"] = True
+        return None
+
+    _w, h = run(w, hook)
+    c = cells(h)["A.reverse_replay"]
+    assert c.status == "invalid" and "did not settle within 10 s" in c.reason
+
+
+def test_counters_not_reset_on_a_fresh_incarnation_invalidate_its_cells():
+    w = World(plan_builtins())
+    orig = w.answer
+
+    def answer(d):
+        r = orig(d)
+        if d.action == "load" and d.args.get("label") == "B":
+            w.counters["host_lookups"] = 7
+        return r
+
+    w.answer = answer
+    _w, h = run(w)
+    c = cells(h)
+    assert c["B.identity"].status == "invalid" and "not reset" in c["B.identity"].reason
+    assert c["B.forward_replay"].status == "invalid"
+
+
+def _abort_case(error: str, nth_request: int = 10):
+    w = World(plan_builtins())
+    w.request_error[nth_request] = error
+    return run(w)
+
+
+def test_authentication_failure_aborts_and_restores():
+    _w, h = _abort_case("authentication")
+    assert decisions(h, AbortDecided)[0].reason == "authentication"
+    assert closed(h).outcome == "aborted" and decisions(h, RestorationRecorded)[0].verified
+
+
+def test_malformed_transport_aborts():
+    _w, h = _abort_case("malformed_transport")
+    assert decisions(h, AbortDecided)[0].reason == "malformed_transport"
+
+
+def test_cuda_error_and_oom_abort_as_gpu_fault():
+    for err in ("cuda_error", "out_of_memory"):
+        _w, h = _abort_case(err)
+        assert decisions(h, AbortDecided)[0].reason == "gpu_fault"
+
+
+def test_xid_event_aborts_as_gpu_fault():
+    sent = {"n": 0}
+
+    def hook(world, hist):
+        if world.requests_sent == 5 and not sent["n"]:
+            sent["n"] = 1
+            return WatchObserved(at_ns=world.now, source="gpu", data={"xid_events": [{"gpu": "GPU-0", "xid": 79}]})
+        return None
+
+    _w, h = run(hook=hook)
+    assert decisions(h, AbortDecided)[0].reason == "gpu_fault"
+
+
+def test_identity_drift_in_metrics_labels_aborts():
+    def hook(world, hist):
+        if world.requests_sent == 3:
+            world.identity_override = {"image": "deadbeef"}
+        return None
+
+    _w, h = run(hook=hook)
+    assert decisions(h, AbortDecided)[0].reason == "identity_drift"
+
+
+def test_incumbent_identity_not_matching_the_contract_refuses_before_take_down():
+    w = World(plan_builtins())
+    w.identity_override = {"draft_tokens": 3}
+    _w, h = run(w)
+    assert decisions(h, AbortDecided)[0].reason == "identity_drift"
+    assert not [a for a in actions(h) if a.action == "unload"]
+
+
+def test_containment_breach_reported_by_the_router_aborts():
+    def hook(world, hist):
+        if world.requests_sent == 4 and not any(isinstance(i, WatchObserved) for i, _ in hist):
+            return WatchObserved(at_ns=world.now, source="router",
+                                 data={"config_sha256": "router-1", "backend": {"id": "primary", "admitted": True, "inflight": 2}})
+        return None
+
+    _w, h = run(hook=hook)
+    assert decisions(h, AbortDecided)[0].reason == "containment"
+
+
+def test_uncontrolled_growth_aborts():
+    def hook(world, hist):
+        if world.requests_sent == 6:
+            world.gauges["resident_bytes"] = 10**15
+        return None
+
+    _w, h = run(hook=hook)
+    assert decisions(h, AbortDecided)[0].reason == "uncontrolled_growth"
+
+
+def test_operator_abort_ends_in_restore():
+    def hook(world, hist):
+        if world.requests_sent == 2 and not any(isinstance(i, OperatorAbort) for i, _ in hist):
+            return OperatorAbort(at_ns=world.now, reason="pager", uid=0, pid=1)
+        return None
+
+    _w, h = run(hook=hook)
+    assert decisions(h, AbortDecided)[0].reason == "operator"
+    assert decisions(h, RestoreStarted)[0].cause == "abort"
+
+
+def test_natural_output_failures_are_recorded_and_never_abort():
+    _w, h = run()
+    assert not decisions(h, AbortDecided)
+    assert cells(h)["A.forward_prime"].natural_failures > 0
+
+
+def test_no_request_is_sent_after_an_abort():
+    _w, h = _abort_case("authentication", nth_request=20)
+    flat = decisions(h)
+    ab = next(i for i, d in enumerate(flat) if isinstance(d, AbortDecided))
+    assert not [d for d in flat[ab:] if isinstance(d, ActionRequested) and d.experimental]
+
+
+def test_interrupted_phase_is_invalid_and_later_phases_are_deferred():
+    _w, h = _abort_case("authentication", nth_request=60)
+    c = cells(h)
+    assert c["A.reverse_replay"].status == "invalid" and "after 7 of 52" in c["A.reverse_replay"].reason
+    assert c["B.forward_prime"].status == "deferred"
+
+
+def test_later_conditional_stages_are_deferred_with_their_admission_condition():
+    _w, h = run()
+    c = cells(h)
+    assert c["nsight_capture"].status == "deferred" and "capture overhead" in c["nsight_capture"].reason
+    assert c["kernel_replay"].status == "deferred"
+
+
+def test_restore_loads_the_exact_incumbent_bytes_by_sha256():
+    _w, h = run()
+    loads = [a for a in actions(h) if a.action == "load"]
+    assert loads[-1].args["sha256"] == "inc-sha"
+
+
+def test_failed_incumbent_load_ends_restore_failed():
+    w = World(plan_builtins())
+    orig = w.answer
+
+    def answer(d):
+        if d.action == "load" and d.args.get("label") == "incumbent":
+            w.fail["load"] = "engine_error"
+        return orig(d)
+
+    w.answer = answer
+    _w, h = run(w)
+    assert closed(h).outcome == "restore_failed"
+    assert decisions(h, RestorationRecorded)[0].checks["incumbent_sha256_match"] is False
+
+
+def test_restore_running_past_the_window_end_raises_an_alarm():
+    w = World(plan_builtins())
+    orig = w.answer
+
+    def answer(d):
+        r = orig(d)
+        if d.action == "manager_state":
+            w.now += 30 * 60 * S
+            r = type(r)(**{**{f: getattr(r, f) for f in r.__struct_fields__}, "at_ns": w.now})
+        return r
+
+    w.answer = answer
+    _w, h = run(w)
+    assert [a.kind for a in decisions(h, Alarm)] == ["restore_overrun"]
+
+
+def test_verdict_is_row_checkpoint_churn_when_reverse_restores():
+    _w, h = run()
+    assert decisions(h, VerdictReached)[0].hypothesis == "row_checkpoint_churn"
+
+
+def test_verdict_is_key_or_checkpoint_eligibility_when_nothing_restores():
+    _w, h = run(World(plan_builtins(), reuse_on=set()))
+    assert decisions(h, VerdictReached)[0].hypothesis == "key_or_checkpoint_eligibility"
+
+
+def test_verdict_is_not_reproduced_when_forward_forward_restores():
+    _w, h = run(World(plan_builtins(), reuse_on={"B.forward_replay"}))
+    assert decisions(h, VerdictReached)[0].hypothesis == "not_reproduced"
+
+
+def test_verdict_is_inconclusive_when_reverse_replay_is_not_measured():
+    _w, h = _abort_case("authentication", nth_request=3)
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+
+
+def test_outcome_for_a_request_nobody_waits_for_changes_nothing():
+    pol = WindowPolicy()
+    w = World(plan_builtins())
+    drive(pol, w)
+    assert pol.receive(RequestDone(at_ns=10**15, action_id=99999, phase="x", order_index=0, body_index=0,
+                                   body_sha256="", outcome="ok")) == []
