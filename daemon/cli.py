@@ -34,6 +34,17 @@ def build_parser() -> argparse.ArgumentParser:
     au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
     au.add_argument("db", type=Path)
 
+    sim = sub.add_parser("sim", help="the simulated Flare host")
+    ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
+    ss = ssub.add_parser("serve", help="serve flaresim on loopback")
+    ss.add_argument("--port", type=int, default=8100)
+    ss.add_argument("--scenario", default="flare-47581cca")
+    ss.add_argument("--time-scale", type=float, default=1.0)
+    sr = ssub.add_parser("replay", help="prime then replay a fixture straight through the cache model")
+    sr.add_argument("fixture")
+    sr.add_argument("--order", choices=["forward", "reverse"], default="forward")
+    sr.add_argument("--scenario", default="flare-47581cca")
+
     plan = sub.add_parser("plan", help="check a plan")
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
@@ -62,12 +73,32 @@ def _plan_check(path: Path) -> int:
     return EXIT_OK
 
 
+def _sim(args: argparse.Namespace) -> int:
+    # The simulator is a fixture: the CLI starts it, the daemon never imports it for its own work.
+    from fixtures.flaresim.scenario import ScenarioError, load_scenario
+    try:
+        load_scenario(args.scenario)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    if args.sim_cmd == "serve":
+        from fixtures.flaresim.serve import main as serve
+        return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale)])
+    from fixtures.flaresim.replay import replay
+    try:
+        replay(args.fixture, args.order, args.scenario)
+    except FileNotFoundError as exc:
+        raise UsageError(f"{args.fixture}: no such fixture ({exc.filename})") from None
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "log":
             from daemon.cli_log import run_log
             return run_log(args)
+        if args.cmd == "sim":
+            return _sim(args)
         if args.cmd == "plan":
             return _plan_check(args.plan)
     except UsageError as exc:

@@ -1,0 +1,88 @@
+"""The CPU reproducer of Flare's hybrid host cache, run straight through the model."""
+
+from __future__ import annotations
+
+from fixtures.flaresim.engine import Incarnation
+from fixtures.flaresim.scenario import load_scenario
+from tests.simtools import bodies, parsed
+
+B, P = bodies(), parsed()
+
+
+def _primed(scenario: str) -> Incarnation:
+    inc = Incarnation(load_scenario(scenario), "i", "r", "s")
+    for b, p in zip(B, P):
+        inc.run_inline(b, p)
+    return inc
+
+
+def _replay(inc: Incarnation, order: list[int]) -> list[int]:
+    out = []
+    for i in order:
+        before = inc.cache.c.reused_tokens
+        inc.run_inline(B[i], P[i])
+        out.append(inc.cache.c.reused_tokens - before)
+    return out
+
+
+def test_default_scenario_reproduces_the_seed_observation():
+    inc = _primed("flare-47581cca")
+    c = inc.cache
+    assert c.c.stores == {"message_prefix": 52, "full_prompt": 52, "terminal": 52}
+    assert c.rows_used == 52
+    assert abs(c.bytes_used / 2**30 - 8.731) < 0.01
+    assert c.bytes_capacity == 32 * 2**30
+    assert sum(_replay(inc, list(range(52)))) == 0
+
+
+def test_free_bytes_are_not_free_rows_in_the_default_scenario():
+    c = _primed("flare-47581cca").cache
+    assert c.rows_used == c.rows_capacity and c.bytes_used < c.bytes_capacity / 2
+
+
+def test_churn_scenario_restores_on_reverse_replay():
+    assert sum(_replay(_primed("churn"), list(range(51, -1, -1)))) > 0
+
+
+def test_churn_scenario_restores_the_last_twelve_bodies_on_both_passes():
+    per = _replay(_primed("churn"), list(range(40, 52)) * 2)
+    assert all(x > 0 for x in per[:12]) and all(x > 0 for x in per[12:])
+
+
+def test_churn_scenario_restores_nothing_on_forward_replay():
+    assert sum(_replay(_primed("churn"), list(range(52)))) == 0
+
+
+def test_ineligible_scenario_restores_on_neither_order_nor_the_small_control():
+    assert sum(_replay(_primed("ineligible"), list(range(51, -1, -1)))) == 0
+    assert sum(_replay(_primed("ineligible"), list(range(40, 52)) * 2)) == 0
+
+
+def test_large_row_pool_restores_on_forward_replay():
+    assert sum(_replay(_primed("large-rows"), list(range(52)))) > 0
+
+
+def test_no_checkpoint_at_or_past_a_prompts_end_is_ever_used():
+    for sc in ("flare-47581cca", "large-rows"):
+        inc = Incarnation(load_scenario(sc), "i", "r", "s")
+        for i in list(range(52)) + list(range(51, -1, -1)):
+            p = inc.run_inline(B[i], P[i])
+            if p.lookup.host is not None:
+                assert p.lookup.host.pos < p.prompt_len
+                assert p.lookup.host.kind != "terminal" or p.lookup.host.pos < p.prompt_len
+
+
+def test_eviction_takes_leaves_before_compacting_ancestors():
+    inc = _primed("flare-47581cca")
+    assert inc.cache.c.evictions["row"] > 0 and inc.cache.c.compactions == 0
+
+
+def test_alternative_eviction_strategies_run_and_keep_pools_within_capacity():
+    import msgspec
+    base = load_scenario("flare-47581cca")
+    for mode in ("marconi", "protect_full_prompt"):
+        inc = Incarnation(msgspec.structs.replace(base, eviction=mode), "i", "r", "s")
+        for b, p in zip(B + B[::-1], P + P[::-1]):
+            inc.run_inline(b, p)
+        assert inc.cache.rows_used <= inc.cache.rows_capacity
+        assert inc.cache.pages_used <= inc.cache.pages_capacity

@@ -1,0 +1,186 @@
+"""flaresim's HTTP contract (contract section 1), in process."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.simtools import AUTH, bodies, client
+
+BODY = bodies()[0]
+
+
+def _metrics(text: str) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
+            out[key] = s.value
+    return out
+
+
+async def test_every_endpoint_refuses_a_missing_token_with_401():
+    _h, c = client()
+    async with c:
+        for method, path in [("GET", "/health"), ("GET", "/metrics"), ("GET", "/flare/v1/identity"),
+                             ("GET", "/manager/v1/state"), ("GET", "/routed/router/v1/backends"),
+                             ("GET", "/monitoring/v1/targets"), ("GET", "/sim/v1/gpu"), ("POST", "/v1/chat/completions")]:
+            r = await c.request(method, path)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication"
+
+
+async def test_streamed_completion_ends_with_done_and_usage_last():
+    _h, c = client()
+    async with c:
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    events = [line[6:] for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert set(last["usage"]) >= {"prompt_tokens", "completion_tokens", "prompt_tokens_details"}
+    assert r.headers["x-request-id"]
+
+
+async def test_metrics_parse_with_prometheus_client_and_count_the_request():
+    _h, c = client()
+    async with c:
+        await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+        m = _metrics((await c.get("/metrics", headers=AUTH)).text)
+    assert m["flare_host_cache_lookups_total"] == 1
+    assert m["flare_host_cache_stores_total{checkpoint=terminal}"] == 1
+    assert m["flare_requests_active"] == 0
+
+
+async def test_counters_reset_on_a_new_incarnation():
+    h, c = client()
+    async with c:
+        await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+        sha = h.sha("glm-candidate")
+        await c.post("/manager/v1/load", json={"recipe": "glm-candidate", "sha256": sha}, headers=AUTH)
+        m = _metrics((await c.get("/metrics", headers=AUTH)).text)
+    assert m["flare_host_cache_lookups_total"] == 0 and m["flare_host_cache_records"] == 0
+
+
+async def test_load_with_a_sha256_that_does_not_match_is_refused_with_409():
+    _h, c = client()
+    async with c:
+        r = await c.post("/manager/v1/load", json={"recipe": "glm-candidate", "sha256": "0" * 64}, headers=AUTH)
+    assert r.status_code == 409
+
+
+async def _fault(c, kind, **kw):
+    r = await c.post("/sim/v1/faults", json={"kind": kind, "at": "now", **kw}, headers=AUTH)
+    assert r.status_code == 200
+
+
+async def test_fault_oom_answers_500_out_of_memory():
+    _h, c = client()
+    async with c:
+        await _fault(c, "oom")
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "out_of_memory"
+
+
+async def test_fault_auth_rejects_the_next_request():
+    _h, c = client()
+    async with c:
+        await _fault(c, "auth")
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    assert r.status_code == 401
+
+
+async def test_fault_xid_appears_in_the_gpu_view():
+    _h, c = client()
+    async with c:
+        await _fault(c, "xid", xid=79)
+        g = (await c.get("/sim/v1/gpu", headers=AUTH)).json()
+    assert g["xid_events"][0]["xid"] == 79
+
+
+async def test_fault_identity_drift_changes_the_identity():
+    _h, c = client()
+    async with c:
+        await _fault(c, "identity_drift")
+        ident = (await c.get("/flare/v1/identity", headers=AUTH)).json()
+    assert ident["image"] != "47ce7fde"
+
+
+async def test_fault_malformed_sse_breaks_the_stream_framing():
+    _h, c = client()
+    async with c:
+        await _fault(c, "malformed_sse")
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    assert "[DONE]" not in r.text
+
+
+async def test_fault_malformed_json_breaks_a_non_streamed_body():
+    _h, c = client()
+    body = json.loads(BODY)
+    body["stream"] = False
+    async with c:
+        await _fault(c, "malformed_json")
+        r = await c.post("/v1/chat/completions", content=json.dumps(body).encode(), headers=AUTH)
+    try:
+        json.loads(r.text)
+        parsed = True
+    except ValueError:
+        parsed = False
+    assert not parsed
+
+
+async def test_fault_growth_inflates_resident_memory():
+    _h, c = client()
+    async with c:
+        await _fault(c, "growth")
+        m = _metrics((await c.get("/metrics", headers=AUTH)).text)
+    assert m["flare_process_resident_bytes"] >= 2**50
+
+
+async def test_fault_drain_stall_keeps_a_request_active():
+    _h, c = client(time_scale=1)
+    async with c:
+        await _fault(c, "drain_stall", duration_s=60)
+        m = _metrics((await c.get("/metrics", headers=AUTH)).text)
+    assert m["flare_requests_active"] == 1
+
+
+async def test_fault_counter_reset_failure_keeps_counters_across_a_load():
+    h, c = client()
+    async with c:
+        await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+        await _fault(c, "counter_reset_failure")
+        await c.post("/manager/v1/load", json={"recipe": "glm-candidate", "sha256": h.sha("glm-candidate")}, headers=AUTH)
+        m = _metrics((await c.get("/metrics", headers=AUTH)).text)
+    assert m["flare_host_cache_lookups_total"] == 1
+
+
+async def test_fault_containment_readmits_traffic_to_the_quiesced_backend():
+    _h, c = client()
+    async with c:
+        await c.post("/routed/router/v1/backends/primary/quiesce", headers=AUTH)
+        await _fault(c, "containment")
+        b = (await c.get("/routed/router/v1/backends", headers=AUTH)).json()["backends"][0]
+    assert b["admitted"] and b["inflight"] == 1
+
+
+async def test_fault_slow_multiplies_latency():
+    h, c = client()
+    async with c:
+        await _fault(c, "slow", factor=7)
+    assert h.slow_factor == 7
+
+
+async def test_fault_engine_crash_unloads_the_engine():
+    _h, c = client()
+    async with c:
+        await _fault(c, "engine_crash")
+        assert (await c.get("/health", headers=AUTH)).status_code == 503
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    assert r.status_code == 503
+
+
+async def test_unknown_fault_kind_is_refused():
+    _h, c = client()
+    async with c:
+        r = await c.post("/sim/v1/faults", json={"kind": "meteor"}, headers=AUTH)
+    assert r.status_code == 400
