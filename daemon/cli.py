@@ -34,6 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
     au.add_argument("db", type=Path)
 
+    rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
+    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN)
+    rh.add_argument("--scenario", default="flare-47581cca")
+    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_s=X][,param=value]")
+    rh.add_argument("--out", type=Path, default=None)
+    rh.add_argument("--time-scale", type=float, default=60.0)
+    rn = sub.add_parser("run", help="run a window against a site")
+    rn.add_argument("--plan", type=Path, required=True)
+    rn.add_argument("--site", type=Path, required=True)
+    rn.add_argument("--out", type=Path, required=True)
+    rn.add_argument("--time-scale", type=float, default=1.0)
+
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
     ss = ssub.add_parser("serve", help="serve flaresim on loopback")
@@ -73,6 +85,57 @@ def _plan_check(path: Path) -> int:
     return EXIT_OK
 
 
+DEFAULT_PLAN = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+
+
+def _out_dir(out: Path | None) -> Path:
+    import time
+    out = out or Path("out") / time.strftime("rehearsal-%Y%m%dT%H%M%SZ", time.gmtime())
+    if (out / "log.db").exists():
+        raise UsageError(f"{out}: already holds a window's log; choose a new --out")
+    return out
+
+
+def _window(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from daemon.rehearse import InputError, parse_fault, rehearse, run_window, load_fixtures
+    plan = load_plan(args.plan)
+    plan_raw = args.plan.read_bytes()
+    if args.time_scale <= 0:
+        raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
+    out = _out_dir(args.out)
+    console = Console()
+    try:
+        if args.cmd == "rehearse":
+            from fixtures.flaresim.scenario import ScenarioError, load_scenario
+            try:
+                load_scenario(args.scenario)
+            except ScenarioError as exc:
+                raise UsageError(str(exc)) from None
+            faults = [parse_fault(f) for f in args.fault]
+            report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console)
+        else:
+            import asyncio
+
+            from daemon.nvml import available
+            from daemon.site import SiteError, load_site
+            try:
+                site = load_site(args.site)
+            except SiteError as exc:
+                raise UsageError(str(exc)) from None
+            if plan.production and site.profile.gpu.source == "nvml" and (why := available()):
+                raise UsageError(f"{args.plan}: a production plan needs NVML: {why}")
+            fixtures = load_fixtures(plan, [args.plan.parent, args.site.parent])
+            report = asyncio.run(run_window(plan_raw, plan, site, fixtures, out, args.time_scale, False, console))
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
+                  f"(chain {'ok' if report['integrity']['chain_ok'] else 'BROKEN'}, audit {'ok' if report['integrity']['audit_ok'] else 'DIVERGED'})")
+    ok = report.get("outcome") == "completed" and report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]
+    return EXIT_OK if ok else EXIT_FAILED
+
+
 def _sim(args: argparse.Namespace) -> int:
     # The simulator is a fixture: the CLI starts it, the daemon never imports it for its own work.
     from fixtures.flaresim.scenario import ScenarioError, load_scenario
@@ -97,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "log":
             from daemon.cli_log import run_log
             return run_log(args)
+        if args.cmd in ("rehearse", "run"):
+            return _window(args)
         if args.cmd == "sim":
             return _sim(args)
         if args.cmd == "plan":

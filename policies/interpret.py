@@ -40,6 +40,8 @@ def verdict(cells: Mapping[str, Mapping]) -> tuple[str, str]:
     if not rev or rev.get("status") != "measured":
         why = rev.get("reason") if rev else "not run"
         return "inconclusive", f"A.reverse_replay was not measured ({rev.get('status') if rev else 'absent'}: {why})"
+    if (rev.get("host") or {}).get("reused_tokens") is None:
+        return "inconclusive", "A.reverse_replay was measured but host reused tokens are not observable on this target"
     fwd = cells.get("B.forward_replay")
     fwd_reused = _reused(fwd)
     if fwd_reused is not None and fwd_reused > 0:

@@ -1,0 +1,48 @@
+"""Replay fixtures (contract section 2): read, verified against the manifest before any window starts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import msgspec
+
+BUILTIN = Path(__file__).resolve().parent.parent / "fixtures" / "data"
+
+
+class FixtureError(ValueError):
+    pass
+
+
+class Fixture(msgspec.Struct):
+    name: str
+    bodies: list[bytes]
+    sha256: list[str]
+    sampling: dict
+
+
+def find_fixture(name: str, search: list[Path]) -> Path:
+    for base in [*search, BUILTIN]:
+        p = base / name
+        if (p / "manifest.json").is_file():
+            return p
+    raise FixtureError(f"fixture {name!r}: not found in {', '.join(str(s) for s in [*search, BUILTIN])}")
+
+
+def load_fixture(path: Path) -> Fixture:
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        raw = (path / "bodies.jsonl").read_bytes()
+    except (OSError, ValueError) as exc:
+        raise FixtureError(f"{path}: unreadable fixture ({exc})") from None
+    bodies = [line for line in raw.split(b"\n") if line]
+    shas = [hashlib.sha256(b).hexdigest() for b in bodies]
+    if manifest.get("count") != len(bodies):
+        raise FixtureError(f"{path}: manifest count {manifest.get('count')} but bodies.jsonl has {len(bodies)} bodies")
+    for i, (want, got) in enumerate(zip(manifest.get("sha256", []), shas)):
+        if want != got:
+            raise FixtureError(f"{path}: body {i} sha256 {got[:12]}… does not match the manifest's {str(want)[:12]}…")
+    if len(manifest.get("sha256", [])) != len(bodies):
+        raise FixtureError(f"{path}: manifest lists {len(manifest.get('sha256', []))} hashes for {len(bodies)} bodies")
+    return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}))

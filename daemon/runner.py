@@ -1,0 +1,128 @@
+"""The runner: the only place that reads the clock and does I/O for a window.
+
+Each input is appended before the policy sees it; each decision is appended (and, when it has a
+side effect, made durable) before it is carried out; each action's outcome comes back as an input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from daemon.errors import ActionFailed, classify_exception
+from daemon.target import Target
+from events.schema import (
+    ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WatchObserved, WindowOpened,
+)
+from events.store import EventStore
+from policies.window import WindowPolicy
+
+WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
+
+
+class Runner:
+    def __init__(self, store: EventStore, target: Target, window_id: str, time_scale: float = 1.0,
+                 on_decision: Callable[[Decision], None] | None = None) -> None:
+        self.store = store
+        self.target = target
+        self.window_id = window_id
+        self.scale = time_scale
+        self.policy = WindowPolicy()
+        self.queue: asyncio.Queue[Input] = asyncio.Queue()
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.on_decision = on_decision or (lambda d: None)
+        self._start = time.monotonic_ns()
+
+    def now(self) -> int:
+        """The window clock: real nanoseconds since the window opened, times the time scale."""
+        return int((time.monotonic_ns() - self._start) * self.scale)
+
+    async def run(self, opened: WindowOpened) -> str:
+        await self.feed(opened)
+        watcher = asyncio.create_task(self._watch())
+        try:
+            while not self.policy.closed:
+                wake = self.policy.next_wakeup_ns()
+                timeout = None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)
+                try:
+                    inp = await asyncio.wait_for(self.queue.get(), timeout)
+                except TimeoutError:
+                    inp = Tick(at_ns=max(self.now(), wake or 0))
+                await self.feed(inp)
+        finally:
+            watcher.cancel()
+            for t in self.tasks.values():
+                t.cancel()
+            await self.store.flush()
+        closed = [d for d in self._last if getattr(d, "outcome", None)]
+        return closed[-1].outcome if closed else "aborted"
+
+    async def feed(self, inp: Input) -> None:
+        decisions = self.policy.receive(inp)
+        self._last = decisions
+        fut = self.store.submit_many([inp, *decisions], window_id=self.window_id)
+        if any(isinstance(d, (ActionRequested, CancelRequested)) for d in decisions):
+            await fut  # a decision is durable before it is carried out
+        for d in decisions:
+            self.on_decision(d)
+            if isinstance(d, ActionRequested):
+                self.tasks[d.action_id] = asyncio.create_task(self._execute(d))
+            elif isinstance(d, CancelRequested):
+                for aid in d.action_ids:
+                    t = self.tasks.get(aid)
+                    if t is not None:
+                        t.cancel()
+
+    async def _execute(self, d: ActionRequested) -> None:
+        fn = getattr(self.target, d.action)
+        try:
+            data = await fn(d.args)
+            if d.action == "send_request":
+                res: Input = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
+            else:
+                res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
+        except asyncio.CancelledError:
+            res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
+        except Exception as exc:  # every outcome, failure included, goes back to the policy
+            f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
+            res = self._failed(d, f.error, f.detail)
+        finally:
+            self.tasks.pop(d.action_id, None)
+        self.queue.put_nowait(res)
+
+    def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False) -> Input:
+        if d.action == "send_request":
+            return RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args),
+                               outcome="cancelled" if cancelled else "error", error=None if cancelled else error, detail=detail)
+        return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail)
+
+    async def _watch(self) -> None:
+        """Polls the GPU view and the router; reports new Xid events and router changes."""
+        seen_xids: int | None = None
+        last_router = None
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S / self.scale)
+            try:
+                g = await self.target.gpu_view()
+                xids = g.get("xid_events") or []
+                if seen_xids is None:
+                    seen_xids = len(xids)
+                elif len(xids) > seen_xids:
+                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="gpu",
+                                                        data={"xid_events": xids[seen_xids:], "gpus": g.get("gpus", [])}))
+                    seen_xids = len(xids)
+                if self.target.p.router is not None:
+                    r = await self.target.snapshot({"what": "router"})
+                    if r != last_router:
+                        last_router = r
+                        self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                continue  # a watch poll that fails is retried; the actions' own errors carry the abort
+
+
+def _req_ids(args: dict) -> dict:
+    return {"phase": args["phase"], "order_index": args["order_index"], "body_index": args["body_index"],
+            "body_sha256": args["body_sha256"]}

@@ -1,0 +1,82 @@
+"""The site profile (TOML): where each service lives, its token file, and the metric-name map."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+
+class Service(msgspec.Struct, forbid_unknown_fields=True):
+    url: str
+    token_file: str | None = None
+    backend: str | None = None            # router
+    candidate_recipe: str | None = None   # manager
+    target: str | None = None             # monitoring
+
+
+class Gpu(msgspec.Struct, forbid_unknown_fields=True):
+    source: Literal["nvml", "sim"] = "nvml"
+    url: str | None = None
+    token_file: str | None = None
+
+
+class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
+    serving: Service
+    manager: Service
+    router: Service | None = None
+    monitoring: Service | None = None
+    gpu: Gpu = msgspec.field(default_factory=Gpu)
+    metrics: dict[str, str] = {}
+
+
+class Site(msgspec.Struct):
+    """A profile with its tokens read (tokens never leave this object: not logged, not reported)."""
+
+    profile: SiteProfile
+    tokens: dict[str, str]
+    name: str
+    sha256: str
+
+
+class SiteError(ValueError):
+    pass
+
+
+def load_site(path: Path) -> Site:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SiteError(f"{path}: cannot read site profile ({exc.strerror})") from None
+    try:
+        prof = msgspec.toml.decode(data, type=SiteProfile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SiteError(f"{path}: {exc}") from None
+    if not prof.manager.candidate_recipe:
+        raise SiteError(f"{path}: manager.candidate_recipe: expected the candidate recipe's name")
+    if prof.gpu.source == "sim" and not prof.gpu.url:
+        raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
+    tokens = {}
+    for name in ("serving", "manager", "router", "monitoring", "gpu"):
+        svc = getattr(prof, name)
+        if svc is None or svc.token_file is None:
+            continue
+        tf = (path.parent / svc.token_file)
+        try:
+            tokens[name] = tf.read_text().strip()
+        except OSError as exc:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: cannot read ({exc.strerror})") from None
+    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest())
+
+
+def sim_site(base_url: str, token: str, candidate: str = "glm-candidate") -> Site:
+    """The profile of an embedded flaresim: all services on one base URL, the router under /routed."""
+    prof = SiteProfile(
+        serving=Service(url=base_url), manager=Service(url=base_url, candidate_recipe=candidate),
+        router=Service(url=f"{base_url}/routed", backend="primary"),
+        monitoring=Service(url=base_url, target="primary"), gpu=Gpu(source="sim", url=base_url))
+    data = msgspec.json.encode(prof)
+    return Site(prof, {k: token for k in ("serving", "manager", "router", "monitoring", "gpu")}, "flaresim",
+                hashlib.sha256(data).hexdigest())

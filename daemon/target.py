@@ -1,0 +1,217 @@
+"""Carries out the policy's actions against a site's services over HTTP (httpx, httpx-sse)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from daemon import metrics
+from daemon.errors import ActionFailed, classify_response
+from daemon.fixture import Fixture
+from daemon.site import Site
+
+RESPONSE_CAP = 4096
+PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "content": "preflight"}],
+                             "max_tokens": 8, "stream": False}).encode()
+
+
+class Target:
+    def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str) -> None:
+        self.site = site
+        self.p = site.profile
+        self.fixtures = fixtures
+        self.plan_sha256 = plan_sha256
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
+        self.incumbent_bytes: bytes | None = None
+        self.xid_baseline: int | None = None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def _h(self, svc: str) -> dict:
+        tok = self.site.tokens.get(svc)
+        return {"Authorization": f"Bearer {tok}"} if tok else {}
+
+    async def _get(self, svc: str, url: str, what: str) -> dict:
+        r = await self.client.get(url, headers=self._h(svc))
+        if r.status_code != 200:
+            raise classify_response(r, what)
+        return r.json()
+
+    async def _post(self, svc: str, url: str, what: str, body: dict | None = None) -> dict:
+        r = await self.client.post(url, headers=self._h(svc), json=body or {})
+        if r.status_code != 200:
+            raise classify_response(r, what)
+        return r.json()
+
+    # --- actions: each returns the outcome's data or raises ActionFailed
+    async def validate_fixtures(self, args: dict) -> dict:
+        return {"fixtures": {n: {"count": len(f.bodies), "sha256": f.sha256} for n, f in self.fixtures.items()
+                             if n in args.get("fixtures", [])}}
+
+    async def snapshot(self, args: dict) -> dict:
+        what = args["what"]
+        p = self.p
+        if what == "incumbent":
+            st = await self._get("manager", f"{p.manager.url}/manager/v1/state", "manager state")
+            loaded = st.get("loaded")
+            if not loaded:
+                raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
+            rec = await self._get("manager", f"{p.manager.url}/manager/v1/recipes/{loaded['recipe']}", "recipe")
+            content = base64.b64decode(rec["content_b64"])
+            if hashlib.sha256(content).hexdigest() != loaded["sha256"] or rec["sha256"] != loaded["sha256"]:
+                raise ActionFailed("identity_drift", "the incumbent recipe bytes do not hash to the loaded sha256")
+            self.incumbent_bytes = content
+            ident = await self._get("serving", f"{p.serving.url}/flare/v1/identity", "identity")
+            return {**loaded, "identity": ident, "bytes_retained": len(content)}
+        if what == "router":
+            if p.router is None:
+                raise ActionFailed("not_applicable", "the site has no router")
+            d = await self._get("router", f"{p.router.url}/router/v1/backends", "router backends")
+            b = next((x for x in d.get("backends", []) if x.get("id") == p.router.backend), None)
+            if b is None:
+                raise ActionFailed("containment", f"router has no backend {p.router.backend!r}")
+            return {"config_sha256": d.get("config_sha256"), "backend": b}
+        if what == "monitoring":
+            if p.monitoring is None:
+                raise ActionFailed("not_applicable", "the site has no monitoring")
+            d = await self._get("monitoring", f"{p.monitoring.url}/monitoring/v1/targets", "monitoring targets")
+            t = next((x for x in d.get("targets", []) if x.get("id") == p.monitoring.target), None)
+            return {"target": t}
+        if what == "gpu":
+            return await self.gpu_view()
+        if what == "configuration":
+            return {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": self.plan_sha256}
+        raise ActionFailed("internal", f"unknown snapshot {what!r}")
+
+    async def gpu_view(self) -> dict:
+        g = self.p.gpu
+        if g.source == "sim":
+            return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
+        from daemon.nvml import read_gpus
+        return read_gpus()
+
+    async def preview(self, args: dict) -> dict:
+        return await self._post("manager", f"{self.p.manager.url}/manager/v1/preview", "preview",
+                                {"op": args["op"], "recipe": args["recipe"], "sha256": args.get("sha256")})
+
+    async def quiesce(self, args: dict) -> dict:
+        if self.p.router is None:
+            raise ActionFailed("not_applicable", "the site has no router")
+        return await self._post("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/quiesce", "quiesce")
+
+    async def readmit(self, args: dict) -> dict:
+        if self.p.router is None:
+            raise ActionFailed("not_applicable", "the site has no router")
+        return await self._post("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/readmit", "readmit")
+
+    async def scrape_metrics(self, args: dict) -> dict:
+        r = await self.client.get(f"{self.p.serving.url}/metrics", headers=self._h("serving"))
+        if r.status_code != 200:
+            raise classify_response(r, "metrics")
+        try:
+            return metrics.parse(r.text, self.p.metrics)
+        except metrics.MetricsError as exc:
+            raise ActionFailed("malformed_transport", str(exc)) from None
+
+    async def unload(self, args: dict) -> dict:
+        return await self._post("manager", f"{self.p.manager.url}/manager/v1/unload", "unload",
+                                {"recipe": args["recipe"], "sha256": args["sha256"]})
+
+    async def load(self, args: dict) -> dict:
+        return await self._post("manager", f"{self.p.manager.url}/manager/v1/load", "load",
+                                {"recipe": args["recipe"], "sha256": args["sha256"]})
+
+    async def read_identity(self, args: dict) -> dict:
+        return await self._get("serving", f"{self.p.serving.url}/flare/v1/identity", "identity")
+
+    async def set_trace(self, args: dict) -> dict:
+        return await self._post("serving", f"{self.p.serving.url}/flare/v1/trace", "trace", {"enabled": args["enabled"]})
+
+    async def manager_state(self, args: dict) -> dict:
+        return await self._get("manager", f"{self.p.manager.url}/manager/v1/state", "manager state")
+
+    async def preflight(self, args: dict) -> dict:
+        if args["path"] == "routed":
+            if self.p.router is None:
+                raise ActionFailed("not_applicable", "the site has no router")
+            url, svc = f"{self.p.router.url}/v1/chat/completions", "router"
+        else:
+            url, svc = f"{self.p.serving.url}/v1/chat/completions", "serving"
+        r = await self.client.post(url, content=PREFLIGHT_BODY, headers={**self._h(svc), "content-type": "application/json"})
+        if r.status_code != 200:
+            raise classify_response(r, f"{args['path']} preflight")
+        d = r.json()
+        return {"finish_reason": d["choices"][0].get("finish_reason"), "request_id": r.headers.get("x-request-id")}
+
+    async def send_request(self, args: dict) -> dict:
+        """Sends the exact body bytes and returns the RequestDone fields (raises on abort-class errors)."""
+        fx = self.fixtures[args["fixture"]]
+        body = fx.bodies[args["body_index"]]
+        t0 = time.monotonic_ns()
+        out: dict = {"outcome": "ok"}
+        first_byte = first_token = last_token = None
+        visible = reasoning = False
+        usage = None
+        finish = None
+        digest = hashlib.sha256()
+        head = bytearray()
+        total = 0
+        done = False
+        headers = {**self._h("serving"), "content-type": "application/json"}
+        async with aconnect_sse(self.client, "POST", f"{self.p.serving.url}/v1/chat/completions",
+                                content=body, headers=headers) as es:
+            resp = es.response
+            if resp.status_code != 200:
+                await resp.aread()
+                raise classify_response(resp, "chat completion")
+            out["request_id"] = resp.headers.get("x-request-id")
+            out["status_code"] = resp.status_code
+            async for sse in es.aiter_sse():
+                now = time.monotonic_ns() - t0
+                first_byte = first_byte if first_byte is not None else now
+                data = sse.data.encode()
+                digest.update(data + b"\n")
+                total += len(data) + 1
+                if len(head) < RESPONSE_CAP:
+                    head.extend(data[: RESPONSE_CAP - len(head)])
+                if sse.data == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(sse.data)
+                except ValueError:
+                    raise ActionFailed("malformed_transport", "chat completion: a server-sent event is not JSON") from None
+                if "error" in chunk:
+                    et = (chunk["error"] or {}).get("type", "engine_error")
+                    raise ActionFailed(et if et in ("cuda_error", "out_of_memory") else "engine_error",
+                                       f"chat completion: stream error {et}")
+                for ch in chunk.get("choices") or []:
+                    delta = ch.get("delta") or {}
+                    if delta.get("content"):
+                        visible = True
+                    if delta.get("reasoning_content"):
+                        reasoning = True
+                    if delta.get("content") or delta.get("reasoning_content"):
+                        first_token = first_token if first_token is not None else now
+                        last_token = now
+                    if ch.get("finish_reason"):
+                        finish = ch["finish_reason"]
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+        if not done:
+            raise ActionFailed("malformed_transport", "chat completion: the stream ended without [DONE]")
+        if usage is None:
+            raise ActionFailed("malformed_transport", "chat completion: no usage before [DONE]")
+        out.update(finish_reason=finish, visible_output=visible, reasoning_only=reasoning and not visible,
+                   prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+                   cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                   first_byte_ns=first_byte, first_token_ns=first_token, last_token_ns=last_token,
+                   end_ns=time.monotonic_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
+                   response_head=head.decode("utf-8", "replace"))
+        return out
