@@ -120,3 +120,10 @@ async def test_opening_a_non_log_file_is_refused(tmp_path):
     conn.close()
     with pytest.raises(ValueError, match="not a flare-diag event log"):
         await EventStore.open(bad)
+
+
+async def test_stored_hash_matches_the_reference_chain_function(tmp_path):
+    from events.chain import event_hash
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        a = await store.append(LogNote(text="ref"), window_id="w", causation_seq=None)
+    assert a.hash == event_hash(GENESIS, a.seq, a.type, a.schema_v, a.mono_ns, a.wall_ns, a.window_id, None, a.payload)
