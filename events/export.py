@@ -6,17 +6,14 @@ from collections.abc import Iterator
 
 import msgspec
 
-from events.base import UnknownEventError, decode_payload
+from events.base import decode_payload
 from events.reader import LogReader
 
 
 def export_lines(reader: LogReader) -> Iterator[bytes]:
     enc = msgspec.json.Encoder()
     for env in reader.iter():
-        try:
-            payload = msgspec.to_builtins(decode_payload(env.type, env.schema_v, env.payload))
-        except UnknownEventError:
-            raise
+        payload = msgspec.to_builtins(decode_payload(env.type, env.schema_v, env.payload))  # UnknownEventError propagates
         yield enc.encode({
             "seq": env.seq, "mono_ns": env.mono_ns, "wall_ns": env.wall_ns, "type": env.type,
             "schema_v": env.schema_v, "window_id": env.window_id, "causation_seq": env.causation_seq,

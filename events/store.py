@@ -46,7 +46,7 @@ class _Receipt(list):
 
     def _fill(self) -> None:
         if self._rows is not None:
-            super().extend(row_to_envelope(r) for r in self._rows)
+            super().extend(row_envelope(r) for r in self._rows)
             self._rows = None
 
     def __getitem__(self, i):  # type: ignore[override]
@@ -61,9 +61,7 @@ class _Receipt(list):
         return len(self._rows) if self._rows is not None else super().__len__()
 
 
-def row_to_envelope(r: tuple) -> Envelope:
-    seq, mono, wall, type_, v, wid, caus, payload, prev, h = r
-    return Envelope(seq, mono, wall, type_, v, wid, caus, payload, prev, h)
+
 _STOP = object()
 _encode = _encoder.encode
 _TAGS: dict[type, tuple[str, int]] = {}
