@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import events.schema  # noqa: F401  (a reader decodes every registered event type)
 from events.envelope import Envelope
 from events.sqlschema import NotAnEventLog, check_format
 from events.store import row_envelope, select_sql
