@@ -1,7 +1,7 @@
 """Event-log throughput, measured side by side on one file system in one run.
 
 1. Durable appends of N events through EventStore (group commit, synchronous=FULL, hashing,
-   per-event futures) vs raw sqlite3.executemany of the same encoded rows in one transaction.
+   encoding each event, an acknowledgement future per commit group) vs raw sqlite3.executemany of the same encoded rows in one transaction.
 2. `log verify` over M events vs a raw SELECT + SHA-256 loop over the same rows.
 
 Usage: python bench/event_log.py [--appends 200000] [--verify 1000000]

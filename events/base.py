@@ -9,7 +9,7 @@ import msgspec
 from events.upcast import upcast
 
 
-class Event(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=False):
+class Event(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=False, gc=False):
     """Base of every logged event; a subclass's tag is its `type` and is never renamed or reused."""
 
     schema_v: ClassVar[int] = 1

@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 
 import aiosqlite
+import msgspec
 
 from events.base import Event, _encoder
 from events.chain import DOMAIN_TAG, GENESIS, _fixed
 from events.checkpoint import default_path, write_checkpoint
 from events.envelope import COLUMNS, Envelope
-from events.sqlschema import DDL, FORMAT, INSERT, STORE_VERSION, NotAnEventLog
+from events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
 
 Clock = Callable[[], tuple[int, int]]
 
@@ -37,33 +38,37 @@ class StoreWriteError(RuntimeError):
 _Row = tuple[str, int, str, "int | None", bytes, int, int]
 
 
-class _Receipt(list):
-    """The envelopes of one acknowledged submission, built only when read (the hot path rarely reads them)."""
+class _Receipt:
+    """The envelopes of one committed group, built only when read (the hot path rarely reads them)."""
+
+    __slots__ = ("_rows",)
 
     def __init__(self, rows: list[tuple]) -> None:
-        super().__init__()
         self._rows = rows
 
-    def _fill(self) -> None:
-        if self._rows is not None:
-            super().extend(row_envelope(r) for r in self._rows)
-            self._rows = None
-
-    def __getitem__(self, i):  # type: ignore[override]
-        self._fill()
-        return super().__getitem__(i)
-
-    def __iter__(self):  # type: ignore[override]
-        self._fill()
-        return super().__iter__()
-
     def __len__(self) -> int:
-        return len(self._rows) if self._rows is not None else super().__len__()
+        return len(self._rows)
 
+    def envelopes(self, start: int = 0, stop: int | None = None) -> list[Envelope]:
+        return [row_envelope(r) for r in self._rows[start:stop]]
+
+
+class _Group:
+    """Submissions that share one future: a group is committed whole, in one transaction."""
+
+    __slots__ = ("rows", "fut", "size")
+
+    def __init__(self, fut: asyncio.Future[_Receipt]) -> None:
+        self.rows: list[_Row] = []
+        self.fut = fut
+        self.size = 0  # payload bytes
 
 
 _STOP = object()
 _encode = _encoder.encode
+_encode_meta = msgspec.json.Encoder().encode
+# A batch also stops growing past this many payload bytes: SQLite caps one bound blob at 1 GB.
+_MAX_BATCH_BYTES = 64 << 20
 _TAGS: dict[type, tuple[str, int]] = {}
 
 
@@ -95,6 +100,7 @@ class EventStore:
         self._prefixes: dict[tuple[str, str], bytes] = {}
         self._max_batch = max_batch
         self._queue: deque[object] = deque()
+        self._open: _Group | None = None
         self._wake = asyncio.Event()
         self._closed = False
         self._loop = asyncio.get_running_loop()
@@ -137,50 +143,78 @@ class EventStore:
         """The last acknowledged (seq, hash)."""
         return self._seq, self._head
 
-    def submit(self, event: Event, *, window_id: str = "", causation_seq: int | None = None,
-               mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[list[Envelope]]:
-        """Queues one event; the future resolves, with its envelope, once it is durable."""
+    def _enqueue(self, rows: list[_Row]) -> tuple[asyncio.Future[_Receipt], int]:
+        # Submissions join the open group until the writer takes it, so the hot path allocates no
+        # future (and gives the garbage collector nothing new to scan) per event.
+        group = self._open
+        if group is None:
+            group = self._open = _Group(self._loop.create_future())
+            self._queue.append(group)
+        start = len(group.rows)
+        group.rows.extend(rows)
+        group.size += sum(len(r[4]) for r in rows)
+        if len(group.rows) >= self._max_batch or group.size >= _MAX_BATCH_BYTES:
+            self._open = None
+        self._wake.set()
+        return group.fut, start
+
+    def _stamp(self, mono_ns: int | None, wall_ns: int | None) -> tuple[int, int]:
         if self._closed:
             raise StoreClosed(f"{self.path}: event store is closed")
         if mono_ns is None or wall_ns is None:
             m, w = self._clock()
-            mono_ns = m if mono_ns is None else mono_ns
-            wall_ns = w if wall_ns is None else wall_ns
+            return (m if mono_ns is None else mono_ns), (w if wall_ns is None else wall_ns)
+        return mono_ns, wall_ns
+
+    def submit(self, event: Event, *, window_id: str = "", causation_seq: int | None = None,
+               mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[_Receipt]:
+        """Queues one event; the returned future resolves once it is durable (or the commit failed).
+
+        The future is shared by every submission of the same commit group; `append` returns the
+        event's own envelope.
+        """
+        mono_ns, wall_ns = self._stamp(mono_ns, wall_ns)
         tag, v = _tag_of(event)
-        fut = self._loop.create_future()
-        self._queue.append(([(tag, v, window_id, causation_seq, _encode(event), mono_ns, wall_ns)], fut))
-        self._wake.set()
-        return fut
+        return self._enqueue([(tag, v, window_id, causation_seq, _encode(event), mono_ns, wall_ns)])[0]
 
     def submit_many(self, events: Iterable[Event], *, window_id: str = "", causation_seq: int | None = None,
-                    mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[list[Envelope]]:
+                    mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[_Receipt]:
         """Queues events that get consecutive seqs, committed in one transaction."""
-        if self._closed:
-            raise StoreClosed(f"{self.path}: event store is closed")
-        if mono_ns is None or wall_ns is None:
-            m, w = self._clock()
-            mono_ns = m if mono_ns is None else mono_ns
-            wall_ns = w if wall_ns is None else wall_ns
+        return self._submit_many(events, window_id, causation_seq, mono_ns, wall_ns)[0]
+
+    def _submit_many(self, events: Iterable[Event], window_id: str, causation_seq: int | None,
+                     mono_ns: int | None, wall_ns: int | None) -> tuple[asyncio.Future[_Receipt], int, int]:
+        mono_ns, wall_ns = self._stamp(mono_ns, wall_ns)
         rows = []
         for e in events:
             tag, v = _tag_of(e)
             rows.append((tag, v, window_id, causation_seq, _encode(e), mono_ns, wall_ns))
-        fut = self._loop.create_future()
-        self._queue.append((rows, fut))
-        self._wake.set()
-        return fut
+        if not rows:  # still a barrier: resolves after everything submitted before it
+            group = self._open
+            if group is None:
+                fut = self._loop.create_future()
+                self._queue.append(_Group(fut))
+                self._wake.set()
+                return fut, 0, 0
+            return group.fut, len(group.rows), 0
+        fut, start = self._enqueue(rows)
+        return fut, start, len(rows)
 
-    async def append(self, event: Event, **kw: object) -> Envelope:
-        """Appends one event and returns once it is durable."""
-        return (await self.submit(event, **kw))[0]  # type: ignore[arg-type]
+    async def append(self, event: Event, *, window_id: str = "", causation_seq: int | None = None,
+                     mono_ns: int | None = None, wall_ns: int | None = None) -> Envelope:
+        """Appends one event and returns its envelope once it is durable."""
+        fut, start, _n = self._submit_many((event,), window_id, causation_seq, mono_ns, wall_ns)
+        return (await fut).envelopes(start, start + 1)[0]
 
-    async def append_many(self, events: Sequence[Event], **kw: object) -> list[Envelope]:
-        return await self.submit_many(events, **kw)  # type: ignore[arg-type]
+    async def append_many(self, events: Sequence[Event], *, window_id: str = "", causation_seq: int | None = None,
+                          mono_ns: int | None = None, wall_ns: int | None = None) -> list[Envelope]:
+        """Appends events with consecutive seqs and returns their envelopes once durable."""
+        fut, start, n = self._submit_many(events, window_id, causation_seq, mono_ns, wall_ns)
+        return (await fut).envelopes(start, start + n)
 
     async def flush(self) -> None:
         """Waits until everything submitted so far is durable (or failed)."""
-        fut = self.submit_many([])
-        await fut
+        await self.submit_many(())
 
     async def _write_loop(self) -> None:
         # Pipelined: while one batch is being written on aiosqlite's thread, the next is gathered
@@ -196,39 +230,49 @@ class EventStore:
                     continue
                 self._wake.clear()
                 await self._wake.wait()
-            batch, n = [], 0
-            while queue and n < self._max_batch:
+            batch, n, size = [], 0, 0
+            while queue and n < self._max_batch and size < _MAX_BATCH_BYTES:
                 item = queue.popleft()
                 if item is _STOP:
                     stop = True
                     break
+                if item is self._open:
+                    self._open = None
                 batch.append(item)
-                n += len(item[0])  # type: ignore[index]
+                n += len(item.rows)  # type: ignore[union-attr]
+                size += item.size  # type: ignore[union-attr]
             if not batch:
                 continue
             base = (self._tent_seq, self._tent_head)
-            rows = self._hash_rows(batch, *base)
+            rows, bulk = self._hash_rows(batch, *base)
             if inflight is not None and not await inflight:
-                rows = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
-            inflight = asyncio.get_running_loop().create_task(self._commit(batch, rows))
+                rows, bulk = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
+            inflight = asyncio.get_running_loop().create_task(self._commit(batch, rows, bulk))
+            await asyncio.sleep(0)  # let the commit reach the writer thread before hashing the next batch
         if inflight is not None:
             await inflight
 
-    async def _write_rows(self, rows: list[tuple]) -> None:
+    async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction
-            await run(_write_transaction, self._conn._conn, rows)
+            await run(_write_transaction, self._conn._conn, bulk)
         else:
             await self._conn.execute("BEGIN IMMEDIATE")
-            await self._conn.executemany(INSERT, rows)
+            await self._conn.execute(BULK_INSERT, bulk)
             await self._conn.execute("COMMIT")
 
-    def _hash_rows(self, batch: list[tuple[list[_Row], asyncio.Future]], seq: int, prev: bytes) -> list[tuple]:
+    def _hash_rows(self, batch: list[_Group], seq: int,
+                   prev: bytes) -> tuple[list[tuple], tuple[bytes, bytes, bytes]]:
+        """Chains the batch onto (seq, prev); returns its rows and their BULK_INSERT parameters."""
         # event_hash() inlined, with the (type, window) part of the preimage cached: the store's hot loop
         sha, pack, join, tag, pre = hashlib.sha256, _fixed.pack, b"".join, DOMAIN_TAG, self._prefixes
         rows: list[tuple] = []
-        for items, _fut in batch:
-            for type_, v, wid, caus, payload, mono, wall in items:
+        meta: list[tuple] = []
+        payloads: list[bytes] = []
+        hashes: list[bytes] = [prev]
+        off = 1
+        for group in batch:
+            for type_, v, wid, caus, payload, mono, wall in group.rows:
                 seq += 1
                 tw = pre.get((type_, wid))
                 if tw is None:
@@ -236,14 +280,20 @@ class EventStore:
                     tw = pre[(type_, wid)] = len(t).to_bytes(2, "big") + t + len(w).to_bytes(2, "big") + w
                 h = sha(join((tag, prev, pack(seq, v, mono, wall, -1 if caus is None else caus), tw, payload))).digest()
                 rows.append((seq, mono, wall, type_, v, wid, caus, payload, prev, h))
+                n = len(payload)
+                meta.append((seq, mono, wall, type_, v, wid, caus, off, n))
+                payloads.append(payload)
+                hashes.append(h)
+                off += n
                 prev = h
         self._tent_seq, self._tent_head = seq, prev
-        return rows
+        return rows, (_encode_meta(meta), join(payloads), join(hashes))
 
-    async def _commit(self, batch: list[tuple[list[_Row], asyncio.Future[list[Envelope]]]], rows: list[tuple]) -> bool:
+    async def _commit(self, batch: list[_Group], rows: list[tuple],
+                      bulk: tuple[bytes, bytes, bytes]) -> bool:
         if rows:
             try:
-                await self._write_rows(rows)
+                await self._write_rows(rows, bulk)
             except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
                 try:
                     await self._conn.execute("ROLLBACK")
@@ -251,17 +301,17 @@ class EventStore:
                     pass
                 self._tent_seq, self._tent_head = self._seq, self._head
                 err = StoreWriteError(f"{self.path}: commit of {len(rows)} events failed: {exc}")
-                for _items, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(err)
+                for group in batch:
+                    if not group.fut.done():
+                        group.fut.set_exception(err)
                 return False
             self._seq, self._head = rows[-1][0], rows[-1][9]
             write_checkpoint(self.checkpoint_path, self._seq, self._head)
         i = 0
-        for items, fut in batch:
-            n = len(items)
-            if not fut.done():
-                fut.set_result(_Receipt(rows[i:i + n]))
+        for group in batch:
+            n = len(group.rows)
+            if not group.fut.done():
+                group.fut.set_result(_Receipt(rows[i:i + n]))
             i += n
         return True
 
@@ -293,10 +343,12 @@ class EventStore:
         await self.close()
 
 
-def _write_transaction(conn: sqlite3.Connection, rows: list[tuple]) -> None:
+def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes]) -> None:
+    # One statement for the whole batch: SQLite unpacks it in C with the GIL released, so the
+    # writer thread does not contend with the event loop row by row as executemany would.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.executemany(INSERT, rows)
+        conn.execute(BULK_INSERT, bulk)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -127,3 +127,33 @@ async def test_stored_hash_matches_the_reference_chain_function(tmp_path):
     async with await EventStore.open(tmp_path / "log.db") as store:
         a = await store.append(LogNote(text="ref"), window_id="w", causation_seq=None)
     assert a.hash == event_hash(GENESIS, a.seq, a.type, a.schema_v, a.mono_ns, a.wall_ns, a.window_id, None, a.payload)
+
+
+async def test_failed_commit_rejects_every_submission_of_its_group(tmp_path):
+    from events.store import StoreWriteError
+
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        await store.append(LogNote(text="kept"))
+        # another writer takes seq 2 behind the store's back, so the store's next commit collides
+        conn = sqlite3.connect(tmp_path / "log.db", isolation_level=None)
+        conn.execute("INSERT INTO events VALUES (2, 0, 0, 'log_note', 1, '', NULL, x'7b7d', zeroblob(32), zeroblob(32))")
+        conn.close()
+        futs = [store.submit(LogNote(text=t)) for t in ("x", "y", "z")]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        assert store.head[0] == 1
+    assert all(isinstance(r, StoreWriteError) for r in results)
+    conn = sqlite3.connect(tmp_path / "log.db")
+    texts = [bytes(p) for (p,) in conn.execute("SELECT payload FROM events ORDER BY seq")]
+    conn.close()
+    assert not any(b'"x"' in t or b'"y"' in t or b'"z"' in t for t in texts)
+
+
+async def test_large_payloads_are_stored_byte_exact(tmp_path):
+    big = "é" * 300_000 + "\x00\n\"\\"
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        envs = await store.append_many([LogNote(text=big), LogNote(text="small")])
+    with LogReader(tmp_path / "log.db") as r:
+        stored = list(r.iter())
+        assert verify_log(r).ok
+    assert [e.payload for e in stored] == [e.payload for e in envs]
+    assert stored[0].event().text == big
