@@ -46,6 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--out", type=Path, required=True)
     rn.add_argument("--time-scale", type=float, default=1.0)
 
+    def sock(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--socket", type=Path, default=None,
+                        help="the daemon's control socket (default: $FLARE_DIAG_SOCKET, else /run/flare-diagd/control.sock)")
+        return sp
+
+    st = sock(sub.add_parser("status", help="the daemon's state and the current window's progress"))
+    st.add_argument("--json", action="store_true", help="print the raw status reply")
+    sa = sock(sub.add_parser("start", help="start a window in the daemon"))
+    sa.add_argument("plan", type=Path)
+    sa.add_argument("--site", type=Path, required=True)
+    sa.add_argument("--time-scale", type=float, default=1.0)
+    ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
+    ab.add_argument("--reason", required=True)
+    wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
+    wa.add_argument("--from-seq", type=int, default=None)
+    rp = sock(sub.add_parser("report", help="a window's report, from the daemon's log"))
+    rp.add_argument("window_id")
+    rp.add_argument("--format", choices=["json", "md", "html"], default="md")
+    rp.add_argument("--out", type=Path, default=None)
+
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
     ss = ssub.add_parser("serve", help="serve flaresim on loopback")
@@ -99,10 +119,11 @@ def _out_dir(out: Path | None) -> Path:
 def _window(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from daemon.rehearse import InputError, parse_fault, rehearse, run_window, load_fixtures
+    from daemon.rehearse import parse_fault, rehearse, run_window
+    from daemon.windows import InputError, setup_for_site
     plan = load_plan(args.plan)
     plan_raw = args.plan.read_bytes()
-    if args.time_scale <= 0:
+    if not args.time_scale > 0:
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
     console = Console()
@@ -117,17 +138,8 @@ def _window(args: argparse.Namespace) -> int:
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console)
         else:
             import asyncio
-
-            from daemon.nvml import available
-            from daemon.site import SiteError, load_site
-            try:
-                site = load_site(args.site)
-            except SiteError as exc:
-                raise UsageError(str(exc)) from None
-            if plan.production and site.profile.gpu.source == "nvml" and (why := available()):
-                raise UsageError(f"{args.plan}: a production plan needs NVML: {why}")
-            fixtures = load_fixtures(plan, [args.plan.parent, args.site.parent])
-            report = asyncio.run(run_window(plan_raw, plan, site, fixtures, out, args.time_scale, False, console))
+            setup = setup_for_site(args.plan, args.site, args.time_scale)
+            report = asyncio.run(run_window(setup, out, console))
     except InputError as exc:
         raise UsageError(str(exc)) from None
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
@@ -154,9 +166,39 @@ def _sim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _client(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from daemon import client
+    path = client.socket_path(args.socket)
+    console = Console(stderr=True)
+    try:
+        if args.cmd == "status":
+            return client.status(path, Console(), args.json)
+        if args.cmd == "start":
+            for f, what in ((args.plan, "plan"), (args.site, "site profile")):
+                if not f.is_file():
+                    raise UsageError(f"{f}: no such {what} file")
+            if not args.time_scale > 0:
+                raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
+            return client.start(path, args.plan, args.site, args.time_scale, console)
+        if args.cmd == "abort":
+            return client.abort(path, args.reason, console)
+        if args.cmd == "watch":
+            return client.watch(path, args.from_seq, Console())
+        return client.report(path, args.window_id, args.format, args.out)
+    except client.DaemonUnreachable as exc:
+        print(f"flare-diag: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except client.Refused as exc:
+        raise UsageError(f"the daemon refused {args.cmd}: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.cmd in ("status", "start", "abort", "watch", "report"):
+            return _client(args)
         if args.cmd == "log":
             from daemon.cli_log import run_log
             return run_log(args)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from daemon.errors import ActionFailed, classify_exception
 from daemon.target import Target
 from events.schema import (
-    ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WatchObserved, WindowOpened,
+    ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, OperatorAbort, RequestDone, Tick,
+    WatchObserved, WindowOpened,
 )
 from events.store import EventStore
 from policies.window import WindowPolicy
@@ -33,6 +34,8 @@ class Runner:
         self.tasks: dict[int, asyncio.Task] = {}
         self.on_decision = on_decision or (lambda d: None)
         self._start = time.monotonic_ns()
+        self._last: list[Decision] = []
+        self.outcome: str | None = None
 
     def now(self) -> int:
         """The window clock: real nanoseconds since the window opened, times the time scale."""
@@ -40,6 +43,24 @@ class Runner:
 
     async def run(self, opened: WindowOpened) -> str:
         await self.feed(opened)
+        return await self._loop()
+
+    async def resume(self, recorded: list[Input], opened_wall_ns: int) -> str:
+        """Picks up a window the daemon left unfinished: replays its recorded inputs into a fresh
+        policy (nothing is carried out again), then reports the restart, which sends it to restore."""
+        # The window clock keeps counting through the outage: a crash does not stop the minutes.
+        elapsed = max(0, time.time_ns() - opened_wall_ns)
+        self._start = time.monotonic_ns() - elapsed
+        for inp in recorded:
+            self.policy.receive(inp)
+        await self.feed(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending)))
+        return await self._loop()
+
+    def abort(self, reason: str, uid: int | None = None, pid: int | None = None) -> None:
+        """An operator's abort: queued as an input like any observation."""
+        self.queue.put_nowait(OperatorAbort(at_ns=self.now(), reason=reason, uid=uid, pid=pid))
+
+    async def _loop(self) -> str:
         watcher = asyncio.create_task(self._watch())
         try:
             while not self.policy.closed:
@@ -56,7 +77,8 @@ class Runner:
                 t.cancel()
             await self.store.flush()
         closed = [d for d in self._last if getattr(d, "outcome", None)]
-        return closed[-1].outcome if closed else "aborted"
+        self.outcome = closed[-1].outcome if closed else "aborted"
+        return self.outcome
 
     async def feed(self, inp: Input) -> None:
         decisions = self.policy.receive(inp)

@@ -33,6 +33,10 @@ class WindowOpened(Input, tag="window_opened"):
     gpu_source: str
     rehearsal: bool
     candidate_recipe: str
+    # What the daemon needs to pick the window up again after a restart (paths, never secrets).
+    time_scale: float = 1.0
+    site_profile: str = ""
+    fixture_dirs: list[str] = []
 
 
 @register
@@ -93,6 +97,17 @@ class OperatorAbort(Input, tag="operator_abort"):
     reason: str
     uid: int | None = None
     pid: int | None = None
+
+
+@register
+class ControlCommand(Event, tag="control_command"):
+    """A control-socket command that changes something, with the caller's SO_PEERCRED identity."""
+
+    cmd: str
+    uid: int
+    pid: int
+    ok: bool
+    detail: str = ""
 
 
 @register

@@ -103,6 +103,7 @@ class EventStore:
         self._open: _Group | None = None
         self._wake = asyncio.Event()
         self._closed = False
+        self._listeners: list[Callable[[list[tuple]], None]] = []
         self._loop = asyncio.get_running_loop()
         self._writer = self._loop.create_task(self._write_loop(), name="event-store-writer")
 
@@ -137,6 +138,15 @@ class EventStore:
             raise
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
         return cls(conn, path, cp, clock, seq, head, max_batch)
+
+    def subscribe(self, listener: Callable[[list[tuple]], None]) -> Callable[[], None]:
+        """Calls `listener(rows)` on the loop after each commit; returns the unsubscribe function.
+
+        Rows are in the column order of `row_envelope`. A listener must not block; it is how
+        `watch` streams events without reading them back from the file.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     @property
     def head(self) -> tuple[int, bytes]:
@@ -307,6 +317,8 @@ class EventStore:
                 return False
             self._seq, self._head = rows[-1][0], rows[-1][9]
             write_checkpoint(self.checkpoint_path, self._seq, self._head)
+            for listener in list(self._listeners):
+                listener(rows)
         i = 0
         for group in batch:
             n = len(group.rows)

@@ -1,0 +1,156 @@
+"""The CLI side of the control socket: status, start, abort, watch and report against flare-diagd."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from daemon import control
+from daemon.live import LiveView
+from events.base import decode_payload
+from events.schema import WindowClosed
+
+ENV_SOCKET = "FLARE_DIAG_SOCKET"
+
+
+class DaemonUnreachable(RuntimeError):
+    """No daemon answers on the socket: one line naming it."""
+
+
+class Refused(RuntimeError):
+    """The daemon answered with an error reply."""
+
+
+def socket_path(arg: Path | None) -> Path:
+    if arg is not None:
+        return arg
+    if os.environ.get(ENV_SOCKET):
+        return Path(os.environ[ENV_SOCKET])
+    from daemon.service import default_socket
+    return default_socket()
+
+
+class Connection:
+    def __init__(self, path: Path, timeout: float | None = 30.0) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self.sock.close()
+            raise DaemonUnreachable(f"{path}: no flare-diagd listening ({exc.strerror})") from None
+        except PermissionError:
+            self.sock.close()
+            raise DaemonUnreachable(f"{path}: permission denied (the socket is for root and the daemon's group)") from None
+        self.rfile = self.sock.makefile("rb")
+
+    def send(self, cmd: control.Command) -> None:
+        self.sock.sendall(control.encode_command(cmd))
+
+    def line(self) -> dict:
+        raw = self.rfile.readline(control.MAX_REPLY_LINE)
+        if not raw:
+            raise DaemonUnreachable(f"{self.path}: the daemon closed the connection")
+        return msgspec.json.decode(raw)
+
+    def call(self, cmd: control.Command) -> dict:
+        self.send(cmd)
+        rep = self.line()
+        if not rep.get("ok"):
+            raise Refused(rep.get("error", "refused"))
+        return rep
+
+    def close(self) -> None:
+        self.rfile.close()
+        self.sock.close()
+
+
+def status(path: Path, console: Console, as_json: bool = False) -> int:
+    c = Connection(path)
+    try:
+        rep = c.call(control.Status())
+    finally:
+        c.close()
+    if as_json:
+        sys.stdout.write(msgspec.json.encode(rep).decode() + "\n")
+        return 0
+    t = Table(title=f"flare-diagd ({rep['state']})", show_header=False)
+    t.add_column(style="dim")
+    t.add_column()
+    t.add_row("daemon pid", str(rep["pid"]))
+    t.add_row("log", f"{rep['log']['path']} (head seq {rep['log']['head_seq']})")
+    for label, w in (("window", rep.get("window")), ("last window", rep.get("last_window"))):
+        if not w:
+            continue
+        t.add_row(label, f"{w['window_id']} ({'rehearsal' if w['rehearsal'] else 'live'})")
+        t.add_row("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({w['phase_requests']} requests)" if w["phase"] else ""))
+        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']})")
+        t.add_row("  requests", str(w["requests"]))
+        if w["abort"]:
+            t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")
+        if w["outcome"]:
+            t.add_row("  outcome", f"{w['outcome']} (verdict {w['verdict']})")
+    console.print(t)
+    return 0
+
+
+def start(path: Path, plan: Path, site: Path, time_scale: float, console: Console) -> int:
+    c = Connection(path)
+    try:
+        rep = c.call(control.Start(plan=str(plan.resolve()), site=str(site.resolve()), time_scale=time_scale))
+    finally:
+        c.close()
+    console.print(f"started window {rep['window_id']}" + (" (rehearsal)" if rep.get("rehearsal") else ""))
+    print(rep["window_id"])
+    return 0
+
+
+def abort(path: Path, reason: str, console: Console) -> int:
+    c = Connection(path)
+    try:
+        rep = c.call(control.Abort(reason=reason))
+    finally:
+        c.close()
+    console.print(f"abort requested for window {rep['window_id']}; it restores the incumbent before it closes")
+    return 0
+
+
+def watch(path: Path, from_seq: int | None, console: Console) -> int:
+    """Streams the current window's events until it closes; exit 0 when it completed, 1 otherwise."""
+    c = Connection(path, timeout=None)
+    try:
+        c.call(control.Watch(from_seq=from_seq))
+        view = LiveView(console)
+        with view:
+            while True:
+                rep = c.line()
+                if "seq" not in rep:
+                    raise Refused(rep.get("error", "watch ended"))
+                ev = decode_payload(rep["type"], rep["schema_v"], msgspec.json.encode(rep["event"]))
+                if view.progress.window_id and rep["window_id"] not in ("", view.progress.window_id):
+                    continue
+                view.on_event(rep["seq"], ev)
+                if isinstance(ev, WindowClosed):
+                    return 0 if ev.outcome == "completed" else 1
+    finally:
+        c.close()
+
+
+def report(path: Path, window_id: str, fmt: str, out: Path | None) -> int:
+    c = Connection(path, timeout=300)
+    try:
+        rep = c.call(control.Report(window_id=window_id, format=fmt))  # type: ignore[arg-type]
+    finally:
+        c.close()
+    if out is None:
+        sys.stdout.write(rep["content"])
+    else:
+        out.write_text(rep["content"])
+    return 0

@@ -1,0 +1,48 @@
+"""systemd's notify protocol (READY, STATUS, WATCHDOG, STOPPING) over $NOTIFY_SOCKET; silent without it."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    """Sends sd_notify datagrams. Outside systemd (no NOTIFY_SOCKET) every call is a no-op."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        addr = env.get("NOTIFY_SOCKET", "")
+        if addr.startswith("@"):  # abstract namespace
+            addr = "\0" + addr[1:]
+        self._addr = addr or None
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
+        mine = not pid or pid == str(os.getpid())
+        # systemd asks for a ping at least every WATCHDOG_USEC; ping at half of it.
+        self.watchdog_interval_s = int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 and mine else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._addr is not None
+
+    def send(self, **fields: str) -> None:
+        if self._addr is None:
+            return
+        msg = "\n".join(f"{k.upper()}={v}" for k, v in fields.items()).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            try:
+                s.sendto(msg, self._addr)
+            except OSError:
+                pass  # a lost notification must never take the service down
+
+    def ready(self, status: str) -> None:
+        self.send(ready="1", status=status)
+
+    def status(self, status: str) -> None:
+        self.send(status=status)
+
+    def watchdog(self) -> None:
+        self.send(watchdog="1")
+
+    def stopping(self, status: str) -> None:
+        self.send(stopping="1", status=status)

@@ -1,0 +1,101 @@
+"""Setting a window up: plan, site and fixtures read and checked, the opening input built; nothing runs."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from daemon.fixture import Fixture, FixtureError, find_fixture, load_fixture
+from daemon.nvml import available as nvml_unavailable
+from daemon.site import Site, SiteError, load_site
+from events.schema import WindowOpened
+from policies.plan import Plan, PlanError, decode_plan
+
+
+class InputError(ValueError):
+    """Something the operator supplied is wrong: one line naming it; nothing was started."""
+
+
+@dataclass
+class WindowSetup:
+    plan_raw: bytes
+    plan: Plan
+    site: Site
+    fixtures: dict[str, Fixture]
+    time_scale: float = 1.0
+    rehearsal: bool = False
+    site_profile: str = ""
+    fixture_dirs: list[str] = field(default_factory=list)
+    recorded_plan_sha256: str = ""  # a recovered window keeps the digest it was opened with
+
+    @property
+    def plan_sha256(self) -> str:
+        return self.recorded_plan_sha256 or hashlib.sha256(self.plan_raw).hexdigest()
+
+    def opened(self, window_id: str) -> WindowOpened:
+        return WindowOpened(at_ns=0, window_id=window_id, plan=msgspec.to_builtins(self.plan),
+                            plan_sha256=self.plan_sha256, site=self.site.name,
+                            gpu_source=self.site.profile.gpu.source, rehearsal=self.rehearsal,
+                            candidate_recipe=self.site.profile.manager.candidate_recipe or "",
+                            time_scale=self.time_scale, site_profile=self.site_profile,
+                            fixture_dirs=self.fixture_dirs)
+
+
+def new_window_id(plan: Plan) -> str:
+    return f"{plan.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+
+
+def read_plan(path: Path) -> tuple[bytes, Plan]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read plan ({exc.strerror})") from None
+    try:
+        return raw, decode_plan(raw, str(path))
+    except PlanError as exc:
+        raise InputError(str(exc)) from None
+
+
+def load_fixtures(plan: Plan, search: list[Path]) -> dict[str, Fixture]:
+    try:
+        return {f.name: load_fixture(find_fixture(f.name, search)) for f in plan.fixtures}
+    except FixtureError as exc:
+        raise InputError(str(exc)) from None
+
+
+def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) -> WindowSetup:
+    """Everything a window against a site needs, checked before anything starts."""
+    if not time_scale > 0:
+        raise InputError(f"time_scale {time_scale}: expected a positive factor")
+    plan_raw, plan = read_plan(plan_path)
+    try:
+        site = load_site(site_path)
+    except SiteError as exc:
+        raise InputError(str(exc)) from None
+    if plan.production and site.profile.gpu.source == "nvml" and (why := nvml_unavailable()):
+        raise InputError(f"{plan_path}: a production plan needs NVML: {why}")
+    dirs = [plan_path.parent.resolve(), site_path.parent.resolve()]
+    return WindowSetup(plan_raw, plan, site, load_fixtures(plan, dirs), time_scale,
+                       rehearsal=site.profile.gpu.source == "sim", site_profile=str(site_path.resolve()),
+                       fixture_dirs=[str(d) for d in dirs])
+
+
+def setup_for_recovery(opened: WindowOpened) -> WindowSetup:
+    """The setup of a window the daemon left unfinished, rebuilt from its opening input.
+
+    Fixtures that can no longer be found are left out: the restore path sends no replayed body.
+    """
+    from policies.plan import plan_from_builtins
+    plan = plan_from_builtins(opened.plan, "recorded plan")
+    site = load_site(Path(opened.site_profile))
+    try:
+        fixtures = load_fixtures(plan, [Path(d) for d in opened.fixture_dirs])
+    except InputError:
+        fixtures = {}
+    return WindowSetup(b"", plan, site, fixtures, opened.time_scale, opened.rehearsal, opened.site_profile,
+                       list(opened.fixture_dirs), opened.plan_sha256)

@@ -1,0 +1,120 @@
+"""Real processes for daemon tests: flaresim on loopback, flare-diagd on a unix socket, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+SCALE = 100
+
+
+class Sim:
+    """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
+
+    def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE) -> None:
+        self.token = secrets.token_hex(16)
+        self.proc = subprocess.Popen([sys.executable, "-m", "fixtures.flaresim.serve", "--port", "0", "--scenario",
+                                      scenario, "--time-scale", str(time_scale), "--token", self.token],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, line
+        self.url = line.split()[3]
+        (tmp / "sim.token").write_text(self.token)
+        svc = lambda extra="": f'url = "{self.url}{extra}"\ntoken_file = "sim.token"\n'  # noqa: E731
+        self.site = tmp / "site.toml"
+        self.site.write_text(f'[serving]\n{svc()}[manager]\n{svc()}candidate_recipe = "glm-candidate"\n'
+                             f'[router]\n{svc("/routed")}backend = "primary"\n[monitoring]\n{svc()}target = "primary"\n'
+                             f'[gpu]\nsource = "sim"\n{svc()}')
+
+    def get(self, path: str) -> dict:
+        import httpx
+        return httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=10).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Daemon:
+    """flare-diagd as a process; `start()` returns once it logs "ready"."""
+
+    def __init__(self, tmp: Path, env: dict | None = None) -> None:
+        self.socket = tmp / "run" / "control.sock"
+        self.state = tmp / "state"
+        self.log_path = tmp / "flare-diagd.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30) -> Daemon:
+        self._out = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "--socket", str(self.socket), "--state-dir",
+                                      str(self.state)], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(r.get("event") == "ready" for r in self.records()[self._seen:]):
+                self._seen = len(self.records())
+                return self
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        raise AssertionError("flare-diagd did not become ready: " + self.log_path.read_text()[-3000:])
+
+    _seen = 0
+
+    def records(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"raw": line})
+        return out
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "daemon.cli", *args, "--socket", str(self.socket)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict:
+        p = self.cli("status", "--json")
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    def wait_for(self, pred, timeout: float = 60, what: str = "condition") -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status()
+            if pred(st):
+                return st
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}: {st}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(120)
+        self._out.close()
+        return rc
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            self._out.close()
+
+
+def in_phase(st: dict, min_requests: int = 3) -> bool:
+    w = st.get("window") or {}
+    return bool(w.get("phase")) and w.get("phase_requests", 0) >= min_requests

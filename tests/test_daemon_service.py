@@ -1,0 +1,165 @@
+"""flare-diagd as a process on a unix socket, driven by the CLI; crash and stop recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+
+import pytest
+
+from tests.daemontools import PLAN, SCALE, Daemon, Sim, in_phase
+from events.reader import LogReader
+
+
+@pytest.fixture
+def sim(tmp_path):
+    s = Sim(tmp_path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    yield d
+    d.stop()
+
+
+def _start(daemon: Daemon, sim: Sim) -> str:
+    p = daemon.cli("start", str(PLAN), "--site", str(sim.site), "--time-scale", str(SCALE))
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
+
+
+def _report(daemon: Daemon, window_id: str) -> dict:
+    p = daemon.cli("report", window_id, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _events(daemon: Daemon) -> list:
+    with LogReader(daemon.state / "log.db") as r:
+        return [(e.seq, e.event()) for e in r.iter()]
+
+
+def _raw(daemon: Daemon, data: bytes) -> list[dict]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(daemon.socket))
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    return [json.loads(line) for line in buf.splitlines()]
+
+
+def test_idle_daemon_answers_status_on_a_group_only_socket(daemon):
+    daemon.start()
+    assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o660
+    st = daemon.status()
+    assert st["ok"] and st["state"] == "idle" and st["window"] is None
+    rec = [r for r in daemon.records() if r.get("event") == "control command"]
+    assert rec[-1]["cmd"] == "status" and rec[-1]["uid"] == os.getuid() and rec[-1]["pid"] > 0
+
+
+def test_malformed_unknown_and_oversized_commands_get_error_replies_and_change_nothing(daemon):
+    daemon.start()
+    head = daemon.status()["log"]["head_seq"]
+    replies = _raw(daemon, b'not json\n{"cmd": "launch_missiles"}\n{"cmd": "start", "plan": 3}\n{"cmd": "status"}\n')
+    assert [r["ok"] for r in replies] == [False, False, False, True]
+    assert all("bad command" in r["error"] for r in replies[:3])
+    too_long = _raw(daemon, b'{"cmd": "status", "x": "' + b"a" * 70_000 + b'"}\n')
+    assert too_long == [{"ok": False, "error": "command line longer than 65536 bytes"}]
+    st = daemon.status()
+    assert st["state"] == "idle" and st["log"]["head_seq"] == head
+
+
+def test_start_with_a_bad_plan_is_refused_with_exit_2_and_starts_nothing(daemon, sim, tmp_path):
+    daemon.start()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(PLAN.read_text().replace("stop_min = 70", "stop_min = 95"))
+    p = daemon.cli("start", str(bad), "--site", str(sim.site))
+    assert p.returncode == 2 and "stop_min" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert daemon.status()["state"] == "idle"
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+
+
+def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    st = daemon.wait_for(in_phase, what="a phase with requests")
+    assert st["state"] == "running" and st["window"]["window_id"] == wid
+    assert daemon.cli("start", str(PLAN), "--site", str(sim.site)).returncode == 2  # one window at a time
+    p = daemon.cli("abort", "--reason", "operator test")
+    assert p.returncode == 0, p.stderr
+    w = daemon.cli("watch", timeout=120)
+    assert w.returncode == 1 and "window closed: aborted" in w.stdout
+    r = _report(daemon, wid)
+    assert r["outcome"] == "aborted" and r["abort"]["reason"] == "operator"
+    assert r["restoration"]["verified"] and r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    evs = _events(daemon)
+    cmds = [ev for _s, ev in evs if type(ev).__name__ == "ControlCommand"]
+    assert [c.cmd for c in cmds] == ["start", "abort"] and all(c.uid == os.getuid() and c.pid > 0 for c in cmds)
+    abort_seq = next(s for s, ev in evs if type(ev).__name__ == "AbortDecided")
+    assert not [ev for s, ev in evs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+
+
+def test_sigkill_mid_window_then_restart_restores_the_incumbent(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] != "glm-incumbent"
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    st = daemon.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
+    assert st["last_window"]["window_id"] == wid and st["last_window"]["outcome"] == "aborted"
+    r = _report(daemon, wid)
+    assert r["abort"]["reason"] == "daemon_restart"
+    assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+    assert any(r.get("event") == "resuming an unfinished window in its restore path" for r in daemon.records())
+
+
+def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.kill(signal.SIGTERM) == 0
+    evs = _events(daemon)
+    closed = [ev for _s, ev in evs if type(ev).__name__ == "WindowClosed"]
+    assert [c.outcome for c in closed] == ["aborted"]
+    rest = [ev for _s, ev in evs if type(ev).__name__ == "RestorationRecorded"]
+    assert rest and rest[-1].verified
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+    assert not daemon.socket.exists()
+    daemon.start()  # nothing left to recover
+    assert daemon.status()["state"] == "idle"
+    assert wid
+
+
+def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
+    ns = tmp_path / "notify.sock"
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(ns))
+    rx.settimeout(20)
+    d = Daemon(tmp_path, env={"NOTIFY_SOCKET": str(ns), "WATCHDOG_USEC": "200000"})
+    try:
+        d.start()
+        msgs = []
+        while not any("WATCHDOG=1" in m for m in msgs) or not any("READY=1" in m for m in msgs):
+            msgs.append(rx.recv(4096).decode())
+        ready = next(m for m in msgs if "READY=1" in m)
+        assert "STATUS=idle" in ready
+        d.kill(signal.SIGTERM)
+        msgs = []
+        while not any("STOPPING=1" in m for m in msgs):
+            msgs.append(rx.recv(4096).decode())
+    finally:
+        d.stop()
+        rx.close()
