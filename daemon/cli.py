@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
     rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN)
     rh.add_argument("--scenario", default="flare-47581cca")
-    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_s=X][,param=value]")
+    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X][,param=value]")
     rh.add_argument("--out", type=Path, default=None)
     rh.add_argument("--time-scale", type=float, default=60.0)
     rn = sub.add_parser("run", help="run a window against a site")

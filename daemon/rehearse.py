@@ -24,15 +24,15 @@ SIM_TOKEN_BYTES = 16
 
 
 def parse_fault(spec: str) -> dict:
-    """'kind', 'kind@request=N' or 'kind@after_s=X' (extra ',key=value' params allowed)."""
+    """'kind', 'kind@request=N', 'kind@after_request=N' or 'kind@after_s=X' (extra ',key=value' params allowed)."""
     kind, _, rest = spec.partition("@")
     out: dict = {"kind": kind, "at": "now"}
     for part in filter(None, rest.split(",")):
         k, _, v = part.partition("=")
         if not v:
-            raise InputError(f"--fault {spec!r}: expected KIND[@request=N|@after_s=X][,param=value]")
-        if k == "request":
-            out["at"] = {"request": int(v)}
+            raise InputError(f"--fault {spec!r}: expected KIND[@request=N|@after_request=N|@after_s=X][,param=value]")
+        if k in ("request", "after_request"):
+            out["at"] = {k: int(v)}
         elif k == "after_s":
             out["at"] = {"after_s": float(v)}
         else:

@@ -184,3 +184,28 @@ async def test_unknown_fault_kind_is_refused():
     async with c:
         r = await c.post("/sim/v1/faults", json={"kind": "meteor"}, headers=AUTH)
     assert r.status_code == 400
+
+
+async def test_fault_malformed_json_cuts_an_event_of_a_streamed_answer():
+    _h, c = client()
+    async with c:
+        await _fault(c, "malformed_json")
+        r = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    datas = [line[6:] for line in r.text.split("\n\n") if line.startswith("data: ")]
+    bad = []
+    for d in datas:
+        try:
+            json.loads(d)
+        except ValueError:
+            bad.append(d)
+    assert bad and "[DONE]" not in r.text
+
+
+async def test_fault_after_request_fires_only_once_that_many_answers_completed():
+    h, c = client()
+    async with c:
+        await c.post("/sim/v1/faults", json={"kind": "identity_drift", "at": {"after_request": 1}}, headers=AUTH)
+        before = (await c.get("/flare/v1/identity", headers=AUTH)).json()
+        await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+        after = (await c.get("/flare/v1/identity", headers=AUTH)).json()
+    assert before["image"] == "47ce7fde" and after["image"] != "47ce7fde"

@@ -1,0 +1,78 @@
+"""Every abort fault of the contract, injected before, during and between phases, ends in a verified restore."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from events.reader import LogReader
+
+ROOT = Path(__file__).resolve().parent.parent
+SCALE = "100"
+SMALL_PHASE = 8  # the tok1024 working set: the plan's shape with eight bodies per replay phase
+
+# fault kind -> the abort reason the contract's rules give it
+ABORT_FAULTS = {
+    "xid": "gpu_fault", "oom": "gpu_fault", "auth": "authentication", "malformed_json": "malformed_transport",
+    "malformed_sse": "malformed_transport", "identity_drift": "identity_drift", "growth": "uncontrolled_growth",
+    "containment": "containment",
+}
+# before: as the first experimental request arrives; during: mid-phase; between: after the first
+# replay phase's last answer, before the next phase's first request
+MOMENTS = {"before": "request=1", "during": "request=4", "between": f"after_request={SMALL_PHASE}"}
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory) -> Path:
+    text = (ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_text()
+    p = tmp_path_factory.mktemp("plan") / "fault-matrix.toml"
+    p.write_text(text.replace('fixture = "c1-52"', 'fixture = "tok1024"')
+                 .replace('name = "2026-10-22-cache-diagnosis"', 'name = "fault-matrix"'))
+    return p
+
+
+def rehearse(plan: Path, out: Path, *extra: str) -> tuple[int, dict]:
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
+                        "--time-scale", SCALE, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (out / "report.json").exists(), p.stdout[-2000:] + p.stderr[-2000:]
+    return p.returncode, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+@pytest.mark.parametrize("kind", list(ABORT_FAULTS))
+def test_abort_fault_ends_aborted_with_a_verified_restore_and_no_later_experiment(small_plan, tmp_path, kind, moment):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", f"{kind}@{MOMENTS[moment]}")
+    assert (rc, r["outcome"]) == (1, "aborted"), r["cells"]
+    assert r["abort"]["reason"] == ABORT_FAULTS[kind], r["abort"]
+    assert r["restoration"]["verified"], r["restoration"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        seqs = [(e.seq, e.event()) for e in reader.iter()]
+    abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
+    assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
+    sent = {}
+    for _s, ev in seqs:
+        if type(ev).__name__ == "ActionRequested" and ev.action == "send_request":
+            sent[ev.args["phase"]] = sent.get(ev.args["phase"], 0) + 1
+    if moment == "between":  # the first phase was sent whole; the next one got at most the request that met the fault
+        assert sent.get("A.forward_prime") == SMALL_PHASE and sent.get("A.reverse_replay", 0) <= 1
+        assert not [q for q in r["requests"] if q["phase"] == "A.reverse_replay" and q["outcome"] == "ok"]
+    else:
+        assert sent.get("A.forward_prime", 0) < SMALL_PHASE
+
+
+def test_slow_host_pushes_phases_past_the_stop_minute_and_the_window_completes_with_deferred_cells(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "slow@request=1,factor=15")
+    assert (rc, r["outcome"]) == (0, "completed")
+    deferred = [c for c in r["cells"] if c["status"] == "deferred" and "passes the stop minute" in c["reason"]]
+    assert deferred
+    assert r["restoration"]["verified"]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        evs = [(e.seq, e.event()) for e in reader.iter()]
+    restore_seq, restore = next((s, ev) for s, ev in evs if type(ev).__name__ == "RestoreStarted")
+    assert restore.minute <= 70  # experiments ended by the stop minute, deferred rather than cut off
+    assert not [ev for s, ev in evs if s > restore_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
