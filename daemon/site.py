@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,9 @@ class Site(msgspec.Struct):
     name: str
     sha256: str
 
+    def __repr__(self) -> str:  # a Site may end up in a traceback or a log line; its tokens must not
+        return f"Site(name={self.name!r}, sha256={self.sha256!r}, tokens=<{len(self.tokens)} hidden>)"
+
 
 class SiteError(ValueError):
     pass
@@ -63,12 +67,26 @@ def load_site(path: Path) -> Site:
         svc = getattr(prof, name)
         if svc is None or svc.token_file is None:
             continue
-        tf = (path.parent / svc.token_file)
+        tf = _token_path(path, svc.token_file)
+        if tf is None:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: no $CREDENTIALS_DIRECTORY"
+                            " (credential: names work under systemd's LoadCredential only)")
         try:
             tokens[name] = tf.read_text().strip()
         except OSError as exc:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: cannot read ({exc.strerror})") from None
     return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest())
+
+
+CREDENTIAL_PREFIX = "credential:"
+
+
+def _token_path(profile: Path, token_file: str) -> Path | None:
+    """A token file relative to the profile, or `credential:NAME` from systemd's $CREDENTIALS_DIRECTORY."""
+    if token_file.startswith(CREDENTIAL_PREFIX):
+        creds = os.environ.get("CREDENTIALS_DIRECTORY")
+        return Path(creds) / token_file[len(CREDENTIAL_PREFIX):] if creds else None
+    return profile.parent / token_file
 
 
 def sim_site(base_url: str, token: str, candidate: str = "glm-candidate") -> Site:

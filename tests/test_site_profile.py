@@ -1,0 +1,52 @@
+"""Site profiles: unknown keys refused, token files relative or from systemd credentials, tokens kept out of errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.site import SiteError, load_site
+
+PROFILE = """
+[serving]
+url = "http://127.0.0.1:8100"
+token_file = "{tf}"
+[manager]
+url = "http://127.0.0.1:8100"
+candidate_recipe = "glm-candidate"
+"""
+
+
+def test_token_file_is_read_relative_to_the_profile(tmp_path):
+    (tmp_path / "serving.token").write_text("s3cret-relative\n")
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token"))
+    assert load_site(tmp_path / "site.toml").tokens["serving"] == "s3cret-relative"
+
+
+def test_credential_token_is_read_from_the_systemd_credentials_directory(tmp_path, monkeypatch):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "serving.token").write_text("s3cret-credential")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="credential:serving.token"))
+    assert load_site(tmp_path / "site.toml").tokens["serving"] == "s3cret-credential"
+
+
+def test_credential_token_without_a_credentials_directory_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="credential:serving.token"))
+    with pytest.raises(SiteError, match="CREDENTIALS_DIRECTORY"):
+        load_site(tmp_path / "site.toml")
+
+
+def test_unknown_key_is_refused_naming_it(tmp_path):
+    (tmp_path / "serving.token").write_text("x")
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token") + 'colour = "blue"\n')
+    with pytest.raises(SiteError, match="colour"):
+        load_site(tmp_path / "site.toml")
+
+
+def test_a_token_never_appears_in_the_site_or_its_errors(tmp_path):
+    (tmp_path / "serving.token").write_text("s3cret-never-shown")
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token"))
+    site = load_site(tmp_path / "site.toml")
+    assert "s3cret-never-shown" not in repr(site) and "s3cret-never-shown" not in repr(site.profile)
