@@ -2,37 +2,117 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from types import ModuleType
+
+WAIT_MS = 500  # how long one event-set wait blocks; bounds how long stop() takes
+
 
 class NvmlUnavailable(RuntimeError):
     pass
 
 
+def _nvml() -> ModuleType:
+    import pynvml
+    return pynvml
+
+
 def available() -> str | None:
     """None when NVML initialises, else the reason it does not."""
     try:
-        import pynvml
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
+        nv = _nvml()
+        nv.nvmlInit()
+        nv.nvmlShutdown()
         return None
     except Exception as exc:
         return f"NVML unavailable: {exc}"
 
 
-def read_gpus() -> dict:
-    import pynvml
+def _uuid(nv: ModuleType, h) -> str:
+    u = nv.nvmlDeviceGetUUID(h)
+    return u.decode() if isinstance(u, bytes) else u
+
+
+def read_gpus(nv: ModuleType | None = None) -> dict:
+    """UUID, power limit and memory of every GPU (blocking: call it from a worker thread)."""
+    nv = nv or _nvml()
     try:
-        pynvml.nvmlInit()
+        nv.nvmlInit()
     except Exception as exc:
         raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
     try:
         gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            gpus.append({"uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                         "power_limit_w": round(pynvml.nvmlDeviceGetPowerManagementLimit(h) / 1000),
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            gpus.append({"uuid": _uuid(nv, h),
+                         "power_limit_w": round(nv.nvmlDeviceGetPowerManagementLimit(h) / 1000),
                          "memory_used_bytes": mem.used, "memory_total_bytes": mem.total})
-        return {"gpus": gpus, "xid_events": []}
+        return {"gpus": gpus}
     finally:
-        pynvml.nvmlShutdown()
+        nv.nvmlShutdown()
+
+
+class XidWatcher:
+    """Waits on an NVML event set for Xid critical errors in a worker thread and keeps them.
+
+    NVML's event wait blocks, so it lives on its own thread; the event loop only reads `events()`.
+    A GPU that cannot report Xid events is listed in `unsupported` rather than silently skipped.
+    """
+
+    def __init__(self, nv: ModuleType | None = None) -> None:
+        self._nv = nv
+        self._events: list[dict] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._set = None
+        self.unsupported: list[str] = []
+        self.error: str | None = None
+
+    def start(self) -> None:
+        nv = self._nv = self._nv or _nvml()
+        try:
+            nv.nvmlInit()
+        except Exception as exc:
+            raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
+        self._set = nv.nvmlEventSetCreate()
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            try:
+                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._set)
+            except nv.NVMLError as exc:
+                self.unsupported.append(f"{_uuid(nv, h)}: {exc}")
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self._nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait_v2(self._set, WAIT_MS)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                    continue
+                self.error = f"NVML event wait failed: {exc}"
+                return
+            ev = {"gpu": _uuid(nv, data.device), "xid": int(data.eventData), "wall_ns": time.time_ns()}
+            with self._lock:
+                self._events.append(ev)
+
+    def events(self) -> list[dict]:
+        with self._lock:
+            return list(self._events)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=WAIT_MS / 1000 * 4)
+        nv = self._nv
+        if self._set is not None and nv is not None:
+            try:
+                nv.nvmlEventSetFree(self._set)
+            finally:
+                self._set = None
+                nv.nvmlShutdown()

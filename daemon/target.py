@@ -28,10 +28,12 @@ class Target:
         self.plan_sha256 = plan_sha256
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
         self.incumbent_bytes: bytes | None = None
-        self.xid_baseline: int | None = None
+        self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self._xids is not None:
+            self._xids.stop()
 
     def _h(self, svc: str) -> dict:
         tok = self.site.tokens.get(svc)
@@ -93,8 +95,18 @@ class Target:
         g = self.p.gpu
         if g.source == "sim":
             return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
-        from daemon.nvml import read_gpus
-        return read_gpus()
+        # NVML blocks: both the reading and the Xid event wait stay off the event loop.
+        import asyncio
+
+        from daemon.nvml import XidWatcher, read_gpus
+        if self._xids is None:
+            self._xids = XidWatcher()
+            await asyncio.to_thread(self._xids.start)
+        view = await asyncio.to_thread(read_gpus)
+        view["xid_events"] = self._xids.events()
+        if self._xids.error:
+            view["xid_watch_error"] = self._xids.error
+        return view
 
     async def preview(self, args: dict) -> dict:
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/preview", "preview",
