@@ -61,10 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--reason", required=True)
     wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
     wa.add_argument("--from-seq", type=int, default=None)
-    rp = sock(sub.add_parser("report", help="a window's report, from the daemon's log"))
-    rp.add_argument("window_id")
+    rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
+                             description="report DB [--window ID] | report WINDOW_ID (daemon) | "
+                                         "report compare DB --windows A B C --baseline X [Y Z]"))
+    rp.add_argument("target", help="a log file (offline), a window id (asks the daemon), or 'compare'")
+    rp.add_argument("db", nargs="?", type=Path, default=None, help="with compare: the log file")
+    rp.add_argument("--window", default=None, help="offline: the window (default: the last one in the log)")
     rp.add_argument("--format", choices=["json", "md", "html"], default="md")
-    rp.add_argument("--out", type=Path, default=None)
+    rp.add_argument("--out", type=Path, default=None,
+                    help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
+    rp.add_argument("--windows", nargs="+", default=None, help="with compare: the candidate's repeats")
+    rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats")
 
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
@@ -186,7 +193,7 @@ def _client(args: argparse.Namespace) -> int:
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
             return client.watch(path, args.from_seq, Console())
-        return client.report(path, args.window_id, args.format, args.out)
+        return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -194,10 +201,61 @@ def _client(args: argparse.Namespace) -> int:
         raise UsageError(f"the daemon refused {args.cmd}: {exc}") from None
 
 
+def _report(args: argparse.Namespace) -> int:
+    """Offline when given a log file (or `compare`), else the daemon's report of a window id."""
+    if args.target == "compare":
+        return _compare(args)
+    path = Path(args.target)
+    if not path.is_file():
+        if args.target.endswith((".db", ".sqlite")) or "/" in args.target:
+            raise UsageError(f"{args.target}: no such log file")
+        return _client(args)
+    from daemon.publish import build_report, publish_snapshot, render
+    from events.reader import LogReader
+    from events.sqlschema import NotAnEventLog
+    try:
+        with LogReader(path) as r:
+            windows = r.window_ids()
+    except NotAnEventLog as exc:
+        raise UsageError(str(exc)) from None
+    if not windows:
+        raise UsageError(f"{path}: the log holds no window")
+    window = args.window or windows[-1]
+    if window not in windows:
+        raise UsageError(f"--window {window}: not in {path} (it has {', '.join(windows)})")
+    report = build_report(path, window)
+    if args.out is not None:
+        folder = publish_snapshot(report, args.out)
+        print(folder)
+    else:
+        sys.stdout.buffer.write(render(report, args.format))
+    return EXIT_OK
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from daemon.compare import CompareError, compare
+    if args.db is None or not args.db.is_file():
+        raise UsageError(f"report compare: expected the log file after 'compare' (got {args.db})")
+    if not args.windows or not args.baseline:
+        raise UsageError("report compare: expected --windows A B C and --baseline X")
+    try:
+        verdict, runs = compare(args.db, args.windows, args.baseline)
+    except CompareError as exc:
+        raise UsageError(str(exc)) from None
+    for w, run in runs.items():
+        role = "candidate" if w in args.windows else "baseline"
+        prot = ", ".join(f"{k} {v:.1f}" for k, v in run.protected.items())
+        print(f"{role:9} {w}: correct {'yes' if run.correct else 'no'}, median TTFT {run.primary:.1f} ms, {prot}")
+    print(verdict.reason)
+    return EXIT_OK if verdict.accepted else EXIT_FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.cmd in ("status", "start", "abort", "watch", "report"):
+        if args.cmd == "report":
+            return _report(args)
+        if args.cmd in ("status", "start", "abort", "watch"):
             return _client(args)
         if args.cmd == "log":
             from daemon.cli_log import run_log

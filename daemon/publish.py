@@ -1,16 +1,23 @@
-"""Building a window's report from a log file and writing it out (json, md, html)."""
+"""Building a window's report from a log file, rendering it, and publishing dated snapshots."""
 
 from __future__ import annotations
 
-import html
+import os
+import time
 from pathlib import Path
 
 from events.checkpoint import default_path, read_checkpoint
 from events.reader import LogReader
-from events.report import project, render_json, render_md
+from events.report import project, render_json
+from events.report_html import render_html
+from events.report_md import render_md
 from events.verify import verify_log
 
 FORMATS = ("json", "md", "html")
+
+
+class SnapshotError(RuntimeError):
+    pass
 
 
 def build_report(db: Path, window_id: str) -> dict:
@@ -27,12 +34,9 @@ def build_report(db: Path, window_id: str) -> dict:
 def render(report: dict, fmt: str) -> bytes:
     if fmt == "json":
         return render_json(report)
-    md = render_md(report)
     if fmt == "md":
-        return md.encode()
-    return ("<!doctype html><meta charset='utf-8'><title>flare-diag report</title>"
-            "<style>body{font:14px system-ui;margin:2em;max-width:80em}pre{white-space:pre-wrap}</style>"
-            f"<pre>{html.escape(md)}</pre>").encode()
+        return render_md(report).encode()
+    return render_html(report).encode()
 
 
 def write_reports(db: Path, window_id: str, out: Path) -> dict:
@@ -40,3 +44,34 @@ def write_reports(db: Path, window_id: str, out: Path) -> dict:
     for fmt in FORMATS:
         (out / f"report.{fmt}").write_bytes(render(report, fmt))
     return report
+
+
+def publish_snapshot(report: dict, root: Path, now_s: float | None = None) -> Path:
+    """Writes the report into a new `root/<window>/<UTC date>-<n>/` folder and returns it.
+
+    A snapshot is never overwritten or changed: the folder is claimed with an exclusive mkdir (the
+    next free n wins), each file is created exclusively, and the files are left read-only.
+    """
+    window = report["window_id"]
+    if not window or "/" in window or window.startswith("."):
+        raise SnapshotError(f"window id {window!r}: not usable as a folder name")
+    date = time.strftime("%Y-%m-%d", time.gmtime(time.time() if now_s is None else now_s))
+    base = root / window
+    base.mkdir(parents=True, exist_ok=True)
+    n = 1 + sum(1 for p in base.iterdir() if p.name.startswith(date + "-"))
+    while True:
+        folder = base / f"{date}-{n}"
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+    for fmt in FORMATS:
+        path = folder / f"report.{fmt}"
+        with open(path, "xb") as f:
+            f.write(render(report, fmt))
+            f.flush()
+            os.fsync(f.fileno())
+        path.chmod(0o444)
+    folder.chmod(0o555)
+    return folder

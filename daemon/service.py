@@ -20,7 +20,7 @@ from daemon import control
 from daemon.control import Abort, BadCommand, Report, Start, Status, Watch
 from daemon.logs import configure
 from daemon.notify import Notifier
-from daemon.publish import FORMATS, build_report, render
+from daemon.publish import FORMATS, build_report, publish_snapshot, render
 from daemon.runner import Runner
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_recovery, setup_for_site
@@ -159,6 +159,17 @@ class Service:
             self.last = w.progress.as_dict()
             self.window = None
             self.notify.status(self._status_line())
+            if w.progress.outcome is not None:
+                await self._publish(w.window_id)
+
+    async def _publish(self, window_id: str) -> None:
+        """A closed window's report goes to a new dated snapshot under the state folder."""
+        try:
+            report = await asyncio.to_thread(build_report, self.db, window_id)
+            folder = await asyncio.to_thread(publish_snapshot, report, self.state_dir / "reports")
+            self.log.info("report published", window_id=window_id, folder=str(folder))
+        except Exception as exc:  # the log is the record; a failed publication is reported, not fatal
+            self.log.error("report publication failed", window_id=window_id, error=str(exc))
 
     def _on_commit(self, rows: list[tuple]) -> None:
         w = self.window

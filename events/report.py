@@ -1,4 +1,8 @@
-"""The window report (contract section 4, schema flare-diag.report/1) as a pure fold over the log."""
+"""The window report (contract section 4, schema flare-diag.report/1) as a pure fold over the log.
+
+The same events always give the same report: nothing here reads a clock, a file or the
+environment, and every collection is emitted in log order.
+"""
 
 from __future__ import annotations
 
@@ -7,97 +11,178 @@ from collections.abc import Iterable
 import msgspec
 
 from events.envelope import Envelope
-from events.schema import (
-    AbortDecided, Alarm, CellRecorded, PhaseStarted, RequestDone, RequestMeasured, RestorationRecorded,
-    RestoreStarted, TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened,
-)
 
 SCHEMA = "flare-diag.report/1"
+NS_PER_MIN = 60_000_000_000
+HOST_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
+GPU_KEYS = ("gpu_hits", "gpu_reused_tokens")
+SERIES_KEYS = HOST_KEYS + GPU_KEYS
+
+
+class _Projection:
+    """One pass over a window's events; each handler reads one event type."""
+
+    def __init__(self, window_id: str, integrity: dict) -> None:
+        self.r: dict = {"schema": SCHEMA, "window_id": window_id, "plan": None, "t0_wall": None, "outcome": None,
+                        "abort": None, "cells": [], "verdict": None, "restoration": None, "integrity": integrity,
+                        "timeline": [], "identity": {"expected": {}, "observed": [], "incumbent_sha256_before": None,
+                                                     "incumbent_sha256_after": None, "candidate_recipe": None},
+                        "requests": [], "natural_failures": [], "drains": [], "counters": [], "alarms": [],
+                        "trace": {"order": None, "arms": []}, "timing": None, "site": None, "rehearsal": None, "plan_sha256": None}
+        self.cells: dict[str, dict] = {}
+        self.actions: dict[int, tuple[str, dict]] = {}
+        self.responses: dict[tuple[str, int], dict] = {}
+        self.t0_ns: int | None = None
+        self.last_at = 0
+        self.load_label = "incumbent before take-down"
+        self.restoring = False
+
+    def minute(self, at_ns: int) -> float | None:
+        return None if self.t0_ns is None else round((at_ns - self.t0_ns) / NS_PER_MIN, 3)
+
+    def apply(self, env: Envelope) -> None:
+        h = _HANDLERS.get(env.type)
+        if h is not None:
+            ev = env.event()
+            at = getattr(ev, "at_ns", None)
+            if at is not None:
+                self.last_at = max(self.last_at, at)
+            h(self, env, ev)
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def window_opened(self, env: Envelope, ev) -> None:
+        r = self.r
+        r["plan"] = ev.plan.get("name")
+        r["plan_sha256"], r["site"], r["rehearsal"] = ev.plan_sha256, ev.site, ev.rehearsal
+        r["identity"]["expected"] = dict(ev.plan.get("identity") or {})
+        r["identity"]["candidate_recipe"] = ev.candidate_recipe
+        t = ev.plan.get("timing") or {}
+        r["timing"] = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
+                       "restore_reserve_min": t.get("restore_reserve_min")}
+
+    def action_done(self, env: Envelope, ev) -> None:
+        action, args = self.actions.get(ev.action_id, ("", {}))
+        if not ev.ok:
+            return
+        d = ev.data
+        if action == "snapshot" and args.get("what") == "incumbent":
+            self.r["identity"]["incumbent_sha256_before"] = d.get("sha256")
+            self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
+                                                               "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
+        elif action == "read_identity":
+            self._observed(self.load_label, env, d)
+            if self.restoring:
+                self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
+        elif action == "scrape_metrics":
+            c = d.get("counters") or {}
+            self.r["counters"].append({"minute": self.minute(ev.at_ns), **{k: c.get(k) for k in SERIES_KEYS}})
+
+    def _observed(self, label: str, env: Envelope, ident: dict) -> None:
+        exp = self.r["identity"]["expected"]
+        mism = [k for k in exp if k in ident and ident.get(k) != exp[k]]
+        self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.last_at),
+                                               "identity": ident, "mismatches": mism})
+
+    def request_done(self, env: Envelope, ev) -> None:
+        self.responses[(ev.phase, ev.order_index)] = {
+            "finish_reason": ev.finish_reason, "visible_output": ev.visible_output, "reasoning_only": ev.reasoning_only,
+            "prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
+            "cached_tokens": ev.cached_tokens, "first_byte_ns": ev.first_byte_ns, "first_token_ns": ev.first_token_ns,
+            "last_token_ns": ev.last_token_ns, "end_ns": ev.end_ns, "response_bytes": ev.response_bytes,
+            "response_sha256": ev.response_sha256, "error": ev.error, "minute": self.minute(ev.at_ns)}
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def action_requested(self, env: Envelope, ev) -> None:
+        self.actions[ev.action_id] = (ev.action, ev.args)
+        if ev.action == "load":
+            self.load_label = "incumbent after restore" if ev.args.get("label") == "incumbent" \
+                else f"incarnation {ev.args.get('label')}"
+
+    def time_marked(self, env: Envelope, ev) -> None:
+        if ev.mark == "t0":
+            self.r["t0_wall"] = env.wall_ns
+            self.t0_ns = self.last_at
+        self.r["timeline"].append({"minute": ev.minute, "event": ev.mark})
+
+    def phase_started(self, env: Envelope, ev) -> None:
+        self.r["timeline"].append({"minute": ev.minute, "event": f"phase {ev.phase} started"})
+
+    def cell_recorded(self, env: Envelope, ev) -> None:
+        self.cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
+                                "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
+                                "natural_failures": ev.natural_failures}
+
+    def request_measured(self, env: Envelope, ev) -> None:
+        d = {k: ev.delta.get(k) for k in SERIES_KEYS}
+        req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
+               "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
+               "delta": d, **self.responses.pop((ev.phase, ev.order_index), {})}
+        self.r["requests"].append(req)
+        if ev.natural_failure:
+            self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
+                                               "body_index": ev.body_index, "kind": ev.natural_failure})
+
+    def drain_observed(self, env: Envelope, ev) -> None:
+        self.r["drains"].append({"purpose": ev.purpose, "settled": ev.settled, "waited_s": ev.waited_s,
+                                 "polls": ev.polls, "minute": ev.minute})
+
+    def abort_decided(self, env: Envelope, ev) -> None:
+        self.r["abort"] = {"reason": ev.reason, "detail": ev.detail, "minute": ev.minute}
+        self.r["timeline"].append({"minute": ev.minute, "event": f"abort: {ev.reason}"})
+
+    def restore_started(self, env: Envelope, ev) -> None:
+        self.restoring = True
+        self.r["timeline"].append({"minute": ev.minute, "event": f"restore started ({ev.cause})"})
+
+    def restoration_recorded(self, env: Envelope, ev) -> None:
+        self.r["restoration"] = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
+                                 **ev.checks, "verified": ev.verified}
+
+    def verdict_reached(self, env: Envelope, ev) -> None:
+        self.r["verdict"] = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
+                             "findings": ev.findings}
+
+    def alarm(self, env: Envelope, ev) -> None:
+        self.r["alarms"].append({"kind": ev.kind, "detail": ev.detail})
+
+    def trace_order_frozen(self, env: Envelope, ev) -> None:
+        self.r["trace"]["order"] = ev.order
+
+    def window_closed(self, env: Envelope, ev) -> None:
+        self.r["outcome"] = ev.outcome
+        self.r["timeline"].append({"minute": ev.minute, "event": f"window closed: {ev.outcome}"})
+
+    def finish(self) -> dict:
+        r = self.r
+        r["cells"] = list(self.cells.values())
+        r["trace"]["arms"] = [{"phase": c["phase"], "status": c["status"],
+                               "trace": "on" if c["phase"].endswith(".on") else "off",
+                               "host_reused_tokens": (c["host"] or {}).get("reused_tokens")}
+                              for c in r["cells"] if c["phase"].startswith("trace.")]
+        return r
+
+
+_HANDLERS = {
+    "window_opened": _Projection.window_opened, "action_done": _Projection.action_done,
+    "request_done": _Projection.request_done, "action_requested": _Projection.action_requested,
+    "time_marked": _Projection.time_marked, "phase_started": _Projection.phase_started,
+    "cell_recorded": _Projection.cell_recorded, "request_measured": _Projection.request_measured,
+    "drain_observed": _Projection.drain_observed, "abort_decided": _Projection.abort_decided,
+    "restore_started": _Projection.restore_started, "restoration_recorded": _Projection.restoration_recorded,
+    "verdict_reached": _Projection.verdict_reached, "alarm": _Projection.alarm,
+    "trace_order_frozen": _Projection.trace_order_frozen, "window_closed": _Projection.window_closed,
+}
 
 
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
-    r: dict = {"schema": SCHEMA, "window_id": window_id, "plan": None, "t0_wall": None, "outcome": None,
-               "abort": None, "cells": [], "verdict": None, "restoration": None, "integrity": integrity,
-               "timeline": [], "requests": [], "alarms": [], "trace_order": None}
-    cells: dict[str, dict] = {}
-    responses: dict[tuple[str, int], dict] = {}
+    p = _Projection(window_id, integrity)
     for env in envelopes:
-        if env.window_id != window_id:
-            continue
-        ev = env.event()
-        if isinstance(ev, WindowOpened):
-            r["plan"] = ev.plan.get("name")
-            r["plan_sha256"] = ev.plan_sha256
-            r["site"] = ev.site
-            r["rehearsal"] = ev.rehearsal
-        elif isinstance(ev, TimeMarked):
-            if ev.mark == "t0":
-                r["t0_wall"] = env.wall_ns
-            r["timeline"].append({"minute": ev.minute, "event": ev.mark})
-        elif isinstance(ev, PhaseStarted):
-            r["timeline"].append({"minute": ev.minute, "event": f"phase {ev.phase} started"})
-        elif isinstance(ev, CellRecorded):
-            cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
-                               "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
-                               "natural_failures": ev.natural_failures}
-        elif isinstance(ev, RequestDone):
-            responses[(ev.phase, ev.order_index)] = {
-                "finish_reason": ev.finish_reason, "visible_output": ev.visible_output,
-                "prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
-                "cached_tokens": ev.cached_tokens, "first_token_ns": ev.first_token_ns, "end_ns": ev.end_ns,
-                "response_bytes": ev.response_bytes, "response_sha256": ev.response_sha256, "error": ev.error}
-        elif isinstance(ev, RequestMeasured):
-            d = {k: ev.delta.get(k) for k in ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens",
-                                              "gpu_hits", "gpu_reused_tokens")}
-            r["requests"].append({"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
-                                  "body_sha256": ev.body_sha256, "outcome": ev.outcome,
-                                  "natural_failure": ev.natural_failure, "delta": d,
-                                  **responses.get((ev.phase, ev.order_index), {})})
-        elif isinstance(ev, AbortDecided):
-            r["abort"] = {"reason": ev.reason, "detail": ev.detail, "minute": ev.minute}
-            r["timeline"].append({"minute": ev.minute, "event": f"abort: {ev.reason}"})
-        elif isinstance(ev, RestoreStarted):
-            r["timeline"].append({"minute": ev.minute, "event": f"restore started ({ev.cause})"})
-        elif isinstance(ev, RestorationRecorded):
-            r["restoration"] = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
-                                **ev.checks, "verified": ev.verified}
-        elif isinstance(ev, VerdictReached):
-            r["verdict"] = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
-                            "findings": ev.findings}
-        elif isinstance(ev, Alarm):
-            r["alarms"].append({"kind": ev.kind, "detail": ev.detail})
-        elif isinstance(ev, TraceOrderFrozen):
-            r["trace_order"] = ev.order
-        elif isinstance(ev, WindowClosed):
-            r["outcome"] = ev.outcome
-            r["timeline"].append({"minute": ev.minute, "event": f"window closed: {ev.outcome}"})
-    r["cells"] = list(cells.values())
-    return r
+        if env.window_id == window_id:
+            p.apply(env)
+    return p.finish()
 
 
 def render_json(report: dict) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=1) + b"\n"
-
-
-def render_md(report: dict) -> str:
-    v = report.get("verdict") or {}
-    lines = [f"# Window {report['window_id']} — {report.get('plan')}", "",
-             f"Outcome: **{report.get('outcome')}**" + (f" — abort: {report['abort']['reason']} ({report['abort']['detail']})"
-                                                        if report.get("abort") else ""), "",
-             f"Verdict: **{v.get('hypothesis')}** — {v.get('basis')}", "", f"Next experiment: {v.get('next_experiment')}", "",
-             "| phase | status | reason | requests | host lookups/hits/fetched/reused | GPU hits/reused | comparable |",
-             "|---|---|---|---|---|---|---|"]
-    for c in report["cells"]:
-        h, g = c.get("host") or {}, c.get("gpu") or {}
-        fmt = lambda d, ks: "/".join("n/a" if d.get(k) is None else str(d.get(k)) for k in ks) if d else "—"  # noqa: E731
-        lines.append(f"| {c['phase']} | {c['status'].upper()} | {c['reason']} | {c['requests']} | "
-                     f"{fmt(h, ('lookups', 'hits', 'fetched_tokens', 'reused_tokens'))} | {fmt(g, ('hits', 'reused_tokens'))} | "
-                     f"{'yes' if c['comparable'] else 'no'} |")
-    res = report.get("restoration") or {}
-    lines += ["", "## Restoration", ""] + [f"- {k}: {val}" for k, val in res.items()]
-    lines += ["", "## Findings", ""] + [f"- {f}" for f in v.get("findings", [])]
-    lines += ["", "## Timeline", ""] + [f"- minute {t['minute']}: {t['event']}" for t in report["timeline"]]
-    it = report["integrity"]
-    lines += ["", "## Integrity", "", f"- events {it.get('events')}, head seq {it.get('head_seq')}, hash {it.get('head_hash')}",
-              f"- chain ok: {it.get('chain_ok')}, audit ok: {it.get('audit_ok')}", ""]
-    return "\n".join(lines)

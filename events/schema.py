@@ -191,6 +191,17 @@ class AbortDecided(Decision, tag="abort_decided"):
 
 
 @register
+class DrainObserved(Decision, tag="drain_observed"):
+    """How a drain check ended: settled (gauges idle, counters stable) or timed out, and how long it took."""
+
+    purpose: str  # quiesce | before PHASE | after PHASE
+    settled: bool
+    waited_s: float  # window seconds
+    polls: int
+    minute: float | None
+
+
+@register
 class RestoreStarted(Decision, tag="restore_started"):
     cause: str  # completed | stop_minute | abort
     minute: float | None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
+
 import msgspec
 
 
@@ -30,6 +32,8 @@ def accept(candidate: Sequence[Run], baseline: Sequence[Run], *, repeats: int = 
     fixtures = {r.fixture_sha256 for r in (*candidate, *baseline)}
     if len(fixtures) != 1:
         return Acceptance(False, "not accepted: repeats were not run on the same fixture bytes")
+    if not all(math.isfinite(r.primary) for r in (*candidate, *baseline)):
+        return Acceptance(False, "not accepted: the primary metric was not measured in every repeat")
     if not all(r.correct for r in candidate):
         return Acceptance(False, "not accepted: the candidate failed independent correctness")
     c = sum(r.primary for r in candidate) / len(candidate)
@@ -39,8 +43,10 @@ def accept(candidate: Sequence[Run], baseline: Sequence[Run], *, repeats: int = 
     benefit = (b - c) / b
     worst, worst_name = 0.0, ""
     for name in baseline[0].protected:
-        bc = sum(r.protected.get(name, 0.0) for r in candidate) / len(candidate)
+        bc = sum(r.protected.get(name, math.inf) for r in candidate) / len(candidate)
         bb = sum(r.protected.get(name, 0.0) for r in baseline) / len(baseline)
+        if not math.isfinite(bc):
+            return Acceptance(False, f"not accepted: protected {name} was not measured in every candidate repeat", benefit)
         if bb > 0 and (bc - bb) / bb > worst:
             worst, worst_name = (bc - bb) / bb, name
     if benefit < min_benefit:

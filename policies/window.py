@@ -17,7 +17,7 @@ import msgspec
 
 from events.schema import (
     ActionDone, ActionRequested, AbortDecided, Alarm, CancelRequested, CellRecorded, DaemonRestarted,
-    Decision, Input, OperatorAbort, PhaseStarted, RequestDone, RequestMeasured, RestorationRecorded,
+    Decision, DrainObserved, Input, OperatorAbort, PhaseStarted, RequestDone, RequestMeasured, RestorationRecorded,
     RestoreStarted, Tick, TimeMarked, TraceOrderFrozen, VerdictReached, WatchObserved, WindowClosed, WindowOpened,
 )
 from policies import rules
@@ -396,7 +396,8 @@ class WindowPolicy:
         self.quiesced = True
         self.t0 = self.now
         self._emit(TimeMarked(mark="t0", minute=0.0))
-        drained = yield from self._drain(plan.timing.quiesce_drain_timeout_s, router=self.snapshots.get("router") is not None)
+        drained = yield from self._drain(plan.timing.quiesce_drain_timeout_s, "quiesce",
+                                         router=self.snapshots.get("router") is not None)
         if not drained:
             self._abort_inside("containment", f"the primary did not drain within {plan.timing.quiesce_drain_timeout_s} s of quiesce")
         res = yield from self._act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
@@ -515,11 +516,20 @@ class WindowPolicy:
             reason += "; counters reset and empty host cache verified"
         self._cell(ph.id, "measured", reason, requests=0)
 
-    def _drain(self, timeout_s: float, router: bool = False) -> Generator[Any, Any, bool]:
+    def _drain(self, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
+        start = self.now
+        polls = [0]
+        settled = yield from self._drain_polls(timeout_s, router, polls)
+        self._emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((self.now - start) / NS_PER_S, 3),
+                                 polls=polls[0], minute=self._minute()))
+        return settled
+
+    def _drain_polls(self, timeout_s: float, router: bool, polls: list[int]) -> Generator[Any, Any, bool]:
         timing = self.plan.timing  # type: ignore[union-attr]
         start = self.now
         stable, last = 0, None
         while True:
+            polls[0] += 1
             calls = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
             res = yield from self._act_all(calls)
             m = res[0]
@@ -552,7 +562,7 @@ class WindowPolicy:
                 return
             self.ref_labels = None  # a trace toggle is an intended identity change
         self.current = {"id": ph.id, "done": 0, "total": len(reqs), "comparable": ph.comparable}
-        settled = yield from self._drain(plan.timing.drain_timeout_s)
+        settled = yield from self._drain(plan.timing.drain_timeout_s, f"before {ph.id}")
         if not settled:
             self.current = None
             self._cell(ph.id, "invalid", f"drain before the phase did not settle within {plan.timing.drain_timeout_s:g} s",
@@ -602,7 +612,7 @@ class WindowPolicy:
                     failures.append(f"#{k + j}: {rd.error}")
             k += len(batch)
             self.current["done"] = k  # type: ignore[index]
-        settled = yield from self._drain(plan.timing.drain_timeout_s)
+        settled = yield from self._drain(plan.timing.drain_timeout_s, f"after {ph.id}")
         self.current = None
         after = self.last_counters if settled else prev
         delta = rules.counter_delta(before, after or {})

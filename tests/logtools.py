@@ -24,3 +24,15 @@ def tamper(path: Path, *statements: str) -> None:
         conn.execute(s)
     conn.commit()
     conn.close()
+
+
+async def write_window(path: Path, window_id: str = "w-report", hook=None, **world_kw) -> None:
+    """A whole window driven by the in-memory World, every input and decision appended as the runner does."""
+    from policies.window import WindowPolicy
+    from tests.policy_world import World, drive, plan_builtins
+
+    history = drive(WindowPolicy(), World(plan_builtins(), **world_kw), hook=hook, window_id=window_id)
+    async with await EventStore.open(path) as store:
+        for inp, ds in history:
+            store.submit_many([inp, *ds], window_id=window_id)
+        await store.flush()

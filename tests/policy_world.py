@@ -135,9 +135,11 @@ class World:
         if err:
             return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}")
         length = args["body_index"] % 5 == 0
+        total = int(self.request_s * S)
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",
                            visible_output=not (length and args["body_index"] % 10 == 0),
-                           prompt_tokens=5000, completion_tokens=900)
+                           prompt_tokens=5000, completion_tokens=900, first_byte_ns=total // 5,
+                           first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total)
 
 
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]

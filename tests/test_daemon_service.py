@@ -124,6 +124,8 @@ def test_sigkill_mid_window_then_restart_restores_the_incumbent(daemon, sim):
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
     assert any(r.get("event") == "resuming an unfinished window in its restore path" for r in daemon.records())
+    snaps = list((daemon.state / "reports" / wid).iterdir())
+    assert len(snaps) == 1 and (snaps[0] / "report.json").is_file()
 
 
 def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):

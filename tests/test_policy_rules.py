@@ -112,6 +112,17 @@ def test_acceptance_refuses_more_than_three_percent_protected_regression():
     assert not res.accepted and "regressed" in res.reason
 
 
+def test_acceptance_refuses_a_primary_metric_that_was_not_measured():
+    res = accept(_runs(float("inf")), _runs(100))
+    assert not res.accepted and "not measured" in res.reason
+
+
+def test_acceptance_refuses_a_protected_metric_missing_from_the_candidate():
+    cand = [Run(fixture_sha256="f", correct=True, primary=90) for _ in range(3)]
+    res = accept(cand, _runs(100))
+    assert not res.accepted and "p99 was not measured" in res.reason
+
+
 IO_MODULES = {"asyncio", "anyio", "httpx", "httpx_sse", "aiosqlite", "sqlite3", "socket", "subprocess", "time",
               "datetime", "os", "pathlib", "io", "threading", "random", "daemon", "fixtures", "uvicorn", "starlette",
               "pynvml", "structlog", "shutil", "signal", "select"}

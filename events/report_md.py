@@ -1,0 +1,114 @@
+"""report.md: the window report as Markdown, a pure function of the report dict."""
+
+from __future__ import annotations
+
+import time
+
+STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
+CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
+          "routed_preflight")
+
+
+def val(v: object) -> str:
+    """None means not observable or not applicable: say so, never print it as zero."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def utc(wall_ns: int | None) -> str:
+    return "—" if wall_ns is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_ns // 1_000_000_000))
+
+
+def ms(ns: int | None) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:.0f}"
+
+
+def check(v: object) -> str:
+    return {True: "pass", False: "FAIL", None: "not applicable"}.get(v, str(v))  # type: ignore[call-overload]
+
+
+def render_md(r: dict) -> str:
+    v = r.get("verdict") or {}
+    timing = r.get("timing") or {}
+    out = [f"# Window {r['window_id']}", "",
+           f"Plan **{r.get('plan')}** (sha256 {r.get('plan_sha256')}) on site **{r.get('site')}**"
+           f"{' — rehearsal against the simulator' if r.get('rehearsal') else ''}. t0 {utc(r.get('t0_wall'))}; "
+           f"stop at minute {val(timing.get('stop_min'))}, window ends at minute {val(timing.get('window_min'))}.", "",
+           f"Outcome: **{val(r.get('outcome'))}**"]
+    if r.get("abort"):
+        a = r["abort"]
+        out[-1] += f" — aborted at minute {val(a['minute'])}: **{a['reason']}** ({a['detail']})"
+    out += ["", "## Verdict", "", f"**{val(v.get('hypothesis'))}** — {val(v.get('basis'))}", "",
+            f"Next causal experiment: {val(v.get('next_experiment'))}", ""]
+    out += [f"- {f}" for f in v.get("findings", [])]
+    out += ["", "## Cells", "",
+            "| phase | status | reason | requests | host lookups | host hits | host fetched | host reused | "
+            "GPU hits | GPU reused | comparable |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in r["cells"]:
+        h, g = c.get("host") or {}, c.get("gpu") or {}
+        out.append(f"| {c['phase']} | {STATUS_MARK.get(c['status'], c['status'])} | {c['reason']} | {c['requests']} | "
+                   f"{val(h.get('lookups'))} | {val(h.get('hits'))} | {val(h.get('fetched_tokens'))} | "
+                   f"{val(h.get('reused_tokens'))} | {val(g.get('hits'))} | {val(g.get('reused_tokens'))} | "
+                   f"{'yes' if c['comparable'] else 'no — not comparable'} |")
+    nf = r.get("natural_failures") or []
+    out += ["", "## Natural output failures (kept apart from aborts)", ""]
+    out += [f"- {f['phase']} #{f['order_index']} (body {f['body_index']}): {f['kind']}" for f in nf] or ["- none"]
+    tr = r.get("trace") or {}
+    out += ["", "## Trace arms", "", f"Frozen order: {', '.join(tr.get('order') or []) or 'n/a'}", ""]
+    out += [f"- {a['phase']} (trace {a['trace']}): {a['status']}, host reused {val(a['host_reused_tokens'])}"
+            for a in tr.get("arms", [])] or ["- none run"]
+    ident = r.get("identity") or {}
+    exp = ident.get("expected") or {}
+    out += ["", "## Identity", "",
+            f"Incumbent recipe sha256 before: {val(ident.get('incumbent_sha256_before'))}; after restore: "
+            f"{val(ident.get('incumbent_sha256_after'))}. Candidate recipe: {val(ident.get('candidate_recipe'))}.", "",
+            "| field | expected | " + " | ".join(o["label"] for o in ident.get("observed", [])) + " |",
+            "|---|---|" + "---|" * len(ident.get("observed", []))]
+    for k in exp:
+        out.append(f"| {k} | {val(exp[k])} | " + " | ".join(
+            (val(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "")) for o in ident.get("observed", [])) + " |")
+    res = r.get("restoration") or {}
+    out += ["", "## Restoration", ""]
+    if res:
+        out += [f"- minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}; "
+                f"verified: **{val(res.get('verified'))}**"] + [f"- {k}: {check(res.get(k))}" for k in CHECKS]
+    else:
+        out.append("- not recorded (the window is still open)")
+    out += ["", "## Drain checks", "", "| purpose | settled | waited (s) | polls | minute |", "|---|---|---|---|---|"]
+    out += [f"| {d['purpose']} | {val(d['settled'])} | {d['waited_s']} | {d['polls']} | {val(d['minute'])} |"
+            for d in r.get("drains", [])]
+    out += ["", "## Timeline", ""] + [f"- minute {val(t['minute'])}: {t['event']}" for t in r["timeline"]]
+    if r.get("alarms"):
+        out += ["", "## Alarms", ""] + [f"- {a['kind']}: {a['detail']}" for a in r["alarms"]]
+    out += ["", "## Requests", ""]
+    out += request_table(r.get("requests", []))
+    it = r["integrity"]
+    out += ["", "## Integrity", "", f"- events {it.get('events')}, head seq {it.get('head_seq')}, hash {it.get('head_hash')}",
+            f"- chain ok: {val(it.get('chain_ok'))}, audit ok: {val(it.get('audit_ok'))}", ""]
+    return "\n".join(out)
+
+
+REQUEST_COLUMNS = ("phase", "order", "body sha256", "prompt", "completion", "cached", "finish", "visible",
+                   "first token ms", "end ms", "host lookups", "host hits", "host fetched", "host reused", "GPU reused",
+                   "outcome")
+
+
+def request_row(q: dict) -> tuple[str, ...]:
+    d = q.get("delta") or {}
+    return (q["phase"], str(q["order_index"]), q["body_sha256"][:12], val(q.get("prompt_tokens")),
+            val(q.get("completion_tokens")), val(q.get("cached_tokens")), val(q.get("finish_reason")),
+            "yes" if q.get("visible_output") else ("reasoning only" if q.get("reasoning_only") else "no"),
+            ms(q.get("first_token_ns")), ms(q.get("end_ns")), val(d.get("host_lookups")), val(d.get("host_hits")),
+            val(d.get("host_fetched_tokens")), val(d.get("host_reused_tokens")), val(d.get("gpu_reused_tokens")),
+            q["outcome"] + (f" ({q['natural_failure']})" if q.get("natural_failure") else ""))
+
+
+def request_table(reqs: list[dict]) -> list[str]:
+    if not reqs:
+        return ["- none"]
+    rows = ["| " + " | ".join(REQUEST_COLUMNS) + " |", "|" + "---|" * len(REQUEST_COLUMNS)]
+    rows += ["| " + " | ".join(request_row(q)) + " |" for q in reqs]
+    return rows

@@ -1,0 +1,88 @@
+"""The machine-checked shape of `report.json` (contract section 4, schema flare-diag.report/1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Status = Literal["measured", "failed", "invalid", "deferred"]
+Hypothesis = Literal["not_reproduced", "row_checkpoint_churn", "key_or_checkpoint_eligibility", "inconclusive"]
+AbortReason = Literal["identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
+                      "uncontrolled_growth", "operator", "daemon_restart", "preflight"]
+
+
+class _S(msgspec.Struct, forbid_unknown_fields=False):
+    """Contract fields are required; more fields are welcome (the contract says so)."""
+
+
+class Abort(_S):
+    reason: AbortReason
+    detail: str
+    minute: float | None
+
+
+class Host(_S):
+    lookups: int | None
+    hits: int | None
+    fetched_tokens: int | None
+    reused_tokens: int | None
+
+
+class Gpu(_S):
+    hits: int | None
+    reused_tokens: int | None
+
+
+class Cell(_S):
+    phase: str
+    status: Status
+    reason: str
+    requests: int
+    host: Host | None
+    gpu: Gpu | None
+    comparable: bool
+
+
+class Verdict(_S):
+    hypothesis: Hypothesis
+    basis: str
+    next_experiment: str
+
+
+class Restoration(_S):
+    started_minute: float | None
+    finished_minute: float | None
+    incumbent_sha256_match: bool
+    containment: bool
+    monitoring_registered: bool | None  # None: the site has no monitoring (not applicable)
+    direct_preflight: bool
+    routed_preflight: bool | None       # None: the site has no router
+    readmitted: bool | None
+    verified: bool
+
+
+class Integrity(_S):
+    events: int
+    head_seq: int
+    head_hash: str
+    chain_ok: bool
+    audit_ok: bool
+
+
+class Report(_S):
+    schema: Literal["flare-diag.report/1"]
+    window_id: str
+    plan: str | None
+    t0_wall: int | None
+    outcome: Literal["completed", "aborted", "restore_failed"] | None  # None: the window is still open
+    abort: Abort | None
+    cells: list[Cell]
+    verdict: Verdict | None
+    restoration: Restoration | None
+    integrity: Integrity
+
+
+def validate(data: bytes) -> Report:
+    """Decodes report.json against the contract's shape; raises msgspec.ValidationError naming the field."""
+    return msgspec.json.decode(data, type=Report)

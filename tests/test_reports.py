@@ -1,0 +1,139 @@
+"""Reports: pure projections of the log, byte-identical on regeneration, distinct by status, never overwritten."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+
+import msgspec
+import pytest
+
+from daemon.cli import main
+from daemon.publish import FORMATS, build_report, publish_snapshot, render
+from events.report_html import render_html
+from events.report_md import render_md
+from events.report_schema import validate
+from tests.logtools import write_window
+
+
+@pytest.fixture
+async def log(tmp_path):
+    db = tmp_path / "log.db"
+    await write_window(db)
+    return db
+
+
+def _aborting_hook(world, history):
+    from events.schema import OperatorAbort
+    sent = sum(1 for _i, ds in history for d in ds if type(d).__name__ == "RequestMeasured")
+    if sent == 5 and not any(type(i).__name__ == "OperatorAbort" for i, _ds in history):
+        return OperatorAbort(at_ns=world.now, reason="test")
+    return None
+
+
+def test_regenerating_a_report_from_the_same_log_gives_identical_bytes(log):
+    first = {f: render(build_report(log, "w-report"), f) for f in FORMATS}
+    second = {f: render(build_report(log, "w-report"), f) for f in FORMATS}
+    assert first == second and all(len(b) > 1000 for b in first.values())
+
+
+def test_report_json_of_a_completed_window_validates_against_the_contract_schema(log):
+    rep = validate(render(build_report(log, "w-report"), "json"))
+    assert rep.outcome == "completed" and rep.verdict is not None and rep.restoration.verified
+    assert {c.phase for c in rep.cells} >= {"A.identity", "A.forward_prime", "A.reverse_replay", "B.small_control"}
+
+
+async def test_report_json_of_an_aborted_window_validates_against_the_contract_schema(tmp_path):
+    await write_window(tmp_path / "a.db", hook=_aborting_hook)
+    rep = validate(render(build_report(tmp_path / "a.db", "w-report"), "json"))
+    assert rep.outcome == "aborted" and rep.abort.reason == "operator"
+
+
+def test_schema_rejects_a_report_missing_a_contract_field(log):
+    data = json.loads(render(build_report(log, "w-report"), "json"))
+    del data["restoration"]["verified"]
+    with pytest.raises(msgspec.ValidationError, match="verified"):
+        validate(json.dumps(data).encode())
+
+
+def _four_status_report(log) -> dict:
+    r = build_report(log, "w-report")
+    base = r["cells"][1]
+    r["cells"] = [{**base, "phase": f"P.{s}", "status": s, "reason": f"because {s}"}
+                  for s in ("measured", "failed", "invalid", "deferred")]
+    return r
+
+
+def test_each_cell_status_renders_distinctly_in_html(log):
+    html = render_html(_four_status_report(log))
+    rows = re.findall(r'<tr class="(st-[a-z]+)"><td>P\.([a-z]+)</td>', html)
+    assert rows == [(f"st-{s}", s) for s in ("measured", "failed", "invalid", "deferred")]
+    styles = {s: re.search(rf"\.st-{s}{{([^}}]*)}}", html).group(1) for s in ("measured", "failed", "invalid", "deferred")}
+    assert len(set(styles.values())) == 4  # four different looks, not one look with four names
+
+
+def test_each_cell_status_renders_distinctly_in_md(log):
+    md = render_md(_four_status_report(log))
+    marks = [re.search(rf"\| P\.{s} \| ([^|]+) \|", md).group(1).strip() for s in ("measured", "failed", "invalid", "deferred")]
+    assert len(set(marks)) == 4
+
+
+def test_the_small_control_is_marked_not_comparable(log):
+    r = build_report(log, "w-report")
+    assert [c["comparable"] for c in r["cells"] if c["phase"] == "B.small_control"] == [False]
+    assert "| B.small_control |" in render_md(r) and "not comparable" in render_md(r).split("| B.small_control |")[1].split("\n")[0]
+
+
+def test_unobservable_counters_show_as_not_applicable_never_as_zero(log):
+    r = build_report(log, "w-report")
+    r["cells"][1]["host"] = {"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": 7}
+    line = next(x for x in render_md(r).splitlines() if x.startswith(f"| {r['cells'][1]['phase']} |"))
+    assert line.count("n/a") >= 3 and "| 7 |" in line
+
+
+def test_html_is_self_contained(log):
+    html = render_html(build_report(log, "w-report"))
+    assert "<script" not in html and "<link" not in html and "@import" not in html
+    assert not re.search(r"""(src|href)\s*=""", html)
+    assert not [u for u in re.findall(r"url\(([^)]*)\)", html) if not u.startswith("#")]
+    assert html.count("<svg") == 3  # reuse per request, drain waits, counters over the window
+
+
+def test_a_snapshot_is_never_overwritten_and_earlier_ones_stay_as_they_were(log, tmp_path):
+    root = tmp_path / "reports"
+    r = build_report(log, "w-report")
+    first = publish_snapshot(r, root, now_s=0)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in first.iterdir()}
+    (root / "w-report" / "1970-01-01-2").mkdir()  # a publisher racing us took the next number
+    second = publish_snapshot(r, root, now_s=0)
+    assert first.name == "1970-01-01-1" and second.name == "1970-01-01-3"
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in first.iterdir()} == before
+    assert all(not (p.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) for p in first.iterdir())
+    assert sorted(p.name for p in first.iterdir()) == ["report.html", "report.json", "report.md"]
+
+
+def test_offline_report_command_prints_the_chosen_format(log, capsysbinary):
+    assert main(["report", str(log), "--format", "json"]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["window_id"] == "w-report"
+
+
+def test_offline_report_with_an_unknown_window_exits_2_naming_it(log, capsys):
+    assert main(["report", str(log), "--window", "nope"]) == 2
+    assert "--window nope" in capsys.readouterr().err
+
+
+async def test_report_compare_needs_three_matched_repeats_and_says_why(tmp_path, capsys):
+    db = tmp_path / "log.db"
+    for w in ("c1", "c2", "b1"):
+        await write_window(db, window_id=w)
+    assert main(["report", "compare", str(db), "--windows", "c1", "c2", "--baseline", "b1"]) == 1
+    assert "need 3 matched" in capsys.readouterr().out
+
+
+async def test_report_compare_rejects_a_candidate_without_the_primary_benefit(tmp_path, capsys):
+    db = tmp_path / "log.db"
+    for w in ("c1", "c2", "c3", "b1", "b2", "b3"):
+        await write_window(db, window_id=w)
+    assert main(["report", "compare", str(db), "--windows", "c1", "c2", "c3", "--baseline", "b1", "b2", "b3"]) == 1
+    assert "primary benefit 0.0% is below 5%" in capsys.readouterr().out
