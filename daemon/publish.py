@@ -28,7 +28,7 @@ def build_report(db: Path, window_id: str) -> dict:
         a = audit_reader(reader)
         integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash, "chain_ok": v.ok,
                      "audit_ok": a.ok}
-        return project(reader.iter(window_id=window_id), window_id, integrity)
+        return project(reader.iter_for_projection(window_id), window_id, integrity)
 
 
 def render(report: dict, fmt: str) -> bytes:

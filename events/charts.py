@@ -47,8 +47,19 @@ def _legend(names: list[str]) -> list[str]:
     return out
 
 
+MAX_POINTS = 600  # per series: a chart 560 px wide shows no more, and long windows have 10^5 points
+
+
+def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    if len(s) <= MAX_POINTS:
+        return s
+    step = len(s) / (MAX_POINTS - 1)
+    return [s[int(i * step)] for i in range(MAX_POINTS - 1)] + [s[-1]]
+
+
 def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str) -> str:
     """Polylines, one per named series of (x, y) points; an empty chart says there is no data."""
+    series = [(n, _thin(s)) for n, s in series]
     pts = [p for _n, s in series for p in s]
     if not pts:
         return _empty(title)

@@ -34,6 +34,19 @@ class LogReader:
             for r in rows:
                 yield row_envelope(r)
 
+    def iter_for_projection(self, window_id: str) -> Iterator[Envelope]:
+        """One window's envelopes without their hashes (empty bytes): what projections read.
+
+        Verification reads the hashes; a report that has already verified the log need not carry
+        64 bytes of them per event through its fold.
+        """
+        cur = self.conn.execute("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload"
+                                " FROM events WHERE window_id = ? ORDER BY seq", (window_id,))
+        env = Envelope
+        while rows := cur.fetchmany(4096):
+            for r in rows:
+                yield env(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], b"", b"")
+
     def raw_rows(self) -> sqlite3.Cursor:
         return self.conn.execute(
             "SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload, prev_hash, hash"

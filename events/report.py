@@ -27,7 +27,8 @@ class _Projection:
                         "abort": None, "cells": [], "verdict": None, "restoration": None, "integrity": integrity,
                         "timeline": [], "identity": {"expected": {}, "observed": [], "incumbent_sha256_before": None,
                                                      "incumbent_sha256_after": None, "candidate_recipe": None},
-                        "requests": [], "natural_failures": [], "drains": [], "counters": [], "alarms": [],
+                        "requests": [], "natural_failures": [], "drains": [],
+                        "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}}, "alarms": [],
                         "trace": {"order": None, "arms": []}, "timing": None, "site": None, "rehearsal": None, "plan_sha256": None}
         self.cells: dict[str, dict] = {}
         self.actions: dict[int, tuple[str, dict]] = {}
@@ -41,13 +42,16 @@ class _Projection:
         return None if self.t0_ns is None else round((at_ns - self.t0_ns) / NS_PER_MIN, 3)
 
     def apply(self, env: Envelope) -> None:
-        h = _HANDLERS.get(env.type)
-        if h is not None:
-            ev = env.event()
-            at = getattr(ev, "at_ns", None)
-            if at is not None:
-                self.last_at = max(self.last_at, at)
-            h(self, env, ev)
+        entry = _DISPATCH.get(env.type)
+        if entry is None:
+            return
+        handler, light, is_input = entry
+        # The events a long window is made of are read through narrow views (only the fields this
+        # report uses); an event of an older schema version goes through its upcaster instead.
+        ev = light.decode(env.payload) if light is not None and env.schema_v == 1 else env.event()
+        if is_input and ev.at_ns > self.last_at:
+            self.last_at = ev.at_ns
+        handler(self, env, ev)
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -62,10 +66,17 @@ class _Projection:
                        "restore_reserve_min": t.get("restore_reserve_min")}
 
     def action_done(self, env: Envelope, ev) -> None:
-        action, args = self.actions.get(ev.action_id, ("", {}))
-        if not ev.ok:
+        action, args = self.actions.pop(ev.action_id, ("", {}))
+        if not ev.ok or not action:
             return
-        d = ev.data
+        if action == "scrape_metrics":
+            c = _counters.decode(ev.data).counters if isinstance(ev.data, msgspec.Raw) else ev.data.get("counters") or {}
+            series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
+            series["minute"].append(self.minute(ev.at_ns))
+            for k in SERIES_KEYS:
+                series[k].append(c.get(k))
+            return
+        d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
         if action == "snapshot" and args.get("what") == "incumbent":
             self.r["identity"]["incumbent_sha256_before"] = d.get("sha256")
             self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
@@ -74,9 +85,6 @@ class _Projection:
             self._observed(self.load_label, env, d)
             if self.restoring:
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
-        elif action == "scrape_metrics":
-            c = d.get("counters") or {}
-            self.r["counters"].append({"minute": self.minute(ev.at_ns), **{k: c.get(k) for k in SERIES_KEYS}})
 
     def _observed(self, label: str, env: Envelope, ident: dict) -> None:
         exp = self.r["identity"]["expected"]
@@ -85,20 +93,18 @@ class _Projection:
                                                "identity": ident, "mismatches": mism})
 
     def request_done(self, env: Envelope, ev) -> None:
-        self.responses[(ev.phase, ev.order_index)] = {
-            "finish_reason": ev.finish_reason, "visible_output": ev.visible_output, "reasoning_only": ev.reasoning_only,
-            "prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
-            "cached_tokens": ev.cached_tokens, "first_byte_ns": ev.first_byte_ns, "first_token_ns": ev.first_token_ns,
-            "last_token_ns": ev.last_token_ns, "end_ns": ev.end_ns, "response_bytes": ev.response_bytes,
-            "response_sha256": ev.response_sha256, "error": ev.error, "minute": self.minute(ev.at_ns)}
+        self.responses[(ev.phase, ev.order_index)] = ev  # joined to its measurement when that comes
 
     # --- decisions ------------------------------------------------------------------------
 
     def action_requested(self, env: Envelope, ev) -> None:
-        self.actions[ev.action_id] = (ev.action, ev.args)
+        if ev.action not in _WATCHED_ACTIONS:
+            return
+        args = msgspec.json.decode(ev.args) if isinstance(ev.args, msgspec.Raw) else ev.args
+        self.actions[ev.action_id] = (ev.action, args)
         if ev.action == "load":
-            self.load_label = "incumbent after restore" if ev.args.get("label") == "incumbent" \
-                else f"incarnation {ev.args.get('label')}"
+            self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
+                else f"incarnation {args.get('label')}"
 
     def time_marked(self, env: Envelope, ev) -> None:
         if ev.mark == "t0":
@@ -118,7 +124,15 @@ class _Projection:
         d = {k: ev.delta.get(k) for k in SERIES_KEYS}
         req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
                "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
-               "delta": d, **self.responses.pop((ev.phase, ev.order_index), {})}
+               "delta": d}
+        rd = self.responses.pop((ev.phase, ev.order_index), None)
+        if rd is not None:
+            req.update(finish_reason=rd.finish_reason, visible_output=rd.visible_output,
+                       reasoning_only=rd.reasoning_only, prompt_tokens=rd.prompt_tokens,
+                       completion_tokens=rd.completion_tokens, cached_tokens=rd.cached_tokens,
+                       first_byte_ns=rd.first_byte_ns, first_token_ns=rd.first_token_ns,
+                       last_token_ns=rd.last_token_ns, end_ns=rd.end_ns, response_bytes=rd.response_bytes,
+                       response_sha256=rd.response_sha256, error=rd.error, minute=self.minute(rd.at_ns))
         self.r["requests"].append(req)
         if ev.natural_failure:
             self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
@@ -176,6 +190,64 @@ _HANDLERS = {
 }
 
 
+_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics"})
+
+
+class _ActionView(msgspec.Struct):
+    action_id: int
+    action: str
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _DoneView(msgspec.Struct):
+    at_ns: int
+    action_id: int
+    ok: bool
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _RequestView(msgspec.Struct):
+    at_ns: int
+    phase: str
+    order_index: int
+    error: str | None = None
+    finish_reason: str | None = None
+    visible_output: bool = False
+    reasoning_only: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    first_byte_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    end_ns: int | None = None
+    response_bytes: int = 0
+    response_sha256: str = ""
+
+
+class _MeasuredView(msgspec.Struct):
+    phase: str
+    order_index: int
+    body_index: int
+    body_sha256: str
+    outcome: str
+    natural_failure: str | None
+    delta: dict
+
+
+class _CountersView(msgspec.Struct):
+    counters: dict = {}
+
+
+_counters = msgspec.json.Decoder(_CountersView)
+_LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": msgspec.json.Decoder(_DoneView),
+          "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView)}
+
+
+_INPUTS = frozenset({"window_opened", "action_done", "request_done"})
+_DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS) for t, h in _HANDLERS.items()}
+
+
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
     p = _Projection(window_id, integrity)
     for env in envelopes:
@@ -185,4 +257,5 @@ def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> d
 
 
 def render_json(report: dict) -> bytes:
-    return msgspec.json.format(msgspec.json.encode(report), indent=1) + b"\n"
+    """Compact, one line: report.json is for machines (`jq` indents it); people read report.md or .html."""
+    return msgspec.json.encode(report) + b"\n"

@@ -19,6 +19,7 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .st-deferred{background:#e8eef7;color:#34495e;border:1px dotted #6b7c93}
 tr.st-failed td{background:#fff6f6}tr.st-invalid td{background:#fffbea}tr.st-deferred td{color:#567}
 .outcome-completed{color:#17602a}.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
+table.requests td{text-align:right;font-variant-numeric:tabular-nums}table.requests td:first-child{text-align:left}
 .pass{color:#17602a}.fail{color:#8c1d18;font-weight:700}.na{color:#777}.mism{color:#8c1d18;font-weight:700}
 details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px}
 """
@@ -52,10 +53,11 @@ def _reuse_chart(r: dict) -> str:
 
 
 def _counter_chart(r: dict) -> str:
-    pts = [c for c in r.get("counters", []) if c.get("minute") is not None]
+    cols = r.get("counters") or {}
+    minutes = cols.get("minute", [])
     series = []
     for k in ("host_reused_tokens", "host_fetched_tokens", "gpu_reused_tokens"):
-        s = [(c["minute"], c[k]) for c in pts if c.get(k) is not None]
+        s = [(m, v) for m, v in zip(minutes, cols.get(k, [])) if m is not None and v is not None]
         if s:
             series.append((k, s))
     return charts.lines("Counters over the window", series, "window minute", "tokens (cumulative)")
@@ -151,10 +153,13 @@ def render_html(r: dict) -> str:
     by_phase: dict[str, list[dict]] = {}
     for q in r.get("requests", []):
         by_phase.setdefault(q["phase"], []).append(q)
+    head = "".join(f"<th>{escape(c)}</th>" for c in REQUEST_COLUMNS)
     for phase, qs in by_phase.items():
+        # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
+        body = "".join("<tr><td>" + escape("\x1f".join(request_row(q))).replace("\x1f", "</td><td>") + "</td></tr>"
+                       for q in qs)
         p.append(f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
-                 + _table(list(REQUEST_COLUMNS), [[escape(x) for x in request_row(q)] for q in qs], num_from=3)
-                 + "</details>")
+                 f"<table class=requests><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></details>")
     if not by_phase:
         p.append("<p>none</p>")
 

@@ -97,13 +97,21 @@ REQUEST_COLUMNS = ("phase", "order", "body sha256", "prompt", "completion", "cac
 
 
 def request_row(q: dict) -> tuple[str, ...]:
-    d = q.get("delta") or {}
-    return (q["phase"], str(q["order_index"]), q["body_sha256"][:12], val(q.get("prompt_tokens")),
-            val(q.get("completion_tokens")), val(q.get("cached_tokens")), val(q.get("finish_reason")),
-            "yes" if q.get("visible_output") else ("reasoning only" if q.get("reasoning_only") else "no"),
-            ms(q.get("first_token_ns")), ms(q.get("end_ns")), val(d.get("host_lookups")), val(d.get("host_hits")),
-            val(d.get("host_fetched_tokens")), val(d.get("host_reused_tokens")), val(d.get("gpu_reused_tokens")),
-            q["outcome"] + (f" ({q['natural_failure']})" if q.get("natural_failure") else ""))
+    # called once per request per format: kept to plain lookups, it dominates long reports
+    g = q.get
+    d = g("delta") or {}
+    dg = d.get
+    cells = [g("prompt_tokens"), g("completion_tokens"), g("cached_tokens"), g("finish_reason")]
+    counts = [dg("host_lookups"), dg("host_hits"), dg("host_fetched_tokens"), dg("host_reused_tokens"),
+              dg("gpu_reused_tokens")]
+    ft, end = g("first_token_ns"), g("end_ns")
+    nf = g("natural_failure")
+    return (q["phase"], str(q["order_index"]), q["body_sha256"][:12],
+            *["n/a" if x is None else str(x) for x in cells],
+            "yes" if g("visible_output") else ("reasoning only" if g("reasoning_only") else "no"),
+            "n/a" if ft is None else f"{ft / 1e6:.0f}", "n/a" if end is None else f"{end / 1e6:.0f}",
+            *["n/a" if x is None else str(x) for x in counts],
+            q["outcome"] + (f" ({nf})" if nf else ""))
 
 
 def request_table(reqs: list[dict]) -> list[str]:

@@ -1,0 +1,126 @@
+"""Report generation over a 1,000,000-event window vs a bare fold over the same events.
+
+The log is one long synthetic window in the shape the runner writes (per request: the send
+decision, its outcome, the scrape decision and outcome, the per-request measurement, a tick), so
+the report has ~166,000 request rows. "Report" is the projection plus rendering all three formats
+(json, md, html); "bare fold" reads the same envelopes and decodes every event, which is the least
+any projection must do. Integrity (verify, audit) is measured by bench/event_log.py and left out.
+
+Usage: python bench/report.py [--events 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from events.fold import fold  # noqa: E402
+from events.reader import LogReader  # noqa: E402
+from events.report import project, render_json  # noqa: E402
+from events.report_html import render_html  # noqa: E402
+from events.report_md import render_md  # noqa: E402
+from events.schema import (  # noqa: E402
+    ActionDone, ActionRequested, CellRecorded, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, Tick,
+    TimeMarked, WindowOpened,
+)
+from events.store import EventStore  # noqa: E402
+
+WINDOW = "bench-window"
+PER_PHASE = 52
+COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_hits", "gpu_reused_tokens")
+
+
+def _events(n: int):
+    plan = {"name": "bench", "identity": {"image": "47ce7fde", "model": "dec48abd"},
+            "timing": {"stop_min": 70, "window_min": 90, "restore_reserve_min": 20}}
+    yield WindowOpened(at_ns=0, window_id=WINDOW, plan=plan, plan_sha256="0" * 64, site="bench", gpu_source="sim",
+                       rehearsal=True, candidate_recipe="glm-candidate")
+    yield TimeMarked(mark="t0", minute=0.0)
+    k, aid, at, phase, emitted = 0, 0, 0, 0, 2
+    counters = dict.fromkeys(COUNTERS, 0)
+    while emitted < n:
+        ph = f"P{phase}.{'forward' if phase % 2 == 0 else 'reverse'}_replay"
+        yield PhaseStarted(phase=ph, minute=at / 6e10, estimated_end_minute=at / 6e10 + 15)
+        emitted += 1
+        for i in range(PER_PHASE):
+            aid += 1
+            at += 2_000_000_000
+            sha = f"{(i * 2654435761) % 2**32:08x}" * 8
+            args = {"phase": ph, "order_index": i, "body_index": i, "body_sha256": sha, "fixture": "c1-52"}
+            yield ActionRequested(action_id=aid, action="send_request", args=args, experimental=True)
+            yield RequestDone(at_ns=at, action_id=aid, phase=ph, order_index=i, body_index=i, body_sha256=sha,
+                              outcome="ok", finish_reason="stop", visible_output=True, prompt_tokens=9000 + i,
+                              completion_tokens=700, cached_tokens=4096, first_byte_ns=90_000_000,
+                              first_token_ns=120_000_000, last_token_ns=1_900_000_000, end_ns=1_950_000_000,
+                              response_bytes=70_000, response_sha256=sha)
+            aid += 1
+            yield ActionRequested(action_id=aid, action="scrape_metrics", args={})
+            counters = {c: v + (i + 1) * 17 for c, v in counters.items()}
+            yield ActionDone(at_ns=at + 1, action_id=aid, ok=True, data={"counters": counters, "gauges": {}})
+            yield RequestMeasured(phase=ph, order_index=i, body_index=i, body_sha256=sha, outcome="ok",
+                                  natural_failure=None, delta={c: (i + 1) * 17 for c in COUNTERS})
+            yield Tick(at_ns=at + 2)
+            emitted += 6
+            if emitted >= n:
+                break
+        yield DrainObserved(purpose=f"after {ph}", settled=True, waited_s=1.5, polls=3, minute=at / 6e10)
+        yield CellRecorded(phase=ph, status="measured", reason=f"{PER_PHASE} requests", requests=PER_PHASE,
+                           host={"lookups": 52, "hits": 52, "fetched_tokens": 9, "reused_tokens": 9},
+                           gpu={"hits": 1, "reused_tokens": 1})
+        emitted += 2
+        phase += 1
+        k += 1
+
+
+async def _fill(path: Path, n: int) -> int:
+    store = await EventStore.open(path)
+    batch = []
+    for ev in _events(n):
+        batch.append(ev)
+        if len(batch) == 50_000:
+            store.submit_many(batch, window_id=WINDOW)
+            batch = []
+    if batch:
+        store.submit_many(batch, window_id=WINDOW)
+    await store.flush()
+    await store.close()
+    return store.head[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        db = Path(d) / "log.db"
+        n = asyncio.run(_fill(db, a.events))
+        integrity = {"events": n, "head_seq": n, "head_hash": "", "chain_ok": True, "audit_ok": True}
+        with LogReader(db) as r:
+            t0 = time.perf_counter()
+            count = fold(r.iter(window_id=WINDOW), 0, lambda s, env: s + (env.event() is not None))
+            bare = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rep = project(r.iter_for_projection(WINDOW), WINDOW, integrity)
+            proj = time.perf_counter() - t0
+            sizes, times = [], []
+            for fn in (render_json, render_md, render_html):
+                t0 = time.perf_counter()
+                sizes.append(len(fn(rep)))
+                times.append(time.perf_counter() - t0)
+            rend = sum(times)
+        total = proj + rend
+        print(f"events {count:,}  requests in report {len(rep['requests']):,}  outputs json/md/html "
+              f"{sizes[0] / 1e6:.0f}/{sizes[1] / 1e6:.0f}/{sizes[2] / 1e6:.0f} MB in "
+              f"{times[0]:.2f}/{times[1]:.2f}/{times[2]:.2f} s")
+        print(f"bare fold (read + decode every event) {bare:.2f} s   report (projection {proj:.2f} s + render "
+              f"{rend:.2f} s) {total:.2f} s   ratio report/fold = {total / bare:.2f}  (goal <= 2)")
+
+
+if __name__ == "__main__":
+    main()
