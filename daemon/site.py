@@ -19,14 +19,32 @@ class Service(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Gpu(msgspec.Struct, forbid_unknown_fields=True):
-    source: Literal["nvml", "sim"] = "nvml"
+    source: Literal["nvml", "sim", "none"] = "nvml"  # none: a CPU engine, no GPU to watch
     url: str | None = None
     token_file: str | None = None
 
 
+class LocalRecipeSpec(msgspec.Struct, forbid_unknown_fields=True):
+    args: list[str]   # {model}, {port} and {host} are filled in; the serving token goes in as --api-key-file
+    model: str        # relative to the profile
+
+
+class Engine(msgspec.Struct, forbid_unknown_fields=True):
+    """An engine the daemon runs itself as a local process (in place of a recipe manager service)."""
+
+    binary: str                 # relative to the profile, absolute, or ${ENV_VAR}
+    incumbent: str
+    candidate_recipe: str
+    recipes: dict[str, LocalRecipeSpec]
+    kind: Literal["llamacpp"] = "llamacpp"
+    load_timeout_s: float = 120.0
+    log_dir: str = "engine-logs"
+
+
 class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
     serving: Service
-    manager: Service
+    manager: Service | None = None
+    engine: Engine | None = None
     router: Service | None = None
     monitoring: Service | None = None
     gpu: Gpu = msgspec.field(default_factory=Gpu)
@@ -40,6 +58,17 @@ class Site(msgspec.Struct):
     tokens: dict[str, str]
     name: str
     sha256: str
+    base_dir: Path = Path(".")
+    token_files: dict[str, str] = {}  # service -> token file path (a path, never the token)
+
+    def token_path(self, svc: str) -> Path | None:
+        p = self.token_files.get(svc)
+        return Path(p) if p else None
+
+    @property
+    def candidate_recipe(self) -> str:
+        p = self.profile
+        return (p.engine.candidate_recipe if p.engine else p.manager.candidate_recipe) or ""  # type: ignore[union-attr]
 
     def __repr__(self) -> str:  # a Site may end up in a traceback or a log line; its tokens must not
         return f"Site(name={self.name!r}, sha256={self.sha256!r}, tokens=<{len(self.tokens)} hidden>)"
@@ -58,11 +87,17 @@ def load_site(path: Path) -> Site:
         prof = msgspec.toml.decode(data, type=SiteProfile)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SiteError(f"{path}: {exc}") from None
-    if not prof.manager.candidate_recipe:
+    if (prof.manager is None) == (prof.engine is None):
+        raise SiteError(f"{path}: expected exactly one of [manager] (a recipe manager service) and [engine] (a local engine)")
+    if prof.manager is not None and not prof.manager.candidate_recipe:
         raise SiteError(f"{path}: manager.candidate_recipe: expected the candidate recipe's name")
+    if prof.engine is not None:
+        for name in (prof.engine.incumbent, prof.engine.candidate_recipe):
+            if name not in prof.engine.recipes:
+                raise SiteError(f"{path}: engine: no recipe {name!r} in [engine.recipes]")
     if prof.gpu.source == "sim" and not prof.gpu.url:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
-    tokens = {}
+    tokens, token_files = {}, {}
     for name in ("serving", "manager", "router", "monitoring", "gpu"):
         svc = getattr(prof, name)
         if svc is None or svc.token_file is None:
@@ -75,7 +110,20 @@ def load_site(path: Path) -> Site:
             tokens[name] = tf.read_text().strip()
         except OSError as exc:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: cannot read ({exc.strerror})") from None
-    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest())
+        token_files[name] = str(tf)
+    if prof.engine is not None:
+        _check_engine(path, prof.engine)
+    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files)
+
+
+def _check_engine(path: Path, e: Engine) -> None:
+    binary = Path(os.path.expandvars(e.binary))
+    binary = binary if binary.is_absolute() else path.parent / binary
+    if "$" in str(binary) or not os.access(binary, os.X_OK):
+        raise SiteError(f"{path}: engine.binary {e.binary!r}: no executable at {binary}")
+    for name, r in e.recipes.items():
+        if not (path.parent / r.model).is_file():
+            raise SiteError(f"{path}: engine.recipes.{name}.model {r.model!r}: no such file")
 
 
 CREDENTIAL_PREFIX = "credential:"

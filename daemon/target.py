@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import time
+from pathlib import Path
 
 import httpx
 from httpx_sse import aconnect_sse
@@ -20,6 +22,19 @@ PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "cont
                              "max_tokens": 8, "stream": False}).encode()
 
 
+def local_engine(site: Site):
+    from daemon.localengine import LocalEngine, LocalRecipe
+    e = site.profile.engine
+    base = site.base_dir
+    binary = Path(os.path.expandvars(e.binary))
+    binary = binary if binary.is_absolute() else base / binary
+    recipes = {n: LocalRecipe(n, r.args, base / r.model) for n, r in e.recipes.items()}
+    tf = site.profile.serving.token_file
+    key_file = site.token_path("serving") if tf else None
+    return LocalEngine(binary, recipes, e.incumbent, site.profile.serving.url, key_file, base / e.log_dir,
+                       e.load_timeout_s)
+
+
 class Target:
     def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str) -> None:
         self.site = site
@@ -29,9 +44,12 @@ class Target:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
         self.incumbent_bytes: bytes | None = None
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
+        self.engine = local_engine(site) if site.profile.engine is not None else None
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self.engine is not None:
+            await self.engine.close()
         if self._xids is not None:
             self._xids.stop()
 
@@ -60,16 +78,17 @@ class Target:
         what = args["what"]
         p = self.p
         if what == "incumbent":
-            st = await self._get("manager", f"{p.manager.url}/manager/v1/state", "manager state")
+            st = await self.manager_state({})
             loaded = st.get("loaded")
             if not loaded:
                 raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
-            rec = await self._get("manager", f"{p.manager.url}/manager/v1/recipes/{loaded['recipe']}", "recipe")
+            rec = await self.engine.recipe(loaded["recipe"]) if self.engine else \
+                await self._get("manager", f"{p.manager.url}/manager/v1/recipes/{loaded['recipe']}", "recipe")
             content = base64.b64decode(rec["content_b64"])
             if hashlib.sha256(content).hexdigest() != loaded["sha256"] or rec["sha256"] != loaded["sha256"]:
                 raise ActionFailed("identity_drift", "the incumbent recipe bytes do not hash to the loaded sha256")
             self.incumbent_bytes = content
-            ident = await self._get("serving", f"{p.serving.url}/flare/v1/identity", "identity")
+            ident = await self.read_identity({})
             return {**loaded, "identity": ident, "bytes_retained": len(content)}
         if what == "router":
             if p.router is None:
@@ -86,6 +105,8 @@ class Target:
             t = next((x for x in d.get("targets", []) if x.get("id") == p.monitoring.target), None)
             return {"target": t}
         if what == "gpu":
+            if p.gpu.source == "none":
+                raise ActionFailed("not_applicable", "the site has no GPU (gpu.source = \"none\")")
             return await self.gpu_view()
         if what == "configuration":
             return {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": self.plan_sha256}
@@ -93,6 +114,8 @@ class Target:
 
     async def gpu_view(self) -> dict:
         g = self.p.gpu
+        if g.source == "none":
+            return {"gpus": [], "xid_events": []}
         if g.source == "sim":
             return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
@@ -109,6 +132,8 @@ class Target:
         return view
 
     async def preview(self, args: dict) -> dict:
+        if self.engine is not None:
+            return await self.engine.preview(args["op"], args["recipe"], args.get("sha256"))
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/preview", "preview",
                                 {"op": args["op"], "recipe": args["recipe"], "sha256": args.get("sha256")})
 
@@ -132,20 +157,30 @@ class Target:
             raise ActionFailed("malformed_transport", str(exc)) from None
 
     async def unload(self, args: dict) -> dict:
+        if self.engine is not None:
+            return await self.engine.unload(args["recipe"], args["sha256"])
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/unload", "unload",
                                 {"recipe": args["recipe"], "sha256": args["sha256"]})
 
     async def load(self, args: dict) -> dict:
+        if self.engine is not None:
+            return await self.engine.load(args["recipe"], args["sha256"])
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/load", "load",
                                 {"recipe": args["recipe"], "sha256": args["sha256"]})
 
     async def read_identity(self, args: dict) -> dict:
+        if self.engine is not None:
+            return await self.engine.identity(self._h("serving"))
         return await self._get("serving", f"{self.p.serving.url}/flare/v1/identity", "identity")
 
     async def set_trace(self, args: dict) -> dict:
+        if self.engine is not None:
+            raise ActionFailed("not_applicable", "llama.cpp has no request-trace switch")
         return await self._post("serving", f"{self.p.serving.url}/flare/v1/trace", "trace", {"enabled": args["enabled"]})
 
     async def manager_state(self, args: dict) -> dict:
+        if self.engine is not None:
+            return await self.engine.state()
         return await self._get("manager", f"{self.p.manager.url}/manager/v1/state", "manager state")
 
     async def preflight(self, args: dict) -> dict:

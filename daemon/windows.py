@@ -41,7 +41,7 @@ class WindowSetup:
         return WindowOpened(at_ns=0, window_id=window_id, plan=msgspec.to_builtins(self.plan),
                             plan_sha256=self.plan_sha256, site=self.site.name,
                             gpu_source=self.site.profile.gpu.source, rehearsal=self.rehearsal,
-                            candidate_recipe=self.site.profile.manager.candidate_recipe or "",
+                            candidate_recipe=self.site.candidate_recipe,
                             time_scale=self.time_scale, site_profile=self.site_profile,
                             fixture_dirs=self.fixture_dirs)
 

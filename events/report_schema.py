@@ -54,7 +54,7 @@ class Restoration(_S):
     started_minute: float | None
     finished_minute: float | None
     incumbent_sha256_match: bool
-    containment: bool
+    containment: bool | None            # None: no router and no GPU to contain (a CPU peer engine)
     monitoring_registered: bool | None  # None: the site has no monitoring (not applicable)
     direct_preflight: bool
     routed_preflight: bool | None       # None: the site has no router

@@ -11,18 +11,21 @@ class PlanError(ValueError):
     """A plan that cannot run; the message names the first bad field."""
 
 
-class ExpectedIdentity(msgspec.Struct, forbid_unknown_fields=True):
-    image: str
-    flare_commit: str
-    package: str
-    model: str
-    tensor_parallel: int
-    draft_tokens: int
-    host_cache_bytes: int
-    disk_cache_enabled: bool
-    capture_enabled: bool
-    gpu_count: int
-    gpu_power_limit_w: int
+class ExpectedIdentity(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What the serving identity must be. A field left out is not checked: only a non-production
+    plan may leave fields out (a peer engine has no Flare commit or tensor parallelism to report)."""
+
+    image: str | None = None
+    flare_commit: str | None = None
+    package: str | None = None
+    model: str | None = None
+    tensor_parallel: int | None = None
+    draft_tokens: int | None = None
+    host_cache_bytes: int | None = None
+    disk_cache_enabled: bool | None = None
+    capture_enabled: bool | None = None
+    gpu_count: int | None = None
+    gpu_power_limit_w: int | None = None
 
 
 class Sampling(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,6 +136,10 @@ def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
 
 
 def check_plan(plan: Plan, source: str = "plan") -> None:
+    if plan.production:
+        missing = [f for f in ExpectedIdentity.__struct_fields__ if getattr(plan.identity, f) is None]
+        if missing:
+            raise PlanError(f"{source}: identity.{missing[0]}: a production plan must state every identity field")
     t = plan.timing
     if not 0 < t.stop_min < t.window_min:
         raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")

@@ -507,13 +507,16 @@ class WindowPolicy:
                 return
             nonzero = rules.counters_reset(m.data.get("counters", {}))
             g = m.data.get("gauges", {})
-            occupied = [k for k in ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used") if g.get(k)]
+            occupancy = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used")
+            occupied = [k for k in occupancy if g.get(k)]
+            observable = any(g.get(k) is not None for k in occupancy)
             if nonzero or occupied:
                 why = f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'}); host cache occupied ({', '.join(occupied) or 'none'})"
                 self.unverified_incarnations[ph.incarnation] = why
                 self._cell(ph.id, "invalid", why, comparable=False)
                 return
-            reason += "; counters reset and empty host cache verified"
+            reason += ("; counters reset and empty host cache verified" if observable else
+                       "; counters reset verified; host cache occupancy not observable on this target")
         self._cell(ph.id, "measured", reason, requests=0)
 
     def _drain(self, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
@@ -626,7 +629,8 @@ class WindowPolicy:
         else:
             why = f"{len(reqs)} requests" + (f", {natural} natural output failures recorded" if natural else "")
             if not ph.comparable:
-                why += "; non-fresh initial state, not comparable to the 52-prompt arms"
+                full = len(fixture.get("sha256", [])) or "full"
+                why += f"; non-fresh initial state, not comparable to the {full}-prompt arms"
             self._cell(ph.id, "measured", why, **common)
 
     # --- the restore procedure ---------------------------------------------------------------
@@ -656,13 +660,13 @@ class WindowPolicy:
             checks["incumbent_sha256_match"] = not drift
         router_snap, gpu_snap = self.snapshots.get("router"), self.snapshots.get("gpu")
         now_router, now_gpu = yield from self._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
-        contained = True
+        contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
         if router_snap is not None:
             contained = now_router.ok and now_router.data.get("config_sha256") == router_snap.get("config_sha256")
         if gpu_snap is not None:
             uu = lambda d: sorted((g.get("uuid"), g.get("power_limit_w")) for g in d.get("gpus", []))  # noqa: E731
             contained = contained and now_gpu.ok and uu(now_gpu.data) == uu(gpu_snap)
-        checks["containment"] = bool(contained)
+        checks["containment"] = None if contained is None else bool(contained)
         mon = yield from self._act("snapshot", {"what": "monitoring"})
         if mon.error == "not_applicable":
             checks["monitoring_registered"] = None

@@ -1,0 +1,181 @@
+"""The lifecycle of an engine the daemon runs itself as a local process (llama.cpp's llama-server).
+
+A recipe is the engine's command line plus its model file; its bytes (canonical JSON of the
+binary's name, the argument template and the model's SHA-256) are what is hashed and compared.
+Load starts the process and waits for `/health`; unload stops it (SIGTERM, then SIGKILL after a
+grace period). Identity is the recipe hash, the model's SHA-256 and the engine's own `/props`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from daemon.errors import ActionFailed
+
+STOP_GRACE_S = 10.0
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class LocalRecipe:
+    def __init__(self, name: str, args: list[str], model: Path) -> None:
+        self.name = name
+        self.args = args
+        self.model = model
+        self.model_sha256 = file_sha256(model)
+        self.content = json.dumps({"engine": "llama-server", "args": args, "model_sha256": self.model_sha256},
+                                  sort_keys=True, separators=(",", ":")).encode()
+        self.sha256 = hashlib.sha256(self.content).hexdigest()
+
+    def host_cache_bytes(self) -> int | None:
+        """--cache-ram N (MiB) as bytes; None when the recipe does not set it."""
+        if "--cache-ram" in self.args:
+            return int(self.args[self.args.index("--cache-ram") + 1]) << 20
+        return None
+
+
+class LocalEngine:
+    """One engine process at a time, on the serving URL's port; the site's manager for local engines."""
+
+    def __init__(self, binary: Path, recipes: dict[str, LocalRecipe], incumbent: str, serving_url: str,
+                 api_key_file: Path | None, log_dir: Path, load_timeout_s: float = 120.0) -> None:
+        self.binary = binary
+        self.recipes = recipes
+        self.incumbent = incumbent
+        u = urlparse(serving_url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.url = serving_url.rstrip("/")
+        self.api_key_file = api_key_file
+        self.log_dir = log_dir
+        self.load_timeout_s = load_timeout_s
+        self.proc: asyncio.subprocess.Process | None = None
+        self.loaded: LocalRecipe | None = None
+        self.incarnation = 0
+        self._prepared = False
+        self._client = httpx.AsyncClient(timeout=10.0)
+
+    async def prepare(self) -> None:
+        """The host as a window finds it: the incumbent running, started once, before anything else."""
+        if not self._prepared:
+            self._prepared = True
+            await self._start(self.recipes[self.incumbent])
+
+    def _argv(self, r: LocalRecipe) -> list[str]:
+        subst = {"model": str(r.model), "port": str(self.port), "host": self.host}
+        argv = [str(self.binary)] + [a.format(**subst) for a in r.args]
+        if self.api_key_file is not None:
+            argv += ["--api-key-file", str(self.api_key_file)]
+        return argv
+
+    async def _start(self, r: LocalRecipe) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.incarnation += 1
+        log = (self.log_dir / f"engine-{self.incarnation}-{r.name}.log").open("ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(*self._argv(r), stdout=log, stderr=asyncio.subprocess.STDOUT,
+                                                             stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise ActionFailed("load_failed", f"engine {r.name}: cannot start {self.binary.name} ({exc.strerror})") from None
+        finally:
+            log.close()
+        deadline = time.monotonic() + self.load_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise ActionFailed("load_failed", f"engine {r.name} exited with status {self.proc.returncode} while loading")
+            try:
+                if (await self._client.get(f"{self.url}/health")).status_code == 200:
+                    self.loaded = r
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+        await self._stop()
+        raise ActionFailed("load_failed", f"engine {r.name} was not healthy within {self.load_timeout_s:g} s")
+
+    async def _stop(self) -> None:
+        p, self.proc, self.loaded = self.proc, None, None
+        if p is None or p.returncode is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            await asyncio.wait_for(p.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            os.killpg(p.pid, signal.SIGKILL)
+            await p.wait()
+
+    def _recipe(self, name: str, sha256: str | None) -> LocalRecipe:
+        r = self.recipes.get(name)
+        if r is None:
+            raise ActionFailed("not_found", f"no recipe {name!r}")
+        if sha256 is not None and sha256 != r.sha256:
+            raise ActionFailed("identity_drift", f"recipe {name!r}: sha256 does not match its bytes")
+        return r
+
+    # --- the manager's operations, in the shape of contract section 1 --------------------
+
+    async def state(self) -> dict:
+        await self.prepare()
+        if self.loaded is None or self.proc is None or self.proc.returncode is not None:
+            return {"loaded": None}
+        return {"loaded": {"recipe": self.loaded.name, "sha256": self.loaded.sha256,
+                           "incarnation": str(self.incarnation)}}
+
+    async def recipe(self, name: str) -> dict:
+        r = self._recipe(name, None)
+        return {"name": name, "sha256": r.sha256, "content_b64": base64.b64encode(r.content).decode()}
+
+    async def preview(self, op: str, name: str, sha256: str | None) -> dict:
+        r = self._recipe(name, sha256)
+        steps = ["stop the process (TERM, then KILL)"] if op == "unload" else \
+            ["verify the model's sha256", "start the process", "wait for /health"]
+        return {"ok": True, "steps": steps, "sha256": r.sha256}
+
+    async def load(self, name: str, sha256: str) -> dict:
+        r = self._recipe(name, sha256)
+        if file_sha256(r.model) != r.model_sha256:
+            raise ActionFailed("identity_drift", f"recipe {name!r}: the model file changed since the recipe was read")
+        await self._stop()
+        await self._start(r)
+        return {"incarnation": str(self.incarnation)}
+
+    async def unload(self, name: str, sha256: str) -> dict:
+        self._recipe(name, sha256)
+        await self._stop()
+        return {"unloaded": name}
+
+    async def identity(self, headers: dict) -> dict:
+        if self.loaded is None:
+            raise ActionFailed("unavailable", "no engine loaded")
+        r = await self._client.get(f"{self.url}/props", headers=headers)
+        if r.status_code != 200:
+            raise ActionFailed(f"http_{r.status_code}", f"engine /props: HTTP {r.status_code}")
+        props = r.json()
+        rec = self.loaded
+        return {"recipe": rec.name, "recipe_sha256": rec.sha256, "incarnation": str(self.incarnation),
+                "model": rec.model_sha256[:8], "model_sha256": rec.model_sha256,
+                "host_cache_bytes": rec.host_cache_bytes(), "build_info": props.get("build_info"),
+                "total_slots": props.get("total_slots"),
+                "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx")}
+
+    async def close(self) -> None:
+        await self._stop()
+        await self._client.aclose()

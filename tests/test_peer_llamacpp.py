@@ -1,0 +1,89 @@
+"""The peer plan through the daemon against a real llama-server serving a tiny hybrid (LFM2) model.
+
+The engine is built from the llama-cpp-python sdist's vendored llama.cpp (cached outside the clone;
+a cold build takes about ten minutes on two cores) and the model is written here with `gguf`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from events.reader import LogReader
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ROOT / "fixtures" / "engines" / "llamacpp"
+PLAN = ROOT / "fixtures" / "plans" / "peer-llamacpp.toml"
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    p = subprocess.run(["bash", str(ENGINE / "build.sh")], capture_output=True, text=True, timeout=3600,
+                       env={**os.environ, "PYTHON": sys.executable})
+    assert p.returncode == 0, "building llama-server failed:\n" + p.stderr[-3000:]
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from fixtures.engines.llamacpp.make_model import write
+    return write(tmp_path_factory.mktemp("model") / "model.gguf")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int, dict, Path]:
+    site_dir = tmp / "site"
+    site_dir.mkdir()
+    (site_dir / "model.gguf").symlink_to(model)
+    (site_dir / "serving.token").write_text(os.urandom(12).hex())
+    (site_dir / "site.toml").write_text((ENGINE / "site.template.toml").read_text().format(
+        port=_free_port(), binary=binary, cache_mib=cache_mib))
+    plan = tmp / "peer.toml"
+    plan.write_text(PLAN.read_text().replace("host_cache_bytes = 4194304", f"host_cache_bytes = {cache_mib << 20}"))
+    out = tmp / "out"
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(plan), "--site",
+                        str(site_dir / "site.toml"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    return p.returncode, json.loads((out / "report.json").read_text()), out
+
+
+def _reused(r: dict, phase: str) -> int | None:
+    return next(c["host"]["reused_tokens"] for c in r["cells"] if c["phase"] == phase)
+
+
+def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(tmp_path, llama_server, model):
+    rc, r, out = run_peer(tmp_path, llama_server, model, cache_mib=4)
+    assert (rc, r["outcome"]) == (0, "completed"), r["cells"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    assert {c["status"] for c in r["cells"]} == {"measured"}
+    assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
+    # each request's host reuse (the counter delta around it) is the engine's own cached_tokens
+    assert r["requests"] and all(q["delta"]["host_reused_tokens"] == q["cached_tokens"] for q in r["requests"])
+    assert _reused(r, "B.forward_replay") == 0 and _reused(r, "A.forward_prime") == 0
+    assert _reused(r, "A.reverse_replay") > 0 and _reused(r, "B.small_control") > 0
+    assert r["verdict"]["hypothesis"] == "row_checkpoint_churn"
+    # what llama.cpp does not expose is null, never zero or passed
+    fwd = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert fwd["host"]["lookups"] is None and fwd["host"]["hits"] is None and fwd["gpu"] == {"hits": None, "reused_tokens": None}
+    assert r["restoration"]["containment"] is None and r["restoration"]["routed_preflight"] is None
+    with LogReader(out / "log.db") as reader:
+        assert reader.count() == r["integrity"]["events"]
+
+
+def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce(tmp_path, llama_server, model):
+    rc, r, _out = run_peer(tmp_path, llama_server, model, cache_mib=256)
+    assert (rc, r["outcome"]) == (0, "completed"), r["cells"]
+    assert _reused(r, "B.forward_replay") > 0
+    assert r["verdict"]["hypothesis"] == "not_reproduced"
