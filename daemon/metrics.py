@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client.parser import text_string_to_metric_families
 
-# daemon name -> (contract metric family, label whose value suffixes the name, or None)
+# daemon name -> (contract metric family, label that splits it into named parts, or None)
 COUNTERS = {
-    "host_lookups": "flare_host_cache_lookups", "host_hits": "flare_host_cache_hits",
-    "host_fetched_tokens": "flare_host_cache_fetched_tokens", "host_reused_tokens": "flare_host_cache_reused_tokens",
-    "stores": "flare_host_cache_stores", "evictions": "flare_host_cache_evictions",
-    "compactions": "flare_host_cache_compactions", "gpu_queries": "flare_gpu_prefix_cache_queries",
-    "gpu_hits": "flare_gpu_prefix_cache_hits", "gpu_reused_tokens": "flare_gpu_prefix_cache_reused_tokens",
-    "finished": "flare_requests_finished", "prompt_tokens": "flare_prompt_tokens",
-    "generation_tokens": "flare_generation_tokens",
+    "host_lookups": ("flare_host_cache_lookups", None), "host_hits": ("flare_host_cache_hits", None),
+    "host_fetched_tokens": ("flare_host_cache_fetched_tokens", None),
+    "host_reused_tokens": ("flare_host_cache_reused_tokens", None),
+    "stores": ("flare_host_cache_stores", "checkpoint"), "evictions": ("flare_host_cache_evictions", "pool"),
+    "compactions": ("flare_host_cache_compactions", None), "gpu_queries": ("flare_gpu_prefix_cache_queries", None),
+    "gpu_hits": ("flare_gpu_prefix_cache_hits", None), "gpu_reused_tokens": ("flare_gpu_prefix_cache_reused_tokens", None),
+    "finished": ("flare_requests_finished", None), "prompt_tokens": ("flare_prompt_tokens", None),
+    "generation_tokens": ("flare_generation_tokens", None),
 }
 GAUGES = {
     "requests_active": "flare_requests_active", "requests_pending": "flare_requests_pending",
@@ -25,42 +28,68 @@ GAUGES = {
 }
 INFO = {"build": "flare_build_info", "incarnation": "flare_incarnation_info"}
 
+_SELECTOR = re.compile(r'^([^{}\s]+)(?:\{(.*)\})?$')
+_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*,?')
+
 
 class MetricsError(ValueError):
     """The exposition could not be parsed (malformed transport)."""
 
 
+def selector(spec: str) -> tuple[str, dict[str, str]]:
+    """'family' or 'family{label="value",...}' -> (family, required labels)."""
+    m = _SELECTOR.match(spec.strip())
+    if not m:
+        raise ValueError(f"metric selector {spec!r}: expected family or family{{label=\"value\"}}")
+    labels, rest = {}, m.group(2) or ""
+    pos = 0
+    while pos < len(rest):
+        lm = _MATCHER.match(rest, pos)
+        if not lm:
+            raise ValueError(f"metric selector {spec!r}: cannot read the labels {rest!r}")
+        labels[lm.group(1)] = lm.group(2)
+        pos = lm.end()
+    return m.group(1), labels
+
+
 def parse(text: str, names: dict[str, str] | None = None) -> dict:
-    """{counters, gauges, labels}; a contract name this engine lacks is None (not observable)."""
+    """{counters, gauges, labels}; a contract name this engine lacks is None (not observable).
+
+    `names` maps a contract family to this engine's selector. Samples that match are summed (an
+    engine with several data-parallel ranks reports one per rank); `_created` samples are skipped.
+    """
     names = names or {}
     try:
         families = {f.name: f for f in text_string_to_metric_families(text)}
     except Exception as exc:  # the parser raises ValueError and others on bad input
         raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
 
-    def fam(contract: str):
-        return families.get(names.get(contract, contract))
+    def samples(contract: str):
+        fam, want = selector(names.get(contract, contract))
+        f = families.get(fam)
+        if f is None:
+            return None
+        return [s for s in f.samples if not s.name.endswith("_created")
+                and all(s.labels.get(k) == v for k, v in want.items())]
 
     counters: dict[str, float | None] = {}
-    for key, name in COUNTERS.items():
-        f = fam(name)
-        if f is None:
+    for key, (family, split) in COUNTERS.items():
+        ss = samples(family)
+        if ss is None or not ss:
             counters[key] = None
-            continue
-        samples = [s for s in f.samples if not s.name.endswith("_created")]
-        labelled = [s for s in samples if s.labels]
-        if labelled:
-            for s in labelled:
-                counters[f"{key}.{next(iter(s.labels.values()))}"] = s.value
+        elif split is not None and any(split in s.labels for s in ss):
+            for s in ss:
+                part = f"{key}.{s.labels.get(split, '')}"
+                counters[part] = counters.get(part, 0.0) + s.value  # type: ignore[operator]
         else:
-            counters[key] = samples[0].value if samples else None
+            counters[key] = sum(s.value for s in ss)
     gauges: dict[str, float | None] = {}
-    for key, name in GAUGES.items():
-        f = fam(name)
-        gauges[key] = f.samples[0].value if f is not None and f.samples else None
+    for key, family in GAUGES.items():
+        ss = samples(family)
+        gauges[key] = sum(s.value for s in ss) if ss else None
     labels: dict = {}
-    for name in INFO.values():
-        f = fam(name)
-        if f is not None and f.samples:
-            labels.update(f.samples[0].labels)
+    for family in INFO.values():
+        ss = samples(family)
+        if ss:
+            labels.update(ss[0].labels)
     return {"counters": counters, "gauges": gauges, "labels": labels}

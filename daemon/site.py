@@ -48,7 +48,8 @@ class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
     router: Service | None = None
     monitoring: Service | None = None
     gpu: Gpu = msgspec.field(default_factory=Gpu)
-    metrics: dict[str, str] = {}
+    metrics_profile: Literal["flare", "llamacpp", "vllm", "sglang"] = "flare"
+    metrics: dict[str, str] = {}  # contract family -> engine selector, on top of metrics_profile
 
 
 class Site(msgspec.Struct):
@@ -113,6 +114,12 @@ def load_site(path: Path) -> Site:
         token_files[name] = str(tf)
     if prof.engine is not None:
         _check_engine(path, prof.engine)
+    from daemon.metrics import selector
+    for family, spec in prof.metrics.items():
+        try:
+            selector(spec)
+        except ValueError as exc:
+            raise SiteError(f"{path}: metrics.{family}: {exc}") from None
     return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files)
 
 

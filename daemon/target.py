@@ -45,6 +45,8 @@ class Target:
         self.incumbent_bytes: bytes | None = None
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         self.engine = local_engine(site) if site.profile.engine is not None else None
+        from daemon.engine_profiles import metric_names
+        self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -152,7 +154,7 @@ class Target:
         if r.status_code != 200:
             raise classify_response(r, "metrics")
         try:
-            return metrics.parse(r.text, self.p.metrics)
+            return metrics.parse(r.text, self._metric_names)
         except metrics.MetricsError as exc:
             raise ActionFailed("malformed_transport", str(exc)) from None
 

@@ -1,0 +1,44 @@
+"""Metric maps for engines other than Flare: contract family -> the engine's own metric selector.
+
+A family an engine does not expose is left out, so it reads as not observable (None), never as
+zero. prometheus-client names a counter family without its `_total` suffix. docs/engines.md says,
+per engine, what maps to what and what cannot be observed.
+"""
+
+from __future__ import annotations
+
+PROFILES: dict[str, dict[str, str]] = {
+    "flare": {},
+    "llamacpp": {
+        "flare_requests_active": "llamacpp:requests_processing",
+        "flare_requests_pending": "llamacpp:requests_deferred",
+        # reused prompt tokens, from the slot's own state or a host-RAM prompt-cache entry alike
+        "flare_host_cache_reused_tokens": "llamacpp:prompt_tokens_cached",
+        "flare_prompt_tokens": "llamacpp:prompt_tokens",
+        "flare_generation_tokens": "llamacpp:tokens_predicted",
+    },
+    "vllm": {
+        "flare_requests_active": "vllm:num_requests_running",
+        "flare_requests_pending": "vllm:num_requests_waiting",
+        # vLLM counts prefix-cache queries and hits in tokens: GPU reuse in tokens, no hit count
+        "flare_gpu_prefix_cache_reused_tokens": "vllm:prefix_cache_hits",
+        # the KV connector's external (host or remote) prefix cache, also in tokens
+        "flare_host_cache_reused_tokens": "vllm:external_prefix_cache_hits",
+        "flare_prompt_tokens": "vllm:prompt_tokens",
+        "flare_generation_tokens": "vllm:generation_tokens",
+        "flare_requests_finished": "vllm:request_success",
+    },
+    "sglang": {
+        "flare_requests_active": "sglang:num_running_reqs",
+        "flare_requests_pending": "sglang:num_queue_reqs",
+        "flare_host_cache_reused_tokens": 'sglang:cached_tokens{cache_source="host"}',
+        "flare_gpu_prefix_cache_reused_tokens": 'sglang:cached_tokens{cache_source="device"}',
+        "flare_prompt_tokens": "sglang:prompt_tokens",
+        "flare_generation_tokens": "sglang:generation_tokens",
+    },
+}
+
+
+def metric_names(profile: str, overrides: dict[str, str]) -> dict[str, str]:
+    """The engine profile's map with the site's own [metrics] entries on top."""
+    return {**PROFILES[profile], **overrides}
