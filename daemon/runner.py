@@ -83,7 +83,7 @@ class Runner:
     async def feed(self, inp: Input) -> None:
         decisions = self.policy.receive(inp)
         self._last = decisions
-        fut = self.store.submit_many([inp, *decisions], window_id=self.window_id)
+        fut = self.store.submit_many([inp, *decisions], window_id=self.window_id, caused_by_first=True)
         if any(isinstance(d, (ActionRequested, CancelRequested)) for d in decisions):
             await fut  # a decision is durable before it is carried out
         for d in decisions:

@@ -57,13 +57,16 @@ def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [s[int(i * step)] for i in range(MAX_POINTS - 1)] + [s[-1]]
 
 
-def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str) -> str:
-    """Polylines, one per named series of (x, y) points; an empty chart says there is no data."""
+def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
+          marks: list[tuple[float, str]] = ()) -> str:  # type: ignore[assignment]
+    """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label);
+    an empty chart says there is no data."""
     series = [(n, _thin(s)) for n, s in series]
     pts = [p for _n, s in series for p in s]
     if not pts:
         return _empty(title)
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    xs = [p[0] for p in pts] + [m[0] for m in marks]
+    x0, x1 = min(xs), max(xs)
     y1 = max(max(p[1] for p in pts), 1)
     pw, ph = W - ML - MR, H - MT - MB
     sx = (lambda x: ML + (x - x0) / (x1 - x0) * pw) if x1 > x0 else (lambda x: ML + pw / 2)
@@ -76,6 +79,12 @@ def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_lab
         elif s:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
             out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{path}"/>')
+    for i, (x, label) in enumerate(marks):
+        px = sx(x)
+        out.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{MT + ph}" stroke="#888" stroke-dasharray="4 3"/>')
+        # labels sit left of their line (clear of the legend), staggered so neighbours do not overlap
+        out.append(f'<text x="{px - 3:.1f}" y="{MT + 10 + 12 * i}" font-size="10" fill="#555" '
+                   f'text-anchor="end">{escape(label)}</text>')
     out += _legend([n for n, _s in series])
     out.append("</svg>")
     return "\n".join(out)

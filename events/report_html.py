@@ -60,7 +60,9 @@ def _counter_chart(r: dict) -> str:
         s = [(m, v) for m, v in zip(minutes, cols.get(k, [])) if m is not None and v is not None]
         if s:
             series.append((k, s))
-    return charts.lines("Counters over the window", series, "window minute", "tokens (cumulative)")
+    t = r.get("timing") or {}
+    marks = [(t[k], label) for k, label in (("stop_min", "stop"), ("window_min", "window end")) if t.get(k) is not None]
+    return charts.lines("Counters over the window", series, "window minute", "tokens (cumulative)", marks)
 
 
 def _drain_chart(r: dict) -> str:

@@ -188,17 +188,26 @@ class EventStore:
         return self._enqueue([(tag, v, window_id, causation_seq, _encode(event), mono_ns, wall_ns)])[0]
 
     def submit_many(self, events: Iterable[Event], *, window_id: str = "", causation_seq: int | None = None,
-                    mono_ns: int | None = None, wall_ns: int | None = None) -> asyncio.Future[_Receipt]:
-        """Queues events that get consecutive seqs, committed in one transaction."""
-        return self._submit_many(events, window_id, causation_seq, mono_ns, wall_ns)[0]
+                    mono_ns: int | None = None, wall_ns: int | None = None,
+                    caused_by_first: bool = False) -> asyncio.Future[_Receipt]:
+        """Queues events that get consecutive seqs, committed in one transaction.
+
+        caused_by_first: every event after the first gets the first one's seq as its causation_seq
+        (an input and the decisions it caused), known only once the store numbers them.
+        """
+        return self._submit_many(events, window_id, causation_seq, mono_ns, wall_ns, caused_by_first)[0]
 
     def _submit_many(self, events: Iterable[Event], window_id: str, causation_seq: int | None,
-                     mono_ns: int | None, wall_ns: int | None) -> tuple[asyncio.Future[_Receipt], int, int]:
+                     mono_ns: int | None, wall_ns: int | None,
+                     caused_by_first: bool = False) -> tuple[asyncio.Future[_Receipt], int, int]:
         mono_ns, wall_ns = self._stamp(mono_ns, wall_ns)
         rows = []
-        for e in events:
+        for i, e in enumerate(events):
             tag, v = _tag_of(e)
-            rows.append((tag, v, window_id, causation_seq, _encode(e), mono_ns, wall_ns))
+            # a negative causation is an offset back to the cause inside this submission; the
+            # hashing pass turns it into that event's seq before anything is hashed or stored
+            caus = -i if caused_by_first and i else causation_seq
+            rows.append((tag, v, window_id, caus, _encode(e), mono_ns, wall_ns))
         if not rows:  # still a barrier: resolves after everything submitted before it
             group = self._open
             if group is None:
@@ -284,6 +293,8 @@ class EventStore:
         for group in batch:
             for type_, v, wid, caus, payload, mono, wall in group.rows:
                 seq += 1
+                if caus is not None and caus < 0:
+                    caus = seq + caus
                 tw = pre.get((type_, wid))
                 if tw is None:
                     t, w = type_.encode(), wid.encode()

@@ -109,6 +109,21 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_every_decision_names_the_input_that_caused_it(daemon, sim):
+    from events.schema import Decision, Input
+    daemon.start()
+    _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    daemon.cli("abort", "--reason", "enough")
+    daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    with LogReader(daemon.state / "log.db") as r:
+        envs = list(r.iter())
+    by_seq = {e.seq: e.event() for e in envs}
+    decisions = [e for e in envs if isinstance(by_seq[e.seq], Decision)]
+    assert decisions and all(isinstance(by_seq.get(e.causation_seq), Input) and e.causation_seq < e.seq
+                             for e in decisions)
+
+
 def test_sigkill_mid_window_then_restart_restores_the_incumbent(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)

@@ -157,3 +157,16 @@ async def test_large_payloads_are_stored_byte_exact(tmp_path):
         assert verify_log(r).ok
     assert [e.payload for e in stored] == [e.payload for e in envs]
     assert stored[0].event().text == big
+
+
+async def test_events_caused_by_the_first_of_a_submission_carry_its_seq(tmp_path):
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        await store.append(LogNote(text="before"))
+        envs = await store.append_many([LogNote(text="input"), LogNote(text="d1"), LogNote(text="d2")])
+        fut = store.submit_many([LogNote(text="input2"), LogNote(text="d3")], caused_by_first=True)
+        await fut
+    with LogReader(tmp_path / "log.db") as r:
+        rows = [(e.seq, e.causation_seq) for e in r.iter()]
+        assert verify_log(r).ok
+    assert [e.causation_seq for e in envs] == [None, None, None]
+    assert rows[-2:] == [(5, None), (6, 5)]

@@ -28,7 +28,7 @@ def _cells(r):
     return {c["phase"]: c for c in r["cells"]}
 
 
-@pytest.mark.parametrize("scenario,hypothesis", [("flare-47581cca", "row_checkpoint_churn"),
+@pytest.mark.parametrize("scenario,hypothesis", [("flare-47581cca", "row_checkpoint_churn"), ("churn", "row_checkpoint_churn"),
                                                  ("ineligible", "key_or_checkpoint_eligibility")])
 def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, scenario, hypothesis):
     rc, r, out = rehearse(tmp_path, "--scenario", scenario)
