@@ -12,7 +12,7 @@ from rich.console import Console
 
 from daemon.live import LiveView
 from daemon.runner import Runner
-from daemon.site import Site, sim_site
+from daemon.site import sim_site
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
 from daemon.publish import write_reports
