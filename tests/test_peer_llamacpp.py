@@ -42,7 +42,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int, dict, Path]:
+def write_peer_site(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[Path, Path]:
+    """A site profile for llama-server with a cache of `cache_mib`, and the peer plan to match it."""
     site_dir = tmp / "site"
     site_dir.mkdir()
     (site_dir / "model.gguf").symlink_to(model)
@@ -51,10 +52,14 @@ def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int,
         port=_free_port(), binary=binary, cache_mib=cache_mib))
     plan = tmp / "peer.toml"
     plan.write_text(PLAN.read_text().replace("host_cache_bytes = 4194304", f"host_cache_bytes = {cache_mib << 20}"))
+    return plan, site_dir / "site.toml"
+
+
+def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int, dict, Path]:
+    plan, site = write_peer_site(tmp, binary, model, cache_mib)
     out = tmp / "out"
-    p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(plan), "--site",
-                        str(site_dir / "site.toml"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
     return p.returncode, json.loads((out / "report.json").read_text()), out
 
@@ -82,8 +87,35 @@ def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(tmp_path, lla
         assert reader.count() == r["integrity"]["events"]
 
 
-def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce(tmp_path, llama_server, model):
-    rc, r, _out = run_peer(tmp_path, llama_server, model, cache_mib=256)
-    assert (rc, r["outcome"]) == (0, "completed"), r["cells"]
+def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_through_flare_diagd(
+        tmp_path, llama_server, model):
+    from tests.daemontools import Daemon
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=256)
+    d = Daemon(tmp_path).start()
+    try:
+        p = d.cli("start", str(plan), "--site", str(site))
+        assert p.returncode == 0, p.stderr
+        wid = p.stdout.strip().splitlines()[-1]
+        w = d.cli("watch", timeout=600)
+        assert w.returncode == 0, w.stdout[-2000:] + w.stderr[-2000:]
+        rep = d.cli("report", wid, "--format", "json")
+        assert rep.returncode == 0, rep.stderr
+        r = json.loads(rep.stdout)
+    finally:
+        d.stop()
+    assert r["outcome"] == "completed" and r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
     assert _reused(r, "B.forward_replay") > 0
     assert r["verdict"]["hypothesis"] == "not_reproduced"
+    # the engine the window started (its model lives under tmp_path) is stopped when the window ends
+    assert not any("llama-server" in line and str(tmp_path) in line for line in _processes())
+
+
+def _processes() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return out
