@@ -66,7 +66,11 @@ class Service:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.socket_path.exists() or self.socket_path.is_symlink():
             self.socket_path.unlink()  # a stale socket of a previous run; the log is the state, not the socket
-        server = await asyncio.start_unix_server(self._client, path=str(self.socket_path), limit=control.MAX_LINE)
+        old = os.umask(0o117)  # the socket is born 0660: no moment when others could connect
+        try:
+            server = await asyncio.start_unix_server(self._client, path=str(self.socket_path), limit=control.MAX_LINE)
+        finally:
+            os.umask(old)
         os.chmod(self.socket_path, 0o660)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -120,6 +124,7 @@ class Service:
     # --- windows -------------------------------------------------------------------------
 
     async def _recover(self) -> None:
+        self.last = await asyncio.to_thread(_last_closed_window, self.db)
         unfinished = await asyncio.to_thread(_unfinished_windows, self.db)
         for window_id, opened_wall_ns, inputs, events in unfinished:
             opened = inputs[0]
@@ -332,6 +337,18 @@ def _rows_between(db: Path, start: int, end: int) -> list[tuple]:
         from events.envelope import COLUMNS
         return r.conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
                               (start, end)).fetchall()
+
+
+def _last_closed_window(db: Path) -> dict | None:
+    """The progress of the most recent window that closed, for `status` after a restart."""
+    with LogReader(db) as r:
+        closed = list(r.iter(types=["window_closed"]))
+        if not closed:
+            return None
+        p = WindowProgress(closed[-1].window_id)
+        for env in r.iter(window_id=closed[-1].window_id):
+            p.apply(env.seq, env.event())
+        return p.as_dict()
 
 
 def _unfinished_windows(db: Path) -> list[tuple[str, int, list[Input], list[tuple[int, object]]]]:

@@ -155,9 +155,10 @@ def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
     assert rest and rest[-1].verified
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
     assert not daemon.socket.exists()
-    daemon.start()  # nothing left to recover
-    assert daemon.status()["state"] == "idle"
-    assert wid
+    daemon.start()  # nothing left to recover; status still tells of the window that closed
+    st = daemon.status()
+    assert st["state"] == "idle" and st["last_window"]["window_id"] == wid
+    assert st["last_window"]["outcome"] == "aborted"
 
 
 def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
