@@ -39,7 +39,7 @@ class _Projection:
         self.restoring = False
 
     def minute(self, at_ns: int) -> float | None:
-        return None if self.t0_ns is None else round((at_ns - self.t0_ns) / NS_PER_MIN, 3)
+        return None if self.t0_ns is None else round((at_ns - self.t0_ns) / NS_PER_MIN, 4)  # as the policy rounds
 
     def apply(self, env: Envelope) -> None:
         entry = _DISPATCH.get(env.type)
@@ -116,6 +116,7 @@ class _Projection:
         self.r["timeline"].append({"minute": ev.minute, "event": f"phase {ev.phase} started"})
 
     def cell_recorded(self, env: Envelope, ev) -> None:
+        self.r["timeline"].append({"minute": self.minute(self.last_at), "event": f"cell {ev.phase}: {ev.status}"})
         self.cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
                                 "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
                                 "natural_failures": ev.natural_failures}
