@@ -59,17 +59,24 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
     engine with several data-parallel ranks reports one per rank); `_created` samples are skipped.
     """
     names = names or {}
+    families: dict[str, list] = {}
     try:
-        families = {f.name: f for f in text_string_to_metric_families(text)}
+        for f in text_string_to_metric_families(text):
+            # a family whose samples are not contiguous comes back in pieces (a stray counter piece
+            # as an untyped family named with its _total suffix): keep every piece under one name
+            name = f.name
+            if f.type == "unknown" and name.endswith("_total") and name[:-6] in families:
+                name = name[:-6]
+            families.setdefault(name, []).extend(f.samples)
     except Exception as exc:  # the parser raises ValueError and others on bad input
         raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
 
     def samples(contract: str):
         fam, want = selector(names.get(contract, contract))
-        f = families.get(fam)
-        if f is None:
+        found = families.get(fam)
+        if found is None:
             return None
-        return [s for s in f.samples if not s.name.endswith("_created")
+        return [s for s in found if not s.name.endswith("_created")
                 and all(s.labels.get(k) == v for k, v in want.items())]
 
     counters: dict[str, float | None] = {}

@@ -258,6 +258,11 @@ class Service:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
             return control.error(f"window {self.window.window_id} is running; one window at a time")
+        stuck = await asyncio.to_thread(_open_window_ids, self.db)
+        if stuck:
+            # opened and never closed, and nothing is running it: its host may still be taken apart
+            return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
+                                 "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
             setup = await asyncio.to_thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
         except InputError as exc:
@@ -339,6 +344,14 @@ def _rows_between(db: Path, start: int, end: int) -> list[tuple]:
                               (start, end)).fetchall()
 
 
+def _open_window_ids(db: Path) -> list[str]:
+    """Windows opened in the log and never closed."""
+    with LogReader(db) as r:
+        opened = [e.window_id for e in r.iter(types=["window_opened"])]
+        closed = {e.window_id for e in r.iter(types=["window_closed"])}
+    return [w for w in opened if w not in closed]
+
+
 def _last_closed_window(db: Path) -> dict | None:
     """The progress of the most recent window that closed, for `status` after a restart."""
     with LogReader(db) as r:
@@ -353,18 +366,14 @@ def _last_closed_window(db: Path) -> dict | None:
 
 def _unfinished_windows(db: Path) -> list[tuple[str, int, list[Input], list[tuple[int, object]]]]:
     """Windows opened in the log and never closed: (id, opened wall_ns, their inputs, all their events)."""
-    if not db.exists():
-        return []
     out = []
+    open_ids = _open_window_ids(db)
     with LogReader(db) as r:
-        opened = {e.window_id: e for e in r.iter(types=["window_opened"])}
-        closed = {e.window_id for e in r.iter(types=["window_closed"])}
-        for wid, env in opened.items():
-            if wid in closed:
-                continue
-            events = [(e.seq, e.event()) for e in r.iter(window_id=wid)]
-            inputs = [ev for _seq, ev in events if isinstance(ev, Input)]
-            out.append((wid, env.wall_ns, inputs, events))
+        for wid in open_ids:
+            envs = list(r.iter(window_id=wid))
+            opened_wall = next(e.wall_ns for e in envs if e.type == "window_opened")
+            events = [(e.seq, e.event()) for e in envs]
+            out.append((wid, opened_wall, [ev for _seq, ev in events if isinstance(ev, Input)], events))
     return out
 
 

@@ -143,6 +143,20 @@ def test_sigkill_mid_window_then_restart_restores_the_incumbent(daemon, sim):
     assert len(snaps) == 1 and (snaps[0] / "report.json").is_file()
 
 
+def test_a_window_that_cannot_be_resumed_blocks_new_windows_and_says_which(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    daemon.kill(signal.SIGKILL)
+    sim.site.rename(sim.site.with_suffix(".gone"))  # the profile it ran with is gone
+    daemon.start()
+    notes = [ev for _s, ev in _events(daemon) if type(ev).__name__ == "LogNote"]
+    assert notes and wid in notes[-1].text and "cannot resume" in notes[-1].text
+    sim.site.with_suffix(".gone").rename(sim.site)
+    p = daemon.cli("start", str(PLAN), "--site", str(sim.site))
+    assert p.returncode == 2 and wid in p.stderr and "unfinished" in p.stderr
+
+
 def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)

@@ -50,3 +50,11 @@ def test_flare_sample_keeps_its_labelled_parts():
 def test_a_malformed_selector_is_refused(spec):
     with pytest.raises(ValueError, match="selector"):
         selector(spec)
+
+
+def test_samples_of_one_family_that_are_not_contiguous_are_all_counted():
+    text = ('# TYPE flare_host_cache_stores_total counter\nflare_host_cache_stores_total{checkpoint="prompt"} 3\n'
+            '# TYPE flare_requests_active gauge\nflare_requests_active 0\n'
+            'flare_host_cache_stores_total{checkpoint="terminal"} 2\n')
+    m = parse(text)
+    assert m["counters"]["stores.prompt"] == 3 and m["counters"]["stores.terminal"] == 2
