@@ -91,21 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_plan(path: Path):
-    """Reads and checks a plan file, or raises UsageError naming it."""
-    from policies.plan import PlanError, decode_plan
+def load_plan(path: Path) -> tuple[bytes, object]:
+    """The plan file's bytes and the checked plan, or UsageError naming it."""
+    from daemon.windows import InputError, read_plan
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read plan ({exc.strerror})") from None
-    try:
-        return decode_plan(data, str(path))
-    except PlanError as exc:
+        return read_plan(path)
+    except InputError as exc:
         raise UsageError(str(exc)) from None
 
 
 def _plan_check(path: Path) -> int:
-    plan = load_plan(path)
+    _raw, plan = load_plan(path)
     from policies.plan import expand_phases
     phases = expand_phases(plan)
     print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
@@ -128,8 +124,7 @@ def _window(args: argparse.Namespace) -> int:
 
     from daemon.rehearse import parse_fault, rehearse, run_window
     from daemon.windows import InputError, setup_for_site
-    plan = load_plan(args.plan)
-    plan_raw = args.plan.read_bytes()
+    plan_raw, plan = load_plan(args.plan)
     if not args.time_scale > 0:
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)

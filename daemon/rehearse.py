@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -41,15 +42,20 @@ def parse_fault(spec: str) -> dict:
 
 
 def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.Popen, str]:
+    """flaresim as a child process; returns once it listens, with its base URL."""
+    # stderr goes to a file, not a pipe nobody drains: a chatty simulator must never block on it
+    err = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "fixtures.flaresim.serve", "--port", "0", "--scenario", scenario,
                              "--time-scale", str(time_scale), "--token", token],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=err, text=True,
                             cwd=str(Path(__file__).resolve().parent.parent))
     line = proc.stdout.readline() if proc.stdout else ""
     if "listening on" not in line:
-        err = proc.stderr.read() if proc.stderr else ""
         proc.kill()
-        raise InputError(f"flaresim did not start: {err.strip().splitlines()[-1] if err.strip() else line.strip()}")
+        proc.wait()
+        err.seek(0)
+        text = err.read().strip()
+        raise InputError(f"flaresim did not start: {text.splitlines()[-1] if text else line.strip()}")
     return proc, line.split()[3]
 
 

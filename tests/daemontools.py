@@ -20,13 +20,9 @@ class Sim:
     """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
 
     def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE) -> None:
+        from daemon.rehearse import start_sim
         self.token = secrets.token_hex(16)
-        self.proc = subprocess.Popen([sys.executable, "-m", "fixtures.flaresim.serve", "--port", "0", "--scenario",
-                                      scenario, "--time-scale", str(time_scale), "--token", self.token],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline()
-        assert "listening on" in line, line
-        self.url = line.split()[3]
+        self.proc, self.url = start_sim(scenario, time_scale, self.token)
         (tmp / "sim.token").write_text(self.token)
         svc = lambda extra="": f'url = "{self.url}{extra}"\ntoken_file = "sim.token"\n'  # noqa: E731
         self.site = tmp / "site.toml"
