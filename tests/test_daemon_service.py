@@ -109,6 +109,18 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_no_token_reaches_the_log_the_reports_or_the_service_log(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    daemon.cli("abort", "--reason", "enough")
+    daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    reports = [daemon.cli("report", wid, "--format", f).stdout for f in ("json", "md", "html")]
+    files = [p for p in daemon.state.rglob("*") if p.is_file()] + [daemon.log_path]
+    assert files and all(sim.token.encode() not in p.read_bytes() for p in files)
+    assert all(sim.token not in r for r in reports)
+
+
 def test_every_decision_names_the_input_that_caused_it(daemon, sim):
     from events.schema import Decision, Input
     daemon.start()
