@@ -207,3 +207,11 @@ def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
     finally:
         d.stop()
         rx.close()
+
+
+def test_without_flags_the_service_uses_systemds_runtime_and_state_directories(monkeypatch, tmp_path):
+    from daemon.service import default_socket, default_state_dir
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'other'}")
+    assert default_socket() == tmp_path / "run" / "control.sock"
+    assert default_state_dir() == tmp_path / "state"
