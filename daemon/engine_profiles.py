@@ -33,6 +33,8 @@ PROFILES: dict[str, dict[str, str]] = {
         "flare_requests_pending": "sglang:num_queue_reqs",
         "flare_host_cache_reused_tokens": 'sglang:cached_tokens{cache_source="host"}',
         "flare_gpu_prefix_cache_reused_tokens": 'sglang:cached_tokens{cache_source="device"}',
+        "flare_host_cache_tokens_used": "sglang:hicache_host_used_tokens",
+        "flare_host_cache_tokens_capacity": "sglang:hicache_host_total_tokens",
         "flare_prompt_tokens": "sglang:prompt_tokens",
         "flare_generation_tokens": "sglang:generation_tokens",
     },

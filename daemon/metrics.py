@@ -25,6 +25,9 @@ GAUGES = {
     "rows_used": "flare_host_cache_rows_used", "rows_capacity": "flare_host_cache_rows_capacity",
     "pages_used": "flare_host_cache_pages_used", "pages_capacity": "flare_host_cache_pages_capacity",
     "resident_bytes": "flare_process_resident_bytes",
+    # engines that size their host cache in tokens (SGLang's HiCache) rather than rows and pages
+    "host_cache_tokens_used": "flare_host_cache_tokens_used",
+    "host_cache_tokens_capacity": "flare_host_cache_tokens_capacity",
 }
 INFO = {"build": "flare_build_info", "incarnation": "flare_incarnation_info"}
 

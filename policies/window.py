@@ -507,7 +507,7 @@ class WindowPolicy:
                 return
             nonzero = rules.counters_reset(m.data.get("counters", {}))
             g = m.data.get("gauges", {})
-            occupancy = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used")
+            occupancy = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used", "host_cache_tokens_used")
             occupied = [k for k in occupancy if g.get(k)]
             observable = any(g.get(k) is not None for k in occupancy)
             if nonzero or occupied:
