@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from events.fold import fold  # noqa: E402
 from events.reader import LogReader  # noqa: E402
-from events.report import project, render_json  # noqa: E402
+from events.report import PROJECTED_TYPES, project, render_json  # noqa: E402
 from events.report_html import render_html  # noqa: E402
 from events.report_md import render_md  # noqa: E402
 from events.schema import (  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
             count = fold(r.iter(window_id=WINDOW), 0, lambda s, env: s + (env.event() is not None))
             bare = time.perf_counter() - t0
             t0 = time.perf_counter()
-            rep = project(r.iter_for_projection(WINDOW), WINDOW, integrity)
+            rep = project(r.iter_for_projection(WINDOW, PROJECTED_TYPES), WINDOW, integrity)
             proj = time.perf_counter() - t0
             sizes, times = [], []
             for fn in (render_json, render_md, render_html):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from events.checkpoint import default_path, read_checkpoint
 from events.reader import LogReader
-from events.report import project, render_json
+from events.report import PROJECTED_TYPES, project, render_json
 from events.report_html import render_html
 from events.report_md import render_md
 from events.verify import verify_log
@@ -28,7 +28,7 @@ def build_report(db: Path, window_id: str) -> dict:
         a = audit_reader(reader)
         integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash, "chain_ok": v.ok,
                      "audit_ok": a.ok}
-        return project(reader.iter_for_projection(window_id), window_id, integrity)
+        return project(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, integrity)
 
 
 def render(report: dict, fmt: str) -> bytes:

@@ -34,14 +34,20 @@ class LogReader:
             for r in rows:
                 yield row_envelope(r)
 
-    def iter_for_projection(self, window_id: str) -> Iterator[Envelope]:
-        """One window's envelopes without their hashes (empty bytes): what projections read.
+    def iter_for_projection(self, window_id: str, types: Iterable[str] | None = None) -> Iterator[Envelope]:
+        """One window's envelopes (optionally only some types) without their hashes (empty bytes).
 
         Verification reads the hashes; a report that has already verified the log need not carry
-        64 bytes of them per event through its fold.
+        64 bytes of them per event through its fold, nor the events it does not fold.
         """
-        cur = self.conn.execute("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload"
-                                " FROM events WHERE window_id = ? ORDER BY seq", (window_id,))
+        sql = ("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload"
+               " FROM events WHERE window_id = ?")
+        args: list = [window_id]
+        if types is not None:
+            ts = sorted(types)
+            sql += f" AND type IN ({','.join('?' * len(ts))})"
+            args += ts
+        cur = self.conn.execute(sql + " ORDER BY seq", args)
         env = Envelope
         while rows := cur.fetchmany(4096):
             for r in rows:

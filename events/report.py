@@ -249,6 +249,9 @@ _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
 _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS) for t, h in _HANDLERS.items()}
 
 
+PROJECTED_TYPES = frozenset(_HANDLERS)  # a reader may skip every other type
+
+
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
     p = _Projection(window_id, integrity)
     for env in envelopes:
