@@ -123,7 +123,7 @@ class Service:
 
     # --- windows -------------------------------------------------------------------------
 
-    async def _recover(self) -> None:
+    async def _recover(self, retry: bool = True) -> None:
         self.last = await asyncio.to_thread(_last_closed_window, self.db)
         unfinished = await asyncio.to_thread(_unfinished_windows, self.db)
         for window_id, opened_wall_ns, inputs, events in unfinished:
@@ -141,7 +141,8 @@ class Service:
             w = self._new_window(window_id, setup)
             for seq, ev in events:
                 w.progress.apply(seq, ev)
-            w.task = asyncio.get_running_loop().create_task(self._drive(w, w.runner.resume(inputs, opened_wall_ns)))
+            w.task = asyncio.get_running_loop().create_task(
+                self._drive(w, w.runner.resume(inputs, opened_wall_ns), retry=retry))
             return  # one window at a time: a second unfinished one would be a bug of an earlier build
 
     def _new_window(self, window_id: str, setup: WindowSetup) -> ActiveWindow:
@@ -150,22 +151,27 @@ class Service:
         self.window = ActiveWindow(window_id, setup, runner, target)
         return self.window
 
-    async def _drive(self, w: ActiveWindow, run) -> str:
+    async def _drive(self, w: ActiveWindow, run, retry: bool = True) -> str | None:
+        outcome: str | None = None
         try:
             outcome = await run
             self.log.info("window closed", window_id=w.window_id, outcome=outcome)
-            return outcome
         except Exception:
-            self.log.exception("window runner failed", window_id=w.window_id)
-            raise
+            # A bug in the runner or the policy: the window's host may be half taken apart. Pick the
+            # window up once more as a restart would (fresh policy, recorded inputs, then restore);
+            # a second failure leaves it open in the log, and no new window starts until it is dealt with.
+            self.log.exception("window runner failed", window_id=w.window_id, retrying=retry)
         finally:
             await w.target.close()
             await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
             self.notify.status(self._status_line())
-            if w.progress.outcome is not None:
-                await self._publish(w.window_id)
+        if w.progress.outcome is not None:
+            await self._publish(w.window_id)
+        elif outcome is None and retry and not self.stopping:
+            await self._recover(retry=False)
+        return outcome
 
     async def _publish(self, window_id: str) -> None:
         """A closed window's report goes to a new dated snapshot under the state folder."""

@@ -1,0 +1,61 @@
+"""A bug inside a running window (here: the policy raising once) sends the window to restore in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import signal
+
+from daemon import control
+from daemon.client import Connection
+from daemon.logs import configure
+from daemon.notify import Notifier
+from daemon.service import Service
+from tests.daemontools import PLAN, SCALE, Sim
+
+
+async def _until(pred, timeout: float = 120.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_path, monkeypatch):
+    import policies.window as pw
+    real = pw.WindowPolicy.receive
+    raised: list[str] = []
+
+    def receive_that_fails_once(self, inp):
+        if not raised and type(inp).__name__ == "RequestDone":
+            raised.append(inp.phase)
+            raise RuntimeError("injected policy failure")
+        return real(self, inp)
+
+    monkeypatch.setattr(pw.WindowPolicy, "receive", receive_that_fails_once)
+    sim = Sim(tmp_path)
+    log = io.StringIO()
+    svc = Service(tmp_path / "state", tmp_path / "control.sock", configure(stream=log), Notifier({}))
+    task = asyncio.create_task(svc.run())
+    try:
+        await _until(lambda: (tmp_path / "control.sock").exists(), 30)
+
+        def start() -> dict:
+            c = Connection(tmp_path / "control.sock")
+            try:
+                return c.call(control.Start(plan=str(PLAN), site=str(sim.site), time_scale=float(SCALE)))
+            finally:
+                c.close()
+
+        wid = (await asyncio.to_thread(start))["window_id"]
+        await _until(lambda: svc.window is None and svc.last is not None and svc.last.get("outcome") is not None)
+        loaded = sim.get("/manager/v1/state")["loaded"]["recipe"]
+    finally:
+        svc._on_signal(signal.SIGTERM)
+        await asyncio.wait_for(task, 60)
+        sim.stop()
+    assert raised and svc.last["window_id"] == wid
+    assert svc.last["outcome"] == "aborted" and svc.last["abort"]["reason"] == "daemon_restart"
+    assert "window runner failed" in log.getvalue() and "injected policy failure" in log.getvalue()
+    assert loaded == "glm-incumbent"
