@@ -17,7 +17,6 @@ from daemon.site import sim_site
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
 from daemon.publish import write_reports
-from events.base import decode_payload
 from events.store import EventStore
 from policies.plan import Plan
 
@@ -68,7 +67,7 @@ async def run_window(setup: WindowSetup, out: Path, console: Console) -> dict:
     target = Target(setup.site, setup.fixtures, setup.plan_sha256)
     runner = Runner(store, target, window_id, setup.time_scale)
     view = LiveView(console, window_id)
-    store.subscribe(lambda rows: [view.on_event(r[0], decode_payload(r[3], r[4], bytes(r[7]))) for r in rows])
+    store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
     try:
         with view:
             await runner.run(setup.opened(window_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import sys
@@ -24,11 +25,11 @@ from daemon.publish import FORMATS, build_report, publish_snapshot, render
 from daemon.runner import Runner
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_recovery, setup_for_site
-from events.base import decode_payload
+from events.envelope import Envelope
 from events.progress import WindowProgress
 from events.reader import LogReader
 from events.schema import ControlCommand, Input, LogNote, WindowOpened
-from events.store import EventStore, row_envelope
+from events.store import EventStore
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 
@@ -182,13 +183,13 @@ class Service:
         except Exception as exc:  # the log is the record; a failed publication is reported, not fatal
             self.log.error("report publication failed", window_id=window_id, error=str(exc))
 
-    def _on_commit(self, rows: list[tuple]) -> None:
+    def _on_commit(self, envs: list[Envelope]) -> None:
         w = self.window
         if w is None:
             return
-        for r in rows:
-            if r[5] == w.window_id:
-                w.progress.apply(r[0], decode_payload(r[3], r[4], bytes(r[7])))
+        for e in envs:
+            if e.window_id == w.window_id:
+                w.progress.apply(e.seq, e.event())
         self.notify.status(self._status_line())
 
     # --- the control socket --------------------------------------------------------------
@@ -287,14 +288,14 @@ class Service:
 
     async def _watch(self, cmd: Watch, writer: asyncio.StreamWriter) -> None:
         """Streams committed events as JSON lines: the backlog from `from_seq`, then each commit."""
-        queue: asyncio.Queue[list[tuple] | None] = asyncio.Queue()
+        queue: asyncio.Queue[list[Envelope] | None] = asyncio.Queue()
 
-        def push(rows: list[tuple]) -> None:
+        def push(envs: list[Envelope]) -> None:
             if queue.qsize() >= WATCH_BACKLOG:
                 queue.put_nowait(None)  # fell too far behind: end the stream rather than grow without bound
                 unsubscribe()
             else:
-                queue.put_nowait(rows)
+                queue.put_nowait(envs)
 
         unsubscribe = self.store.subscribe(push)
         head = self.store.head[0]
@@ -305,27 +306,26 @@ class Service:
                 start = await asyncio.to_thread(_first_seq, self.db, wid) if wid else head + 1
             sent = start - 1
             writer.write(control.reply(watching=True, from_seq=start))
-            for row in await asyncio.to_thread(_rows_between, self.db, start, head):
-                writer.write(_event_line(row))
-                sent = row[0]
+            for env in await asyncio.to_thread(_envelopes_between, self.db, start, head):
+                writer.write(_event_line(env))
+                sent = env.seq
             await writer.drain()
             while True:
-                rows = await queue.get()
-                if rows is None:
+                envs = await queue.get()
+                if envs is None:
                     writer.write(control.error("watch fell too far behind; reconnect with from_seq", from_seq=sent + 1))
                     await writer.drain()
                     return
-                for row in rows:
-                    if row[0] > sent:
-                        writer.write(_event_line(row))
-                        sent = row[0]
+                for env in envs:
+                    if env.seq > sent:
+                        writer.write(_event_line(env))
+                        sent = env.seq
                 await writer.drain()
         finally:
             unsubscribe()
 
 
-def _event_line(row: tuple) -> bytes:
-    env = row_envelope(row)
+def _event_line(env: Envelope) -> bytes:
     return msgspec.json.encode({"seq": env.seq, "wall_ns": env.wall_ns, "type": env.type, "schema_v": env.schema_v,
                                 "window_id": env.window_id, "event": msgspec.Raw(env.payload)}) + b"\n"
 
@@ -341,13 +341,11 @@ def _first_seq(db: Path, window_id: str) -> int:
         return row[0] or 1
 
 
-def _rows_between(db: Path, start: int, end: int) -> list[tuple]:
+def _envelopes_between(db: Path, start: int, end: int) -> list[Envelope]:
     if end < start:
         return []
     with LogReader(db) as r:
-        from events.envelope import COLUMNS
-        return r.conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq",
-                              (start, end)).fetchall()
+        return list(itertools.takewhile(lambda e: e.seq <= end, r.iter(from_seq=start)))
 
 
 def _open_window_ids(db: Path) -> list[str]:

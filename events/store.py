@@ -139,11 +139,11 @@ class EventStore:
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
         return cls(conn, path, cp, clock, seq, head, max_batch)
 
-    def subscribe(self, listener: Callable[[list[tuple]], None]) -> Callable[[], None]:
-        """Calls `listener(rows)` on the loop after each commit; returns the unsubscribe function.
+    def subscribe(self, listener: Callable[[list[Envelope]], None]) -> Callable[[], None]:
+        """Calls `listener(envelopes)` on the loop after each commit; returns the unsubscribe function.
 
-        Rows are in the column order of `row_envelope`. A listener must not block; it is how
-        `watch` streams events without reading them back from the file.
+        A listener must not block; it is how `watch` and live progress follow the log without
+        reading it back from the file.
         """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
@@ -328,8 +328,10 @@ class EventStore:
                 return False
             self._seq, self._head = rows[-1][0], rows[-1][9]
             write_checkpoint(self.checkpoint_path, self._seq, self._head)
-            for listener in list(self._listeners):
-                listener(rows)
+            if self._listeners:
+                envs = [row_envelope(r) for r in rows]
+                for listener in list(self._listeners):
+                    listener(envs)
         i = 0
         for group in batch:
             n = len(group.rows)
