@@ -105,10 +105,19 @@ class XidWatcher:
         with self._lock:
             return list(self._events)
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=WAIT_MS / 1000 * 4)
+        if self.running:
+            # Freeing the set under a wait still blocked in NVML would be a use-after-free; a leaked
+            # set on a wedged driver is the lesser harm, and it is said.
+            self.error = self.error or "NVML event wait did not return; the event set was left allocated"
+            return
         nv = self._nv
         if self._set is not None and nv is not None:
             try:
