@@ -136,7 +136,7 @@ def _window(args: argparse.Namespace) -> int:
                 load_scenario(args.scenario)
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
-            faults = [parse_fault(f) for f in args.fault]
+            faults = [parse_fault(f) for f in args.fault]  # every input checked before the simulator starts
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console)
         else:
             import asyncio

@@ -23,20 +23,44 @@ from policies.plan import Plan
 SIM_TOKEN_BYTES = 16
 
 
+FAULT_SPEC = "KIND[@request=N|@after_request=N|@after_s=X][,param=value]"
+
+
 def parse_fault(spec: str) -> dict:
-    """'kind', 'kind@request=N', 'kind@after_request=N' or 'kind@after_s=X' (extra ',key=value' params allowed)."""
-    kind, _, rest = spec.partition("@")
+    """'kind', 'kind@request=N', 'kind@after_request=N' or 'kind@after_s=X' (extra ',key=value' params allowed).
+
+    Checked whole before the simulator starts, so a bad spec starts nothing."""
+    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS  # rehearsal only: the simulator owns its faults
+    first, *params = spec.split(",")
+    kind, _, at = first.partition("@")
+    if kind not in FAULT_KINDS:
+        raise InputError(f"--fault {spec!r}: kind: expected one of {', '.join(FAULT_KINDS)}")
     out: dict = {"kind": kind, "at": "now"}
-    for part in filter(None, rest.split(",")):
+    for part in filter(None, [at, *params]):
         k, _, v = part.partition("=")
-        if not v:
-            raise InputError(f"--fault {spec!r}: expected KIND[@request=N|@after_request=N|@after_s=X][,param=value]")
-        if k in ("request", "after_request"):
-            out["at"] = {k: int(v)}
-        elif k == "after_s":
-            out["at"] = {"after_s": float(v)}
-        else:
-            out[k] = float(v) if v.replace(".", "", 1).isdigit() else v
+        try:
+            if not v:
+                raise ValueError
+            if k in ("request", "after_request"):
+                n = int(v)
+                if n < 0:
+                    raise ValueError
+                out["at"] = {k: n}
+            elif k == "after_s":
+                x = float(v)
+                if not x >= 0:
+                    raise ValueError
+                out["at"] = {"after_s": x}
+            elif k in NUMERIC_PARAMS.get(kind, {}):
+                x = float(v)
+                if not NUMERIC_PARAMS[kind][k](x):
+                    raise ValueError
+                out[k] = x
+            else:
+                out[k] = v
+        except ValueError:
+            raise InputError(f"--fault {spec!r}: {part!r}: expected {FAULT_SPEC} with counts and seconds not "
+                             f"negative and {', '.join(NUMERIC_PARAMS.get(kind, {})) or 'no parameter'} a valid number") from None
     return out
 
 

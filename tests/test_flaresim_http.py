@@ -186,6 +186,15 @@ async def test_unknown_fault_kind_is_refused():
     assert r.status_code == 400
 
 
+async def test_a_fault_parameter_that_is_not_a_valid_number_is_refused_when_set_not_when_it_fires():
+    _h, c = client()
+    async with c:
+        r = await c.post("/sim/v1/faults", json={"kind": "slow", "at": {"request": 1}, "factor": "fast"}, headers=AUTH)
+        assert r.status_code == 400 and "factor" in r.json()["error"]["message"]
+        ok = await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
+    assert ok.status_code == 200
+
+
 async def test_fault_malformed_json_cuts_an_event_of_a_streamed_answer():
     _h, c = client()
     async with c:

@@ -58,6 +58,14 @@ def test_rehearse_with_an_unknown_scenario_exits_2_and_starts_nothing(tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("spec", ["meteor", "xid@request=abc", "xid@request=-1", "slow,factor=0", "drain_stall,duration_s=x"])
+def test_rehearse_with_a_bad_fault_spec_exits_2_and_starts_nothing(tmp_path, capsys, spec):
+    assert main(["rehearse", "--fault", spec, "--out", str(tmp_path / "o")]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and repr(spec) in err
+    assert "flaresim" not in out and not (tmp_path / "o").exists()
+
+
 def test_rehearse_refuses_an_out_dir_that_already_holds_a_log(tmp_path, capsys):
     (tmp_path / "log.db").write_bytes(b"")
     assert main(["rehearse", "--out", str(tmp_path)]) == 2
