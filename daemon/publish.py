@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from events.checkpoint import default_path, read_checkpoint
 from events.reader import LogReader
-from events.report import PROJECTED_TYPES, project, render_json
-from events.report_html import render_html
-from events.report_md import render_md
+from events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
+from events.report_html import html_segments
+from events.report_md import md_lines, request_rows
 from events.verify import verify_log
 
 FORMATS = ("json", "md", "html")
@@ -31,18 +32,29 @@ def build_report(db: Path, window_id: str) -> dict:
         return project(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, integrity)
 
 
-def render(report: dict, fmt: str) -> bytes:
+def render_chunks(report: dict, fmt: str, rows: list[tuple[str, ...]] | None = None) -> Iterable[bytes]:
+    """A report in one format as pieces a file can take one at a time: a long window's request
+    tables are tens of MB that need never be one buffer. `rows` (request_rows of the report),
+    when given, spares the md and html tables formatting every request again."""
     if fmt == "json":
-        return render_json(report)
-    if fmt == "md":
-        return render_md(report).encode()
-    return render_html(report).encode()
+        return json_chunks(report)
+    return text_chunks(md_lines(report, rows) if fmt == "md" else html_segments(report, rows))
+
+
+def render(report: dict, fmt: str) -> bytes:
+    return b"".join(render_chunks(report, fmt))
+
+
+def write_report_files(report: dict, out: Path) -> None:
+    rows = request_rows(report)
+    for fmt in FORMATS:
+        with open(out / f"report.{fmt}", "wb") as f:
+            f.writelines(render_chunks(report, fmt, rows))
 
 
 def write_reports(db: Path, window_id: str, out: Path) -> dict:
     report = build_report(db, window_id)
-    for fmt in FORMATS:
-        (out / f"report.{fmt}").write_bytes(render(report, fmt))
+    write_report_files(report, out)
     return report
 
 
@@ -66,10 +78,11 @@ def publish_snapshot(report: dict, root: Path, now_s: float | None = None) -> Pa
             break
         except FileExistsError:
             n += 1
+    rows = request_rows(report)
     for fmt in FORMATS:
         path = folder / f"report.{fmt}"
         with open(path, "xb") as f:
-            f.write(render(report, fmt))
+            f.writelines(render_chunks(report, fmt, rows))
             f.flush()
             os.fsync(f.fileno())
         path.chmod(0o444)

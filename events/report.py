@@ -6,9 +6,10 @@ environment, and every collection is emitted in log order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import msgspec
+import msgspec.structs
 
 from events.envelope import Envelope
 
@@ -70,11 +71,15 @@ class _Projection:
         if not ev.ok or not action:
             return
         if action == "scrape_metrics":
-            c = _counters.decode(ev.data).counters if isinstance(ev.data, msgspec.Raw) else ev.data.get("counters") or {}
             series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
             series["minute"].append(self.minute(ev.at_ns))
-            for k in SERIES_KEYS:
-                series[k].append(c.get(k))
+            if isinstance(ev.data, msgspec.Raw):
+                values = msgspec.structs.astuple(_counters.decode(ev.data).counters)
+            else:
+                c = ev.data.get("counters") or {}
+                values = tuple(c.get(k) for k in SERIES_KEYS)
+            for k, v in zip(SERIES_KEYS, values):
+                series[k].append(v)
             return
         d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
         if action == "snapshot" and args.get("what") == "incumbent":
@@ -122,7 +127,7 @@ class _Projection:
                                 "natural_failures": ev.natural_failures}
 
     def request_measured(self, env: Envelope, ev) -> None:
-        d = {k: ev.delta.get(k) for k in SERIES_KEYS}
+        d = msgspec.structs.asdict(ev.delta) if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
         req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
                "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
                "delta": d}
@@ -226,6 +231,21 @@ class _RequestView(msgspec.Struct):
     response_sha256: str = ""
 
 
+class _DeltaView(msgspec.Struct, frozen=True):
+    """The counters the report follows (a scrape's values, a request's deltas), in SERIES_KEYS
+    order; a counter the engine lacks stays None."""
+    host_lookups: int | float | None = None
+    host_hits: int | float | None = None
+    host_fetched_tokens: int | float | None = None
+    host_reused_tokens: int | float | None = None
+    gpu_hits: int | float | None = None
+    gpu_reused_tokens: int | float | None = None
+
+
+if _DeltaView.__struct_fields__ != SERIES_KEYS:  # asdict() must give the report's key order
+    raise RuntimeError("_DeltaView fields drifted from SERIES_KEYS")
+
+
 class _MeasuredView(msgspec.Struct):
     phase: str
     order_index: int
@@ -233,11 +253,11 @@ class _MeasuredView(msgspec.Struct):
     body_sha256: str
     outcome: str
     natural_failure: str | None
-    delta: dict
+    delta: _DeltaView
 
 
 class _CountersView(msgspec.Struct):
-    counters: dict = {}
+    counters: _DeltaView = _DeltaView()
 
 
 _counters = msgspec.json.Decoder(_CountersView)
@@ -260,6 +280,52 @@ def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> d
     return p.finish()
 
 
+_json = msgspec.json.Encoder()
+_REQUESTS_MARK = b"\x00"  # msgspec escapes every control character it encodes, so this byte is unique
+ROWS_PER_CHUNK = 4096
+
+
+def json_chunks(report: dict) -> Iterator[bytes]:
+    """report.json in pieces, for writing straight to a file: the request rows (10^5 on a long
+    window) go out a few thousand at a time, so no buffer the size of the whole report is built."""
+    if not isinstance(report.get("requests"), list):
+        yield _json.encode(report) + b"\n"
+        return
+    reqs = report["requests"]
+    head = _json.encode({**report, "requests": msgspec.Raw(_REQUESTS_MARK)})
+    before, after = head.split(_REQUESTS_MARK)
+    yield before + b"["
+    for i in range(0, len(reqs), ROWS_PER_CHUNK):
+        part = _json.encode(reqs[i:i + ROWS_PER_CHUNK])[1:-1]
+        yield part if i == 0 else b"," + part
+    yield b"]" + after + b"\n"
+
+
+Segment = str | list[str]  # a list is one segment whose pieces join with nothing between them
+
+
+def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
+    """`sep.join(segments)` (each list segment joined on "") as UTF-8, in pieces of a few thousand
+    strings: the request tables of a long window are tens of MB that need never be one string."""
+    batch: list[str] = []
+    for i, seg in enumerate(segments):
+        if i:
+            batch.append(sep)
+        if isinstance(seg, str):
+            batch.append(seg)
+        else:
+            batch.extend(seg)
+        if len(batch) >= ROWS_PER_CHUNK:
+            yield "".join(batch).encode()
+            batch = []
+    if batch:
+        yield "".join(batch).encode()
+
+
+def join_segments(segments: list[Segment], sep: str = "\n") -> str:
+    return sep.join(seg if isinstance(seg, str) else "".join(seg) for seg in segments)
+
+
 def render_json(report: dict) -> bytes:
     """Compact, one line: report.json is for machines (`jq` indents it); people read report.md or .html."""
-    return msgspec.json.encode(report) + b"\n"
+    return b"".join(json_chunks(report))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from html import escape
 
 from events import charts
-from events.report_md import CHECKS, REQUEST_COLUMNS, check, request_row, utc, val
+from events.report import Segment, join_segments
+from events.report_md import CHECKS, REQUEST_COLUMNS, check, request_rows, utc, val
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:78em;color:#222;padding:0 1em}
@@ -71,10 +72,15 @@ def _drain_chart(r: dict) -> str:
 
 
 def render_html(r: dict) -> str:
+    return join_segments(html_segments(r))
+
+
+def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[Segment]:
+    """report.html as newline-separated segments; a request table is one segment of many rows."""
     v = r.get("verdict") or {}
     timing = r.get("timing") or {}
     a = r.get("abort")
-    p: list[str] = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+    p: list[Segment] = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
                     f"<title>flare-diag report {escape(r['window_id'])}</title><style>{CSS}</style></head><body>",
                     f"<h1>Window {escape(r['window_id'])}</h1>",
                     f"<p>Plan <b>{escape(val(r.get('plan')))}</b> (sha256 <code>{escape(val(r.get('plan_sha256')))}</code>)"
@@ -152,16 +158,17 @@ def render_html(r: dict) -> str:
                                                    for x in r["alarms"]) + "</ul>")
 
     p.append("<h2>Requests</h2>")
-    by_phase: dict[str, list[dict]] = {}
-    for q in r.get("requests", []):
-        by_phase.setdefault(q["phase"], []).append(q)
+    by_phase: dict[str, list[tuple[str, ...]]] = {}
+    for row in request_rows(r) if request_cells is None else request_cells:
+        by_phase.setdefault(row[0], []).append(row)
     head = "".join(f"<th>{escape(c)}</th>" for c in REQUEST_COLUMNS)
     for phase, qs in by_phase.items():
         # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
-        body = "".join("<tr><td>" + escape("\x1f".join(request_row(q))).replace("\x1f", "</td><td>") + "</td></tr>"
-                       for q in qs)
-        p.append(f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
-                 f"<table class=requests><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></details>")
+        p.append([f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
+                  f"<table class=requests><thead><tr>{head}</tr></thead><tbody>",
+                  *["<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>"
+                    for row in qs],
+                  "</tbody></table></details>"])
     if not by_phase:
         p.append("<p>none</p>")
 
@@ -170,4 +177,4 @@ def render_html(r: dict) -> str:
              f"<p>{it.get('events')} events, head seq {it.get('head_seq')}, hash <code>{escape(str(it.get('head_hash')))}</code>; "
              f"chain {_check(it.get('chain_ok'))}, audit {_check(it.get('audit_ok'))}.</p>")
     p.append("</body></html>\n")
-    return "\n".join(p)
+    return p

@@ -31,6 +31,11 @@ def check(v: object) -> str:
 
 
 def render_md(r: dict) -> str:
+    return "\n".join(md_lines(r))
+
+
+def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[str]:
+    """report.md as its lines (joined with newlines), so a writer can take them a batch at a time."""
     v = r.get("verdict") or {}
     timing = r.get("timing") or {}
     out = [f"# Window {r['window_id']}", "",
@@ -84,11 +89,11 @@ def render_md(r: dict) -> str:
     if r.get("alarms"):
         out += ["", "## Alarms", ""] + [f"- {a['kind']}: {a['detail']}" for a in r["alarms"]]
     out += ["", "## Requests", ""]
-    out += request_table(r.get("requests", []))
+    out += request_table(request_rows(r) if request_cells is None else request_cells)
     it = r["integrity"]
     out += ["", "## Integrity", "", f"- events {it.get('events')}, head seq {it.get('head_seq')}, hash {it.get('head_hash')}",
             f"- chain ok: {val(it.get('chain_ok'))}, audit ok: {val(it.get('audit_ok'))}", ""]
-    return "\n".join(out)
+    return out
 
 
 REQUEST_COLUMNS = ("phase", "order", "body sha256", "prompt", "completion", "cached", "finish", "visible",
@@ -114,9 +119,14 @@ def request_row(q: dict) -> tuple[str, ...]:
             q["outcome"] + (f" ({nf})" if nf else ""))
 
 
-def request_table(reqs: list[dict]) -> list[str]:
-    if not reqs:
+def request_rows(r: dict) -> list[tuple[str, ...]]:
+    """Every request's table cells in report order (the phase first); md and html tables share them."""
+    return [request_row(q) for q in r.get("requests", [])]
+
+
+def request_table(rows: list[tuple[str, ...]]) -> list[str]:
+    if not rows:
         return ["- none"]
-    rows = ["| " + " | ".join(REQUEST_COLUMNS) + " |", "|" + "---|" * len(REQUEST_COLUMNS)]
-    rows += ["| " + " | ".join(request_row(q)) + " |" for q in reqs]
-    return rows
+    out = ["| " + " | ".join(REQUEST_COLUMNS) + " |", "|" + "---|" * len(REQUEST_COLUMNS)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out

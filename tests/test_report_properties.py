@@ -46,3 +46,34 @@ def test_any_prefix_of_a_window_projects_and_renders(cut):
     assert len(r["cells"]) == len({c["phase"] for c in r["cells"]})
     assert all(q["phase"] in {c["phase"] for c in r["cells"]} or r["outcome"] is None
                for q in r["requests"])
+
+
+_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                            max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(report=st.dictionaries(st.text(max_size=8), _json_values, max_size=6),
+       requests=st.none() | st.lists(st.dictionaries(st.text(max_size=4), _json_values, max_size=3), max_size=10),
+       chunk=st.integers(min_value=1, max_value=5))
+def test_report_json_in_pieces_is_the_bytes_of_one_encoding_whatever_the_report_holds(report, requests, chunk):
+    # NUL and any other control character in a string, a "requests" key nested anywhere, rows
+    # spanning several pieces: joined, the pieces are exactly msgspec's encoding of the whole.
+    import msgspec
+
+    import events.report as rep_mod
+    if requests is not None:
+        report = {**report, "requests": requests}
+    saved, rep_mod.ROWS_PER_CHUNK = rep_mod.ROWS_PER_CHUNK, chunk
+    try:
+        assert b"".join(rep_mod.json_chunks(report)) == msgspec.json.encode(report) + b"\n"
+    finally:
+        rep_mod.ROWS_PER_CHUNK = saved
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=st.lists(st.text() | st.lists(st.text(), max_size=5), max_size=12))
+def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments):
+    from events.report import join_segments, text_chunks
+    assert b"".join(text_chunks(segments)) == join_segments(segments).encode()

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from daemon.cli import main
-from daemon.publish import FORMATS, build_report, publish_snapshot, render
+from daemon.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
 from events.report_html import render_html
 from events.report_md import render_md
 from events.report_schema import validate
@@ -90,6 +90,28 @@ def test_unobservable_counters_show_as_not_applicable_never_as_zero(log):
     r["cells"][1]["host"] = {"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": 7}
     line = next(x for x in render_md(r).splitlines() if x.startswith(f"| {r['cells'][1]['phase']} |"))
     assert line.count("n/a") >= 3 and "| 7 |" in line
+
+
+def test_every_request_is_a_row_of_the_md_and_html_request_tables_under_its_phase(log):
+    r = build_report(log, "w-report")
+    assert len(r["requests"]) > 10
+    md_rows = [x for x in render_md(r).split("## Requests")[1].splitlines() if x.startswith("| ") and "sha256" not in x]
+    assert [x.split(" | ")[2] for x in md_rows] == [q["body_sha256"][:12] for q in r["requests"]]
+    html = render_html(r).split("<h2>Requests</h2>")[1]
+    tables = re.findall(r"<summary>([^:<]+): (\d+) requests</summary>.*?<tbody>(.*?)</tbody>", html, re.S)
+    got = [(phase, cells[2]) for phase, _n, body in tables
+           for cells in (re.findall(r"<td>([^<]*)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", body))]
+    assert got == sorted(((q["phase"], q["body_sha256"][:12]) for q in r["requests"]),
+                         key=lambda x: [p for p, _n, _b in tables].index(x[0]))
+    assert all(int(n) == sum(q["phase"] == phase for q in r["requests"]) for phase, n, _b in tables)
+
+
+def test_report_files_written_in_pieces_hold_the_bytes_of_the_whole_rendering(log, tmp_path):
+    r = build_report(log, "w-report")
+    write_report_files(r, tmp_path)
+    assert all((tmp_path / f"report.{f}").read_bytes() == render(r, f) for f in FORMATS)
+    assert render(r, "md") == render_md(r).encode() and render(r, "html") == render_html(r).encode()
+    assert render(r, "json") == msgspec.json.encode(r) + b"\n"
 
 
 def test_html_is_self_contained(log):
