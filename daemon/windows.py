@@ -77,6 +77,11 @@ def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) ->
         site = load_site(site_path)
     except SiteError as exc:
         raise InputError(str(exc)) from None
+    if plan.production and site.profile.gpu.source == "none":
+        # Xid and OOM are abort rules of every production window: a site that cannot watch its
+        # GPUs cannot enforce them, so it does not get to run one
+        raise InputError(f"{site_path}: gpu.source = \"none\": a production plan needs its GPUs watched "
+                         f"(\"nvml\", or \"sim\" in rehearsal)")
     if plan.production and site.profile.gpu.source == "nvml" and (why := nvml_unavailable()):
         raise InputError(f"{plan_path}: a production plan needs NVML: {why}")
     dirs = [plan_path.parent.resolve(), site_path.parent.resolve()]

@@ -1,0 +1,56 @@
+"""What `run` and `start` check before anything starts: a production plan gets its GPUs watched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+from daemon.nvml import available as nvml_unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCTION_PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+PEER_PLAN = ROOT / "fixtures" / "plans" / "peer-llamacpp.toml"
+
+
+def _site(tmp_path: Path, gpu: str) -> Path:
+    (tmp_path / "serving.token").write_text("t0ken-not-for-logs\n")
+    site = tmp_path / "site.toml"
+    site.write_text(f"""
+[serving]
+url = "http://127.0.0.1:9"
+token_file = "serving.token"
+[manager]
+url = "http://127.0.0.1:9"
+candidate_recipe = "glm-candidate"
+[gpu]
+{gpu}
+""")
+    return site
+
+
+def _run(plan: Path, site: Path, out: Path, capsys) -> tuple[int, str]:
+    rc = main(["run", "--plan", str(plan), "--site", str(site), "--out", str(out)])
+    return rc, capsys.readouterr().err
+
+
+def test_a_production_plan_on_a_site_that_watches_no_gpu_exits_2_and_starts_nothing(tmp_path, capsys):
+    rc, err = _run(PRODUCTION_PLAN, _site(tmp_path, 'source = "none"'), tmp_path / "out", capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert "gpu.source" in err and "production plan" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(nvml_unavailable() is None, reason="NVML initialises on this machine, so nothing is refused")
+def test_a_production_plan_without_nvml_exits_2_saying_why_and_starts_nothing(tmp_path, capsys):
+    rc, err = _run(PRODUCTION_PLAN, _site(tmp_path, 'source = "nvml"'), tmp_path / "out", capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert "needs NVML" in err and "t0ken" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_that_is_not_production_may_run_on_a_site_without_a_gpu(tmp_path):
+    from daemon.windows import setup_for_site
+    setup = setup_for_site(PEER_PLAN, _site(tmp_path, 'source = "none"'))
+    assert not setup.plan.production and not setup.rehearsal
