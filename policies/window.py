@@ -675,9 +675,17 @@ class WindowPolicy:
             checks["monitoring_registered"] = bool(mon.ok and t.get("registered") and t.get("healthy"))
         direct = yield from self._act("preflight", {"path": "direct"})
         checks["direct_preflight"] = bool(direct.ok)
+        unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment") if checks[k] is False]
         if "router" in self.snapshots and self.snapshots["router"] is None:  # the site has no router
             checks["readmitted"] = None
             checks["routed_preflight"] = None
+        elif unready:
+            # Routing production traffic to a primary whose restore did not verify would turn a
+            # failed window into an outage: it stays quiesced until a person has looked.
+            checks["readmitted"] = False
+            checks["routed_preflight"] = False
+            self._emit(Alarm(kind="primary_left_quiesced",
+                             detail=f"not readmitted to the router: {', '.join(unready)} failed"))
         else:
             re = yield from self._act("readmit", {})
             checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))

@@ -272,6 +272,47 @@ def test_failed_incumbent_load_ends_restore_failed():
     assert decisions(h, RestorationRecorded)[0].checks["incumbent_sha256_match"] is False
 
 
+def _failing_in_restore(action: str, error: str = "engine_error", **match):
+    """A world where `action` (with args `match`) fails once the restore has begun."""
+    w = World(plan_builtins())
+    orig = w.answer
+    restoring = []
+
+    def answer(d):
+        if d.action == "manager_state":
+            restoring.append(True)  # the restore path's first action
+        if restoring and d.action == action and all(d.args.get(k) == v for k, v in match.items()):
+            w.fail[action] = error
+        return orig(d)
+
+    w.answer = answer
+    return w
+
+
+def test_a_restore_whose_incumbent_did_not_load_leaves_the_primary_quiesced_with_an_alarm():
+    _w, h = run(_failing_in_restore("load", label="incumbent"))
+    assert not [a for a in actions(h) if a.action == "readmit"]
+    checks = decisions(h, RestorationRecorded)[0].checks
+    assert checks["readmitted"] is False and checks["routed_preflight"] is False
+    alarm = next(a for a in decisions(h, Alarm) if a.kind == "primary_left_quiesced")
+    assert "incumbent_sha256_match" in alarm.detail
+
+
+def test_a_restore_whose_direct_preflight_fails_leaves_the_primary_quiesced():
+    _w, h = run(_failing_in_restore("preflight", path="direct"))
+    assert not decisions(h, AbortDecided)  # the experiments ran; only the restore's check failed
+    assert not [a for a in actions(h) if a.action == "readmit"]
+    assert closed(h).outcome == "restore_failed"
+    assert "direct_preflight" in next(a for a in decisions(h, Alarm) if a.kind == "primary_left_quiesced").detail
+
+
+def test_a_verified_restore_readmits_the_primary_before_the_routed_preflight():
+    _w, h = run()
+    names = [(a.action, a.args.get("path")) for a in actions(h)]
+    assert names.index(("readmit", None)) < names.index(("preflight", "routed"))
+    assert not [a for a in decisions(h, Alarm) if a.kind == "primary_left_quiesced"]
+
+
 def test_restore_running_past_the_window_end_raises_an_alarm():
     w = World(plan_builtins())
     orig = w.answer
