@@ -65,6 +65,17 @@ def test_abort_fault_ends_aborted_with_a_verified_restore_and_no_later_experimen
         assert sent.get("A.forward_prime", 0) < SMALL_PHASE
 
 
+def test_an_incumbent_that_will_not_load_ends_restore_failed_with_the_primary_left_quiesced(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "auth@request=3", "--fault", "load_failure@request=3")
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "restore_failed", "authentication")
+    rest = r["restoration"]
+    assert not rest["verified"] and rest["incumbent_sha256_match"] is False and rest["readmitted"] is False
+    assert [a["kind"] for a in r["alarms"]] == ["primary_left_quiesced"]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        actions = [ev.action for e in reader.iter() if e.type == "action_requested" for ev in [e.event()]]
+    assert actions.count("load") >= 2 and "readmit" not in actions  # tried the incumbent again; never readmitted
+
+
 @pytest.fixture(scope="module")
 def slow_host_run(small_plan, tmp_path_factory) -> tuple[int, dict, Path]:
     out = tmp_path_factory.mktemp("slow") / "out"

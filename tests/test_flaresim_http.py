@@ -73,6 +73,16 @@ async def _fault(c, kind, **kw):
     assert r.status_code == 200
 
 
+async def test_fault_load_failure_refuses_the_next_count_loads_then_loads_again():
+    h, c = client()
+    body = {"recipe": "glm-incumbent", "sha256": h.sha("glm-incumbent")}
+    async with c:
+        await _fault(c, "load_failure", count=2)
+        codes = [(await c.post("/manager/v1/load", json=body, headers=AUTH)).status_code for _ in range(3)]
+        state = (await c.get("/manager/v1/state", headers=AUTH)).json()
+    assert codes == [500, 500, 200] and state["loaded"]["recipe"] == "glm-incumbent"
+
+
 async def test_fault_oom_answers_500_out_of_memory():
     _h, c = client()
     async with c:
