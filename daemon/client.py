@@ -95,6 +95,10 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
         t.add_row("  requests", str(w["requests"]))
         if w["abort"]:
             t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")
+        if w.get("restoration_failed"):
+            t.add_row("  restoration", f"[red]not verified[/]: {', '.join(w['restoration_failed'])} failed")
+        for a in w.get("alarms") or []:
+            t.add_row("  alarm", f"[red]{a['kind']}[/]: {a['detail']}")
         if w["outcome"]:
             t.add_row("  outcome", f"{w['outcome']} (verdict {w['verdict']})")
     console.print(t)

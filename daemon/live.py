@@ -8,8 +8,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from events.base import Event
-from events.progress import WindowProgress
-from events.schema import AbortDecided, CellRecorded, PhaseStarted, TimeMarked, VerdictReached, WindowClosed
+from events.progress import WindowProgress, failed_checks
+from events.schema import (
+    AbortDecided, Alarm, CellRecorded, PhaseStarted, RestorationRecorded, TimeMarked, VerdictReached, WindowClosed,
+)
 
 STATUS_STYLE = {"measured": "green", "failed": "red", "invalid": "yellow", "deferred": "blue"}
 
@@ -26,6 +28,10 @@ def panel(p: WindowProgress) -> Group:
     t.add_row("minute", f"{m:.1f}  ({lines})")
     if p.abort:
         t.add_row("abort", f"[red]{p.abort['reason']}[/]: {p.abort['detail']}")
+    if p.restoration_failed:
+        t.add_row("restoration", f"[red]not verified[/]: {', '.join(p.restoration_failed)} failed")
+    for a in p.alarms:
+        t.add_row("alarm", f"[red]{a['kind']}[/]: {a['detail']}")
     if p.cells:
         t.add_row("cells", " ".join(f"[{STATUS_STYLE.get(s, 'white')}]{ph}:{s}[/]" for ph, s in p.cells.items()))
     parts: list = [t]
@@ -45,6 +51,12 @@ def line_for(ev: Event) -> str | None:
         return f"[dim]minute {ev.minute:6.1f}[/] {ev.mark}"
     if isinstance(ev, AbortDecided):
         return f"[red bold]ABORT[/] {ev.reason}: {ev.detail}"
+    if isinstance(ev, Alarm):
+        return f"[red bold]ALARM[/] {ev.kind}: {ev.detail}"
+    if isinstance(ev, RestorationRecorded):
+        failed = failed_checks(ev)
+        return ("restoration [green]verified[/]" if ev.verified
+                else f"[red bold]restoration NOT verified[/]: {', '.join(failed) or 'see the report'} failed")
     if isinstance(ev, VerdictReached):
         return f"verdict: [bold]{ev.hypothesis}[/] — {ev.basis}"
     if isinstance(ev, WindowClosed):

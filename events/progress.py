@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from events.base import Event
 from events.schema import (
-    AbortDecided, CellRecorded, Input, PhaseStarted, RequestMeasured, RestoreStarted, TimeMarked, VerdictReached,
-    WindowClosed, WindowOpened,
+    AbortDecided, Alarm, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    TimeMarked, VerdictReached, WindowClosed, WindowOpened,
 )
 
 NS_PER_MIN = 60_000_000_000
@@ -29,6 +29,8 @@ class WindowProgress:
         self.cells: dict[str, str] = {}
         self.outcome: str | None = None
         self.verdict: str | None = None
+        self.restoration_failed: list[str] | None = None  # None until recorded; then the checks that failed
+        self.alarms: list[dict] = []
         self.last_seq = 0
         self._t0_ns: int | None = None
         self._last_at_ns = 0
@@ -67,6 +69,10 @@ class WindowProgress:
                 self.minute = ev.minute
         elif isinstance(ev, VerdictReached):
             self.verdict = ev.hypothesis
+        elif isinstance(ev, RestorationRecorded):
+            self.restoration_failed = failed_checks(ev)
+        elif isinstance(ev, Alarm):
+            self.alarms.append({"kind": ev.kind, "detail": ev.detail})
         elif isinstance(ev, WindowClosed):
             self.stage, self.outcome = "closed", ev.outcome
             if ev.minute is not None:
@@ -77,4 +83,9 @@ class WindowProgress:
                 "phase": self.phase, "phase_requests": self.phase_requests, "requests": self.requests,
                 "minute": self.minute, "stop_min": self.stop_min, "window_min": self.window_min,
                 "abort": self.abort, "cells": dict(self.cells), "outcome": self.outcome, "verdict": self.verdict,
-                "last_seq": self.last_seq}
+                "restoration_failed": self.restoration_failed, "alarms": list(self.alarms), "last_seq": self.last_seq}
+
+
+def failed_checks(ev: RestorationRecorded) -> list[str]:
+    """The restoration checks that failed (not applicable ones, None, are not failures)."""
+    return [k for k, v in ev.checks.items() if v is False]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +36,17 @@ def small_plan(tmp_path_factory) -> Path:
     return p
 
 
-def rehearse(plan: Path, out: Path, *extra: str) -> tuple[int, dict]:
+def rehearse_printing(plan: Path, out: Path, *extra: str) -> tuple[int, dict, str]:
     p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
-                        "--time-scale", SCALE, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--time-scale", SCALE, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "200"})
     assert (out / "report.json").exists(), p.stdout[-2000:] + p.stderr[-2000:]
-    return p.returncode, json.loads((out / "report.json").read_text())
+    return p.returncode, json.loads((out / "report.json").read_text()), p.stdout
+
+
+def rehearse(plan: Path, out: Path, *extra: str) -> tuple[int, dict]:
+    rc, report, _stdout = rehearse_printing(plan, out, *extra)
+    return rc, report
 
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
@@ -66,8 +73,10 @@ def test_abort_fault_ends_aborted_with_a_verified_restore_and_no_later_experimen
 
 
 def test_an_incumbent_that_will_not_load_ends_restore_failed_with_the_primary_left_quiesced(small_plan, tmp_path):
-    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "auth@request=3", "--fault", "load_failure@request=3")
+    rc, r, printed = rehearse_printing(small_plan, tmp_path / "out", "--fault", "auth@request=3",
+                                       "--fault", "load_failure@request=3")
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "restore_failed", "authentication")
+    assert "ALARM primary_left_quiesced" in printed and "restoration NOT verified" in printed
     rest = r["restoration"]
     assert not rest["verified"] and rest["incumbent_sha256_match"] is False and rest["readmitted"] is False
     assert [a["kind"] for a in r["alarms"]] == ["primary_left_quiesced"]
