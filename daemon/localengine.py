@@ -4,6 +4,11 @@ A recipe is the engine's command line plus its model file; its bytes (canonical 
 binary's name, the argument template and the model's SHA-256) are what is hashed and compared.
 Load starts the process and waits for `/health`; unload stops it (SIGTERM, then SIGKILL after a
 grace period). Identity is the recipe hash, the model's SHA-256 and the engine's own `/props`.
+
+The engine runs in its own session, so a daemon killed with SIGKILL leaves it running. Its pid is
+kept in `engine.pid` beside the engine logs: the next daemon stops that orphan before it starts
+anything, and never starts an engine on a port something else already listens on (its `/health`
+would be taken for the new engine's).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -23,6 +29,7 @@ import httpx
 from daemon.errors import ActionFailed
 
 STOP_GRACE_S = 10.0
+PIDFILE = "engine.pid"
 
 
 def file_sha256(path: Path) -> str:
@@ -68,13 +75,42 @@ class LocalEngine:
         self.loaded: LocalRecipe | None = None
         self.incarnation = 0
         self._prepared = False
+        self.reaped: str | None = None
         self._client = httpx.AsyncClient(timeout=10.0)
 
     async def prepare(self) -> None:
         """The host as a window finds it: the incumbent running, started once, before anything else."""
         if not self._prepared:
             self._prepared = True
+            self.reaped = await self._stop_orphan()
             await self._start(self.recipes[self.incumbent])
+
+    async def _stop_orphan(self) -> str | None:
+        """Stops the engine an earlier daemon started and could not stop (it was killed); says so."""
+        pf = self.log_dir / PIDFILE
+        try:
+            pid = int(pf.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            argv = []
+        if not argv or argv[0] != str(self.binary) or str(self.port) not in argv:
+            pf.unlink(missing_ok=True)  # gone, or the pid now belongs to something that is not our engine
+            return None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + STOP_GRACE_S
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if not Path(f"/proc/{pid}").exists():
+                break
+        pf.unlink(missing_ok=True)
+        return f"stopped engine pid {pid}, left running by an earlier daemon"
 
     def _argv(self, r: LocalRecipe) -> list[str]:
         subst = {"model": str(r.model), "port": str(self.port), "host": self.host}
@@ -85,6 +121,9 @@ class LocalEngine:
 
     async def _start(self, r: LocalRecipe) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if _port_taken(self.host, self.port):
+            raise ActionFailed("load_failed", f"engine {r.name}: {self.host}:{self.port} is already taken by another "
+                                              f"process; a second engine is not started on it")
         self.incarnation += 1
         log = (self.log_dir / f"engine-{self.incarnation}-{r.name}.log").open("ab")
         try:
@@ -94,6 +133,7 @@ class LocalEngine:
             raise ActionFailed("load_failed", f"engine {r.name}: cannot start {self.binary.name} ({exc.strerror})") from None
         finally:
             log.close()
+        (self.log_dir / PIDFILE).write_text(f"{self.proc.pid}\n")
         deadline = time.monotonic() + self.load_timeout_s
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:
@@ -110,17 +150,19 @@ class LocalEngine:
 
     async def _stop(self) -> None:
         p, self.proc, self.loaded = self.proc, None, None
-        if p is None or p.returncode is not None:
+        if p is None:
             return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            await asyncio.wait_for(p.wait(), STOP_GRACE_S)
-        except TimeoutError:
-            os.killpg(p.pid, signal.SIGKILL)
-            await p.wait()
+        if p.returncode is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(p.wait(), STOP_GRACE_S)
+                except TimeoutError:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    await p.wait()
+            except ProcessLookupError:
+                pass
+        (self.log_dir / PIDFILE).unlink(missing_ok=True)
 
     def _recipe(self, name: str, sha256: str | None) -> LocalRecipe:
         r = self.recipes.get(name)
@@ -134,10 +176,11 @@ class LocalEngine:
 
     async def state(self) -> dict:
         await self.prepare()
+        note = {"note": self.reaped} if self.reaped else {}
         if self.loaded is None or self.proc is None or self.proc.returncode is not None:
-            return {"loaded": None}
+            return {"loaded": None, **note}
         return {"loaded": {"recipe": self.loaded.name, "sha256": self.loaded.sha256,
-                           "incarnation": str(self.incarnation)}}
+                           "incarnation": str(self.incarnation)}, **note}
 
     async def recipe(self, name: str) -> dict:
         r = self._recipe(name, None)
@@ -179,3 +222,15 @@ class LocalEngine:
     async def close(self) -> None:
         await self._stop()
         await self._client.aclose()
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (TIME_WAIT leftovers of a stopped engine do not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False

@@ -1,0 +1,29 @@
+"""A stand-in engine process for the local-engine lifecycle: answers /health and /props on --host/--port."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = {"/health": {"status": "ok"}, "/props": {"build_info": "fake", "total_slots": 1}}.get(self.path)
+        data = json.dumps(body or {"error": "not found"}).encode()
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    a = ap.parse_args()
+    HTTPServer((a.host, a.port), Handler).serve_forever()

@@ -1,0 +1,93 @@
+"""The local-engine lifecycle around a daemon that dies: orphans stopped, taken ports refused.
+
+The engine here is a stand-in process (tests/fake_engine.py) answering /health and /props, so these
+run without building llama.cpp; tests/test_peer_llamacpp.py drives the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import ActionFailed
+from daemon.localengine import PIDFILE, LocalEngine, LocalRecipe
+
+FAKE = Path(__file__).resolve().parent / "fake_engine.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine(tmp_path: Path, port: int) -> LocalEngine:
+    model = tmp_path / "model.bin"
+    model.write_bytes(b"weights")
+    recipe = LocalRecipe("incumbent", [str(FAKE), "--host", "{host}", "--port", "{port}"], model)
+    return LocalEngine(Path(sys.executable), {"incumbent": recipe}, "incumbent", f"http://127.0.0.1:{port}",
+                       None, tmp_path / "engine-logs", load_timeout_s=20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _orphan(argv: list[str]) -> int:
+    """A process in its own session whose parent has already exited, as a killed daemon leaves its engine."""
+    code = f"import subprocess; print(subprocess.Popen({argv!r}, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+async def test_an_engine_left_running_by_a_killed_daemon_is_stopped_before_the_incumbent_starts(tmp_path):
+    port = _free_port()
+    orphan = _orphan([sys.executable, str(FAKE), "--host", "127.0.0.1", "--port", str(port)])
+    (tmp_path / "engine-logs").mkdir()
+    (tmp_path / "engine-logs" / PIDFILE).write_text(f"{orphan}\n")
+    eng = _engine(tmp_path, port)
+    try:
+        state = await eng.state()
+        assert state["loaded"]["recipe"] == "incumbent" and str(orphan) in state["note"]
+        assert not _alive(orphan) and _alive(eng.proc.pid)
+        assert (tmp_path / "engine-logs" / PIDFILE).read_text().strip() == str(eng.proc.pid)
+    finally:
+        await eng.close()
+    assert not (tmp_path / "engine-logs" / PIDFILE).exists()
+
+
+async def test_no_engine_is_started_on_a_port_another_process_listens_on(tmp_path):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        eng = _engine(tmp_path, other.getsockname()[1])
+        try:
+            with pytest.raises(ActionFailed, match="already taken by another process"):
+                await eng.state()
+            assert eng.proc is None and not (tmp_path / "engine-logs" / PIDFILE).exists()
+        finally:
+            await eng.close()
+
+
+async def test_a_pidfile_naming_a_process_that_is_not_our_engine_leaves_that_process_alone(tmp_path):
+    stranger = _orphan(["sleep", "60"])
+    try:
+        (tmp_path / "engine-logs").mkdir()
+        (tmp_path / "engine-logs" / PIDFILE).write_text(f"{stranger}\n")
+        eng = _engine(tmp_path, _free_port())
+        try:
+            state = await eng.state()
+            assert state["loaded"] is not None and "note" not in state
+            assert _alive(stranger)
+        finally:
+            await eng.close()
+    finally:
+        os.kill(stranger, signal.SIGKILL)
