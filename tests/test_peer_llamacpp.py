@@ -134,3 +134,35 @@ def _processes() -> list[str]:
             except OSError:
                 pass
     return out
+
+
+def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumbent_restored(tmp_path, llama_server, model):
+    import signal
+
+    from tests.daemontools import Daemon, in_phase
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    d = Daemon(tmp_path).start()
+    try:
+        p = d.cli("start", str(plan), "--site", str(site))
+        assert p.returncode == 0, p.stderr
+        wid = p.stdout.strip().splitlines()[-1]
+        d.wait_for(in_phase, timeout=120, what="a phase with requests")
+        orphans = [line for line in _processes() if "llama-server" in line and str(tmp_path) in line]
+        assert len(orphans) == 1 and "--ctx-checkpoints" in orphans[0]  # the candidate is serving
+        d.kill(signal.SIGKILL)
+        d.start()
+        st = d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=180, what="the restore")
+        rep = d.cli("report", wid, "--format", "json")
+        assert rep.returncode == 0, rep.stderr
+        r = json.loads(rep.stdout)
+        engine_gone = _until(lambda: not any("llama-server" in line and str(tmp_path) in line
+                                             for line in _processes()), timeout=STOP_GRACE_S + 10)
+    finally:
+        d.stop()
+    assert st["last_window"]["window_id"] == wid and r["abort"]["reason"] == "daemon_restart"
+    assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
+    with LogReader(d.state / "log.db") as reader:
+        notes = [ev.data.get("note") for e in reader.iter() if e.type == "action_done"
+                 for ev in [e.event()] if isinstance(ev.data, dict) and ev.data.get("note")]
+    assert notes and "left running by an earlier daemon" in notes[0]
+    assert engine_gone
