@@ -100,14 +100,8 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
         wid = p.stdout.strip().splitlines()[-1]
         w = d.cli("watch", timeout=600)
         assert w.returncode == 0, w.stdout[-2000:] + w.stderr[-2000:]
-        rep = d.cli("report", wid, "--format", "json")
-        assert rep.returncode == 0, rep.stderr
-        r = json.loads(rep.stdout)
-        # the engine the window started (its model lives under tmp_path) is stopped when the window
-        # ends: the window's close is streamed before the daemon has finished stopping it, so wait
-        # for that (SIGTERM, then SIGKILL after the grace period) before the daemon is killed
-        engine_gone = _until(lambda: not any("llama-server" in line and str(tmp_path) in line
-                                             for line in _processes()), timeout=STOP_GRACE_S + 10)
+        r = _daemon_report(d, wid)
+        engine_gone = _engines_stop(tmp_path)
     finally:
         d.stop()
     assert r["outcome"] == "completed" and r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
@@ -116,24 +110,36 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
     assert engine_gone
 
 
-def _until(pred, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
+def _daemon_report(d, wid: str) -> dict:
+    rep = d.cli("report", wid, "--format", "json")
+    assert rep.returncode == 0, rep.stderr
+    return json.loads(rep.stdout)
 
 
-def _processes() -> list[str]:
+def _engines(tmp_path: Path) -> list[str]:
+    """Command lines of the llama-servers this test's windows started (their model lives under tmp_path)."""
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
-                pass
+                continue
+            if "llama-server" in line and str(tmp_path) in line:
+                out.append(line)
     return out
+
+
+def _engines_stop(tmp_path: Path) -> bool:
+    """Whether every engine the window started is gone within the stop grace period. The window's
+    close is streamed before the daemon has finished stopping its engine (SIGTERM, then SIGKILL
+    after the grace), so this waits for it, before the test kills the daemon."""
+    end = time.monotonic() + STOP_GRACE_S + 10
+    while _engines(tmp_path):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumbent_restored(tmp_path, llama_server, model):
@@ -147,16 +153,13 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
         assert p.returncode == 0, p.stderr
         wid = p.stdout.strip().splitlines()[-1]
         d.wait_for(in_phase, timeout=120, what="a phase with requests")
-        orphans = [line for line in _processes() if "llama-server" in line and str(tmp_path) in line]
+        orphans = _engines(tmp_path)
         assert len(orphans) == 1 and "--ctx-checkpoints" in orphans[0]  # the candidate is serving
         d.kill(signal.SIGKILL)
         d.start()
         st = d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=180, what="the restore")
-        rep = d.cli("report", wid, "--format", "json")
-        assert rep.returncode == 0, rep.stderr
-        r = json.loads(rep.stdout)
-        engine_gone = _until(lambda: not any("llama-server" in line and str(tmp_path) in line
-                                             for line in _processes()), timeout=STOP_GRACE_S + 10)
+        r = _daemon_report(d, wid)
+        engine_gone = _engines_stop(tmp_path)
     finally:
         d.stop()
     assert st["last_window"]["window_id"] == wid and r["abort"]["reason"] == "daemon_restart"
