@@ -311,13 +311,12 @@ def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
     for i, seg in enumerate(segments):
         if i:
             batch.append(sep)
-        if isinstance(seg, str):
-            batch.append(seg)
-        else:
-            batch.extend(seg)
-        if len(batch) >= ROWS_PER_CHUNK:
-            yield "".join(batch).encode()
-            batch = []
+        pieces = (seg,) if isinstance(seg, str) else seg
+        for k in range(0, len(pieces), ROWS_PER_CHUNK):  # a table of 10^5 rows is one segment
+            batch.extend(pieces[k:k + ROWS_PER_CHUNK])
+            if len(batch) >= ROWS_PER_CHUNK:
+                yield "".join(batch).encode()
+                batch = []
     if batch:
         yield "".join(batch).encode()
 

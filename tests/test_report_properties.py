@@ -73,7 +73,12 @@ def test_report_json_in_pieces_is_the_bytes_of_one_encoding_whatever_the_report_
 
 
 @settings(max_examples=200, deadline=None)
-@given(segments=st.lists(st.text() | st.lists(st.text(), max_size=5), max_size=12))
-def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments):
-    from events.report import join_segments, text_chunks
-    assert b"".join(text_chunks(segments)) == join_segments(segments).encode()
+@given(segments=st.lists(st.text() | st.lists(st.text(), max_size=9), max_size=12),
+       chunk=st.integers(min_value=1, max_value=4))
+def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments, chunk):
+    import events.report as rep_mod
+    saved, rep_mod.ROWS_PER_CHUNK = rep_mod.ROWS_PER_CHUNK, chunk
+    try:
+        assert b"".join(rep_mod.text_chunks(segments)) == rep_mod.join_segments(segments).encode()
+    finally:
+        rep_mod.ROWS_PER_CHUNK = saved
