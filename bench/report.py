@@ -10,7 +10,7 @@ The two are run alternately `--rounds` times in the same process and each side's
 compared (as timeit does): on a shared machine a single round of either can be stretched by a
 neighbour, and the spread of the per-round ratios is printed with it.
 
-Usage: python bench/report.py [--events 1000000] [--rounds 3]
+Usage: python bench/report.py [--events 1000000] [--rounds 3] [--memory]
 """
 
 from __future__ import annotations
@@ -122,10 +122,22 @@ def _report(r: LogReader, integrity: dict, out: Path) -> tuple[float, list[float
     return sum(times), times, sizes, rep
 
 
+def _traced_peak(fn) -> float:
+    """Peak Python-heap MB while fn runs (tracemalloc; SQLite's own C allocations are not counted)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1] / 1e6
+    finally:
+        tracemalloc.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory", action="store_true", help="also one traced pass of each side for peak memory")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         db = Path(d) / "log.db"
@@ -140,6 +152,9 @@ def main() -> None:
                 reports.append((total, times))
                 requests = len(rep["requests"])
                 del rep
+            if a.memory:
+                fold_mb = _traced_peak(lambda: _bare(r))
+                report_mb = _traced_peak(lambda: _report(r, integrity, Path(d)))
         bare = min(bares)
         total, times = min(reports)
         per_round = [rt / b for (rt, _t), b in zip(reports, bares)]
@@ -149,6 +164,9 @@ def main() -> None:
               f"{times[0]:.2f} s + request rows {times[1]:.2f} s + json/md/html {times[2]:.2f}/{times[3]:.2f}/{times[4]:.2f} s) "
               f"{total:.2f} s")
         print(f"ratio report/fold = {total / bare:.2f}  (goal <= 2; per round {', '.join(f'{x:.2f}' for x in per_round)})")
+        if a.memory:
+            print(f"peak traced memory: bare fold {fold_mb:.0f} MB   report {report_mb:.0f} MB "
+                  f"(the report it builds holds every request row; the formats are written in pieces)")
 
 
 if __name__ == "__main__":
