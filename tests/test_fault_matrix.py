@@ -95,7 +95,10 @@ def slow_host_run(small_plan, tmp_path_factory) -> tuple[int, dict, Path]:
 def test_slow_host_pushes_phases_past_the_stop_minute_and_the_window_completes_with_deferred_cells(slow_host_run):
     rc, r, _log = slow_host_run
     assert (rc, r["outcome"]) == (0, "completed")
-    deferred = [c for c in r["cells"] if c["status"] == "deferred" and "passes the stop minute" in c["reason"]]
+    # deferred for time: by its estimated end before it started, or not started once a phase that
+    # overran its estimate was cut at the stop minute (how far a loaded machine gets decides which)
+    deferred = [c for c in r["cells"] if c["status"] == "deferred" and (
+        "passes the stop minute" in c["reason"] or "the stop minute was reached" in c["reason"])]
     assert deferred
     assert r["restoration"]["verified"]
 
