@@ -30,7 +30,7 @@ def parse_fault(spec: str) -> dict:
     """'kind', 'kind@request=N', 'kind@after_request=N' or 'kind@after_s=X' (extra ',key=value' params allowed).
 
     Checked whole before the simulator starts, so a bad spec starts nothing."""
-    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS  # rehearsal only: the simulator owns its faults
+    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, describe  # the simulator owns its faults
     first, *params = spec.split(",")
     kind, _, at = first.partition("@")
     if kind not in FAULT_KINDS:
@@ -38,29 +38,25 @@ def parse_fault(spec: str) -> dict:
     out: dict = {"kind": kind, "at": "now"}
     for part in filter(None, [at, *params]):
         k, _, v = part.partition("=")
+        if k in ("request", "after_request"):
+            want, check, conv = "a whole number >= 0", lambda x: x >= 0, int
+        elif k == "after_s":
+            want, check, conv = "seconds >= 0", lambda x: x >= 0, float
+        elif k in NUMERIC_PARAMS.get(kind, {}):
+            want, check, conv = describe(NUMERIC_PARAMS[kind][k]), NUMERIC_PARAMS[kind][k], float
+        else:
+            want, check, conv = "param=value", lambda _x: bool(k), str
         try:
-            if not v:
-                raise ValueError
-            if k in ("request", "after_request"):
-                n = int(v)
-                if n < 0:
-                    raise ValueError
-                out["at"] = {k: n}
-            elif k == "after_s":
-                x = float(v)
-                if not x >= 0:
-                    raise ValueError
-                out["at"] = {"after_s": x}
-            elif k in NUMERIC_PARAMS.get(kind, {}):
-                x = float(v)
-                if not NUMERIC_PARAMS[kind][k](x):
-                    raise ValueError
-                out[k] = x
-            else:
-                out[k] = v
+            x = conv(v)
+            ok = bool(v) and check(x)
         except ValueError:
-            raise InputError(f"--fault {spec!r}: {part!r}: expected {FAULT_SPEC} with counts and seconds not "
-                             f"negative and {', '.join(NUMERIC_PARAMS.get(kind, {})) or 'no parameter'} a valid number") from None
+            ok = False
+        if not ok:
+            raise InputError(f"--fault {spec!r}: {k or part!r}: expected {want} ({FAULT_SPEC})")
+        if k in ("request", "after_request", "after_s"):
+            out["at"] = {k: x}
+        else:
+            out[k] = x
     return out
 
 
