@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from events.schema import (
     AbortDecided, ActionDone, ActionRequested, CellRecorded, DaemonRestarted, Decision, OperatorAbort,
-    RequestDone, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed,
+    RequestDone, RestorationRecorded, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed,
 )
 from policies.audit import audit
 from policies.window import WindowPolicy
@@ -115,6 +115,20 @@ def test_every_abort_ends_in_restore_and_a_closed_window(params):
         assert flat[-1].outcome in ("aborted", "restore_failed")
     assert isinstance(flat[-1], WindowClosed)
     assert sum(isinstance(d, AbortDecided) for d in flat) <= 1
+
+
+@prop
+@given(CHAOS)
+def test_the_primary_is_readmitted_only_after_a_restore_whose_incumbent_and_direct_preflight_passed(params):
+    hist = chaotic_run(params)
+    flat = [d for _i, ds in hist for d in ds]
+    rest = next(d for d in flat if isinstance(d, RestorationRecorded))
+    readmits = [d for d in flat if isinstance(d, ActionRequested) and d.action == "readmit"]
+    if readmits:
+        assert rest.checks["incumbent_sha256_match"] and rest.checks["direct_preflight"]
+        assert rest.checks["containment"] is not False
+    else:
+        assert rest.checks["readmitted"] is not True
 
 
 @prop
