@@ -6,7 +6,7 @@ from html import escape
 
 from events import charts
 from events.report import Segment, join_segments
-from events.report_md import CHECKS, REQUEST_COLUMNS, check, request_rows, utc, val
+from events.report_md import CHECKS, REQUEST_COLUMNS, check, needs_attention, request_rows, utc, val
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:78em;color:#222;padding:0 1em}
@@ -20,6 +20,7 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .st-deferred{background:#e8eef7;color:#34495e;border:1px dotted #6b7c93}
 tr.st-failed td{background:#fff6f6}tr.st-invalid td{background:#fffbea}tr.st-deferred td{color:#567}
 .outcome-completed{color:#17602a}.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
+.attention{border:2px solid #8c1d18;background:#fbeaea;padding:.4em .8em;margin:1em 0}.attention ul{margin:.3em 0}
 table.requests td{text-align:right;font-variant-numeric:tabular-nums}table.requests td:first-child{text-align:left}
 .pass{color:#17602a}.fail{color:#8c1d18;font-weight:700}.na{color:#777}.mism{color:#8c1d18;font-weight:700}
 details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px}
@@ -90,10 +91,14 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
                     f"window ends at minute {escape(val(timing.get('window_min')))}.</p>",
                     f"<p>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"
                     + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> "
-                       f"({escape(a['detail'])})" if a else "") + "</p>",
-                    "<h2>Verdict</h2>",
-                    f"<p><b>{escape(val(v.get('hypothesis')))}</b> — {escape(val(v.get('basis')))}</p>",
-                    f"<p>Next causal experiment: {escape(val(v.get('next_experiment')))}</p>"]
+                       f"({escape(a['detail'])})" if a else "") + "</p>"]
+    attention = needs_attention(r)
+    if attention:
+        p.append("<div class=attention><b>Needs attention</b><ul>" + "".join(f"<li>{escape(x)}</li>" for x in attention)
+                 + "</ul></div>")
+    p += ["<h2>Verdict</h2>",
+          f"<p><b>{escape(val(v.get('hypothesis')))}</b> — {escape(val(v.get('basis')))}</p>",
+          f"<p>Next causal experiment: {escape(val(v.get('next_experiment')))}</p>"]
     if v.get("findings"):
         p.append("<ul>" + "".join(f"<li>{escape(f)}</li>" for f in v["findings"]) + "</ul>")
 

@@ -34,6 +34,18 @@ def render_md(r: dict) -> str:
     return "\n".join(md_lines(r))
 
 
+def needs_attention(r: dict) -> list[str]:
+    """What a person must act on, for the top of every format: a restoration that did not verify
+    (with the checks that failed) and every alarm."""
+    res = r.get("restoration") or {}
+    out = []
+    if res and not res.get("verified"):
+        failed = [k for k in CHECKS if res.get(k) is False]
+        out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
+    out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    return out
+
+
 def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[str]:
     """report.md as its lines (joined with newlines), so a writer can take them a batch at a time."""
     v = r.get("verdict") or {}
@@ -46,6 +58,9 @@ def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> lis
     if r.get("abort"):
         a = r["abort"]
         out[-1] += f" — aborted at minute {val(a['minute'])}: **{a['reason']}** ({a['detail']})"
+    attention = needs_attention(r)
+    if attention:
+        out += ["", "> **Needs attention**"] + [f"> - {x}" for x in attention]
     out += ["", "## Verdict", "", f"**{val(v.get('hypothesis'))}** — {val(v.get('basis'))}", "",
             f"Next causal experiment: {val(v.get('next_experiment'))}", ""]
     out += [f"- {f}" for f in v.get("findings", [])]

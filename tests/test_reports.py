@@ -114,6 +114,23 @@ def test_report_files_written_in_pieces_hold_the_bytes_of_the_whole_rendering(lo
     assert render(r, "json") == msgspec.json.encode(r) + b"\n"
 
 
+def test_a_restore_that_did_not_verify_is_flagged_above_the_verdict_in_md_and_html(log):
+    r = build_report(log, "w-report")
+    r["outcome"] = "restore_failed"
+    r["restoration"] = {**r["restoration"], "verified": False, "incumbent_sha256_match": False, "readmitted": False}
+    r["alarms"] = [{"kind": "primary_left_quiesced", "detail": "not readmitted to the router: incumbent_sha256_match failed"}]
+    for text in (render_md(r), render_html(r)):
+        top = text[:text.index("Verdict")]
+        assert "Needs attention" in top and "primary_left_quiesced" in top
+        assert "restoration NOT verified: incumbent_sha256_match, readmitted failed" in top
+
+
+def test_a_verified_restore_without_alarms_needs_no_attention(log):
+    r = build_report(log, "w-report")
+    assert r["restoration"]["verified"] and not r["alarms"]
+    assert "Needs attention" not in render_md(r) and "Needs attention" not in render_html(r)
+
+
 def test_html_is_self_contained(log):
     html = render_html(build_report(log, "w-report"))
     assert "<script" not in html and "<link" not in html and "@import" not in html
