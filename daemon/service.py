@@ -20,7 +20,7 @@ import msgspec
 from daemon import control
 from daemon.control import Abort, BadCommand, Report, Start, Status, Watch
 from daemon.logs import configure
-from daemon.notify import Notifier
+from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
 from daemon.publish import FORMATS, build_report, publish_snapshot, render
 from daemon.runner import Runner
 from daemon.target import Target
@@ -77,6 +77,7 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         watchdog = loop.create_task(self._watchdog()) if self.notify.watchdog_interval_s else None
+        refresher = loop.create_task(self._refresh_status()) if self.notify.enabled else None
         self.log.info("ready", socket=str(self.socket_path), log=str(self.db), head_seq=self.store.head[0])
         self.notify.ready(self._status_line())
         try:
@@ -90,8 +91,9 @@ class Service:
                 self.notify.stopping("stopping")
         finally:
             server.close()
-            if watchdog is not None:
-                watchdog.cancel()
+            for task in (watchdog, refresher):
+                if task is not None:
+                    task.cancel()
             try:
                 self.socket_path.unlink()
             except FileNotFoundError:
@@ -114,9 +116,20 @@ class Service:
             self.notify.watchdog()
             await asyncio.sleep(self.notify.watchdog_interval_s or 10)
 
+    async def _refresh_status(self) -> None:
+        # Commits update the status at most once a second; this catches the last change of a burst
+        # (a restore waiting on a load commits nothing for minutes).
+        while True:
+            await asyncio.sleep(STATUS_MIN_INTERVAL_S)
+            self.notify.status(self._status_line())
+
     def _status_line(self) -> str:
         w = self.window
         if w is None:
+            last = self.last or {}
+            if last.get("outcome") == "restore_failed":  # the first thing `systemctl status` should say
+                failed = ", ".join(last.get("restoration_failed") or []) or "restoration checks"
+                return f"idle; NEEDS ATTENTION: window {last.get('window_id')} restore_failed ({failed} failed)"
             return "idle"
         p = w.progress
         where = f"phase {p.phase} ({p.phase_requests} requests)" if p.phase else p.stage
@@ -156,7 +169,11 @@ class Service:
         outcome: str | None = None
         try:
             outcome = await run
-            self.log.info("window closed", window_id=w.window_id, outcome=outcome)
+            if outcome == "restore_failed":
+                self.log.error("window closed with its restoration not verified", window_id=w.window_id,
+                               outcome=outcome, failed_checks=w.progress.restoration_failed, alarms=w.progress.alarms)
+            else:
+                self.log.info("window closed", window_id=w.window_id, outcome=outcome)
         except Exception:
             # A bug in the runner or the policy: the window's host may be half taken apart. Pick the
             # window up once more as a restart would (fresh policy, recorded inputs, then restore);
@@ -167,7 +184,7 @@ class Service:
             await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
-            self.notify.status(self._status_line())
+            self.notify.status(self._status_line(), force=True)
         if w.progress.outcome is not None:
             await self._publish(w.window_id)
         elif outcome is None and retry and not self.stopping:

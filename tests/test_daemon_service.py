@@ -187,6 +187,77 @@ def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
     assert st["last_window"]["outcome"] == "aborted"
 
 
+class NotifyReader:
+    """The receiving end of $NOTIFY_SOCKET, read continuously as systemd reads it."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                pass
+
+    def statuses(self) -> list[str]:
+        return [line[7:] for m in list(self.messages) for line in m.splitlines() if line.startswith("STATUS=")]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def test_a_restore_that_does_not_verify_leaves_the_primary_out_and_the_daemon_says_so(sim, tmp_path):
+    import httpx
+    for f in ({"kind": "auth", "at": {"request": 3}}, {"kind": "load_failure", "at": {"request": 3}}):
+        httpx.post(f"{sim.url}/sim/v1/faults", json=f, headers={"Authorization": f"Bearer {sim.token}"}).raise_for_status()
+    notify = NotifyReader(tmp_path / "notify.sock")
+    d = Daemon(tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    try:
+        d.start()
+        wid = _start(d, sim)
+        st = d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the window to close")
+        table = d.cli("status")
+    finally:
+        d.stop()
+        notify.close()
+    last = st["last_window"]
+    assert last["window_id"] == wid and last["outcome"] == "restore_failed"
+    assert "incumbent_sha256_match" in last["restoration_failed"]
+    assert [a["kind"] for a in last["alarms"]] == ["primary_left_quiesced"]
+    assert "not verified" in table.stdout and "primary_left_quiesced" in table.stdout
+    assert notify.statuses()[-1].startswith(f"idle; NEEDS ATTENTION: window {wid} restore_failed")
+    assert any(r.get("level") == "error" and r.get("window_id") == wid for r in d.records())
+    assert sim.get("/routed/router/v1/backends")["backends"][0]["admitted"] is False  # still quiesced
+
+
+def test_status_notifications_are_a_refreshed_line_not_one_per_committed_event(sim, tmp_path):
+    notify = NotifyReader(tmp_path / "notify.sock")
+    d = Daemon(tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+    try:
+        d.start()
+        wid = _start(d, sim)
+        d.wait_for(lambda s: (s.get("window") or {}).get("requests", 0) >= 60, timeout=120, what="60 requests")
+        d.cli("abort", "--reason", "test")
+        d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
+    finally:
+        d.stop()
+        notify.close()
+    events = len(_events(d))
+    running = [x for x in notify.statuses() if x.startswith(f"window {wid}")]
+    assert running and len(running) * 5 < events  # a datagram per commit would fill systemd's queue
+    assert notify.statuses()[-1] == "idle"
+
+
 def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
     ns = tmp_path / "notify.sock"
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
