@@ -120,7 +120,11 @@ class LocalEngine:
         return argv
 
     async def _start(self, r: LocalRecipe) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. beside a site profile under /etc, read-only to the service
+            raise ActionFailed("load_failed", f"engine {r.name}: engine log folder {self.log_dir}: {exc.strerror}; "
+                                              f"set [engine] log_dir to a writable folder") from None
         if _port_taken(self.host, self.port):
             raise ActionFailed("load_failed", f"engine {r.name}: {self.host}:{self.port} is already taken by another "
                                               f"process; a second engine is not started on it")

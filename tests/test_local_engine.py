@@ -91,3 +91,15 @@ async def test_a_pidfile_naming_a_process_that_is_not_our_engine_leaves_that_pro
             await eng.close()
     finally:
         os.kill(stranger, signal.SIGKILL)
+
+
+async def test_an_engine_log_folder_that_cannot_be_made_fails_the_load_naming_the_folder(tmp_path):
+    eng = _engine(tmp_path, _free_port())
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    eng.log_dir = tmp_path / "blocker" / "engine-logs"
+    try:
+        with pytest.raises(ActionFailed, match="engine log folder .*blocker/engine-logs.*log_dir"):
+            await eng.state()
+        assert eng.proc is None
+    finally:
+        await eng.close()
