@@ -8,7 +8,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from events.base import Event
-from events.progress import WindowProgress, failed_checks
+from events.progress import WindowProgress
+from events.report_md import failed_checks
 from events.schema import (
     AbortDecided, Alarm, CellRecorded, PhaseStarted, RestorationRecorded, TimeMarked, VerdictReached, WindowClosed,
 )
@@ -54,7 +55,7 @@ def line_for(ev: Event) -> str | None:
     if isinstance(ev, Alarm):
         return f"[red bold]ALARM[/] {ev.kind}: {ev.detail}"
     if isinstance(ev, RestorationRecorded):
-        failed = failed_checks(ev)
+        failed = failed_checks(ev.checks)
         return ("restoration [green]verified[/]" if ev.verified
                 else f"[red bold]restoration NOT verified[/]: {', '.join(failed) or 'see the report'} failed")
     if isinstance(ev, VerdictReached):

@@ -117,8 +117,8 @@ class Service:
             await asyncio.sleep(self.notify.watchdog_interval_s or 10)
 
     async def _refresh_status(self) -> None:
-        # Commits update the status at most once a second; this catches the last change of a burst
-        # (a restore waiting on a load commits nothing for minutes).
+        # systemd's status line follows the window's progress once a second, not once per commit
+        # (hundreds a minute): a datagram per commit would fill the notify queue.
         while True:
             await asyncio.sleep(STATUS_MIN_INTERVAL_S)
             self.notify.status(self._status_line())
@@ -207,7 +207,6 @@ class Service:
         for e in envs:
             if e.window_id == w.window_id:
                 w.progress.apply(e.seq, e.event())
-        self.notify.status(self._status_line())
 
     # --- the control socket --------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from events.base import Event
+from events.report_md import failed_checks
 from events.schema import (
     AbortDecided, Alarm, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, VerdictReached, WindowClosed, WindowOpened,
@@ -70,7 +71,7 @@ class WindowProgress:
         elif isinstance(ev, VerdictReached):
             self.verdict = ev.hypothesis
         elif isinstance(ev, RestorationRecorded):
-            self.restoration_failed = failed_checks(ev)
+            self.restoration_failed = failed_checks(ev.checks)
         elif isinstance(ev, Alarm):
             self.alarms.append({"kind": ev.kind, "detail": ev.detail})
         elif isinstance(ev, WindowClosed):
@@ -85,7 +86,3 @@ class WindowProgress:
                 "abort": self.abort, "cells": dict(self.cells), "outcome": self.outcome, "verdict": self.verdict,
                 "restoration_failed": self.restoration_failed, "alarms": list(self.alarms), "last_seq": self.last_seq}
 
-
-def failed_checks(ev: RestorationRecorded) -> list[str]:
-    """The restoration checks that failed (not applicable ones, None, are not failures)."""
-    return [k for k, v in ev.checks.items() if v is False]

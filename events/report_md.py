@@ -9,6 +9,11 @@ CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "dir
           "routed_preflight")
 
 
+def failed_checks(checks: dict) -> list[str]:
+    """The restoration checks that failed, in report order (None, not applicable, is no failure)."""
+    return [k for k in CHECKS if checks.get(k) is False]
+
+
 def val(v: object) -> str:
     """None means not observable or not applicable: say so, never print it as zero."""
     if v is None:
@@ -40,7 +45,7 @@ def needs_attention(r: dict) -> list[str]:
     res = r.get("restoration") or {}
     out = []
     if res and not res.get("verified"):
-        failed = [k for k in CHECKS if res.get(k) is False]
+        failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
     return out

@@ -95,9 +95,7 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=256)
     d = Daemon(tmp_path).start()
     try:
-        p = d.cli("start", str(plan), "--site", str(site))
-        assert p.returncode == 0, p.stderr
-        wid = p.stdout.strip().splitlines()[-1]
+        wid = _daemon_start(d, plan, site)
         w = d.cli("watch", timeout=600)
         assert w.returncode == 0, w.stdout[-2000:] + w.stderr[-2000:]
         r = _daemon_report(d, wid)
@@ -108,6 +106,12 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
     assert _reused(r, "B.forward_replay") > 0
     assert r["verdict"]["hypothesis"] == "not_reproduced"
     assert engine_gone
+
+
+def _daemon_start(d, plan: Path, site: Path) -> str:
+    p = d.cli("start", str(plan), "--site", str(site))
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
 
 
 def _daemon_report(d, wid: str) -> dict:
@@ -149,9 +153,7 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
     d = Daemon(tmp_path).start()
     try:
-        p = d.cli("start", str(plan), "--site", str(site))
-        assert p.returncode == 0, p.stderr
-        wid = p.stdout.strip().splitlines()[-1]
+        wid = _daemon_start(d, plan, site)
         d.wait_for(in_phase, timeout=120, what="a phase with requests")
         orphans = _engines(tmp_path)
         assert len(orphans) == 1 and "--ctx-checkpoints" in orphans[0]  # the candidate is serving
