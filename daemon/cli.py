@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--order", choices=["forward", "reverse"], default="forward")
     sr.add_argument("--scenario", default="flare-47581cca")
 
+    site = sub.add_parser("site", help="check a live site without changing it")
+    sitesub = site.add_subparsers(dest="site_cmd", required=True, parser_class=_Parser)
+    sc = sitesub.add_parser("check", help="probe every endpoint a window would use; change nothing",
+                            description="Exit 0: the plan can run on this site; 1: something it needs is missing; "
+                                        "2: bad input.")
+    sc.add_argument("site", type=Path, help="the site profile (TOML)")
+    sc.add_argument("--plan", type=Path, default=None,
+                    help="the plan to check the site for (default: the contract alone, no identity to match)")
+    sc.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+
     plan = sub.add_parser("plan", help="check a plan")
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
@@ -148,6 +158,31 @@ def _window(args: argparse.Namespace) -> int:
                   f"(chain {'ok' if report['integrity']['chain_ok'] else 'BROKEN'}, audit {'ok' if report['integrity']['audit_ok'] else 'DIVERGED'})")
     ok = report.get("outcome") == "completed" and report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _site_check(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from daemon.site import SiteError, load_site
+    from daemon.sitecheck import check_site, render
+    from daemon.target import Target
+    plan = load_plan(args.plan)[1] if args.plan is not None else None
+    try:
+        site = load_site(args.site)
+    except SiteError as exc:
+        raise UsageError(str(exc)) from None
+
+    async def probe():
+        target = Target(site, {}, "")
+        try:
+            return await check_site(target, plan)
+        finally:
+            await target.close()
+
+    check = asyncio.run(probe())
+    print(json.dumps(check.as_dict()) if args.json else render(check))
+    return EXIT_OK if check.ready else EXIT_FAILED
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -259,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             return _window(args)
         if args.cmd == "sim":
             return _sim(args)
+        if args.cmd == "site":
+            return _site_check(args)
         if args.cmd == "plan":
             return _plan_check(args.plan)
     except UsageError as exc:

@@ -194,7 +194,7 @@ class LocalEngine:
         r = self._recipe(name, sha256)
         steps = ["stop the process (TERM, then KILL)"] if op == "unload" else \
             ["verify the model's sha256", "start the process", "wait for /health"]
-        return {"ok": True, "steps": steps, "sha256": r.sha256}
+        return {"ok": True, "steps": steps}
 
     async def load(self, name: str, sha256: str) -> dict:
         r = self._recipe(name, sha256)

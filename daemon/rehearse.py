@@ -13,6 +13,7 @@ from rich.console import Console
 
 from daemon.live import LiveView
 from daemon.runner import Runner
+from daemon.sitecheck import checked_target
 from daemon.site import sim_site
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
@@ -80,11 +81,15 @@ def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.
 
 async def run_window(setup: WindowSetup, out: Path, console: Console) -> dict:
     """Runs one window in the foreground with its own log in `out`, then writes its reports there."""
+    target = await checked_target(setup, out / "recipes")
     out.mkdir(parents=True, exist_ok=True)
     db = out / "log.db"
     window_id = new_window_id(setup.plan)
-    store = await EventStore.open(db)
-    target = Target(setup.site, setup.fixtures, setup.plan_sha256)
+    try:
+        store = await EventStore.open(db)
+    except BaseException:
+        await target.close()
+        raise
     runner = Runner(store, target, window_id, setup.time_scale)
     view = LiveView(console, window_id)
     store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])

@@ -23,6 +23,7 @@ from daemon.logs import configure
 from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
 from daemon.publish import FORMATS, build_report, publish_snapshot, render
 from daemon.runner import Runner
+from daemon.sitecheck import checked_target
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_recovery, setup_for_site
 from events.envelope import Envelope
@@ -159,8 +160,8 @@ class Service:
                 self._drive(w, w.runner.resume(inputs, opened_wall_ns), retry=retry))
             return  # one window at a time: a second unfinished one would be a bug of an earlier build
 
-    def _new_window(self, window_id: str, setup: WindowSetup) -> ActiveWindow:
-        target = Target(setup.site, setup.fixtures, setup.plan_sha256)
+    def _new_window(self, window_id: str, setup: WindowSetup, target: Target | None = None) -> ActiveWindow:
+        target = target or Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=self.state_dir / "recipes")
         runner = Runner(self.store, target, window_id, setup.time_scale)
         self.window = ActiveWindow(window_id, setup, runner, target)
         return self.window
@@ -288,13 +289,17 @@ class Service:
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
             setup = await asyncio.to_thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
+            # the same read-only site check as `site check`: a site that lacks what the plan needs is
+            # refused before anything on it changes
+            target = await checked_target(setup, self.state_dir / "recipes")
         except InputError as exc:
             await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=False, detail=str(exc)))
             return control.error(str(exc))
         if self.window is not None:  # another start won the race while the files were read
+            await target.close()
             return control.error(f"window {self.window.window_id} is running; one window at a time")
         window_id = new_window_id(setup.plan)
-        w = self._new_window(window_id, setup)
+        w = self._new_window(window_id, setup, target)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {cmd.plan} site {cmd.site}"), window_id=window_id)
         w.task = asyncio.get_running_loop().create_task(self._drive(w, w.runner.run(setup.opened(window_id))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -18,6 +19,10 @@ from daemon.fixture import Fixture
 from daemon.site import Site
 
 RESPONSE_CAP = 4096
+# A pooled connection the host closed while it sat idle fails before any byte of an answer comes
+# back. Only these errors are retried, once, and only for calls that change nothing or that set a
+# state (retrying them cannot do anything twice); a generation, load or unload is never retried.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "content": "preflight"}],
                              "max_tokens": 8, "stream": False}).encode()
 
@@ -36,13 +41,19 @@ def local_engine(site: Site):
 
 
 class Target:
-    def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str) -> None:
+    def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str,
+                 recipe_dir: Path | None = None) -> None:
         self.site = site
         self.p = site.profile
         self.fixtures = fixtures
         self.plan_sha256 = plan_sha256
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
-        self.incumbent_bytes: bytes | None = None
+        self.recipe_dir = recipe_dir  # retained recipe bytes, content-addressed, beside the log
+        timeout = httpx.Timeout(600.0, connect=10.0)
+        # reads and state-setting calls share a pool (they may be retried once on a fresh connection)
+        self.client = httpx.AsyncClient(timeout=timeout)
+        # generations, loads and unloads each get a connection of their own: one the host may have
+        # closed while idle can never be picked for them, and they are never sent twice
+        self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         self.engine = local_engine(site) if site.profile.engine is not None else None
         from daemon.engine_profiles import metric_names
@@ -50,6 +61,7 @@ class Target:
 
     async def close(self) -> None:
         await self.client.aclose()
+        await self.fresh.aclose()
         if self.engine is not None:
             await self.engine.close()
         if self._xids is not None:
@@ -59,14 +71,25 @@ class Target:
         tok = self.site.tokens.get(svc)
         return {"Authorization": f"Bearer {tok}"} if tok else {}
 
+    async def _retrying(self, method: str, url: str, **kw) -> httpx.Response:
+        """An idempotent call: once more on a new connection if the pooled one was stale."""
+        try:
+            return await self.client.request(method, url, **kw)
+        except STALE_CONNECTION:
+            return await self.fresh.request(method, url, **kw)
+
     async def _get(self, svc: str, url: str, what: str) -> dict:
-        r = await self.client.get(url, headers=self._h(svc))
+        r = await self._retrying("GET", url, headers=self._h(svc))
         if r.status_code != 200:
             raise classify_response(r, what)
         return r.json()
 
-    async def _post(self, svc: str, url: str, what: str, body: dict | None = None) -> dict:
-        r = await self.client.post(url, headers=self._h(svc), json=body or {})
+    async def _post(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
+        """POST; `once`: it may change the host (load, unload), so it goes out once on its own connection."""
+        if once:
+            r = await self.fresh.post(url, headers=self._h(svc), json=body or {})
+        else:
+            r = await self._retrying("POST", url, headers=self._h(svc), json=body or {})
         if r.status_code != 200:
             raise classify_response(r, what)
         return r.json()
@@ -84,14 +107,8 @@ class Target:
             loaded = st.get("loaded")
             if not loaded:
                 raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
-            rec = await self.engine.recipe(loaded["recipe"]) if self.engine else \
-                await self._get("manager", f"{p.manager.url}/manager/v1/recipes/{loaded['recipe']}", "recipe")
-            content = base64.b64decode(rec["content_b64"])
-            if hashlib.sha256(content).hexdigest() != loaded["sha256"] or rec["sha256"] != loaded["sha256"]:
-                raise ActionFailed("identity_drift", "the incumbent recipe bytes do not hash to the loaded sha256")
-            self.incumbent_bytes = content
             ident = await self.read_identity({})
-            return {**loaded, "identity": ident, "bytes_retained": len(content)}
+            return {**loaded, "identity": ident}
         if what == "router":
             if p.router is None:
                 raise ActionFailed("not_applicable", "the site has no router")
@@ -114,6 +131,31 @@ class Target:
             return {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": self.plan_sha256}
         raise ActionFailed("internal", f"unknown snapshot {what!r}")
 
+    async def retain_recipe(self, args: dict) -> dict:
+        """Fetches a recipe's exact bytes, checks them against their sha256, and keeps them.
+
+        The bytes are written once under `recipe_dir/<sha256>` (content-addressed, so the same
+        recipe retained by two windows is one file); every later load, unload and the restore name
+        this hash. `expect_sha256`, when given, is what the manager says is loaded."""
+        name = args["recipe"]
+        rec = await self.engine.recipe(name) if self.engine else \
+            await self._get("manager", f"{self.p.manager.url}/manager/v1/recipes/{name}", f"recipe {name}")
+        try:
+            content = base64.b64decode(rec["content_b64"], validate=True)
+            claimed = rec["sha256"]
+        except (KeyError, TypeError, ValueError):
+            raise ActionFailed("malformed_transport", f"recipe {name}: expected name, sha256 and base64 content_b64") from None
+        sha = hashlib.sha256(content).hexdigest()
+        if sha != claimed:
+            raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the manager says {str(claimed)[:12]}")
+        expect = args.get("expect_sha256")
+        if expect is not None and sha != expect:
+            raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the loaded recipe is {str(expect)[:12]}")
+        out = {"recipe": name, "sha256": sha, "bytes": len(content)}
+        if self.recipe_dir is not None:
+            out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
+        return out
+
     async def gpu_view(self) -> dict:
         g = self.p.gpu
         if g.source == "none":
@@ -121,8 +163,6 @@ class Target:
         if g.source == "sim":
             return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
-        import asyncio
-
         from daemon.nvml import XidWatcher, read_gpus
         if self._xids is None:
             self._xids = XidWatcher()
@@ -150,7 +190,7 @@ class Target:
         return await self._post("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/readmit", "readmit")
 
     async def scrape_metrics(self, args: dict) -> dict:
-        r = await self.client.get(f"{self.p.serving.url}/metrics", headers=self._h("serving"))
+        r = await self._retrying("GET", f"{self.p.serving.url}/metrics", headers=self._h("serving"))
         if r.status_code != 200:
             raise classify_response(r, "metrics")
         try:
@@ -162,13 +202,13 @@ class Target:
         if self.engine is not None:
             return await self.engine.unload(args["recipe"], args["sha256"])
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/unload", "unload",
-                                {"recipe": args["recipe"], "sha256": args["sha256"]})
+                                {"recipe": args["recipe"], "sha256": args["sha256"]}, once=True)
 
     async def load(self, args: dict) -> dict:
         if self.engine is not None:
             return await self.engine.load(args["recipe"], args["sha256"])
         return await self._post("manager", f"{self.p.manager.url}/manager/v1/load", "load",
-                                {"recipe": args["recipe"], "sha256": args["sha256"]})
+                                {"recipe": args["recipe"], "sha256": args["sha256"]}, once=True)
 
     async def read_identity(self, args: dict) -> dict:
         if self.engine is not None:
@@ -192,7 +232,7 @@ class Target:
             url, svc = f"{self.p.router.url}/v1/chat/completions", "router"
         else:
             url, svc = f"{self.p.serving.url}/v1/chat/completions", "serving"
-        r = await self.client.post(url, content=PREFLIGHT_BODY, headers={**self._h(svc), "content-type": "application/json"})
+        r = await self.fresh.post(url, content=PREFLIGHT_BODY, headers={**self._h(svc), "content-type": "application/json"})
         if r.status_code != 200:
             raise classify_response(r, f"{args['path']} preflight")
         d = r.json()
@@ -213,7 +253,7 @@ class Target:
         total = 0
         done = False
         headers = {**self._h("serving"), "content-type": "application/json"}
-        async with aconnect_sse(self.client, "POST", f"{self.p.serving.url}/v1/chat/completions",
+        async with aconnect_sse(self.fresh, "POST", f"{self.p.serving.url}/v1/chat/completions",
                                 content=body, headers=headers) as es:
             resp = es.response
             if resp.status_code != 200:
@@ -264,3 +304,18 @@ class Target:
                    end_ns=time.monotonic_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
                    response_head=head.decode("utf-8", "replace"))
         return out
+
+
+def _keep(folder: Path, sha256: str, content: bytes) -> Path:
+    """Writes `content` to folder/sha256 once (write to a temporary name, fsync, rename)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / sha256
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
+        return path
+    tmp = folder / f".{sha256}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -28,6 +28,8 @@ class _Projection:
                         "abort": None, "cells": [], "verdict": None, "restoration": None, "integrity": integrity,
                         "timeline": [], "identity": {"expected": {}, "observed": [], "incumbent_sha256_before": None,
                                                      "incumbent_sha256_after": None, "candidate_recipe": None},
+                        # exact recipe bytes retained before take-down (role -> name, sha256, size, where)
+                        "recipes": {},
                         "requests": [], "natural_failures": [], "drains": [],
                         "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}}, "alarms": [],
                         "trace": {"order": None, "arms": []}, "timing": None, "site": None, "rehearsal": None, "plan_sha256": None}
@@ -82,7 +84,13 @@ class _Projection:
                 series[k].append(v)
             return
         d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
-        if action == "snapshot" and args.get("what") == "incumbent":
+        if action == "retain_recipe":
+            self.r["recipes"][args.get("role") or d.get("recipe")] = {
+                "recipe": d.get("recipe"), "sha256": d.get("sha256"), "bytes": d.get("bytes"), "path": d.get("path")}
+        elif action == "preview" and args.get("role") == "rollback":
+            self.r["recipes"]["rollback"] = {"recipe": args.get("recipe"), "sha256": args.get("sha256"),
+                                             "preview": list(d.get("steps") or [])}
+        elif action == "snapshot" and args.get("what") == "incumbent":
             self.r["identity"]["incumbent_sha256_before"] = d.get("sha256")
             self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
                                                                "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
@@ -196,7 +204,7 @@ _HANDLERS = {
 }
 
 
-_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics"})
+_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview"})
 
 
 class _ActionView(msgspec.Struct):

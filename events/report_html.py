@@ -6,7 +6,7 @@ from html import escape
 
 from events import charts
 from events.report import Segment, join_segments
-from events.report_md import CHECKS, REQUEST_COLUMNS, check, needs_attention, request_rows, utc, val
+from events.report_md import CHECKS, REQUEST_COLUMNS, check, needs_attention, recipe_lines, request_rows, utc, val
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:78em;color:#222;padding:0 1em}
@@ -136,7 +136,8 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
     p.append("<h2>Identity</h2>"
              f"<p>Incumbent recipe sha256 before: <code>{escape(val(ident.get('incumbent_sha256_before')))}</code>; "
              f"after restore: <code>{escape(val(ident.get('incumbent_sha256_after')))}</code>. "
-             f"Candidate recipe: {escape(val(ident.get('candidate_recipe')))}.</p>")
+             f"Candidate recipe: {escape(val(ident.get('candidate_recipe')))}.</p>"
+             "<ul>" + "".join(f"<li>{escape(line[2:])}</li>" for line in recipe_lines(r)) + "</ul>")
     exp = ident.get("expected") or {}
     p.append(_table(["field", "expected"] + [o["label"] for o in obs], [
         [escape(k), escape(val(exp[k]))] + [

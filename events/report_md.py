@@ -90,6 +90,7 @@ def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> lis
     out += ["", "## Identity", "",
             f"Incumbent recipe sha256 before: {val(ident.get('incumbent_sha256_before'))}; after restore: "
             f"{val(ident.get('incumbent_sha256_after'))}. Candidate recipe: {val(ident.get('candidate_recipe'))}.", "",
+            *recipe_lines(r), "",
             "| field | expected | " + " | ".join(o["label"] for o in ident.get("observed", [])) + " |",
             "|---|---|" + "---|" * len(ident.get("observed", []))]
     for k in exp:
@@ -149,4 +150,21 @@ def request_table(rows: list[tuple[str, ...]]) -> list[str]:
         return ["- none"]
     out = ["| " + " | ".join(REQUEST_COLUMNS) + " |", "|" + "---|" * len(REQUEST_COLUMNS)]
     out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def recipe_lines(r: dict) -> list[str]:
+    """The retained recipe bytes and the rollback preview, one line each."""
+    rec = r.get("recipes") or {}
+    out = []
+    for role in ("incumbent", "candidate"):
+        x = rec.get(role)
+        if x:
+            out.append(f"- {role} recipe {x['recipe']}: sha256 {x['sha256']}, {x['bytes']} bytes retained at "
+                       f"{x.get('path') or 'n/a (not written)'}")
+        else:
+            out.append(f"- {role} recipe: bytes not retained")
+    rb = rec.get("rollback")
+    out.append(f"- rollback: load {rb['recipe']} sha256 {rb['sha256']} previewed ({'; '.join(rb['preview']) or 'no steps'})"
+               if rb else "- rollback: not previewed")
     return out

@@ -382,14 +382,26 @@ class WindowPolicy:
             mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
         if mism:
             self._abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
+        # The seed: retain exact recipe bytes before taking the incumbent down. Every load, unload
+        # and the restore from here on name the hash of the bytes retained here (contract section 1
+        # gives no other source of a recipe's hash).
+        kept = yield from self._act_all([
+            ("retain_recipe", {"recipe": inc.get("recipe"), "expect_sha256": inc.get("sha256"), "role": "incumbent"}),
+            ("retain_recipe", {"recipe": self.candidate_recipe, "role": "candidate"}),
+        ])
+        for role, r in zip(("incumbent", "candidate"), kept):
+            if not r.ok:
+                self._fail_inside(r, f"{role} recipe bytes could not be retained")
+        self.candidate_sha = kept[1].data.get("sha256")
+        # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
         previews = yield from self._act_all([
-            ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256")}),
-            ("preview", {"op": "load", "recipe": self.candidate_recipe, "sha256": None}),
+            ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
+            ("preview", {"op": "load", "recipe": self.candidate_recipe, "sha256": self.candidate_sha, "role": "candidate"}),
+            ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
         ])
         for r in previews:
-            if not r.ok or not r.data.get("ok", True):
+            if not r.ok or r.data.get("ok") is not True:
                 self._fail_inside(r, "preview refused")
-        self.candidate_sha = previews[1].data.get("sha256")
         res = yield from self._act("quiesce", {})
         if not res.ok and res.error != "not_applicable":
             self._fail_inside(res, "quiesce failed")

@@ -87,8 +87,11 @@ class World:
                     "monitoring": lambda: {"target": {"id": "primary", "registered": True, "healthy": True}},
                     "gpu": lambda: {"gpus": self.base_identity["gpus"], "xid_events": []},
                     "configuration": lambda: {"site_sha256": "site"}}[w]()
+        elif a == "retain_recipe":
+            sha = {"glm-incumbent": "inc-sha"}.get(args["recipe"], "cand-sha")
+            data = {"recipe": args["recipe"], "sha256": sha, "bytes": 100}
         elif a == "preview":
-            data = {"ok": True, "steps": [args["op"]], "sha256": "cand-sha" if args["op"] == "load" else args.get("sha256")}
+            data = {"ok": True, "steps": [args["op"]]}
         elif a == "quiesce":
             self.admitted = False
         elif a == "readmit":

@@ -228,3 +228,33 @@ async def test_fault_after_request_fires_only_once_that_many_answers_completed()
         await c.post("/v1/chat/completions", content=BODY, headers=AUTH)
         after = (await c.get("/flare/v1/identity", headers=AUTH)).json()
     assert before["image"] == "47ce7fde" and after["image"] != "47ce7fde"
+
+
+# contract section 1, field by field: flaresim answers with exactly these (section 5)
+CONTRACT_KEYS = {
+    ("GET", "/flare/v1/identity", None): {"image", "flare_commit", "package", "model", "tensor_parallel", "draft_tokens",
+                                          "host_cache_bytes", "disk_cache_enabled", "capture_enabled", "trace_enabled",
+                                          "gpus", "recipe", "recipe_sha256", "incarnation"},
+    ("GET", "/manager/v1/recipes/glm-candidate", None): {"name", "sha256", "content_b64"},
+    ("GET", "/manager/v1/state", None): {"loaded", "busy"},
+    ("POST", "/manager/v1/preview", "load"): {"ok", "steps"},
+    ("POST", "/manager/v1/preview", "unload"): {"ok", "steps"},
+    ("GET", "/routed/router/v1/backends", None): {"config_sha256", "backends"},
+    ("GET", "/monitoring/v1/targets", None): {"targets"},
+    ("GET", "/sim/v1/gpu", None): {"gpus", "xid_events"},
+}
+
+
+async def test_flaresim_replies_carry_exactly_the_contract_fields():
+    h, c = client()
+    async with c:
+        for (method, path, op), keys in CONTRACT_KEYS.items():
+            body = {"op": op, "recipe": "glm-incumbent" if op == "unload" else "glm-candidate"} if op else None
+            if body:
+                body["sha256"] = h.sha(body["recipe"])
+            r = await c.request(method, path, json=body, headers=AUTH)
+            assert r.status_code == 200 and set(r.json()) == keys, path
+        state = (await c.get("/manager/v1/state", headers=AUTH)).json()
+        assert set(state["loaded"]) == {"recipe", "sha256", "incarnation"}
+        ident = (await c.get("/flare/v1/identity", headers=AUTH)).json()
+        assert all(set(g) == {"uuid", "power_limit_w"} for g in ident["gpus"])

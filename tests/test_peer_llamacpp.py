@@ -171,3 +171,16 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
                  for ev in [e.event()] if isinstance(ev.data, dict) and ev.data.get("note")]
     assert notes and "left running by an earlier daemon" in notes[0]
     assert engine_gone
+
+
+def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_engine(tmp_path, llama_server, model):
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    check = json.loads(p.stdout)
+    by_name = {c["name"]: c["status"] for c in check["capabilities"]}
+    # what llama.cpp does not have is said so, never passed
+    assert by_name["router.backend"] == "not applicable" and by_name["counter.host_lookups"] == "not observable"
+    assert by_name["drain.requests_active"] == "observable" and by_name["recipe.candidate"] == "observable"
+    assert _engines_stop(tmp_path)

@@ -1,0 +1,322 @@
+"""`site check`: a read-only probe of every endpoint a window will use, per capability the plan needs.
+
+Nothing is changed on the host: no load, unload, quiesce, readmit, trace toggle or generation. The
+previews it sends are side-effect free by contract section 1. A site whose engine the daemon runs
+itself ([engine]) is brought to the state a window finds it in (its incumbent running), as the
+window itself would, since there is nothing to probe otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from daemon.errors import ActionFailed, classify_exception
+from daemon.target import Target
+from daemon.windows import InputError, WindowSetup
+from policies.plan import Plan
+from policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
+
+OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE = "observable", "not observable", "not applicable"
+
+# The scheduler gauges a drain cannot be judged without; the others (retiring, host transfers) are
+# checked where the engine exposes them.
+REQUIRED_DRAIN = ("requests_active", "requests_pending")
+COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_hits",
+            "gpu_reused_tokens", "stores", "evictions", "compactions", "prompt_tokens", "generation_tokens")
+OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "host_cache_bytes_capacity", "rows_used", "rows_capacity",
+             "pages_used", "pages_capacity", "resident_bytes")
+
+
+@dataclass
+class Capability:
+    name: str
+    status: str          # observable | not observable | not applicable
+    reason: str
+    required: bool = False
+    fits: bool = True    # False: observable, but not what the plan needs (e.g. an identity that differs)
+
+    @property
+    def missing(self) -> bool:
+        return self.required and (self.status == NOT_OBSERVABLE or not self.fits)
+
+
+@dataclass
+class SiteCheck:
+    site: str
+    plan: str | None
+    capabilities: list[Capability] = field(default_factory=list)
+    services: dict[str, str] = field(default_factory=dict)  # service -> why it could not be probed at all
+
+    @property
+    def missing(self) -> list[str]:
+        return [f"{s} (service)" for s in self.services] + [c.name for c in self.capabilities if c.missing]
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing
+
+    def summary(self) -> str:
+        counts = {s: sum(c.status == s for c in self.capabilities) for s in (OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE)}
+        tally = ", ".join(f"{n} {s}" for s, n in counts.items())
+        if self.ready:
+            return f"site check: ready: the plan can run on site {self.site} ({tally})"
+        return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
+                f"({tally})")
+
+    def as_dict(self) -> dict:
+        return {"site": self.site, "plan": self.plan, "ready": self.ready, "missing": self.missing,
+                "services": self.services, "capabilities": [{**asdict(c), "missing": c.missing} for c in self.capabilities]}
+
+
+class _ServiceDown(Exception):
+    pass
+
+
+class _Probe:
+    def __init__(self, target: Target, plan: Plan | None) -> None:
+        self.t = target
+        self.plan = plan
+        self.out = SiteCheck(target.site.name, plan.name if plan else None)
+
+    def add(self, name: str, status: str, reason: str, required: bool = False, fits: bool = True) -> None:
+        self.out.capabilities.append(Capability(name, status, reason, required, fits))
+
+    async def call(self, service: str, coro):
+        """One probe; a refused token or an unreachable service is recorded once, for the service."""
+        try:
+            return await coro
+        except (ActionFailed, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            f = classify_exception(exc, service)
+            if f.error == "authentication":
+                tf = self.t.site.token_files.get(service, "no token file")
+                self.out.services[service] = f"{service}: the service refused the token from {tf} (401)"
+                raise _ServiceDown from None
+            if f.error == "transport":
+                url = getattr(getattr(self.t.p, service, None), "url", "?")
+                self.out.services[service] = f"{service}: unreachable at {url} ({f.detail.split(': ', 1)[-1]})"
+                raise _ServiceDown from None
+            raise ActionFailed(f.error, f.detail) from None
+
+    async def run(self) -> SiteCheck:
+        for step in (self.serving, self.metrics, self.manager, self.router, self.monitoring, self.gpu):
+            try:
+                await step()
+            except _ServiceDown:
+                continue
+        return self.out
+
+    # --- serving --------------------------------------------------------------------------
+
+    async def serving(self) -> None:
+        t = self.t
+        if t.engine is None:
+            r = await self.call("serving", t.client.get(f"{t.p.serving.url}/health", headers=t._h("serving")))
+            if r.status_code == 401:
+                await self.call("serving", _raise(ActionFailed("authentication", "health: 401")))
+            self.add("serving.health", OBSERVABLE if r.status_code == 200 else NOT_OBSERVABLE,
+                     "an incarnation is loaded and ready" if r.status_code == 200 else f"/health answered {r.status_code}",
+                     required=True)
+        else:
+            await t.engine.prepare()
+        try:
+            ident = await self.call("serving", t.read_identity({}))
+        except ActionFailed as exc:
+            self.add("serving.identity", NOT_OBSERVABLE, exc.detail, required=True)
+            return
+        expected = {} if self.plan is None else _expected(self.plan)
+        for f in IDENTITY_FIELDS:
+            self._field(f"identity.{f}", ident, f, expected)
+        for f in ("recipe_sha256", "incarnation"):
+            have = ident.get(f) is not None
+            self.add(f"identity.{f}", OBSERVABLE if have else NOT_OBSERVABLE,
+                     str(ident.get(f)) if have else "not in the identity reply; fresh incarnations cannot be verified",
+                     required=True)
+        gpus = ident.get("gpus")
+        if gpus is None:
+            self.add("identity.gpus", NOT_OBSERVABLE, "no gpus in the identity reply", required="gpu_count" in expected)
+        else:
+            want_n, want_w = expected.get("gpu_count"), expected.get("gpu_power_limit_w")
+            watts = sorted({g.get("power_limit_w") for g in gpus}, key=str)
+            fits = (want_n is None or len(gpus) == want_n) and (want_w is None or watts == [want_w])
+            self.add("identity.gpus", OBSERVABLE, f"{len(gpus)} GPUs at {'/'.join(map(str, watts)) or '-'} W"
+                     + ("" if fits else f"; the plan expects {want_n} at {want_w} W"), required=True, fits=fits)
+        trace = self.plan is not None and self.plan.trace is not None
+        if t.engine is not None:
+            self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
+        else:
+            have = "trace_enabled" in ident
+            self.add("serving.trace_switch", OBSERVABLE if have else NOT_OBSERVABLE,
+                     ("trace_enabled reported; the switch itself is not toggled by a check" if have
+                      else "no trace_enabled in the identity reply") + ("" if trace else "; the plan has no trace arms"))
+
+    def _field(self, name: str, ident: dict, f: str, expected: dict) -> None:
+        if f not in ident:
+            self.add(name, NOT_OBSERVABLE, "not in the identity reply", required=f in expected)
+            return
+        fits = f not in expected or ident[f] == expected[f]
+        why = repr(ident[f]) + ("" if f not in expected else (", as the plan expects" if fits else
+                                                               f"; the plan expects {expected[f]!r}"))
+        self.add(name, OBSERVABLE, why, required=f in expected, fits=fits)
+
+    async def metrics(self) -> None:
+        try:
+            m = await self.call("serving", self.t.scrape_metrics({}))
+        except ActionFailed as exc:
+            self.add("metrics", NOT_OBSERVABLE, exc.detail, required=True)
+            return
+        counters, gauges, labels = m["counters"], m["gauges"], m["labels"]
+        replay = self.plan is None or any(p.kind == "replay" for p in self.plan.phases)
+        for c in COUNTERS:
+            have = counters.get(c) is not None or any(k.startswith(f"{c}.") for k in counters)
+            required = c == "host_reused_tokens" and replay  # the verdict cannot be reached without it
+            self.add(f"counter.{c}", OBSERVABLE if have else NOT_OBSERVABLE,
+                     "exposed" if have else "this engine does not expose it; reported as not observable", required)
+        for g in DRAIN_GAUGES:
+            have = gauges.get(g) is not None
+            required = g in REQUIRED_DRAIN
+            self.add(f"drain.{g}", OBSERVABLE if have else NOT_OBSERVABLE,
+                     f"now {_num(gauges[g])}" if have else ("a drain cannot be judged without it" if required
+                                                         else "not exposed; drains check what is"), required)
+        for g in OCCUPANCY:
+            have = gauges.get(g) is not None
+            self.add(f"gauge.{g}", OBSERVABLE if have else NOT_OBSERVABLE,
+                     f"now {_num(gauges[g])}" if have else "not exposed; its growth rule cannot fire")
+        self.add("metrics.identity_labels", OBSERVABLE if labels else NOT_OBSERVABLE,
+                 "build and incarnation info exposed" if labels else "no build/incarnation info: drift is checked "
+                                                                    "through the identity endpoint only")
+
+    # --- manager --------------------------------------------------------------------------
+
+    async def manager(self) -> None:
+        t = self.t
+        try:
+            st = await self.call("manager", t.manager_state({}))
+        except ActionFailed as exc:
+            self.add("manager.state", NOT_OBSERVABLE, exc.detail, required=True)
+            return
+        loaded = st.get("loaded")
+        self.add("manager.state", OBSERVABLE if loaded else NOT_OBSERVABLE,
+                 f"{loaded['recipe']} loaded" if loaded else "no recipe loaded: there is no incumbent to restore",
+                 required=True)
+        roles = [("candidate", t.site.candidate_recipe, None)]
+        if loaded:
+            roles.insert(0, ("incumbent", loaded.get("recipe"), loaded.get("sha256")))
+        shas = {}
+        for role, name, expect in roles:
+            try:
+                r = await self.call("manager", t.retain_recipe({"recipe": name, "expect_sha256": expect}))
+                shas[role] = r["sha256"]
+                self.add(f"recipe.{role}", OBSERVABLE, f"{name}: {r['bytes']} bytes, sha256 {r['sha256'][:12]} verified",
+                         required=True)
+            except ActionFailed as exc:
+                self.add(f"recipe.{role}", NOT_OBSERVABLE, exc.detail, required=True)
+        previews = []
+        if "incumbent" in shas:
+            previews += [("preview.unload_incumbent", "unload", loaded["recipe"], shas["incumbent"]),
+                         ("preview.rollback", "load", loaded["recipe"], shas["incumbent"])]
+        if "candidate" in shas:
+            previews.append(("preview.load_candidate", "load", t.site.candidate_recipe, shas["candidate"]))
+        for name, op, recipe, sha in previews:
+            try:
+                r = await self.call("manager", t.preview({"op": op, "recipe": recipe, "sha256": sha}))
+                ok = r.get("ok") is True
+                self.add(name, OBSERVABLE, f"{op} {recipe}: " + ("; ".join(map(str, r.get("steps") or [])) or "no steps")
+                         if ok else f"{op} {recipe}: the manager answered ok={r.get('ok')!r}", required=True, fits=ok)
+            except ActionFailed as exc:
+                self.add(name, NOT_OBSERVABLE, exc.detail, required=True)
+
+    # --- router, monitoring, GPU -------------------------------------------------------------
+
+    async def router(self) -> None:
+        if self.t.p.router is None:
+            self.add("router.backend", NOT_APPLICABLE, "the site has no router: quiesce, readmission and the routed "
+                                                       "preflight are not applicable")
+            return
+        try:
+            r = await self.call("router", self.t.snapshot({"what": "router"}))
+            b = r["backend"]
+            self.add("router.backend", OBSERVABLE, f"{b.get('id')}: admitted={b.get('admitted')}, inflight={b.get('inflight')}",
+                     required=True)
+        except ActionFailed as exc:
+            self.add("router.backend", NOT_OBSERVABLE, exc.detail, required=True)
+
+    async def monitoring(self) -> None:
+        if self.t.p.monitoring is None:
+            self.add("monitoring.target", NOT_APPLICABLE, "the site has no monitoring")
+            return
+        try:
+            m = await self.call("monitoring", self.t.snapshot({"what": "monitoring"}))
+            tgt = m.get("target")
+            self.add("monitoring.target", OBSERVABLE if tgt else NOT_OBSERVABLE,
+                     f"{tgt.get('id')}: registered={tgt.get('registered')}, healthy={tgt.get('healthy')}" if tgt
+                     else f"no target {self.t.p.monitoring.target!r}", required=True)
+        except ActionFailed as exc:
+            self.add("monitoring.target", NOT_OBSERVABLE, exc.detail, required=True)
+
+    async def gpu(self) -> None:
+        g = self.t.p.gpu
+        production = self.plan is not None and self.plan.production
+        if g.source == "none":
+            self.add("gpu.watch", NOT_OBSERVABLE if production else NOT_APPLICABLE,
+                     "gpu.source = \"none\": Xid, OOM and GPU memory rules cannot be enforced", required=production)
+            return
+        try:
+            v = await self.call("gpu", self.t.gpu_view())
+        except ActionFailed as exc:
+            self.add("gpu.watch", NOT_OBSERVABLE, exc.detail, required=production)
+            return
+        gpus = v.get("gpus") or []
+        mem = all(x.get("memory_total_bytes") for x in gpus) and bool(gpus)
+        self.add("gpu.watch", OBSERVABLE, f"{len(gpus)} GPUs via {g.source}; Xid events "
+                 + ("watched" if "xid_events" in v and not v.get("xid_watch_error") else
+                    f"NOT watched ({v.get('xid_watch_error', 'no xid_events')})"), required=production,
+                 fits="xid_events" in v and not v.get("xid_watch_error"))
+        self.add("gpu.memory", OBSERVABLE if mem else NOT_OBSERVABLE,
+                 "used and total memory read" if mem else "GPU memory not reported: the memory rule cannot fire")
+
+
+def _num(v: float) -> str:
+    return f"{int(v)}" if float(v).is_integer() else f"{v:g}"
+
+
+async def _raise(exc: Exception):
+    raise exc
+
+
+def _expected(plan: Plan) -> dict:
+    import msgspec
+    return msgspec.to_builtins(plan.identity)
+
+
+async def check_site(target: Target, plan: Plan | None) -> SiteCheck:
+    """Probes `target`'s site for `plan` (or for the contract alone), changing nothing on it."""
+    return await _Probe(target, plan).run()
+
+
+def render(check: SiteCheck) -> str:
+    lines = [f"site check of {check.site}" + (f" for plan {check.plan}" if check.plan else " (no plan: contract only)")]
+    for line in check.services.values():
+        lines.append(f"SERVICE DOWN    {line}")
+    for c in check.capabilities:
+        mark = "  <- required" if c.missing else ""
+        lines.append(f"{c.status:15} {c.name:34} {c.reason}{mark}")
+    lines.append(check.summary())
+    return "\n".join(lines)
+
+
+async def checked_target(setup: WindowSetup, recipe_dir: Path) -> Target:
+    """The window's target, once `site check` found everything the plan needs; else InputError
+    (nothing on the host was changed)."""
+    target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=recipe_dir)
+    try:
+        check = await check_site(target, setup.plan)
+    except BaseException:
+        await target.close()
+        raise
+    if not check.ready:
+        await target.close()
+        raise InputError(check.summary() + f"; see `flare-diag site check {setup.site_profile or 'SITE'} --plan PLAN`")
+    return target

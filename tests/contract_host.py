@@ -1,0 +1,431 @@
+"""A second Flare host, written from contract.md section 1 alone: stdlib only, no code shared with flaresim.
+
+Each of the five services (serving, manager, router, monitoring, GPU view) listens on a port of its
+own, which flaresim (one base URL) never exercises. Replies carry exactly the contract's fields. The
+host cache is the simplest one that shows reuse: an LRU of full-prompt checkpoints, `cache_entries`
+long, emptied with the counters on every new incarnation. With fewer entries than a fixture has
+bodies, a forward replay after a forward prime finds nothing (LRU's sequential-scan pathology) while
+a reverse replay finds the newest entries: churn. With enough entries, everything is found.
+
+Run: `python -m tests.contract_host CONFIG.json`; prints one JSON line with each service's URL,
+serves until killed, and appends every request it receives to `request_log` (JSON lines).
+
+`idle_close_s` emulates a host closing idle keep-alive connections in the unlucky order: a request
+that arrives on a connection idle for longer than that is dropped without an answer, as when the
+host's close crosses the client's next request on the wire.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+import threading
+import time
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SERVICES = ("serving", "manager", "router", "monitoring", "gpu")
+
+
+class State:
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.recipes: dict[str, bytes] = {n: t.encode() for n, t in cfg["recipes"].items()}
+        self.loaded: str | None = cfg["incumbent"]
+        self.incarnation = 1
+        self.trace = False
+        self.admitted = True
+        self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cache: OrderedDict[str, int] = OrderedDict()
+        self.c = {"lookups": 0, "hits": 0, "fetched": 0, "reused": 0, "stores": 0, "evictions": 0,
+                  "gpu_queries": 0, "prompt": 0, "generation": 0, "stop": 0, "length": 0}
+        self.active = 0
+
+    def sha(self, name: str) -> str:
+        return hashlib.sha256(self.recipes[name]).hexdigest()
+
+    def record(self, entry: dict) -> None:
+        if self.log is not None:
+            with self.lock:
+                self.log.write(json.dumps(entry) + "\n")
+
+
+def build(state: State, service: str):
+    cfg = state.cfg
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a) -> None:  # quiet
+            pass
+
+        def handle_one_request(self) -> None:
+            try:
+                self.raw_requestline = self.rfile.readline(65537)
+            except OSError:  # the client closed or reset the connection
+                self.raw_requestline = b""
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            # idle since the last answer on this connection, when the next request arrives
+            idle = time.monotonic() - self._done_at if hasattr(self, "_done_at") else 0.0
+            if cfg.get("idle_close_s") and idle > cfg["idle_close_s"]:
+                state.record({"service": service, "request": self.raw_requestline.decode(errors="replace").strip(),
+                              "dropped": True, "idle_s": round(idle, 3)})
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(405)
+            else:
+                method()
+            self.wfile.flush()
+            self._done_at = time.monotonic()
+
+        # --- plumbing
+        def body(self) -> bytes:
+            n = int(self.headers.get("content-length") or 0)
+            return self.rfile.read(n) if n else b""
+
+        def send_json(self, obj: object, status: int = 200) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def error(self, status: int, type_: str, message: str) -> None:
+            self.send_json({"error": {"type": type_, "message": message}}, status)
+
+        def authed(self) -> bool:
+            want = cfg["tokens"][service]
+            if self.headers.get("authorization") != f"Bearer {want}":
+                self.error(401, "authentication", "missing or wrong bearer token")
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            raw = b""
+            self._route("GET", raw)
+
+        def do_POST(self) -> None:
+            self._route("POST", self.body())
+
+        def _route(self, method: str, raw: bytes) -> None:
+            state.record({"service": service, "method": method, "path": self.path,
+                          "body_sha256": hashlib.sha256(raw).hexdigest() if raw else None})
+            if not self.authed():
+                return
+            fn = ROUTES.get((service, method, self.path))
+            if fn is None:
+                for (svc, m, prefix), f in PREFIXES.items():
+                    if svc == service and m == method and self.path.startswith(prefix):
+                        fn = lambda h, r, f=f, rest=self.path[len(prefix):]: f(h, r, rest)  # noqa: E731
+                        break
+            if fn is None:
+                self.error(404, "not_found", f"{method} {self.path}")
+                return
+            fn(self, raw)
+
+    return Handler
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+def identity(state: State) -> dict:
+    cfg = state.cfg
+    b = cfg["build"]
+    name = state.loaded
+    return {"image": b["image"], "flare_commit": b["flare_commit"], "package": b["package"], "model": b["model"],
+            "tensor_parallel": b["tensor_parallel"], "draft_tokens": b["draft_tokens"],
+            "host_cache_bytes": b["host_cache_bytes"], "disk_cache_enabled": False, "capture_enabled": False,
+            "trace_enabled": state.trace,
+            "gpus": [{"uuid": g["uuid"], "power_limit_w": g["power_limit_w"]} for g in cfg["gpus"]],
+            "recipe": name, "recipe_sha256": state.sha(name) if name else None,
+            "incarnation": f"c{state.incarnation}" if name else None}
+
+
+def r_health(h, _raw) -> None:
+    ok = h.server.state.loaded is not None
+    data = b"ok" if ok else b"no incarnation"
+    h.send_response(200 if ok else 503)
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
+def r_identity(h, _raw) -> None:
+    h.send_json(identity(h.server.state))
+
+
+def r_trace(h, raw) -> None:
+    st = h.server.state
+    st.trace = bool(json.loads(raw or b"{}").get("enabled"))
+    h.send_json(identity(st))
+
+
+def generate(h, raw: bytes, routed: bool = False) -> None:
+    st: State = h.server.state
+    if routed and not st.admitted:
+        return h.error(503, "unavailable", "no admitted backend")
+    if st.loaded is None:
+        return h.error(503, "unavailable", "no incarnation loaded")
+    try:
+        req = json.loads(raw)
+        messages = req["messages"]
+    except (ValueError, KeyError, TypeError):
+        return h.error(400, "invalid_request", "expected a JSON body with messages")
+    text = " ".join(str(m.get("content", "")) for m in messages)
+    prompt = len(text.split()) + 4 * len(messages)
+    key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+    max_tokens = int(req.get("max_tokens") or 16)
+    n = min(max_tokens, 8)
+    finish = "stop" if max_tokens > 8 else "length"
+    with st.lock:
+        c = st.c
+        c["lookups"] += 1
+        c["gpu_queries"] += prompt
+        reused = 0
+        if key in st.cache:
+            st.cache.move_to_end(key)
+            reused = st.cache[key]
+            c["hits"] += 1
+            c["fetched"] += reused
+            c["reused"] += reused
+        else:
+            st.cache[key] = prompt
+            c["stores"] += 1
+            while len(st.cache) > st.cfg["cache_entries"]:
+                st.cache.popitem(last=False)
+                c["evictions"] += 1
+        c["prompt"] += prompt
+        c["generation"] += n
+        c[finish] += 1
+        st.active += 1
+    usage = {"prompt_tokens": prompt, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": reused}}
+    rid = "c-" + hashlib.sha256(raw + str(time.monotonic_ns()).encode()).hexdigest()[:16]
+    try:
+        if not req.get("stream"):
+            return h.send_json({"id": rid, "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": " ok" * n}, "finish_reason": finish}],
+                "usage": usage})
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("x-request-id", rid)
+        h.send_header("transfer-encoding", "chunked")
+        h.end_headers()
+
+        def event(obj) -> None:
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        base = {"id": rid, "object": "chat.completion.chunk"}
+        event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
+        for _ in range(n - 1):
+            event({**base, "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]})
+        event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
+        event(b"[DONE]")
+        h.wfile.write(b"0\r\n\r\n")
+    finally:
+        with st.lock:
+            st.active -= 1
+
+
+def r_metrics(h, _raw) -> None:
+    st: State = h.server.state
+    omit = set(st.cfg.get("omit_metrics", []))
+    c = st.c
+    cap = st.cfg["cache_entries"]
+    bytes_cap = st.cfg["build"]["host_cache_bytes"]
+    lines: list[str] = []
+
+    def fam(name: str, kind: str, samples: list[tuple[str, float]]) -> None:
+        if name in omit:
+            return
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, v in samples:
+            suffix = "_total" if kind == "counter" else ""
+            lines.append(f"{name}{suffix}{labels} {v}")
+
+    if st.loaded is not None:
+        fam("flare_host_cache_lookups", "counter", [("", c["lookups"])])
+        fam("flare_host_cache_hits", "counter", [("", c["hits"])])
+        fam("flare_host_cache_fetched_tokens", "counter", [("", c["fetched"])])
+        fam("flare_host_cache_reused_tokens", "counter", [("", c["reused"])])
+        fam("flare_host_cache_stores", "counter", [('{checkpoint="message_prefix"}', 0),
+                                                   ('{checkpoint="full_prompt"}', c["stores"]),
+                                                   ('{checkpoint="terminal"}', 0)])
+        fam("flare_host_cache_evictions", "counter", [('{pool="row"}', c["evictions"]), ('{pool="page"}', 0)])
+        fam("flare_host_cache_compactions", "counter", [("", 0)])
+        fam("flare_gpu_prefix_cache_queries", "counter", [("", c["gpu_queries"])])
+        fam("flare_gpu_prefix_cache_hits", "counter", [("", 0)])
+        fam("flare_gpu_prefix_cache_reused_tokens", "counter", [("", 0)])
+        fam("flare_requests_finished", "counter", [('{finish_reason="stop"}', c["stop"]),
+                                                   ('{finish_reason="length"}', c["length"])])
+        fam("flare_prompt_tokens", "counter", [("", c["prompt"])])
+        fam("flare_generation_tokens", "counter", [("", c["generation"])])
+        for g, v in (("flare_requests_active", st.active), ("flare_requests_pending", 0), ("flare_requests_retiring", 0),
+                     ("flare_host_transfers_inflight", 0), ("flare_host_transfers_waiting", 0),
+                     ("flare_host_cache_records", len(st.cache)),
+                     ("flare_host_cache_bytes_used", len(st.cache) * (bytes_cap // max(cap, 1))),
+                     ("flare_host_cache_bytes_capacity", bytes_cap),
+                     ("flare_host_cache_rows_used", len(st.cache)), ("flare_host_cache_rows_capacity", cap),
+                     ("flare_host_cache_pages_used", 0), ("flare_host_cache_pages_capacity", cap),
+                     ("flare_process_resident_bytes", 8 << 30)):
+            fam(g, "gauge", [("", v)])
+        i = identity(st)
+        fam("flare_build_info", "gauge", [('{image="%s",flare_commit="%s",package="%s",model="%s"}' % (
+            i["image"], i["flare_commit"], i["package"], i["model"]), 1)])
+        fam("flare_incarnation_info", "gauge", [('{incarnation="%s",recipe_sha256="%s"}' % (
+            i["incarnation"], i["recipe_sha256"]), 1)])
+    data = ("\n".join(lines) + "\n").encode()
+    h.send_response(200)
+    h.send_header("content-type", "text/plain; version=0.0.4")
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
+# --- manager ---------------------------------------------------------------------------------
+
+def r_recipe(h, _raw, name: str) -> None:
+    st: State = h.server.state
+    if name not in st.recipes:
+        return h.error(404, "not_found", f"no recipe {name}")
+    h.send_json({"name": name, "sha256": st.sha(name), "content_b64": base64.b64encode(st.recipes[name]).decode()})
+
+
+def r_state(h, _raw) -> None:
+    st: State = h.server.state
+    loaded = None if st.loaded is None else {"recipe": st.loaded, "sha256": st.sha(st.loaded),
+                                             "incarnation": f"c{st.incarnation}"}
+    h.send_json({"loaded": loaded, "busy": False})
+
+
+def _recipe_arg(h, raw: bytes) -> tuple[dict, str] | None:
+    st: State = h.server.state
+    body = json.loads(raw or b"{}")
+    name = body.get("recipe")
+    if name not in st.recipes:
+        h.error(404, "not_found", f"no recipe {name}")
+        return None
+    if body.get("sha256") != st.sha(name):
+        h.error(409, "conflict", "sha256 does not match the stored bytes")
+        return None
+    return body, name
+
+
+def r_preview(h, raw) -> None:
+    got = _recipe_arg(h, raw)
+    if got is not None:
+        body, name = got
+        h.send_json({"ok": True, "steps": ["stop", "release"] if body.get("op") == "unload" else ["start", "ready"]})
+
+
+def r_load(h, raw) -> None:
+    got = _recipe_arg(h, raw)
+    if got is None:
+        return
+    st: State = h.server.state
+    time.sleep(st.cfg.get("load_delay_s", 0))
+    with st.lock:
+        st.loaded = got[1]
+        st.incarnation += 1
+        st.trace = False
+        st._reset()
+    h.send_json({"incarnation": f"c{st.incarnation}"})
+
+
+def r_unload(h, raw) -> None:
+    got = _recipe_arg(h, raw)
+    if got is None:
+        return
+    st: State = h.server.state
+    if st.loaded != got[1]:
+        return h.error(409, "conflict", "that recipe is not loaded")
+    st.loaded = None
+    h.send_json({})
+
+
+# --- router, monitoring, GPU ----------------------------------------------------------------
+
+def backend(st: State) -> dict:
+    return {"id": "primary", "url": st.cfg.get("serving_url", ""), "admitted": st.admitted, "inflight": 0}
+
+
+def r_backends(h, _raw) -> None:
+    h.send_json({"config_sha256": hashlib.sha256(b"primary").hexdigest(), "backends": [backend(h.server.state)]})
+
+
+def r_backend_op(h, _raw, rest: str) -> None:
+    st: State = h.server.state
+    bid, _, op = rest.partition("/")
+    if bid != "primary" or op not in ("quiesce", "readmit"):
+        return h.error(404, "not_found", rest)
+    st.admitted = op == "readmit"
+    h.send_json(backend(st))
+
+
+def r_targets(h, _raw) -> None:
+    st: State = h.server.state
+    h.send_json({"targets": [{"id": "primary", "url": st.cfg.get("serving_url", ""), "registered": True,
+                              "healthy": st.loaded is not None}]})
+
+
+def r_gpu(h, _raw) -> None:
+    h.send_json({"gpus": h.server.state.cfg["gpus"], "xid_events": []})
+
+
+ROUTES = {
+    ("serving", "GET", "/health"): r_health,
+    ("serving", "GET", "/flare/v1/identity"): r_identity,
+    ("serving", "POST", "/flare/v1/trace"): r_trace,
+    ("serving", "POST", "/v1/chat/completions"): generate,
+    ("serving", "GET", "/metrics"): r_metrics,
+    ("manager", "GET", "/manager/v1/state"): r_state,
+    ("manager", "POST", "/manager/v1/preview"): r_preview,
+    ("manager", "POST", "/manager/v1/load"): r_load,
+    ("manager", "POST", "/manager/v1/unload"): r_unload,
+    ("router", "GET", "/router/v1/backends"): r_backends,
+    ("router", "POST", "/v1/chat/completions"): lambda h, raw: generate(h, raw, routed=True),
+    ("monitoring", "GET", "/monitoring/v1/targets"): r_targets,
+    ("gpu", "GET", "/sim/v1/gpu"): r_gpu,
+}
+PREFIXES = {
+    ("manager", "GET", "/manager/v1/recipes/"): r_recipe,
+    ("router", "POST", "/router/v1/backends/"): r_backend_op,
+}
+
+
+def serve(cfg: dict) -> dict[str, str]:
+    state = State(cfg)
+    urls = {}
+    for svc in SERVICES:
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), build(state, svc))
+        srv.daemon_threads = True
+        srv.state = state  # type: ignore[attr-defined]
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        urls[svc] = f"http://127.0.0.1:{srv.server_address[1]}"
+    cfg["serving_url"] = urls["serving"]
+    return urls
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(open(argv[0]).read())
+    urls = serve(cfg)
+    print(json.dumps(urls), flush=True)
+    threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
