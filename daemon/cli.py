@@ -156,8 +156,11 @@ def _window(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
                   f"(chain {'ok' if report['integrity']['chain_ok'] else 'BROKEN'}, audit {'ok' if report['integrity']['audit_ok'] else 'DIVERGED'})")
-    ok = report.get("outcome") == "completed" and report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]
-    return EXIT_OK if ok else EXIT_FAILED
+    from daemon.client import exit_for
+    code = exit_for(report.get("outcome"))
+    if code == EXIT_OK and not (report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]):
+        code = EXIT_FAILED
+    return code
 
 
 def _site_check(args: argparse.Namespace) -> int:

@@ -127,7 +127,7 @@ def abort(path: Path, reason: str, console: Console) -> int:
 
 
 def watch(path: Path, from_seq: int | None, console: Console) -> int:
-    """Streams the current window's events until it closes; exit 0 when it completed, 1 otherwise."""
+    """Streams the current window's events until it closes; exits as `run` does (contract section 3)."""
     c = Connection(path, timeout=None)
     try:
         c.call(control.Watch(from_seq=from_seq))
@@ -142,7 +142,7 @@ def watch(path: Path, from_seq: int | None, console: Console) -> int:
                     continue
                 view.on_event(rep["seq"], ev)
                 if isinstance(ev, WindowClosed):
-                    return 0 if ev.outcome == "completed" else 1
+                    return exit_for(ev.outcome)
     finally:
         c.close()
 
@@ -158,3 +158,9 @@ def report(path: Path, window_id: str, fmt: str, out: Path | None) -> int:
     else:
         out.write_text(rep["content"])
     return 0
+
+
+def exit_for(outcome: str | None) -> int:
+    """Contract section 3: 0 completed and restored; 1 partial or aborted, restored; 3 the restoration
+    did not verify (the primary needs a person)."""
+    return {"completed": 0, "restore_failed": 3}.get(outcome or "", 1)

@@ -19,7 +19,7 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .st-invalid{background:#fff3cd;color:#7a5200;border:1px dashed #e0a000}
 .st-deferred{background:#e8eef7;color:#34495e;border:1px dotted #6b7c93}
 tr.st-failed td{background:#fff6f6}tr.st-invalid td{background:#fffbea}tr.st-deferred td{color:#567}
-.outcome-completed{color:#17602a}.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
+.outcome-completed{color:#17602a}.outcome-partial{color:#8a5a00}.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
 .attention{border:2px solid #8c1d18;background:#fbeaea;padding:.4em .8em;margin:1em 0}.attention ul{margin:.3em 0}
 table.requests td{text-align:right;font-variant-numeric:tabular-nums}table.requests td:first-child{text-align:left}
 .pass{color:#17602a}.fail{color:#8c1d18;font-weight:700}.na{color:#777}.mism{color:#8c1d18;font-weight:700}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 NEXT_EXPERIMENT = {
     "not_reproduced": (
@@ -34,29 +34,52 @@ def _reused(cell: Mapping | None) -> int | None:
     return host.get("reused_tokens")
 
 
-def verdict(cells: Mapping[str, Mapping]) -> tuple[str, str]:
-    """(hypothesis, basis) by the contract's rule, applied in its order."""
+RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward replay of the same bodies, "
+             "after the incumbent is restored; the replay-order control decides between churn and a result "
+             "that does not reproduce.")
+
+
+def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = ()) -> tuple[str, str, str]:
+    """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order.
+
+    The basis always names every required cell that was not measured."""
+    unmeasured = [p for p in required if (cells.get(p) or {}).get("status") != "measured"]
+    hyp, basis, nxt = _rule(cells)
+    if unmeasured:
+        why = "; ".join(f"{p} {(cells.get(p) or {}).get('status') or 'not run'}"
+                        + (f" ({cells[p].get('reason')})" if cells.get(p) and cells[p].get("reason") else "")
+                        for p in unmeasured)
+        basis += f". Required cells not measured: {why}"
+    return hyp, basis, nxt
+
+
+def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
     rev = cells.get("A.reverse_replay")
     if not rev or rev.get("status") != "measured":
         why = rev.get("reason") if rev else "not run"
-        return "inconclusive", f"A.reverse_replay was not measured ({rev.get('status') if rev else 'absent'}: {why})"
+        return ("inconclusive", f"A.reverse_replay was not measured ({rev.get('status') if rev else 'absent'}: {why})",
+                NEXT_EXPERIMENT["inconclusive"])
     if (rev.get("host") or {}).get("reused_tokens") is None:
-        return "inconclusive", "A.reverse_replay was measured but host reused tokens are not observable on this target"
-    fwd = cells.get("B.forward_replay")
-    fwd_reused = _reused(fwd)
+        return ("inconclusive", "A.reverse_replay was measured but host reused tokens are not observable on this target",
+                NEXT_EXPERIMENT["inconclusive"])
+    fwd_reused = _reused(cells.get("B.forward_replay"))
     if fwd_reused is not None and fwd_reused > 0:
-        return "not_reproduced", f"B.forward_replay measured with {fwd_reused} host reused tokens"
+        return ("not_reproduced", f"B.forward_replay measured with {fwd_reused} host reused tokens",
+                NEXT_EXPERIMENT["not_reproduced"])
     rev_reused = _reused(rev) or 0
     small_reused = _reused(cells.get("B.small_control"))
-    if rev_reused > 0:
-        return "row_checkpoint_churn", f"A.reverse_replay reused {rev_reused} host tokens" + (
-            f"; B.forward_replay reused {fwd_reused}" if fwd_reused is not None else "")
-    if small_reused:
-        return "row_checkpoint_churn", f"B.small_control reused {small_reused} host tokens while A.reverse_replay reused 0"
+    if rev_reused > 0 or small_reused:
+        seen = (f"A.reverse_replay reused {rev_reused} host tokens" if rev_reused > 0 else
+                f"B.small_control reused {small_reused} host tokens while A.reverse_replay reused 0")
+        if fwd_reused is None:
+            # one diagnostic pair per order is needed to nominate a cause (contract 4, amended)
+            return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured",
+                    RUN_B_ARM)
+        return "row_checkpoint_churn", f"{seen}; B.forward_replay reused 0", NEXT_EXPERIMENT["row_checkpoint_churn"]
     parts = ["A.reverse_replay reused 0 host tokens"]
     if small_reused is not None:
         parts.append("B.small_control reused 0")
-    return "key_or_checkpoint_eligibility", "; ".join(parts)
+    return "key_or_checkpoint_eligibility", "; ".join(parts), NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]
 
 
 def findings(cells: Mapping[str, Mapping]) -> list[str]:

@@ -45,6 +45,7 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     quiesce_drain_timeout_s: float = 120
     load_estimate_s: float = 90
     request_estimate_s: float = 20
+    arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
 
 
 class Growth(msgspec.Struct, forbid_unknown_fields=True):

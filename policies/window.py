@@ -21,7 +21,7 @@ from events.schema import (
     RestoreStarted, Tick, TimeMarked, TraceOrderFrozen, VerdictReached, WatchObserved, WindowClosed, WindowOpened,
 )
 from policies import rules
-from policies.interpret import NEXT_EXPERIMENT, findings, verdict
+from policies.interpret import findings, verdict
 from policies.plan import Plan, PhaseSpec, expand_phases, plan_from_builtins, trace_arm_order
 
 NS_PER_MIN = 60_000_000_000
@@ -70,6 +70,8 @@ class WindowPolicy:
         self.gen: Proc | None = None
         self.cells: dict[str, dict] = {}
         self.phase_order: list[str] = []
+        self.required: list[str] = []  # cells without which the window is `partial` (contract 4)
+        self.draining_after = False  # the current phase's requests all finished; its closing drain runs
         self.comparable: dict[str, bool] = {}
         self.current: dict | None = None  # the phase being run: id, done, total
         self.abort: dict | None = None
@@ -131,7 +133,7 @@ class WindowPolicy:
         if isinstance(self.wait, _Sleep):
             times.append(self.wait.until_ns)
         if self.t0 is not None:
-            if self.stage == "experiment":
+            if self.stage == "experiment" and not self.stop_marked:
                 times.append(self._stop_ns())
             elif not self.overrun_marked:
                 times.append(self.t0 + int(self.plan.timing.window_min * NS_PER_MIN))  # type: ignore[union-attr]
@@ -161,6 +163,7 @@ class WindowPolicy:
         specs = expand_phases(self.plan)
         self.phase_order = [p.id for p in specs] + [c.id for c in self.plan.conditional]
         self.comparable = {p.id: p.comparable for p in specs}
+        self.required = [p.id for p in specs if not p.optional]
         self.stage = "experiment"
         self.gen = self._experiment()
         self.wait = None
@@ -225,7 +228,10 @@ class WindowPolicy:
             return
         if self.stage == "experiment" and self.now >= self._stop_ns():
             self._mark_stop()
-            self._interrupt_outside("stop_minute")
+            # a phase whose requests have all finished is judged on them: its closing drain (bounded
+            # by the drain timeout, no experimental request in it) runs on, then the window restores
+            if not self.draining_after:
+                self._interrupt_outside("stop_minute")
         end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
         if self.stage == "restore" and self.now >= end and not self.overrun_marked:
             self.overrun_marked = True
@@ -414,12 +420,13 @@ class WindowPolicy:
             self._abort_inside("containment", f"the primary did not drain within {plan.timing.quiesce_drain_timeout_s} s of quiesce")
         res = yield from self._act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
         if not res.ok:
-            reason = rules.abort_for_error(res.error)
-            if reason:
-                self._abort_inside(reason, f"incumbent unload: {res.detail}")
-            self._close_open_cells("incumbent unload failed")
-            return
+            # the take-down itself failed: no candidate can load beside the incumbent, so restore
+            self._abort_inside(rules.abort_for_error(res.error) or "preflight",
+                               f"incumbent unload failed, nothing was taken down: {res.detail or res.error}")
         for ph in expand_phases(plan):
+            if self.now >= self._stop_ns():  # reached while a phase's closing drain ran on
+                self._mark_stop()
+                raise _Interrupt("stop_minute")
             yield from self._phase(ph)
         self._close_open_cells("completed")
 
@@ -446,6 +453,8 @@ class WindowPolicy:
         plan = self.plan
         assert plan is not None and self.t0 is not None
         timing = plan.timing
+        if ph.id in self.cells:  # already decided, e.g. deferred with its whole arm
+            return
         if ph.incarnation in self.failed_incarnations:
             self._cell(ph.id, "failed", self.failed_incarnations[ph.incarnation])
             return
@@ -458,10 +467,11 @@ class WindowPolicy:
                 return
         reqs = self._phase_requests(ph) if ph.kind == "replay" else []
         per_req = self._estimate_ns(ph.fixture) if ph.fixture else 0
-        rounds = -(-len(reqs) // max(ph.concurrency, 1))
-        est = rounds * per_req + int(2 * timing.drain_poll_s * timing.stable_observations * NS_PER_S)
+        est = self._phase_estimate_ns(ph)
         if ph.incarnation != self.candidate_loaded:
             est += int(timing.load_estimate_s * NS_PER_S)
+            if not ph.optional and not self._arm_fits(ph):
+                return
         end = self.now + est
         if end > self._stop_ns():
             self._cell(ph.id, "deferred", f"not started: estimated end at minute {self._minute(end):.1f} passes the stop"
@@ -477,6 +487,33 @@ class WindowPolicy:
             yield from self._identity_phase(ph)
         else:
             yield from self._replay_phase(ph, reqs, per_req)
+
+    def _phase_estimate_ns(self, ph: PhaseSpec) -> int:
+        """Window time a phase takes by the current estimate: its requests, and its drains."""
+        timing = self.plan.timing  # type: ignore[union-attr]
+        n = len(self._phase_requests(ph)) if ph.kind == "replay" else 0
+        rounds = -(-n // max(ph.concurrency, 1))
+        per_req = self._estimate_ns(ph.fixture) if ph.fixture else 0
+        return rounds * per_req + int(2 * timing.drain_poll_s * timing.stable_observations * NS_PER_S)
+
+    def _arm_fits(self, first: PhaseSpec) -> bool:
+        """An arm (an incarnation and its required phases, e.g. B's prime and replay, which only make
+        sense together) starts only if all of them fit before the stop minute less the plan's margin.
+        Otherwise every phase of the arm is deferred, and no primary downtime is spent priming an arm
+        whose replay could not run."""
+        timing = self.plan.timing  # type: ignore[union-attr]
+        arm = [p for p in expand_phases(self.plan) if p.incarnation == first.incarnation]  # type: ignore[arg-type]
+        required = [p for p in arm if not p.optional and p.id not in self.cells]
+        end = self.now + int(timing.load_estimate_s * NS_PER_S) + sum(self._phase_estimate_ns(p) for p in required)
+        limit = self._stop_ns() - int(timing.arm_margin_min * NS_PER_MIN)
+        if end <= limit:
+            return True
+        why = (f"not started: arm {first.incarnation} ({', '.join(p.id for p in required)}) would end at minute "
+               f"{self._minute(end):.1f} by the current estimate, past the stop minute {timing.stop_min:g} less the "
+               f"margin of {timing.arm_margin_min:g} min")
+        for p in arm:
+            self._cell(p.id, "deferred", why, comparable=p.comparable)
+        return False
 
     def _fresh_incarnation(self, label: str) -> Generator[Any, Any, bool]:
         cand = self.candidate_recipe
@@ -575,7 +612,13 @@ class WindowPolicy:
             if not res.ok or res.data.get("trace_enabled") != ph.trace:
                 self._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
                 return
-            self.ref_labels = None  # a trace toggle is an intended identity change
+            # a toggle may change trace_enabled and nothing else: drift is watched through trace arms too
+            mism = rules.identity_mismatches(_expected(plan), res.data, trace=ph.trace)
+            mism += rules.label_drift({k: v for k, v in (self.ref_labels or {}).items()
+                                       if k in ("incarnation", "recipe_sha256")}, res.data)
+            if mism:
+                self._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: "
+                                   + "; ".join(mism))
         self.current = {"id": ph.id, "done": 0, "total": len(reqs), "comparable": ph.comparable}
         settled = yield from self._drain(plan.timing.drain_timeout_s, f"before {ph.id}")
         if not settled:
@@ -627,7 +670,9 @@ class WindowPolicy:
                     failures.append(f"#{k + j}: {rd.error}")
             k += len(batch)
             self.current["done"] = k  # type: ignore[index]
+        self.draining_after = True
         settled = yield from self._drain(plan.timing.drain_timeout_s, f"after {ph.id}")
+        self.draining_after = False
         self.current = None
         after = self.last_counters if settled else prev
         delta = rules.counter_delta(before, after or {})
@@ -640,6 +685,9 @@ class WindowPolicy:
             self._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
         else:
             why = f"{len(reqs)} requests" + (f", {natural} natural output failures recorded" if natural else "")
+            if self.stop_marked:
+                why += (f"; its closing drain settled at minute {self._minute():.2f}, after the stop minute "
+                        f"{plan.timing.stop_min:g} (all its requests had finished before it)")
             if not ph.comparable:
                 full = len(fixture.get("sha256", [])) or "full"
                 why += f"; non-fresh initial state, not comparable to the {full}-prompt arms"
@@ -706,10 +754,12 @@ class WindowPolicy:
         verified = all(v is not False for v in checks.values())
         self._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=self.restore_started,
                                        finished_minute=self._minute()))
-        hyp, basis = verdict(self.cells)
-        self._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=NEXT_EXPERIMENT[hyp],
-                                  findings=findings(self.cells)))
-        outcome = "restore_failed" if not verified else ("aborted" if self.abort else "completed")
+        hyp, basis, nxt = verdict(self.cells, self.required)
+        self._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(self.cells)))
+        # `completed` only when every required cell was measured (contract 4, amended)
+        complete = all(self.cells.get(p, {}).get("status") == "measured" for p in self.required)
+        outcome = ("restore_failed" if not verified else "aborted" if self.abort else
+                   "completed" if complete else "partial")
         self._emit(WindowClosed(outcome=outcome, minute=self._minute()))
 
 

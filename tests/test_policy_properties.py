@@ -177,3 +177,21 @@ def test_audit_finds_the_first_altered_decision(params, pick):
     recs[i] = (seq, wid, altered)
     res = audit(recs)
     assert not res.ok and res.divergence.seq == seq
+
+
+_status = st.sampled_from(["measured", "failed", "invalid", "deferred", None])
+_reuse = st.one_of(st.none(), st.integers(min_value=0, max_value=5))
+REQUIRED = ["A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "B.forward_prime", "B.forward_replay"]
+
+
+@given(st.dictionaries(st.sampled_from(REQUIRED + ["B.small_control"]), st.tuples(_status, _reuse)))
+def test_the_verdict_never_nominates_churn_without_the_measured_control_and_names_every_unmeasured_required_cell(spec):
+    from policies.interpret import verdict
+    cells = {p: {"status": s, "reason": "r", "host": {"reused_tokens": u}} for p, (s, u) in spec.items() if s}
+    hyp, basis, _next = verdict(cells, REQUIRED)
+    fwd = cells.get("B.forward_replay")
+    if hyp == "row_checkpoint_churn":
+        assert fwd and fwd["status"] == "measured" and fwd["host"]["reused_tokens"] == 0
+    for p in REQUIRED:
+        if (cells.get(p) or {}).get("status") != "measured":
+            assert p in basis

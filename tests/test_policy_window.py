@@ -81,7 +81,7 @@ def test_trace_order_is_frozen_before_the_first_request():
 
 
 def test_phase_whose_estimated_end_passes_the_stop_minute_is_deferred_with_its_reason():
-    _w, h = run(World(plan_builtins(), request_s=22))
+    _w, h = run(World(plan_builtins(), request_s=17))  # the B arm fits; not every optional trace arm
     c = cells(h)
     deferred = [p for p, x in c.items() if x.status == "deferred" and "estimated end" in x.reason]
     assert deferred and all("passes the stop minute" in c[p].reason for p in deferred)
@@ -355,3 +355,82 @@ def test_outcome_for_a_request_nobody_waits_for_changes_nothing():
     drive(pol, w)
     assert pol.receive(RequestDone(at_ns=10**15, action_id=99999, phase="x", order_index=0, body_index=0,
                                    body_sha256="", outcome="ok")) == []
+
+
+# --- contract section 4 as amended 2026-11-29 -------------------------------------------------
+
+def test_a_window_that_leaves_a_required_cell_unmeasured_closes_partial_and_says_which():
+    _w, h = run(World(plan_builtins(), request_s=22))
+    c = cells(h)
+    assert c["B.forward_replay"].status != "measured"
+    assert closed(h).outcome == "partial"
+    basis = decisions(h, VerdictReached)[0].basis
+    assert "Required cells not measured" in basis and "B.forward_replay" in basis
+
+
+def test_an_arm_whose_required_phases_do_not_fit_is_not_started_at_all():
+    # 22 s a request: A fits, but B's prime and replay together would pass minute 70 by the estimate
+    _w, h = run(World(plan_builtins(), request_s=22))
+    c = cells(h)
+    assert c["B.forward_prime"].status == c["B.forward_replay"].status == "deferred"
+    assert "arm B" in c["B.forward_prime"].reason
+    loads = [a for a in actions(h) if a.action == "load" and a.args.get("label") == "B"]
+    assert loads == []  # no primary downtime spent priming an arm whose replay could not run
+
+
+def test_reverse_reuse_without_the_replay_order_control_is_inconclusive_with_next_step_run_the_b_arm():
+    _w, h = run(World(plan_builtins(), request_s=22))
+    v = decisions(h, VerdictReached)[0]
+    assert v.hypothesis == "inconclusive"
+    assert "B.forward_replay was not measured" in v.basis and v.next_experiment.startswith("Run the B arm")
+
+
+def test_a_failed_incumbent_unload_aborts_into_restore():
+    w = World(plan_builtins())
+    w.fail["unload"] = "http_500"
+    _w, h = run(w)
+    assert decisions(h, AbortDecided)[0].detail.startswith("incumbent unload failed")
+    assert closed(h).outcome == "aborted"
+    assert not [a for a in actions(h) if a.action == "load" and a.args.get("label") in ("A", "B")]
+
+
+def test_the_small_control_runs_without_waiting_on_an_earlier_result():
+    _w, h = run()
+    assert cells(h)["B.small_control"].status == "measured"
+
+
+def test_a_trace_toggle_that_changes_more_than_trace_enabled_aborts_with_identity_drift():
+    w = World(plan_builtins())
+    state = {"armed": False}
+
+    def hook(world, hist):
+        if not state["armed"] and any(isinstance(d, CellRecorded) and d.phase == "B.small_control" for _i, ds in hist for d in ds):
+            world.identity_override = {"image": "0badc0de"}
+            state["armed"] = True
+        return None
+
+    _w, h = run(w, hook)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "identity_drift" and "trace" in ab.detail
+
+
+def test_a_closing_drain_that_crosses_the_stop_minute_does_not_invalidate_a_finished_phase():
+    w = World(plan_builtins())
+    state = {"armed": False}
+
+    def hook(world, hist):
+        # all of B.forward_replay's requests answered: the clock jumps to just before minute 70 and
+        # the closing drain runs across it
+        done = [d for _i, ds in hist for d in ds if isinstance(d, ActionRequested) and d.action == "send_request"
+                and d.args["phase"] == "B.forward_replay"]
+        answered = sum(1 for i, _ds in hist if isinstance(i, RequestDone) and i.phase == "B.forward_replay")
+        if not state["armed"] and len(done) == 52 and answered == 52:
+            t0 = next(i.at_ns for i, ds in hist if any(isinstance(d, TimeMarked) and d.mark == "t0" for d in ds))
+            world.now = max(world.now, t0 + 70 * 60 * S - int(0.3 * S))
+            state["armed"] = True
+        return None
+
+    _w, h = run(w, hook)
+    c = cells(h)["B.forward_replay"]
+    assert c.status == "measured" and "after the stop minute" in c.reason
+    assert decisions(h, RestoreStarted)[0].cause == "stop_minute"
