@@ -16,6 +16,16 @@ PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
 SCALE = 100
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """TERM, then KILL after 5 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Sim:
     """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
 
@@ -35,12 +45,7 @@ class Sim:
         return httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"}, timeout=10).json()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 class Daemon:
