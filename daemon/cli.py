@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     site = sub.add_parser("site", help="check a live site without changing it")
     sitesub = site.add_subparsers(dest="site_cmd", required=True, parser_class=_Parser)
     sc = sitesub.add_parser("check", help="probe every endpoint a window would use; change nothing",
-                            description="Exit 0: the plan can run on this site; 1: something it needs is missing; "
+                            description="Exit 0: everything the plan needs is observable on this site; 1: something it needs is missing; "
                                         "2: bad input.")
     sc.add_argument("site", type=Path, help="the site profile (TOML)")
     sc.add_argument("--plan", type=Path, default=None,

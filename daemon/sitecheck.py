@@ -16,7 +16,7 @@ import httpx
 from daemon.errors import ActionFailed, classify_exception
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup
-from policies.plan import Plan
+from policies.plan import Plan, expected_identity
 from policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
 OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE = "observable", "not observable", "not applicable"
@@ -62,7 +62,7 @@ class SiteCheck:
         counts = {s: sum(c.status == s for c in self.capabilities) for s in (OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE)}
         tally = ", ".join(f"{n} {s}" for s, n in counts.items())
         if self.ready:
-            return f"site check: ready: the plan can run on site {self.site} ({tally})"
+            return f"site check: ready: everything the plan needs is observable on site {self.site} ({tally})"
         return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
                 f"({tally})")
 
@@ -113,11 +113,9 @@ class _Probe:
     async def serving(self) -> None:
         t = self.t
         if t.engine is None:
-            r = await self.call("serving", t.client.get(f"{t.p.serving.url}/health", headers=t._h("serving")))
-            if r.status_code == 401:
-                await self.call("serving", _raise(ActionFailed("authentication", "health: 401")))
-            self.add("serving.health", OBSERVABLE if r.status_code == 200 else NOT_OBSERVABLE,
-                     "an incarnation is loaded and ready" if r.status_code == 200 else f"/health answered {r.status_code}",
+            code = (await self.call("serving", t.health({})))["status"]
+            self.add("serving.health", OBSERVABLE if code == 200 else NOT_OBSERVABLE,
+                     "an incarnation is loaded and ready" if code == 200 else f"/health answered {code}",
                      required=True)
         else:
             await t.engine.prepare()
@@ -126,7 +124,7 @@ class _Probe:
         except ActionFailed as exc:
             self.add("serving.identity", NOT_OBSERVABLE, exc.detail, required=True)
             return
-        expected = {} if self.plan is None else _expected(self.plan)
+        expected = {} if self.plan is None else expected_identity(self.plan)
         for f in IDENTITY_FIELDS:
             self._field(f"identity.{f}", ident, f, expected)
         for f in ("recipe_sha256", "incarnation"):
@@ -271,8 +269,8 @@ class _Probe:
         gpus = v.get("gpus") or []
         mem = all(x.get("memory_total_bytes") for x in gpus) and bool(gpus)
         self.add("gpu.watch", OBSERVABLE, f"{len(gpus)} GPUs via {g.source}; Xid events "
-                 + ("watched" if "xid_events" in v and not v.get("xid_watch_error") else
-                    f"NOT watched ({v.get('xid_watch_error', 'no xid_events')})"), required=production,
+                 + ("readable" if "xid_events" in v and not v.get("xid_watch_error") else
+                    f"NOT readable ({v.get('xid_watch_error', 'no xid_events')})"), required=production,
                  fits="xid_events" in v and not v.get("xid_watch_error"))
         self.add("gpu.memory", OBSERVABLE if mem else NOT_OBSERVABLE,
                  "used and total memory read" if mem else "GPU memory not reported: the memory rule cannot fire")
@@ -280,15 +278,6 @@ class _Probe:
 
 def _num(v: float) -> str:
     return f"{int(v)}" if float(v).is_integer() else f"{v:g}"
-
-
-async def _raise(exc: Exception):
-    raise exc
-
-
-def _expected(plan: Plan) -> dict:
-    import msgspec
-    return msgspec.to_builtins(plan.identity)
 
 
 async def check_site(target: Target, plan: Plan | None) -> SiteCheck:

@@ -173,6 +173,13 @@ class Target:
             view["xid_watch_error"] = self._xids.error
         return view
 
+    async def health(self, args: dict) -> dict:
+        """`GET /health`: 200 when an incarnation is loaded and ready, 503 otherwise (a refused token raises)."""
+        r = await self._retrying("GET", f"{self.p.serving.url}/health", headers=self._h("serving"))
+        if r.status_code == 401:
+            raise classify_response(r, "health")
+        return {"status": r.status_code}
+
     async def preview(self, args: dict) -> dict:
         if self.engine is not None:
             return await self.engine.preview(args["op"], args["recipe"], args.get("sha256"))

@@ -191,6 +191,11 @@ def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
     return out
 
 
+def expected_identity(plan: Plan) -> dict:
+    """The identity fields the plan checks (a field left out of the plan is not checked)."""
+    return msgspec.to_builtins(plan.identity)
+
+
 def expand_phases(plan: Plan) -> list[PhaseSpec]:
     """The plan's phases followed by the trace arms in their frozen order."""
     phases = list(plan.phases)

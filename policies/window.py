@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-import msgspec
-
 from events.schema import (
     ActionDone, ActionRequested, AbortDecided, Alarm, CancelRequested, CellRecorded, DaemonRestarted,
     Decision, DrainObserved, Input, OperatorAbort, PhaseStarted, RequestDone, RequestMeasured, RestorationRecorded,
@@ -22,7 +20,7 @@ from events.schema import (
 )
 from policies import rules
 from policies.interpret import findings, verdict
-from policies.plan import Plan, PhaseSpec, expand_phases, plan_from_builtins, trace_arm_order
+from policies.plan import Plan, PhaseSpec, expand_phases, expected_identity, plan_from_builtins, trace_arm_order
 
 NS_PER_MIN = 60_000_000_000
 NS_PER_S = 1_000_000_000
@@ -382,7 +380,7 @@ class WindowPolicy:
                 self._fail_inside(r, f"{w} snapshot failed")
         inc = self.snapshots["incumbent"] or {}
         self.incumbent = {"recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "identity": inc.get("identity", {})}
-        expected = _expected(plan)
+        expected = expected_identity(plan)
         mism = rules.identity_mismatches(expected, inc.get("identity", {}))
         if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
             mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
@@ -466,7 +464,6 @@ class WindowPolicy:
                 self._cell(ph.id, "deferred", f"not started: earlier result: {dep} was not measured", comparable=ph.comparable)
                 return
         reqs = self._phase_requests(ph) if ph.kind == "replay" else []
-        per_req = self._estimate_ns(ph.fixture) if ph.fixture else 0
         est = self._phase_estimate_ns(ph)
         if ph.incarnation != self.candidate_loaded:
             est += int(timing.load_estimate_s * NS_PER_S)
@@ -486,7 +483,7 @@ class WindowPolicy:
         if ph.kind == "identity":
             yield from self._identity_phase(ph)
         else:
-            yield from self._replay_phase(ph, reqs, per_req)
+            yield from self._replay_phase(ph, reqs)
 
     def _phase_estimate_ns(self, ph: PhaseSpec) -> int:
         """Window time a phase takes by the current estimate: its requests, and its drains."""
@@ -540,7 +537,7 @@ class WindowPolicy:
             self._cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
             return
         ident = ident_res.data
-        mism = rules.identity_mismatches(_expected(plan), ident, trace=False)
+        mism = rules.identity_mismatches(expected_identity(plan), ident, trace=False)
         if self.candidate_sha and ident.get("recipe_sha256") != self.candidate_sha:
             mism.append(f"recipe_sha256: expected {self.candidate_sha}, found {ident.get('recipe_sha256')}")
         if self.candidate_id is not None and ident.get("incarnation") != self.candidate_id:
@@ -602,7 +599,7 @@ class WindowPolicy:
                 return False
             yield _Sleep(self.now + int(timing.drain_poll_s * NS_PER_S))
 
-    def _replay_phase(self, ph: PhaseSpec, reqs: list[int], per_req: int) -> Proc:
+    def _replay_phase(self, ph: PhaseSpec, reqs: list[int]) -> Proc:
         plan = self.plan
         assert plan is not None
         fixture = self.fixtures.get(ph.fixture or "", {})
@@ -613,7 +610,7 @@ class WindowPolicy:
                 self._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
                 return
             # a toggle may change trace_enabled and nothing else: drift is watched through trace arms too
-            mism = rules.identity_mismatches(_expected(plan), res.data, trace=ph.trace)
+            mism = rules.identity_mismatches(expected_identity(plan), res.data, trace=ph.trace)
             mism += rules.label_drift({k: v for k, v in (self.ref_labels or {}).items()
                                        if k in ("incarnation", "recipe_sha256")}, res.data)
             if mism:
@@ -761,7 +758,3 @@ class WindowPolicy:
         outcome = ("restore_failed" if not verified else "aborted" if self.abort else
                    "completed" if complete else "partial")
         self._emit(WindowClosed(outcome=outcome, minute=self._minute()))
-
-
-def _expected(plan: Plan) -> dict:
-    return msgspec.to_builtins(plan.identity)
