@@ -39,12 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--scenario", default="flare-47581cca")
     rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X][,param=value]")
     rh.add_argument("--out", type=Path, default=None)
-    rh.add_argument("--time-scale", type=float, default=60.0)
+    rh.add_argument("--time-scale", type=float, default=20.0)
     rn = sub.add_parser("run", help="run a window against a site")
     rn.add_argument("--plan", type=Path, required=True)
     rn.add_argument("--site", type=Path, required=True)
     rn.add_argument("--out", type=Path, required=True)
     rn.add_argument("--time-scale", type=float, default=1.0)
+    for sp in (rh, rn):
+        _forecast_flags(sp)
 
     def sock(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sp.add_argument("--socket", type=Path, default=None,
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("plan", type=Path)
     sa.add_argument("--site", type=Path, required=True)
     sa.add_argument("--time-scale", type=float, default=1.0)
+    _forecast_flags(sa)
     ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
     ab.add_argument("--reason", required=True)
     wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
@@ -98,7 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
     pc.add_argument("plan", type=Path)
+    pf = psub.add_parser("forecast", help="the schedule a window would follow, and whether its required cells fit",
+                         description="Exit 0: every required cell fits before the stop minute; 1: some do not; 2: bad input.")
+    pf.add_argument("plan", type=Path)
+    pf.add_argument("--site", type=Path, default=None, help="the site profile (its folder is searched for fixtures)")
+    pf.add_argument("--calibrate", type=Path, default=None, metavar="LOG",
+                    help="start from what an earlier window's log measured instead of the plan's rates alone")
+    pf.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     return p
+
+
+def _forecast_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--calibrate", type=Path, default=None, metavar="LOG",
+                    help="estimate from what an earlier window's log measured (tokens per body, pace, load time)")
+    sp.add_argument("--accept-partial", action="store_true",
+                    help="run even when the forecast says a required cell does not fit (the window ends partial)")
 
 
 def load_plan(path: Path) -> tuple[bytes, object]:
@@ -110,10 +127,42 @@ def load_plan(path: Path) -> tuple[bytes, object]:
         raise UsageError(str(exc)) from None
 
 
+def _calibration(path: Path | None):
+    from daemon.forecast import load_calibration
+    from daemon.windows import InputError
+    if path is None:
+        return None
+    try:
+        return load_calibration(path)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _plan_forecast(args: argparse.Namespace) -> int:
+    import json
+
+    import msgspec
+
+    from daemon.forecast import schedule
+    from daemon.windows import InputError, WindowSetup, load_fixtures, setup_for_site
+    plan_raw, plan = load_plan(args.plan)
+    cal = _calibration(args.calibrate)
+    try:
+        if args.site is not None:
+            setup = setup_for_site(args.plan, args.site)
+        else:
+            setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))  # type: ignore[arg-type]
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    sched = schedule(setup, cal)
+    print(json.dumps(msgspec.to_builtins(sched)) if args.json else "\n".join(sched.render()))
+    return EXIT_OK if sched.fits else EXIT_FAILED
+
+
 def _plan_check(path: Path) -> int:
     _raw, plan = load_plan(path)
-    from policies.plan import expand_phases
-    phases = expand_phases(plan)
+    from policies.planner import all_phases
+    phases = all_phases(plan)
     print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
     return EXIT_OK
 
@@ -147,10 +196,13 @@ def _window(args: argparse.Namespace) -> int:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
             faults = [parse_fault(f) for f in args.fault]  # every input checked before the simulator starts
-            report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console)
+            report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console,
+                              _calibration(args.calibrate), args.accept_partial, str(args.plan))
         else:
             import asyncio
             setup = setup_for_site(args.plan, args.site, args.time_scale)
+            setup.calibration = _calibration(args.calibrate)
+            setup.accept_partial = args.accept_partial
             report = asyncio.run(run_window(setup, out, console))
     except InputError as exc:
         raise UsageError(str(exc)) from None
@@ -221,7 +273,10 @@ def _client(args: argparse.Namespace) -> int:
                     raise UsageError(f"{f}: no such {what} file")
             if not args.time_scale > 0:
                 raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
-            return client.start(path, args.plan, args.site, args.time_scale, console)
+            if args.calibrate is not None and not args.calibrate.is_file():
+                raise UsageError(f"--calibrate {args.calibrate}: no such log")
+            return client.start(path, args.plan, args.site, args.time_scale, console,
+                                calibrate=args.calibrate, accept_partial=args.accept_partial)
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
@@ -300,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "site":
             return _site_check(args)
         if args.cmd == "plan":
-            return _plan_check(args.plan)
+            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan)
     except UsageError as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

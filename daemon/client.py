@@ -105,10 +105,12 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
     return 0
 
 
-def start(path: Path, plan: Path, site: Path, time_scale: float, console: Console) -> int:
+def start(path: Path, plan: Path, site: Path, time_scale: float, console: Console,
+          calibrate: Path | None = None, accept_partial: bool = False) -> int:
     c = Connection(path)
     try:
-        rep = c.call(control.Start(plan=str(plan.resolve()), site=str(site.resolve()), time_scale=time_scale))
+        rep = c.call(control.Start(plan=str(plan.resolve()), site=str(site.resolve()), time_scale=time_scale,
+                                   calibrate=str(calibrate.resolve()) if calibrate else "", accept_partial=accept_partial))
     finally:
         c.close()
     console.print(f"started window {rep['window_id']}" + (" (rehearsal)" if rep.get("rehearsal") else ""))

@@ -20,6 +20,8 @@ class Start(msgspec.Struct, tag_field="cmd", tag="start", forbid_unknown_fields=
     plan: str
     site: str
     time_scale: float = 1.0
+    calibrate: str = ""  # an earlier window's log, read by the daemon
+    accept_partial: bool = False
 
 
 class Abort(msgspec.Struct, tag_field="cmd", tag="abort", forbid_unknown_fields=True):

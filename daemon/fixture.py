@@ -20,6 +20,22 @@ class Fixture(msgspec.Struct):
     bodies: list[bytes]
     sha256: list[str]
     sampling: dict
+    prompt_tokens: list[int] | None = None  # optional in the manifest: the host tokenizer's count per body
+
+    def work(self) -> dict:
+        """What each body asks of the engine, for the planner: max_tokens, prompt size, hash."""
+        max_tokens, chars = [], []
+        for b in self.bodies:
+            try:
+                d = json.loads(b)
+            except ValueError:
+                d = {}
+            d = d if isinstance(d, dict) else {}
+            max_tokens.append(int(d.get("max_tokens") or d.get("max_completion_tokens") or self.sampling.get("max_tokens") or 0))
+            chars.append(sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(json.dumps(m.get("content")))
+                             for m in d.get("messages") or [] if isinstance(m, dict)))
+        return {"count": len(self.bodies), "sha256": self.sha256, "max_tokens": max_tokens, "prompt_chars": chars,
+                "prompt_tokens": self.prompt_tokens}
 
 
 def find_fixture(name: str, search: list[Path]) -> Path:
@@ -45,4 +61,8 @@ def load_fixture(path: Path) -> Fixture:
             raise FixtureError(f"{path}: body {i} sha256 {got[:12]}… does not match the manifest's {str(want)[:12]}…")
     if len(manifest.get("sha256", [])) != len(bodies):
         raise FixtureError(f"{path}: manifest lists {len(manifest.get('sha256', []))} hashes for {len(bodies)} bodies")
-    return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}))
+    pt = manifest.get("prompt_tokens")
+    if pt is not None and (not isinstance(pt, list) or len(pt) != len(bodies)
+                           or not all(isinstance(x, int) and x >= 0 for x in pt)):
+        raise FixtureError(f"{path}: manifest prompt_tokens: expected one whole number per body ({len(bodies)})")
+    return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}), pt)

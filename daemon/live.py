@@ -34,7 +34,7 @@ def panel(p: WindowProgress) -> Group:
     for a in p.alarms:
         t.add_row("alarm", f"[red]{a['kind']}[/]: {a['detail']}")
     if p.cells:
-        t.add_row("cells", " ".join(f"[{STATUS_STYLE.get(s, 'white')}]{ph}:{s}[/]" for ph, s in p.cells.items()))
+        t.add_row("cells", " ".join(f"[{STATUS_STYLE.get(s, 'white')}]{ph}:{s}[/]" for ph, s in ((ph, c["status"]) for ph, c in p.cells.items())))
     parts: list = [t]
     if p.window_min:
         parts.append(ProgressBar(total=p.window_min, completed=min(m, p.window_min), width=60,

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 import subprocess
 import tempfile
 import sys
 from pathlib import Path
 
 import httpx
+import msgspec
 from rich.console import Console
 
+from daemon.forecast import planned
 from daemon.live import LiveView
 from daemon.runner import Runner
 from daemon.sitecheck import checked_target
 from daemon.site import sim_site
-from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
 from daemon.publish import write_reports
 from events.store import EventStore
 from policies.plan import Plan
+from policies.planner import Calibration
 
 SIM_TOKEN_BYTES = 16
 
@@ -79,10 +82,29 @@ def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.
     return proc, line.split()[3]
 
 
-async def run_window(setup: WindowSetup, out: Path, console: Console) -> dict:
-    """Runs one window in the foreground with its own log in `out`, then writes its reports there."""
+async def run_window(setup: WindowSetup, out: Path, console: Console,
+                     before_open: Callable[[], Awaitable[None]] | None = None) -> dict:
+    """Runs one window in the foreground with its own log in `out`, then writes its reports there.
+
+    `before_open` runs once the site check and the forecast have passed (a rehearsal's faults go in
+    there, so that the forecast's probe requests do not count towards a fault's request number)."""
     target = await checked_target(setup, out / "recipes")
+    try:
+        sched = await planned(setup, target)
+    except BaseException:
+        await target.close()
+        raise
+    console.print(f"forecast: {sched.render()[-1]} (pace x{sched.pace:.2f} + {sched.overhead_s:.1f} s a request, {sched.calibration or 'plan rates'})")
+    if before_open is not None:
+        try:
+            await before_open()
+        except BaseException:
+            await target.close()
+            raise
     out.mkdir(parents=True, exist_ok=True)
+    # the schedule the window starts from, for the operator; the log keeps what it was computed from
+    # (the plan and the calibration in window_opened), so an auditor can recompute it
+    (out / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
     db = out / "log.db"
     window_id = new_window_id(setup.plan)
     try:
@@ -111,15 +133,16 @@ async def inject_faults(base: str, token: str, faults: list[dict]) -> None:
 
 
 def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float,
-             console: Console) -> dict:
+             console: Console, calibration: Calibration | None = None, accept_partial: bool = False,
+             plan_path: str = "") -> dict:
     import secrets
     token = secrets.token_hex(SIM_TOKEN_BYTES)
     proc, base = start_sim(scenario, time_scale, token)
     try:
         console.print(f"rehearsal against flaresim ({scenario}) at {base}, time x{time_scale:g}; GPU source: simulator")
-        asyncio.run(inject_faults(base, token, faults))
-        setup = WindowSetup(plan_raw, plan, sim_site(base, token), load_fixtures(plan, []), time_scale, rehearsal=True)
-        return asyncio.run(run_window(setup, out, console))
+        setup = WindowSetup(plan_raw, plan, sim_site(base, token), load_fixtures(plan, []), time_scale, rehearsal=True,
+                            calibration=calibration, accept_partial=accept_partial, plan_path=plan_path)
+        return asyncio.run(run_window(setup, out, console, lambda: inject_faults(base, token, faults)))
     finally:
         proc.terminate()
         try:

@@ -23,6 +23,7 @@ from daemon.logs import configure
 from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
 from daemon.publish import FORMATS, build_report, publish_snapshot, render
 from daemon.runner import Runner
+from daemon.forecast import load_calibration, planned
 from daemon.sitecheck import checked_target
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_recovery, setup_for_site
@@ -289,9 +290,17 @@ class Service:
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
             setup = await asyncio.to_thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
+            if cmd.calibrate:
+                setup.calibration = await asyncio.to_thread(load_calibration, Path(cmd.calibrate))
+            setup.accept_partial = cmd.accept_partial
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
-            # refused before anything on it changes
+            # refused before anything on it changes; then the forecast
             target = await checked_target(setup, self.state_dir / "recipes")
+            try:
+                await planned(setup, target)
+            except BaseException:
+                await target.close()
+                raise
         except InputError as exc:
             await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=False, detail=str(exc)))
             return control.error(str(exc))

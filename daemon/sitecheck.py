@@ -205,7 +205,7 @@ class _Probe:
         shas = {}
         for role, name, expect in roles:
             try:
-                r = await self.call("manager", t.retain_recipe({"recipe": name, "expect_sha256": expect}))
+                r = await self.call("manager", t.retain_recipe({"recipe": name, "expect_sha256": expect, "keep": False}))
                 shas[role] = r["sha256"]
                 self.add(f"recipe.{role}", OBSERVABLE, f"{name}: {r['bytes']} bytes, sha256 {r['sha256'][:12]} verified",
                          required=True)

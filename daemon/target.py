@@ -96,8 +96,7 @@ class Target:
 
     # --- actions: each returns the outcome's data or raises ActionFailed
     async def validate_fixtures(self, args: dict) -> dict:
-        return {"fixtures": {n: {"count": len(f.bodies), "sha256": f.sha256} for n, f in self.fixtures.items()
-                             if n in args.get("fixtures", [])}}
+        return {"fixtures": {n: f.work() for n, f in self.fixtures.items() if n in args.get("fixtures", [])}}
 
     async def snapshot(self, args: dict) -> dict:
         what = args["what"]
@@ -152,7 +151,7 @@ class Target:
         if expect is not None and sha != expect:
             raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the loaded recipe is {str(expect)[:12]}")
         out = {"recipe": name, "sha256": sha, "bytes": len(content)}
-        if self.recipe_dir is not None:
+        if self.recipe_dir is not None and args.get("keep", True):  # a site check reads, never writes
             out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
         return out
 

@@ -15,6 +15,7 @@ from daemon.nvml import available as nvml_unavailable
 from daemon.site import Site, SiteError, load_site
 from events.schema import WindowOpened
 from policies.plan import Plan, PlanError, decode_plan
+from policies.planner import Calibration
 
 
 class InputError(ValueError):
@@ -32,6 +33,9 @@ class WindowSetup:
     site_profile: str = ""
     fixture_dirs: list[str] = field(default_factory=list)
     recorded_plan_sha256: str = ""  # a recovered window keeps the digest it was opened with
+    calibration: Calibration | None = None  # what the estimates start from besides the plan's rates
+    accept_partial: bool = False  # run even when the forecast says a required cell does not fit
+    plan_path: str = ""
 
     @property
     def plan_sha256(self) -> str:
@@ -43,7 +47,8 @@ class WindowSetup:
                             gpu_source=self.site.profile.gpu.source, rehearsal=self.rehearsal,
                             candidate_recipe=self.site.candidate_recipe,
                             time_scale=self.time_scale, site_profile=self.site_profile,
-                            fixture_dirs=self.fixture_dirs)
+                            fixture_dirs=self.fixture_dirs,
+                            calibration=msgspec.to_builtins(self.calibration) if self.calibration else {})
 
 
 def new_window_id(plan: Plan) -> str:
@@ -87,7 +92,7 @@ def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) ->
     dirs = [plan_path.parent.resolve(), site_path.parent.resolve()]
     return WindowSetup(plan_raw, plan, site, load_fixtures(plan, dirs), time_scale,
                        rehearsal=site.profile.gpu.source == "sim", site_profile=str(site_path.resolve()),
-                       fixture_dirs=[str(d) for d in dirs])
+                       fixture_dirs=[str(d) for d in dirs], plan_path=str(plan_path))
 
 
 def setup_for_recovery(opened: WindowOpened) -> WindowSetup:
@@ -103,4 +108,5 @@ def setup_for_recovery(opened: WindowOpened) -> WindowSetup:
     except InputError:
         fixtures = {}
     return WindowSetup(b"", plan, site, fixtures, opened.time_scale, opened.rehearsal, opened.site_profile,
-                       list(opened.fixture_dirs), opened.plan_sha256)
+                       list(opened.fixture_dirs), opened.plan_sha256,
+                       msgspec.convert(opened.calibration, Calibration) if opened.calibration else None)

@@ -12,37 +12,32 @@ import msgspec
 import msgspec.structs
 
 from events.envelope import Envelope
+from events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
-NS_PER_MIN = 60_000_000_000
-HOST_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
-GPU_KEYS = ("gpu_hits", "gpu_reused_tokens")
-SERIES_KEYS = HOST_KEYS + GPU_KEYS
+HOST_COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
+GPU_COUNTERS = ("gpu_hits", "gpu_reused_tokens")
+SERIES_KEYS = HOST_COUNTERS + GPU_COUNTERS
 
 
 class _Projection:
-    """One pass over a window's events; each handler reads one event type."""
+    """One pass over a window's events: the shared window fold, plus what only the report shows
+    (request rows, counter series, identity observations, recipes, drains)."""
 
     def __init__(self, window_id: str, integrity: dict) -> None:
-        self.r: dict = {"schema": SCHEMA, "window_id": window_id, "plan": None, "t0_wall": None, "outcome": None,
-                        "abort": None, "cells": [], "verdict": None, "restoration": None, "integrity": integrity,
-                        "timeline": [], "identity": {"expected": {}, "observed": [], "incumbent_sha256_before": None,
-                                                     "incumbent_sha256_after": None, "candidate_recipe": None},
+        self.fold = WindowFold(window_id)
+        self.integrity = integrity
+        self.r: dict = {"identity": {"observed": [], "incumbent_sha256_before": None, "incumbent_sha256_after": None},
                         # exact recipe bytes retained before take-down (role -> name, sha256, size, where)
                         "recipes": {},
                         "requests": [], "natural_failures": [], "drains": [],
-                        "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}}, "alarms": [],
-                        "trace": {"order": None, "arms": []}, "timing": None, "site": None, "rehearsal": None, "plan_sha256": None}
-        self.cells: dict[str, dict] = {}
+                        "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}}}
         self.actions: dict[int, tuple[str, dict]] = {}
         self.responses: dict[tuple[str, int], dict] = {}
-        self.t0_ns: int | None = None
-        self.last_at = 0
         self.load_label = "incumbent before take-down"
-        self.restoring = False
 
     def minute(self, at_ns: int) -> float | None:
-        return None if self.t0_ns is None else round((at_ns - self.t0_ns) / NS_PER_MIN, 4)  # as the policy rounds
+        return self.fold.minute_at(at_ns)
 
     def apply(self, env: Envelope) -> None:
         entry = _DISPATCH.get(env.type)
@@ -52,21 +47,14 @@ class _Projection:
         # The events a long window is made of are read through narrow views (only the fields this
         # report uses); an event of an older schema version goes through its upcaster instead.
         ev = light.decode(env.payload) if light is not None and env.schema_v == 1 else env.event()
-        if is_input and ev.at_ns > self.last_at:
-            self.last_at = ev.at_ns
-        handler(self, env, ev)
+        if is_input:
+            self.fold.saw_input(ev.at_ns)
+        if handler is None:
+            self.fold.apply(env.seq, ev, env.wall_ns)
+        else:
+            handler(self, env, ev)
 
     # --- inputs ---------------------------------------------------------------------------
-
-    def window_opened(self, env: Envelope, ev) -> None:
-        r = self.r
-        r["plan"] = ev.plan.get("name")
-        r["plan_sha256"], r["site"], r["rehearsal"] = ev.plan_sha256, ev.site, ev.rehearsal
-        r["identity"]["expected"] = dict(ev.plan.get("identity") or {})
-        r["identity"]["candidate_recipe"] = ev.candidate_recipe
-        t = ev.plan.get("timing") or {}
-        r["timing"] = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
-                       "restore_reserve_min": t.get("restore_reserve_min")}
 
     def action_done(self, env: Envelope, ev) -> None:
         action, args = self.actions.pop(ev.action_id, ("", {}))
@@ -96,13 +84,13 @@ class _Projection:
                                                                "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
         elif action == "read_identity":
             self._observed(self.load_label, env, d)
-            if self.restoring:
+            if self.fold.stage == "restore":
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
     def _observed(self, label: str, env: Envelope, ident: dict) -> None:
-        exp = self.r["identity"]["expected"]
+        exp = self.fold.expected_identity
         mism = [k for k in exp if k in ident and ident.get(k) != exp[k]]
-        self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.last_at),
+        self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.fold.last_at_ns),
                                                "identity": ident, "mismatches": mism})
 
     def request_done(self, env: Envelope, ev) -> None:
@@ -119,22 +107,8 @@ class _Projection:
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
                 else f"incarnation {args.get('label')}"
 
-    def time_marked(self, env: Envelope, ev) -> None:
-        if ev.mark == "t0":
-            self.r["t0_wall"] = env.wall_ns
-            self.t0_ns = self.last_at
-        self.r["timeline"].append({"minute": ev.minute, "event": ev.mark})
-
-    def phase_started(self, env: Envelope, ev) -> None:
-        self.r["timeline"].append({"minute": ev.minute, "event": f"phase {ev.phase} started"})
-
-    def cell_recorded(self, env: Envelope, ev) -> None:
-        self.r["timeline"].append({"minute": self.minute(self.last_at), "event": f"cell {ev.phase}: {ev.status}"})
-        self.cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
-                                "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
-                                "natural_failures": ev.natural_failures}
-
     def request_measured(self, env: Envelope, ev) -> None:
+        self.fold.count_request()
         d = msgspec.structs.asdict(ev.delta) if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
         req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
                "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
@@ -156,51 +130,74 @@ class _Projection:
         self.r["drains"].append({"purpose": ev.purpose, "settled": ev.settled, "waited_s": ev.waited_s,
                                  "polls": ev.polls, "minute": ev.minute})
 
-    def abort_decided(self, env: Envelope, ev) -> None:
-        self.r["abort"] = {"reason": ev.reason, "detail": ev.detail, "minute": ev.minute}
-        self.r["timeline"].append({"minute": ev.minute, "event": f"abort: {ev.reason}"})
-
-    def restore_started(self, env: Envelope, ev) -> None:
-        self.restoring = True
-        self.r["timeline"].append({"minute": ev.minute, "event": f"restore started ({ev.cause})"})
-
-    def restoration_recorded(self, env: Envelope, ev) -> None:
-        self.r["restoration"] = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
-                                 **ev.checks, "verified": ev.verified}
-
-    def verdict_reached(self, env: Envelope, ev) -> None:
-        self.r["verdict"] = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
-                             "findings": ev.findings}
-
-    def alarm(self, env: Envelope, ev) -> None:
-        self.r["alarms"].append({"kind": ev.kind, "detail": ev.detail})
-
-    def trace_order_frozen(self, env: Envelope, ev) -> None:
-        self.r["trace"]["order"] = ev.order
-
-    def window_closed(self, env: Envelope, ev) -> None:
-        self.r["outcome"] = ev.outcome
-        self.r["timeline"].append({"minute": ev.minute, "event": f"window closed: {ev.outcome}"})
-
     def finish(self) -> dict:
-        r = self.r
-        r["cells"] = list(self.cells.values())
-        r["trace"]["arms"] = [{"phase": c["phase"], "status": c["status"],
-                               "trace": "on" if c["phase"].endswith(".on") else "off",
-                               "host_reused_tokens": (c["host"] or {}).get("reused_tokens")}
-                              for c in r["cells"] if c["phase"].startswith("trace.")]
+        f = self.fold
+        r = {"schema": SCHEMA, "window_id": f.window_id, "plan": f.plan or None, "t0_wall": f.t0_wall,
+             "outcome": f.outcome, "abort": f.abort, "cells": list(f.cells.values()), "verdict": f.verdict,
+             "restoration": f.restoration, "integrity": self.integrity, "timeline": f.timeline,
+             "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
+             **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
+             "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
+             "rehearsal": f.rehearsal, "plan_sha256": f.plan_sha256}
+        r["trace"].update(trace_evidence(r["cells"], r["requests"]))
         return r
 
 
-_HANDLERS = {
-    "window_opened": _Projection.window_opened, "action_done": _Projection.action_done,
+def _pct(xs: list[float], q: float) -> float | None:
+    """Nearest-rank percentile: a value that was observed, the same on every machine."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))]  # type: ignore[call-overload]
+
+
+TRACE_STATS = ("ttft_p50_ms", "ttft_p90_ms", "latency_p50_ms", "latency_p90_ms")
+
+
+def trace_evidence(cells: list[dict], requests: list[dict]) -> dict:
+    """Per trace arm, time to first token and total latency (p50, p90, wall milliseconds from the
+    send); per off/on pair, on minus off. Descriptive: a handful of requests per arm, no test."""
+    by_phase: dict[str, list[dict]] = {}
+    for q in requests:
+        if q["phase"].startswith("trace.") and q["outcome"] == "ok":
+            by_phase.setdefault(q["phase"], []).append(q)
+    arms = []
+    for c in cells:
+        pid = c["phase"]
+        parts = pid.split(".")
+        if not pid.startswith("trace.") or len(parts) != 4:
+            continue  # the warm-up is not evidence
+        qs = by_phase.get(pid, [])
+        ttft = [q["first_token_ns"] / 1e6 for q in qs if q.get("first_token_ns") is not None]
+        lat = [q["end_ns"] / 1e6 for q in qs if q.get("end_ns") is not None]
+        arms.append({"phase": pid, "status": c["status"], "trace": parts[3], "concurrency": int(parts[1][1:]),
+                     "repetition": int(parts[2][1:]), "requests": len(qs),
+                     "host_reused_tokens": (c["host"] or {}).get("reused_tokens"),
+                     "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90),
+                     "latency_p50_ms": _pct(lat, 50), "latency_p90_ms": _pct(lat, 90)})
+    pairs = []
+    for a in arms:
+        if a["trace"] != "off":
+            continue
+        on = next((b for b in arms if b["trace"] == "on" and b["concurrency"] == a["concurrency"]
+                   and b["repetition"] == a["repetition"]), None)
+        if on is None:
+            continue
+        both = a["status"] == on["status"] == "measured"
+        pairs.append({"concurrency": a["concurrency"], "repetition": a["repetition"], "measured": both,
+                      **{f"{k}_on_minus_off": (round(on[k] - a[k], 3) if both and on[k] is not None and a[k] is not None
+                                               else None) for k in TRACE_STATS}})
+    return {"arms": arms, "pairs": pairs,
+            "note": "descriptive: wall-clock times from each request's send, a few requests per arm, no significance test"}
+
+
+_HANDLERS = {  # None: the window fold alone reads it
+    "window_opened": None, "action_done": _Projection.action_done,
     "request_done": _Projection.request_done, "action_requested": _Projection.action_requested,
-    "time_marked": _Projection.time_marked, "phase_started": _Projection.phase_started,
-    "cell_recorded": _Projection.cell_recorded, "request_measured": _Projection.request_measured,
-    "drain_observed": _Projection.drain_observed, "abort_decided": _Projection.abort_decided,
-    "restore_started": _Projection.restore_started, "restoration_recorded": _Projection.restoration_recorded,
-    "verdict_reached": _Projection.verdict_reached, "alarm": _Projection.alarm,
-    "trace_order_frozen": _Projection.trace_order_frozen, "window_closed": _Projection.window_closed,
+    "time_marked": None, "phase_started": None, "cell_recorded": None,
+    "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,
+    "abort_decided": None, "restore_started": None, "restoration_recorded": None, "verdict_reached": None,
+    "alarm": None, "trace_order_frozen": None, "window_closed": None,
 }
 
 

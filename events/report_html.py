@@ -6,7 +6,10 @@ from html import escape
 
 from events import charts
 from events.report import Segment, join_segments
-from events.report_md import CHECKS, REQUEST_COLUMNS, check, needs_attention, recipe_lines, request_rows, utc, val
+from events.report_md import (
+    CHECKS, REQUEST_COLUMNS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD, check, needs_attention, recipe_lines, request_rows,
+    schedule_rows, trace_arm_rows, trace_pair_rows, utc, val,
+)
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:78em;color:#222;padding:0 1em}
@@ -127,9 +130,15 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
 
     tr = r.get("trace") or {}
     p.append(f"<h2>Trace arms</h2><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>")
-    p.append(_table(["arm", "trace", "status", "host reused"], [
-        [escape(x["phase"]), x["trace"], _badge(x["status"]), escape(val(x["host_reused_tokens"]))]
-        for x in tr.get("arms", [])]) if tr.get("arms") else "<p>none run</p>")
+    if tr.get("arms"):
+        p.append(_table(TRACE_ARM_HEAD, [[escape(x) for x in row] for row in trace_arm_rows(tr)]))
+        p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
+        p.append(_table(TRACE_PAIR_HEAD, [[escape(x) for x in row] for row in trace_pair_rows(tr)]))
+    else:
+        p.append("<p>none run</p>")
+    sched = schedule_rows(r)
+    p.append("<h2>Schedule: estimate against actual</h2>")
+    p.append(_table(SCHEDULE_HEAD, [[escape(x) for x in row] for row in sched]) if sched else "<p>no phase started</p>")
 
     ident = r.get("identity") or {}
     obs = ident.get("observed", [])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from events.window_fold import RESTORE_CHECKS
+
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
-CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
-          "routed_preflight")
+CHECKS = RESTORE_CHECKS
 
 
 def failed_checks(checks: dict) -> list[str]:
@@ -37,6 +38,48 @@ def check(v: object) -> str:
 
 def render_md(r: dict) -> str:
     return "\n".join(md_lines(r))
+
+
+def num(v: float | None, places: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{places}f}"
+
+
+SCHEDULE_HEAD = ["phase", "status", "started (min)", "estimated end (min)", "ended (min)", "end − estimate (min)"]
+
+
+def schedule_rows(r: dict) -> list[list[str]]:
+    """Each phase that started: where the estimate put its end, and where it really ended."""
+    rows = []
+    for c in r["cells"]:
+        if c.get("started_minute") is None:
+            continue
+        est, end = c.get("estimated_end_minute"), c.get("ended_minute")
+        rows.append([c["phase"], c["status"], num(c["started_minute"]), num(est), num(end),
+                     num(end - est if end is not None and est is not None else None)])
+    return rows
+
+
+TRACE_ARM_HEAD = ["arm", "trace", "status", "requests", "host reused", "TTFT p50 (ms)", "TTFT p90 (ms)",
+                  "latency p50 (ms)", "latency p90 (ms)"]
+TRACE_PAIR_HEAD = ["concurrency", "repetition", "TTFT p50 on−off (ms)", "TTFT p90 on−off (ms)",
+                   "latency p50 on−off (ms)", "latency p90 on−off (ms)"]
+
+
+def trace_arm_rows(tr: dict) -> list[list[str]]:
+    return [[a["phase"], a["trace"], a["status"], str(a["requests"]), val(a["host_reused_tokens"]),
+             num(a["ttft_p50_ms"]), num(a["ttft_p90_ms"]), num(a["latency_p50_ms"]), num(a["latency_p90_ms"])]
+            for a in tr.get("arms", [])]
+
+
+def trace_pair_rows(tr: dict) -> list[list[str]]:
+    return [[f"C{p['concurrency']}", f"r{p['repetition']}"]
+            + ([num(p[f"{k}_on_minus_off"]) for k in ("ttft_p50_ms", "ttft_p90_ms", "latency_p50_ms", "latency_p90_ms")]
+               if p["measured"] else ["pair not measured"] * 4)
+            for p in tr.get("pairs", [])]
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(x) + " |" for x in rows]
 
 
 def needs_attention(r: dict) -> list[str]:
@@ -83,8 +126,13 @@ def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> lis
     out += [f"- {f['phase']} #{f['order_index']} (body {f['body_index']}): {f['kind']}" for f in nf] or ["- none"]
     tr = r.get("trace") or {}
     out += ["", "## Trace arms", "", f"Frozen order: {', '.join(tr.get('order') or []) or 'n/a'}", ""]
-    out += [f"- {a['phase']} (trace {a['trace']}): {a['status']}, host reused {val(a['host_reused_tokens'])}"
-            for a in tr.get("arms", [])] or ["- none run"]
+    if tr.get("arms"):
+        out += md_table(TRACE_ARM_HEAD, trace_arm_rows(tr))
+        out += ["", f"Off/on pairs, on minus off ({tr.get('note')}):", ""] + md_table(TRACE_PAIR_HEAD, trace_pair_rows(tr))
+    else:
+        out += ["- none run"]
+    sched = schedule_rows(r)
+    out += ["", "## Schedule: estimate against actual", ""] + (md_table(SCHEDULE_HEAD, sched) if sched else ["- no phase started"])
     ident = r.get("identity") or {}
     exp = ident.get("expected") or {}
     out += ["", "## Identity", "",

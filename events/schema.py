@@ -16,6 +16,15 @@ class LogNote(Event, tag="log_note"):
 # --- Policy inputs: every one is appended before the policy sees it. `at_ns` is the window clock
 # (nanoseconds since the window was opened, multiplied by the time scale of a rehearsal).
 
+NS_PER_S = 1_000_000_000
+NS_PER_MIN = 60 * NS_PER_S
+MINUTE_PLACES = 4  # every minute the log, the reports and the live views show is rounded this way
+
+
+def window_minute(at_ns: int, t0_ns: int | None) -> float | None:
+    """The window minute of a window-clock time: minutes since t0 (the quiesce), or None before it."""
+    return None if t0_ns is None else round((at_ns - t0_ns) / NS_PER_MIN, MINUTE_PLACES)
+
 class Input(Event, kw_only=True):
     """Base of everything the window policy receives."""
 
@@ -37,6 +46,9 @@ class WindowOpened(Input, tag="window_opened"):
     time_scale: float = 1.0
     site_profile: str = ""
     fixture_dirs: list[str] = []
+    # What the estimates start from besides the plan's rates: an earlier window's log, or a
+    # rehearsal's probe (policies.planner.Calibration as builtins).
+    calibration: dict = {}
 
 
 @register
@@ -151,6 +163,19 @@ class TraceOrderFrozen(Decision, tag="trace_order_frozen"):
 
 
 @register
+class ArmStarted(Decision, tag="arm_started"):
+    """An arm passed its gate: by the estimate now, its gating phases end by `limit_minute`."""
+
+    arm: str
+    phases: list[str]
+    minute: float
+    estimated_end_minute: float
+    limit_minute: float
+    pace: float
+    overhead_s: float
+
+
+@register
 class PhaseStarted(Decision, tag="phase_started"):
     phase: str
     minute: float
@@ -181,6 +206,9 @@ class CellRecorded(Decision, tag="cell_recorded"):
     comparable: bool = True
     counters: dict = {}
     natural_failures: int = 0
+    started_minute: float | None = None
+    estimated_end_minute: float | None = None
+    ended_minute: float | None = None
 
 
 @register

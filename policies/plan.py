@@ -43,9 +43,18 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     stable_observations: int = 2
     drain_poll_s: float = 0.5
     quiesce_drain_timeout_s: float = 120
-    load_estimate_s: float = 90
-    request_estimate_s: float = 20
     arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
+
+
+class Rates(msgspec.Struct, forbid_unknown_fields=True):
+    """The rate model a window is planned with; `--calibrate LOG` replaces it with what a window measured."""
+
+    prefill_tokens_per_s: float = 5000.0
+    decode_tokens_per_s: float = 100.0
+    output_share: float = 1.0  # expected completion tokens over max_tokens (1: every request runs to max_tokens)
+    request_overhead_s: float = 0.3  # per request: connection, scheduling, the counter scrape after it
+    load_s: float = 90.0  # loading one incarnation
+    chars_per_token: float = 4.0  # prompt tokens from message characters, where a fixture does not state them
 
 
 class Growth(msgspec.Struct, forbid_unknown_fields=True):
@@ -58,7 +67,6 @@ class Growth(msgspec.Struct, forbid_unknown_fields=True):
 
 class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
     name: str
-    request_estimate_s: float | None = None
 
 
 PhaseKind = Literal["identity", "replay"]
@@ -100,6 +108,7 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     fixtures: list[FixtureRef]
     phases: list[PhaseSpec]
     timing: Timing = msgspec.field(default_factory=Timing)
+    rates: Rates = msgspec.field(default_factory=Rates)
     growth: Growth = msgspec.field(default_factory=Growth)
     trace: TraceArms | None = None
     conditional: list[ConditionalStage] = []
@@ -148,6 +157,14 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
     if t.drain_timeout_s <= 0 or t.drain_poll_s <= 0:
         raise PlanError(f"{source}: timing.drain_timeout_s and timing.drain_poll_s must be positive")
+    r = plan.rates
+    for f in ("prefill_tokens_per_s", "decode_tokens_per_s", "chars_per_token"):
+        if not getattr(r, f) > 0:
+            raise PlanError(f"{source}: rates.{f} = {getattr(r, f)}, expected a positive rate")
+    if not 0 < r.output_share <= 1:
+        raise PlanError(f"{source}: rates.output_share = {r.output_share}, expected in (0, 1]")
+    if r.load_s < 0 or r.request_overhead_s < 0 or t.arm_margin_min < 0:
+        raise PlanError(f"{source}: rates.load_s, rates.request_overhead_s and timing.arm_margin_min must not be negative")
     if t.stable_observations < 2:
         raise PlanError(f"{source}: timing.stable_observations = {t.stable_observations}, expected at least 2")
     fixtures = {f.name for f in plan.fixtures}
@@ -194,14 +211,3 @@ def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
 def expected_identity(plan: Plan) -> dict:
     """The identity fields the plan checks (a field left out of the plan is not checked)."""
     return msgspec.to_builtins(plan.identity)
-
-
-def expand_phases(plan: Plan) -> list[PhaseSpec]:
-    """The plan's phases followed by the trace arms in their frozen order."""
-    phases = list(plan.phases)
-    if plan.trace is not None:
-        for pid, c, _r, on in trace_arm_order(plan.trace):
-            phases.append(PhaseSpec(id=pid, incarnation=plan.trace.incarnation, kind="replay",
-                                    fixture=plan.trace.fixture, concurrency=c, optional=plan.trace.optional,
-                                    comparable=False, trace=on))
-    return phases

@@ -31,7 +31,8 @@ async def write_window(path: Path, window_id: str = "w-report", hook=None, **wor
     from policies.window import WindowPolicy
     from tests.policy_world import World, drive, plan_builtins
 
-    history = drive(WindowPolicy(), World(plan_builtins(), **world_kw), hook=hook, window_id=window_id)
+    plan = world_kw.pop("plan", None) or plan_builtins()
+    history = drive(WindowPolicy(), World(plan, **world_kw), hook=hook, window_id=window_id)
     async with await EventStore.open(path) as store:
         for inp, ds in history:
             store.submit_many([inp, *ds], window_id=window_id)

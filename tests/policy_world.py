@@ -30,10 +30,12 @@ def plan_builtins(**timing) -> dict:
 class World:
     """Answers actions; time advances by each action's cost. Tests tweak attributes to inject faults."""
 
-    def __init__(self, plan: dict, request_s: float = 15.0, reuse_on: set[str] | None = None) -> None:
+    def __init__(self, plan: dict, request_s: float = 15.0, reuse_on: set[str] | None = None,
+                 body_s: list[float] | None = None) -> None:
         self.plan = plan
         self.now = 0
         self.request_s = request_s
+        self.body_s = body_s  # per body index (cycled): a request's cost, instead of request_s
         self.reuse_on = reuse_on if reuse_on is not None else {"A.reverse_replay"}
         ident = dict(plan["identity"])
         ident.pop("gpu_count"), ident.pop("gpu_power_limit_w")
@@ -123,7 +125,8 @@ class World:
 
     def _request(self, d: ActionRequested) -> RequestDone:
         self.requests_sent += 1
-        self.now += int(self.request_s * S)
+        cost = self.body_s[d.args["body_index"] % len(self.body_s)] if self.body_s else self.request_s
+        self.now += int(cost * S)
         args = d.args
         err = self.request_error.get(self.requests_sent)
         self.counters["host_lookups"] += 1
@@ -138,7 +141,7 @@ class World:
         if err:
             return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}")
         length = args["body_index"] % 5 == 0
-        total = int(self.request_s * S)
+        total = int(cost * S)
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",
                            visible_output=not (length and args["body_index"] % 10 == 0),
                            prompt_tokens=5000, completion_tokens=900, first_byte_ns=total // 5,

@@ -112,7 +112,12 @@ def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_
     sent = [e for e in events if type(e).__name__ == "ActionRequested" and e.action == "send_request"]
     direct = [e for e in events if type(e).__name__ == "ActionRequested" and e.action == "preflight"
               and e.args.get("path") == "direct"]
-    assert len(chats) == len(sent) + len(direct)
+    # a site whose GPUs are simulated is a rehearsal: its forecast probed a few bodies before the
+    # window opened, and the window's opening records how many
+    opened = next(e for e in events if type(e).__name__ == "WindowOpened")
+    probe = opened.calibration.get("rounds", 0)
+    assert probe == 3 and "probe" in opened.calibration["source"]
+    assert len(chats) == len(sent) + len(direct) + probe
 
 
 def test_site_check_passes_on_the_contract_host(churning_host):

@@ -44,7 +44,8 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
         def start() -> dict:
             c = Connection(tmp_path / "control.sock")
             try:
-                return c.call(control.Start(plan=str(PLAN), site=str(sim.site), time_scale=float(SCALE)))
+                return c.call(control.Start(plan=str(PLAN), site=str(sim.site), time_scale=float(SCALE),
+                                                    accept_partial=True))
             finally:
                 c.close()
 

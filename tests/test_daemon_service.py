@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,9 @@ def daemon(tmp_path):
 
 
 def _start(daemon: Daemon, sim: Sim) -> str:
-    p = daemon.cli("start", str(PLAN), "--site", str(sim.site), "--time-scale", str(SCALE))
+    # these windows are about the daemon, not the schedule: at x100 the harness's real latency makes
+    # the full plan overrun by the forecast, so they accept a partial window
+    p = daemon.cli("start", str(PLAN), "--site", str(sim.site), "--time-scale", str(SCALE), "--accept-partial")
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().splitlines()[-1]
 
@@ -218,7 +221,10 @@ class NotifyReader:
 
 def test_a_restore_that_does_not_verify_leaves_the_primary_out_and_the_daemon_says_so(sim, tmp_path):
     import httpx
-    for f in ({"kind": "auth", "at": {"request": 3}}, {"kind": "load_failure", "at": {"request": 3}}):
+
+    from daemon.forecast import PROBE_REQUESTS
+    n = PROBE_REQUESTS + 3  # the forecast's probe of a rehearsal site sends its requests first
+    for f in ({"kind": "auth", "at": {"request": n}}, {"kind": "load_failure", "at": {"request": n}}):
         httpx.post(f"{sim.url}/sim/v1/faults", json=f, headers={"Authorization": f"Bearer {sim.token}"}).raise_for_status()
     notify = NotifyReader(tmp_path / "notify.sock")
     d = Daemon(tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})

@@ -147,7 +147,7 @@ def test_policies_import_nothing_that_does_io_or_reads_a_clock():
 def test_cli_plan_check_passes_the_shipped_plan(capsys):
     from daemon.cli import main
     assert main(["plan", "check", str(PLAN_PATH)]) == 0
-    assert "19 phases" in capsys.readouterr().out
+    assert "20 phases" in capsys.readouterr().out
 
 
 def test_cli_plan_check_names_the_first_bad_field_and_exits_2(tmp_path, capsys):

@@ -54,24 +54,27 @@ def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, roomy_plan, 
     assert main(["log", "audit", str(out / "log.db")]) == 0
 
 
-def test_default_rehearsal_measures_every_required_cell_or_defers_the_b_arm_whole_and_nominates_no_cause(tmp_path):
-    rc, r, _out = rehearse(tmp_path)
+@pytest.mark.parametrize("scale", ["100", "200"])
+def test_the_shipped_plan_measures_every_required_cell_or_is_refused_before_quiesce_by_the_forecast(tmp_path, scale):
+    # At a wall-clock time scale the harness's real latency is multiplied too (issue 14); the
+    # rehearsal's probe measures it, and the forecast refuses what would not fit.
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--out", str(out), "--time-scale", scale],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if p.returncode == 2:
+        assert "do not fit before the stop minute 70" in p.stderr and "--accept-partial" in p.stderr
+        assert not (out / "log.db").exists()  # refused before the window opened: nothing quiesced
+        return
+    r = json.loads((out / "report.json").read_text())
     cells = _cells(r)
     required = ("A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "B.forward_prime", "B.forward_replay")
-    if all(cells[p]["status"] == "measured" for p in required):
-        assert (rc, r["outcome"]) == (0, "completed")
-    else:
-        assert (rc, r["outcome"]) == (1, "partial")
-        # B's prime never runs without room for its replay
-        assert cells["B.forward_prime"]["status"] == cells["B.forward_replay"]["status"] == "deferred"
-        assert r["verdict"]["hypothesis"] in ("inconclusive", "key_or_checkpoint_eligibility")
-        assert "B.forward_replay" in r["verdict"]["basis"]
-    assert r["restoration"]["verified"]
+    assert all(cells[x]["status"] == "measured" for x in required), p.stdout[-2000:]
+    assert (p.returncode, r["outcome"]) == (0, "completed")
 
 
 def test_identity_drift_during_a_trace_arm_aborts_with_identity_drift(tmp_path, roomy_plan):
-    # requests 1-232 are the four 52-body phases and the small control; 240 lands in a trace arm
-    rc, r, _out = rehearse(tmp_path, "--plan", str(roomy_plan), "--fault", "identity_drift@request=240")
+    # requests 1-232 are the four 52-body phases and the small control, 233-240 the trace warm-up; 245 lands in trace.C1.r1.off
+    rc, r, _out = rehearse(tmp_path, "--plan", str(roomy_plan), "--fault", "identity_drift@request=245")
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "identity_drift")
     cut = [c for c in r["cells"] if c["phase"].startswith("trace.") and c["status"] == "invalid"]
     assert len(cut) == 1 and "identity_drift" in cut[0]["reason"]  # the arm it came in, nothing else
@@ -80,7 +83,7 @@ def test_identity_drift_during_a_trace_arm_aborts_with_identity_drift(tmp_path, 
 
 
 def test_authentication_fault_during_a_phase_aborts_and_restores(tmp_path):
-    rc, r, out = rehearse(tmp_path, "--fault", "auth@request=10")
+    rc, r, out = rehearse(tmp_path, "--fault", "auth@request=10", "--accept-partial")
     assert rc == 1 and r["outcome"] == "aborted" and r["abort"]["reason"] == "authentication"
     assert r["restoration"]["verified"]
     with LogReader(out / "log.db") as reader:

@@ -176,3 +176,46 @@ async def test_report_compare_rejects_a_candidate_without_the_primary_benefit(tm
         await write_window(db, window_id=w)
     assert main(["report", "compare", str(db), "--windows", "c1", "c2", "c3", "--baseline", "b1", "b2", "b3"]) == 1
     assert "primary benefit 0.0% is below 5%" in capsys.readouterr().out
+
+
+@pytest.fixture
+async def roomy_log(tmp_path):
+    from tests.policy_world import plan_builtins
+    db = tmp_path / "roomy.db"
+    await write_window(db, plan=plan_builtins(window_min=200, stop_min=170))
+    return db
+
+
+def test_the_trace_report_pairs_off_and_on_arms_at_c1_and_c4_with_descriptive_differences(roomy_log):
+    r = build_report(roomy_log, "w-report")
+    pairs = r["trace"]["pairs"]
+    assert {p["concurrency"] for p in pairs} == {1, 4} and len(pairs) == 6
+    assert all(p["measured"] and p["ttft_p50_ms_on_minus_off"] is not None for p in pairs)
+    assert "descriptive" in r["trace"]["note"]
+    arms = r["trace"]["arms"]
+    assert len(arms) == 12 and all(a["latency_p90_ms"] >= a["latency_p50_ms"] for a in arms)
+    md = render_md(r)
+    assert "on−off" in md and "| C4 | r3 |" in md
+    assert "TTFT p50 on−off" in render_html(r)
+
+
+def test_each_started_phase_shows_its_estimate_next_to_its_actual_end(roomy_log):
+    r = build_report(roomy_log, "w-report")
+    started = [c for c in r["cells"] if c["started_minute"] is not None]
+    assert started and all(c["ended_minute"] >= c["started_minute"] and c["estimated_end_minute"] for c in started)
+    md = render_md(r)
+    assert "## Schedule: estimate against actual" in md and "| A.forward_prime | measured |" in md
+
+
+async def test_status_the_live_view_and_the_report_read_the_same_fold_of_the_log(log):
+    from events.progress import WindowProgress
+    from events.reader import LogReader
+    r = build_report(log, "w-report")
+    p = WindowProgress()
+    with LogReader(log) as reader:
+        for e in reader.iter():
+            p.apply(e.seq, e.event(), e.wall_ns)
+    st = p.as_dict()
+    assert st["outcome"] == r["outcome"] and st["verdict"] == r["verdict"]["hypothesis"]
+    assert st["cells"] == {c["phase"]: c["status"] for c in r["cells"]}
+    assert st["minute"] == r["timeline"][-1]["minute"]  # the window-closed minute, rounded the same way

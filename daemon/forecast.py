@@ -1,0 +1,101 @@
+"""Forecasts before quiesce: the schedule a window would follow, its calibration, and the refusal."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from daemon.errors import classify_exception
+from daemon.target import Target
+from daemon.windows import InputError, WindowSetup
+from events.reader import LogReader, NotAnEventLog
+from policies.calibration import CalibrationError, calibrate
+from policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
+
+PROBE_REQUESTS = 3
+
+
+def estimator(setup: WindowSetup, cal: Calibration | None = None) -> Estimator:
+    fixtures = {name: f.work() for name, f in setup.fixtures.items()}
+    return Estimator(setup.plan, work_from(setup.plan, fixtures), cal)
+
+
+def schedule(setup: WindowSetup, cal: Calibration | None = None) -> Schedule:
+    return forecast(setup.plan, estimator(setup, cal))
+
+
+def load_calibration(path: Path) -> Calibration:
+    """What the first window in an earlier log measured; InputError names the file otherwise."""
+    if not path.is_file():
+        raise InputError(f"--calibrate {path}: no such log")
+    try:
+        with LogReader(path) as reader:
+            ids = reader.window_ids()
+            if not ids:
+                raise InputError(f"--calibrate {path}: the log holds no window")
+            return calibrate((e.event() for e in reader.iter(window_id=ids[-1])), str(path))
+    except NotAnEventLog as exc:
+        raise InputError(f"--calibrate {exc}") from None
+    except CalibrationError as exc:
+        raise InputError(f"--calibrate {exc}") from None
+
+
+def merged(base: Calibration | None, probe: Calibration | None) -> Calibration | None:
+    """An earlier log's tokens per body, with a probe's pace (which measured this run's harness)."""
+    if base is None or probe is None:
+        return base or probe
+    return msgspec.structs.replace(base, source=f"{base.source}; pace and overhead from {probe.source}", pace=probe.pace,
+                                   overhead_s=probe.overhead_s, time_scale=probe.time_scale)
+
+
+def refuse_unfit(sched: Schedule, plan_path: str, accept_partial: bool) -> None:
+    """run, start and rehearse refuse a plan whose required cells do not fit (contract section 3)."""
+    if sched.fits or accept_partial:
+        return
+    end = f", the required cells end at minute {sched.required_end_min:.1f}" if sched.required_end_min else ""
+    raise InputError(f"{plan_path}: by the forecast (pace x{sched.pace:.2f} + {sched.overhead_s:.1f} s a request{', ' + sched.calibration if sched.calibration else ''})"
+                     f" these required cells do not fit before the stop minute {sched.stop_min:g}: {', '.join(sched.unfit)}{end};"
+                     f" see `flare-diag plan forecast`, or pass --accept-partial to run it anyway")
+
+
+async def probe(target: Target, setup: WindowSetup) -> Calibration | None:
+    """A rehearsal's pace and overhead: a few of the plan's own bodies sent to the simulator before the window
+    opens, each round timed on the window clock (real time times the scale) against the rate model
+    with the tokens each body really used. A rehearsal's harness adds real seconds that the time
+    scale multiplies; this is how its forecast sees them. Never sent to a real site."""
+    assert setup.rehearsal, "probe requests are for the simulator only"
+    est = estimator(setup)
+    ph = next((p for p in setup.plan.phases if p.kind == "replay" and p.fixture in setup.fixtures), None)
+    if ph is None:
+        return None
+    fixture = setup.fixtures[ph.fixture]  # type: ignore[index]
+    for i in phase_requests(ph, len(fixture.bodies))[:PROBE_REQUESTS]:
+        t0 = time.monotonic_ns()
+        try:
+            data = await target.send_request({"phase": "probe", "fixture": ph.fixture, "order_index": i, "body_index": i,
+                                              "body_sha256": fixture.sha256[i]})
+            await target.scrape_metrics({})
+        except Exception as exc:  # a simulator that cannot answer a probe will not carry a window
+            f = classify_exception(exc, "send_request")
+            raise InputError(f"{setup.site.name}: the forecast's probe request failed ({f.error}: {f.detail}); "
+                             f"nothing was changed") from None
+        actual = (time.monotonic_ns() - t0) * setup.time_scale / 1e9
+        est.observe_round(ph.fixture, [i], actual, {i: data.get("completion_tokens")}, {i: data.get("prompt_tokens")})  # type: ignore[arg-type]
+    # only the pace and overhead carry over: the incumbent's tokens are not the candidate's
+    learned = est.learned(f"rehearsal probe of {est.rounds} requests at x{setup.time_scale:g}", setup.time_scale)
+    return Calibration(source=learned.source, pace=learned.pace, overhead_s=learned.overhead_s, rounds=learned.rounds,
+                       time_scale=setup.time_scale)
+
+async def planned(setup: WindowSetup, target: Target) -> Schedule:
+    """The forecast a window starts from, after the site check and before quiesce. A rehearsal's
+    pace comes from its probe. Refuses (InputError) a plan whose required cells do not fit unless
+    the operator accepted a partial window; `setup.calibration` is what the window will start from."""
+    cal = setup.calibration
+    if setup.rehearsal:
+        cal = merged(cal, await probe(target, setup))
+    setup.calibration = cal
+    sched = schedule(setup, cal)
+    refuse_unfit(sched, setup.plan_path or setup.plan.name, setup.accept_partial)
+    return sched

@@ -1,0 +1,156 @@
+"""The one fold of a window's log that the report, the live progress, `status` and the live view read.
+
+Minutes are the window clock's (`events.schema.window_minute`): the same rounding everywhere.
+"""
+
+from __future__ import annotations
+
+from events.base import Event
+from events.schema import (
+    AbortDecided, Alarm, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
+)
+
+
+class WindowFold:
+    """Apply a window's events in seq order (`apply`); inputs the caller decodes itself (a report's
+    narrow views) advance the clock through `saw_input`."""
+
+    def __init__(self, window_id: str = "") -> None:
+        self.window_id = window_id
+        self.plan = ""
+        self.plan_sha256: str | None = None
+        self.site: str | None = None
+        self.rehearsal: bool | None = None
+        self.candidate_recipe: str | None = None
+        self.expected_identity: dict = {}
+        self.timing: dict | None = None
+        self.stage = "opening"  # opening | experiment | restore | closed
+        self.phase: str | None = None
+        self.phase_requests = 0
+        self.requests = 0
+        self.t0_ns: int | None = None
+        self.t0_wall: int | None = None
+        self.last_at_ns = 0
+        self.cells: dict[str, dict] = {}
+        self.abort: dict | None = None
+        self.alarms: list[dict] = []
+        self.verdict: dict | None = None
+        self.restoration: dict | None = None
+        self.restoration_failed: list[str] | None = None
+        self.outcome: str | None = None
+        self.trace_order: list[str] | None = None
+        self.timeline: list[dict] = []
+        self.last_seq = 0
+        self._mark_minute: float | None = None
+
+    @property
+    def stop_min(self) -> float | None:
+        return (self.timing or {}).get("stop_min")
+
+    @property
+    def window_min(self) -> float | None:
+        return (self.timing or {}).get("window_min")
+
+    def minute_at(self, at_ns: int) -> float | None:
+        return window_minute(at_ns, self.t0_ns)
+
+    @property
+    def minute(self) -> float | None:
+        """The window minute of the latest input, or of the latest decision that named one."""
+        now = self.minute_at(self.last_at_ns)
+        if now is None or (self._mark_minute is not None and self._mark_minute > now):
+            return self._mark_minute
+        return now
+
+    def saw_input(self, at_ns: int) -> None:
+        if at_ns > self.last_at_ns:
+            self.last_at_ns = at_ns
+
+    def _mark(self, minute: float | None, event: str | None = None) -> None:
+        if minute is not None:
+            self._mark_minute = minute
+        if event is not None:
+            self.timeline.append({"minute": minute, "event": event})
+
+    def apply(self, seq: int, ev: Event, wall_ns: int | None = None) -> None:
+        self.last_seq = seq
+        if isinstance(ev, Input):
+            self.saw_input(ev.at_ns)
+        handler = _HANDLERS.get(type(ev))
+        if handler is not None:
+            handler(self, ev, wall_ns)
+
+    def _opened(self, ev: WindowOpened, _wall: int | None) -> None:
+        self.window_id = ev.window_id
+        self.plan = str(ev.plan.get("name", ""))
+        self.plan_sha256, self.site, self.rehearsal = ev.plan_sha256, ev.site, ev.rehearsal
+        self.candidate_recipe = ev.candidate_recipe
+        self.expected_identity = dict(ev.plan.get("identity") or {})
+        t = ev.plan.get("timing") or {}
+        self.timing = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
+                       "restore_reserve_min": t.get("restore_reserve_min")}
+
+    def _time_marked(self, ev: TimeMarked, wall: int | None) -> None:
+        if ev.mark == "t0":
+            self.t0_ns = self.last_at_ns
+            self.t0_wall = wall
+            self.stage = "experiment"
+        self._mark(ev.minute, ev.mark)
+
+    def _phase_started(self, ev: PhaseStarted, _wall: int | None) -> None:
+        self.phase, self.phase_requests = ev.phase, 0
+        self._mark(ev.minute, f"phase {ev.phase} started")
+
+    def count_request(self, _ev: object = None, _wall: int | None = None) -> None:
+        """One request measured (a report reads these through a narrow view, and calls this)."""
+        self.phase_requests += 1
+        self.requests += 1
+
+    def _cell(self, ev: CellRecorded, _wall: int | None) -> None:
+        self.timeline.append({"minute": self.minute_at(self.last_at_ns), "event": f"cell {ev.phase}: {ev.status}"})
+        self.cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
+                                "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
+                                "natural_failures": ev.natural_failures, "started_minute": ev.started_minute,
+                                "estimated_end_minute": ev.estimated_end_minute, "ended_minute": ev.ended_minute}
+        if ev.phase == self.phase:
+            self.phase = None
+
+    def _abort(self, ev: AbortDecided, _wall: int | None) -> None:
+        self.abort = {"reason": ev.reason, "detail": ev.detail, "minute": ev.minute}
+        self._mark(ev.minute, f"abort: {ev.reason}")
+
+    def _restore_started(self, ev: RestoreStarted, _wall: int | None) -> None:
+        self.stage, self.phase = "restore", None
+        self._mark(ev.minute, f"restore started ({ev.cause})")
+
+    def _restoration(self, ev: RestorationRecorded, _wall: int | None) -> None:
+        self.restoration = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
+                            **ev.checks, "verified": ev.verified}
+        self.restoration_failed = [k for k in RESTORE_CHECKS if ev.checks.get(k) is False]
+
+    def _verdict(self, ev: VerdictReached, _wall: int | None) -> None:
+        self.verdict = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
+                        "findings": ev.findings}
+
+    def _alarm(self, ev: Alarm, _wall: int | None) -> None:
+        self.alarms.append({"kind": ev.kind, "detail": ev.detail})
+
+    def _trace_order(self, ev: TraceOrderFrozen, _wall: int | None) -> None:
+        self.trace_order = ev.order
+
+    def _closed(self, ev: WindowClosed, _wall: int | None) -> None:
+        self.stage, self.outcome = "closed", ev.outcome
+        self._mark(ev.minute, f"window closed: {ev.outcome}")
+
+
+RESTORE_CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
+                  "routed_preflight")
+
+_HANDLERS = {
+    WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,
+    RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,
+    RestoreStarted: WindowFold._restore_started, RestorationRecorded: WindowFold._restoration,
+    VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, TraceOrderFrozen: WindowFold._trace_order,
+    WindowClosed: WindowFold._closed,
+}

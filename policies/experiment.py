@@ -1,0 +1,374 @@
+"""The experimental procedure: preflight and take-down, then the plan's arms, their phases, drains and replays."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TYPE_CHECKING
+
+from events.schema import NS_PER_S, Alarm, ArmStarted, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
+from policies import guards, rules
+from policies.driver import Act, Interrupt, Proc, Sleep
+from policies.plan import PhaseSpec, expected_identity, trace_arm_order
+from policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
+from policies.state import Incumbent, Running
+
+if TYPE_CHECKING:
+    from policies.window import WindowPolicy
+
+OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used", "host_cache_tokens_used")
+
+
+def experiment(w: WindowPolicy) -> Proc:
+    plan = w.plan
+    res = yield from w._act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
+    if not res.ok:
+        w._fail_inside(res, "fixture validation failed")
+    w.fixtures = res.data.get("fixtures", {})
+    w.est = Estimator(plan, work_from(plan, w.fixtures), w.calibration)
+    if plan.trace is not None:
+        w._emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
+    what = ("incumbent", "router", "monitoring", "gpu", "configuration")
+    snaps = yield from w._act_all([("snapshot", {"what": s}) for s in what])
+    for s, r in zip(what, snaps):
+        if r.ok:
+            w.snapshots[s] = r.data
+        elif r.error == "not_applicable":
+            w.snapshots[s] = None
+        else:
+            w._fail_inside(r, f"{s} snapshot failed")
+    inc = w.snapshots["incumbent"] or {}
+    w.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
+    mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
+    if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
+        mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
+    if mism:
+        w._abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
+    # The seed: retain exact recipe bytes before taking the incumbent down. Every load, unload
+    # and the restore from here on name the hash of the bytes retained here (contract section 1
+    # gives no other source of a recipe's hash).
+    kept = yield from w._act_all([
+        ("retain_recipe", {"recipe": inc.get("recipe"), "expect_sha256": inc.get("sha256"), "role": "incumbent"}),
+        ("retain_recipe", {"recipe": w.candidate_recipe, "role": "candidate"}),
+    ])
+    for role, r in zip(("incumbent", "candidate"), kept):
+        if not r.ok:
+            w._fail_inside(r, f"{role} recipe bytes could not be retained")
+    w.candidate_sha = kept[1].data.get("sha256")
+    # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
+    previews = yield from w._act_all([
+        ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
+        ("preview", {"op": "load", "recipe": w.candidate_recipe, "sha256": w.candidate_sha, "role": "candidate"}),
+        ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
+    ])
+    for r in previews:
+        if not r.ok or r.data.get("ok") is not True:
+            w._fail_inside(r, "preview refused")
+    res = yield from w._act("quiesce", {})
+    if not res.ok and res.error != "not_applicable":
+        w._fail_inside(res, "quiesce failed")
+    w.quiesced = True
+    w.t0 = w.now
+    w._emit(TimeMarked(mark="t0", minute=0.0))
+    drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
+                               router=w.snapshots.get("router") is not None)
+    if not drained:
+        w._abort_inside("containment", f"the primary did not drain within {plan.timing.quiesce_drain_timeout_s} s of quiesce")
+    res = yield from w._act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
+    if not res.ok:
+        # the take-down itself failed: no candidate can load beside the incumbent, so restore
+        w._abort_inside(rules.abort_for_error(res.error) or "preflight",
+                        f"incumbent unload failed, nothing was taken down: {res.detail or res.error}")
+    for arm in w.arms:
+        if w.now >= w._stop_ns():  # reached while a phase's closing drain ran on
+            w._mark_stop()
+            raise Interrupt("stop_minute")
+        yield from run_arm(w, arm)
+    w._close_open_cells("completed")
+
+
+def run_arm(w: WindowPolicy, arm: Arm) -> Proc:
+    """An arm starts only when its gating phases fit before the stop minute less the plan's margin, by
+    the estimate now; otherwise every phase of it is deferred, and no primary downtime is spent
+    priming an arm whose replay could not run."""
+    t = w.plan.timing
+    if all(p.id in w.ledger for p in arm.phases):
+        return
+    if arm.trace_pair and w.trace_stopped:
+        for p in arm.phases:
+            w._cell(p.id, "deferred", w.trace_stopped, comparable=p.comparable)
+        return
+    label = arm.incarnation
+    if label in w.failed_incarnations or label in w.unverified_incarnations:
+        for p in arm.phases:
+            if label in w.failed_incarnations:
+                w._cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+            else:
+                w._cell(p.id, "invalid", w.unverified_incarnations[label], comparable=False)
+        return
+    if not arm.loads and label != w.candidate_loaded:
+        why = f"not started: incarnation {label} is not loaded (its own arm did not run), and this arm does not verify one"
+        for p in arm.phases:
+            w._cell(p.id, "deferred", why, comparable=p.comparable)
+        return
+    need = w.est.arm_s(arm, w.candidate_loaded, done=set(w.ledger.cells))
+    end = w.now + int(need * NS_PER_S)
+    limit = w._stop_ns() - int(t.arm_margin_min * 60 * NS_PER_S)
+    if end > limit:
+        gating = [p.id for p in arm.gating if p.id not in w.ledger]
+        why = (f"not started: arm {arm.id} ({', '.join(gating)}) would end at minute {w._minute(end):.1f} by the "
+               f"current estimate, past the stop minute {t.stop_min:g} less the margin of {t.arm_margin_min:g} min")
+        for p in arm.phases:
+            w._cell(p.id, "deferred", why, comparable=p.comparable)
+        if arm.trace_pair:
+            w.trace_stopped = trace_order_stopped(arm)
+        check_projection(w)
+        return
+    w._emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w._minute(),  # type: ignore[arg-type]
+                       estimated_end_minute=w._minute(end), limit_minute=w._minute(limit),  # type: ignore[arg-type]
+                       pace=round(w.est.pace, 4), overhead_s=round(w.est.overhead_s, 3)))
+    if label != w.candidate_loaded:
+        ok = yield from fresh_incarnation(w, label)
+        if not ok:
+            for p in arm.phases:
+                w._cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+            return
+    for ph in arm.phases:
+        yield from run_phase(w, ph)
+
+
+def fresh_incarnation(w: WindowPolicy, label: str) -> Generator[Any, Any, bool]:
+    cand = w.candidate_recipe
+    if w.candidate_loaded is not None:
+        res = yield from w._act("unload", {"recipe": cand, "sha256": w.candidate_sha})
+        if not res.ok:
+            w.failed_incarnations[label] = f"unload of incarnation {w.candidate_loaded} failed: {res.detail}"
+            return False
+    w.candidate_loaded = None
+    w.ref_labels = None
+    res = yield from w._act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
+    if not res.ok:
+        w.failed_incarnations[label] = f"candidate incarnation {label} did not load: {res.detail or res.error}"
+        return False
+    w.candidate_loaded = label
+    w.candidate_id = res.data.get("incarnation")
+    return True
+
+
+def run_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+    t = w.plan.timing
+    if ph.id in w.ledger:
+        return
+    if ph.incarnation in w.unverified_incarnations:
+        w._cell(ph.id, "invalid", w.unverified_incarnations[ph.incarnation], comparable=False)
+        return
+    for dep in ph.requires_measured:
+        if w.ledger.status(dep) != "measured":
+            w._cell(ph.id, "deferred", f"not started: earlier result: {dep} was not measured", comparable=ph.comparable)
+            return
+    end = w.now + int(w.est.phase_s(ph) * NS_PER_S)
+    if end > w._stop_ns():
+        w._cell(ph.id, "deferred", f"not started: estimated end at minute {w._minute(end):.1f} passes the stop"
+                f" minute {t.stop_min:g}", comparable=ph.comparable)
+        check_projection(w)
+        return
+    w._emit(PhaseStarted(phase=ph.id, minute=w._minute(), estimated_end_minute=w._minute(end)))  # type: ignore[arg-type]
+    w.phase_marks[ph.id] = (w._minute(), w._minute(end))
+    if ph.kind == "identity":
+        yield from identity_phase(w, ph)
+    else:
+        yield from replay_phase(w, ph)
+
+
+def projected_required_end_ns(w: WindowPolicy, current: PhaseSpec | None = None, skip: int = 0) -> int:
+    """When the required cells not yet decided would end, by the estimate now."""
+    est = w.est
+    s = est.phase_s(current, skip) if current is not None and not current.optional else 0.0
+    loaded = w.candidate_loaded
+    for arm in w.arms:
+        todo = [p for p in arm.phases if not p.optional and p.id not in w.ledger and (current is None or p.id != current.id)]
+        if todo:
+            s += est.arm_s(arm, loaded, phases=todo)
+            loaded = arm.incarnation
+    return w.now + int(s * NS_PER_S)
+
+
+def check_projection(w: WindowPolicy, current: PhaseSpec | None = None, skip: int = 0) -> None:
+    """Raises the projected-overrun alarm when the required cells' projected end passes the stop
+    minute (once each time it starts to; again only after the projection has fit once more)."""
+    if w.est.rounds < LEARN_ROUNDS:
+        return  # a projection from the plan's guesses alone is no news to an operator
+    end = projected_required_end_ns(w, current, skip)
+    late = end > w._stop_ns() and any(not p.optional and p.id not in w.ledger for p in w.all_phases)
+    if late and not w.overrun_projected:
+        w._emit(Alarm(kind="projected_overrun",
+                      detail=f"the required cells' projected end is minute {w._minute(end):.1f}, past the stop minute "
+                             f"{w.plan.timing.stop_min:g} (pace x{w.est.pace:.2f} of the rate model + {w.est.overhead_s:.1f} s a request)"))
+    w.overrun_projected = late
+
+
+def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+    ident_res = yield from w._act("read_identity", {})
+    if not ident_res.ok:
+        w._cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
+        return
+    ident = ident_res.data
+    mism = rules.identity_mismatches(expected_identity(w.plan), ident, trace=False)
+    if w.candidate_sha and ident.get("recipe_sha256") != w.candidate_sha:
+        mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {ident.get('recipe_sha256')}")
+    if w.candidate_id is not None and ident.get("incarnation") != w.candidate_id:
+        mism.append(f"incarnation: expected {w.candidate_id}, found {ident.get('incarnation')}")
+    if mism:
+        w._abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
+    w.ref_labels = {k: ident.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
+    reason = "identity verified without generation"
+    if ph.fresh:
+        m = yield from w._act("scrape_metrics", {})
+        if not m.ok:
+            w._cell(ph.id, "failed", f"metrics could not be read: {m.detail}")
+            return
+        nonzero = rules.counters_reset(m.data.get("counters", {}))
+        g = m.data.get("gauges", {})
+        occupied = [k for k in OCCUPANCY if g.get(k)]
+        observable = any(g.get(k) is not None for k in OCCUPANCY)
+        if nonzero or occupied:
+            why = (f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'});"
+                   f" host cache occupied ({', '.join(occupied) or 'none'})")
+            w.unverified_incarnations[ph.incarnation] = why
+            w._cell(ph.id, "invalid", why, comparable=False)
+            return
+        reason += ("; counters reset and empty host cache verified" if observable else
+                   "; counters reset verified; host cache occupancy not observable on this target")
+    w._cell(ph.id, "measured", reason, requests=0)
+
+
+def drain(w: WindowPolicy, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
+    start = w.now
+    polls = [0]
+    settled = yield from _drain_polls(w, timeout_s, router, polls)
+    w._emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((w.now - start) / NS_PER_S, 3),
+                          polls=polls[0], minute=w._minute()))
+    return settled
+
+
+def _drain_polls(w: WindowPolicy, timeout_s: float, router: bool, polls: list[int]) -> Generator[Any, Any, bool]:
+    timing = w.plan.timing
+    start = w.now
+    stable, last = 0, None
+    while True:
+        polls[0] += 1
+        calls = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
+        res = yield from w._act_all(calls)
+        m = res[0]
+        ok = m.ok and rules.drained(m.data.get("gauges", {}))
+        if router and len(res) > 1 and res[1].ok:
+            ok = ok and not (res[1].data.get("backend") or {}).get("inflight")
+        if ok:
+            counters = m.data.get("counters", {})
+            stable = stable + 1 if last is not None and counters == last else 1
+            last = counters
+            if stable >= timing.stable_observations:
+                w.last_counters = counters
+                return True
+        else:
+            stable, last = 0, None
+        if w.now - start >= int(timeout_s * NS_PER_S):
+            return False
+        yield Sleep(w.now + int(timing.drain_poll_s * NS_PER_S))
+
+
+def _phase_caveat(w: WindowPolicy, ph: PhaseSpec) -> str:
+    if ph.id == TRACE_WARMUP:
+        return ("; warm-up of the trace fixture, not evidence: it runs before the first trace pair so that every"
+                " trace arm meets the same warm host cache")
+    if ph.trace is not None:
+        return (f"; trace {'on' if ph.trace else 'off'} at C{ph.concurrency}, one arm of an off/on pair: its"
+                f" timings are descriptive")
+    if not ph.comparable:
+        full = len(w.fixtures.get(ph.fixture or "", {}).get("sha256", [])) or "full"
+        return f"; non-fresh initial state, not comparable to the {full}-prompt arms"
+    return ""
+
+
+def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+    plan = w.plan
+    fixture = ph.fixture or ""
+    shas = w.fixtures.get(fixture, {}).get("sha256", [])
+    reqs = phase_requests(ph, len(w.est.work.get(fixture, [])))
+    if ph.trace is not None:
+        res = yield from w._act("set_trace", {"enabled": ph.trace})
+        if not res.ok or res.data.get("trace_enabled") != ph.trace:
+            w._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
+            return
+        mism = guards.trace_toggle(expected_identity(plan), res.data, w.ref_labels, ph.trace)
+        if mism:
+            w._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
+    started, est_end = w.phase_marks.get(ph.id, (None, None))
+    w.current = Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
+                        estimated_end_minute=est_end)
+    settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
+    if not settled:
+        w.current = None
+        w._cell(ph.id, "invalid", f"drain before the phase did not settle within {plan.timing.drain_timeout_s:g} s",
+                comparable=ph.comparable)
+        return
+    before = dict(w.last_counters or {})
+    prev = before
+    failures: list[str] = []
+    natural = 0
+    k = 0
+    while k < len(reqs):
+        batch = reqs[k:k + ph.concurrency]
+        if w.now >= w._stop_ns() or w.now + int(w.est.round_s(fixture, batch) * NS_PER_S) > w._stop_ns():
+            w.current = None
+            w._cell(ph.id, "invalid", f"stopped after {k} of {len(reqs)} requests: the next request's estimated"
+                    f" end passes the stop minute {plan.timing.stop_min:g}", requests=k, comparable=ph.comparable)
+            return
+        sent = w.now
+        ids = [w._request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k + j, "body_index": bi,
+                                           "body_sha256": shas[bi] if bi < len(shas) else ""}, True)
+               for j, bi in enumerate(batch)]
+        results = yield Act(ids)
+        delta: dict = {}
+        if ph.concurrency == 1:
+            m = yield from w._act("scrape_metrics", {})
+            if m.ok:
+                delta = rules.counter_delta(prev, m.data.get("counters", {}))
+                prev = m.data.get("counters", {})
+        done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
+        w.est.observe_round(fixture, batch, (w.now - sent) / NS_PER_S,
+                            {rd.body_index: rd.completion_tokens for rd in done},
+                            {rd.body_index: rd.prompt_tokens for rd in done})
+        for j, rd in enumerate(results):
+            nf = None
+            if isinstance(rd, RequestDone):
+                if rd.outcome != "ok":
+                    failures.append(f"#{rd.order_index}: {rd.error or rd.outcome}")
+                else:
+                    nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
+                    natural += nf is not None
+                w._emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
+                                        body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
+                                        delta=delta if ph.concurrency == 1 else {}))
+            else:
+                failures.append(f"#{k + j}: {rd.error}")
+        k += len(batch)
+        w.current.done = k  # type: ignore[union-attr]
+        check_projection(w, ph, k)
+    w.draining_after = True
+    settled = yield from drain(w, plan.timing.drain_timeout_s, f"after {ph.id}")
+    w.draining_after = False
+    w.current = None
+    after = w.last_counters if settled else prev
+    delta = rules.counter_delta(before, after or {})
+    host, gpu = rules.host_gpu(delta)
+    common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural)
+    if not settled:
+        w._cell(ph.id, "invalid", f"drain after the phase did not settle within {plan.timing.drain_timeout_s:g} s", **common)
+    elif failures:
+        w._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
+    else:
+        why = f"{len(reqs)} requests" + (f", {natural} natural output failures recorded" if natural else "")
+        if w.stop_marked:
+            why += (f"; its closing drain settled at minute {w._minute():.2f}, after the stop minute "
+                    f"{plan.timing.stop_min:g} (all its requests had finished before it)")
+        w._cell(ph.id, "measured", why + _phase_caveat(w, ph), **common)

@@ -1,0 +1,58 @@
+"""Guards: an observation in, the abort it calls for (reason, detail) out, or None."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies import rules
+from policies.plan import Growth
+
+Abort = tuple[str, str] | None
+
+
+def growth_bounds(g: Growth) -> dict:
+    return {"max_resident_bytes": g.max_resident_bytes, "max_host_cache_records": g.max_host_cache_records}
+
+
+def action_observation(data: Mapping, ref_labels: Mapping | None, quiesced: bool, growth: Growth,
+                       host_cache_bytes: int | None) -> Abort:
+    """Any action's reply that carries metrics labels or gauges: identity drift, uncontrolled growth."""
+    labels = data.get("labels")
+    if ref_labels and isinstance(labels, dict):
+        drift = rules.label_drift(ref_labels, labels)
+        if drift:
+            return "identity_drift", "metrics identity changed: " + "; ".join(drift)
+    gauges = data.get("gauges")
+    if isinstance(gauges, dict) and quiesced:
+        breach = rules.growth_breach(gauges, growth_bounds(growth), host_cache_bytes)
+        if breach:
+            return "uncontrolled_growth", breach
+    return None
+
+
+def gpu_watch(data: Mapping, growth: Growth) -> Abort:
+    xids = data.get("xid_events") or []
+    if xids:
+        x = xids[0]
+        return "gpu_fault", f"Xid {x.get('xid')} on GPU {x.get('gpu')}"
+    breach = rules.gpu_memory_breach(data.get("gpus") or [], growth.max_gpu_memory_fraction)
+    return ("uncontrolled_growth", breach) if breach else None
+
+
+def router_watch(data: Mapping, snapshot: Mapping | None) -> Abort:
+    """The router after quiesce: its configuration unchanged, the quiesced backend receiving nothing."""
+    snap = snapshot or {}
+    backend = data.get("backend") or {}
+    if snap.get("config_sha256") and data.get("config_sha256") not in (None, snap["config_sha256"]):
+        return "containment", "router configuration changed during the window"
+    if backend.get("admitted") or backend.get("inflight"):
+        return "containment", (f"quiesced backend {backend.get('id')} is receiving traffic"
+                               f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})")
+    return None
+
+
+def trace_toggle(expected: Mapping, reply: Mapping, ref_labels: Mapping | None, trace: bool) -> list[str]:
+    """A trace toggle may change trace_enabled and nothing else."""
+    mism = rules.identity_mismatches(expected, reply, trace=trace)
+    mism += rules.label_drift({k: v for k, v in (ref_labels or {}).items() if k in ("incarnation", "recipe_sha256")}, reply)
+    return mism

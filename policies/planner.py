@@ -1,0 +1,362 @@
+"""The planner: arms, per-request estimates from the work, their revision, and the window's schedule.
+
+Pure: the estimator learns only from what it is told (rounds observed by the policy, or a
+calibration built from an earlier window's log), so a forecast before quiesce and the arm gating
+inside the window use the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from policies.plan import Plan, PhaseSpec, trace_arm_order
+PRIOR_ROUNDS = 2.0  # the starting pace and overhead weigh as much as this many observed rounds
+PRIOR_SPREAD_S = 5.0  # whose work differs from the mean by this much
+LEARN_ROUNDS = 8  # rounds before a calibration tells pace from overhead
+
+
+class BodyWork(msgspec.Struct, frozen=True):
+    """What one request body asks of the engine, as far as can be known before sending it."""
+
+    sha256: str
+    max_tokens: int
+    prompt_tokens: int | None = None  # from the fixture manifest, when its tokenizer stated them
+    prompt_chars: int = 0
+
+
+class Calibration(msgspec.Struct, omit_defaults=True):
+    """What an earlier window (or a rehearsal's probe) measured; every field optional."""
+
+    source: str = ""
+    pace: float | None = None  # observed time of the token work over the rate model's
+    overhead_s: float | None = None  # observed time a request costs besides its token work
+    load_s: float | None = None
+    completion_tokens: dict[str, float] = {}  # body sha256 -> completion tokens observed
+    prompt_tokens: dict[str, int] = {}  # body sha256 -> prompt tokens reported by the engine
+    rounds: int = 0
+    time_scale: float | None = None  # a rehearsal's pace holds for rehearsals at the same scale
+
+
+class Arm(msgspec.Struct, frozen=True):
+    """An incarnation and the phases that only make sense together on it (e.g. B's prime and replay),
+    or one trace off/on pair. An arm starts only if its required phases fit (all of them, for an
+    optional arm)."""
+
+    id: str
+    incarnation: str
+    phases: tuple[PhaseSpec, ...]
+    trace_pair: bool = False  # pairs run in the frozen order: the first that does not fit ends the order
+
+    @property
+    def required(self) -> bool:
+        return any(not p.optional for p in self.phases)
+
+    @property
+    def loads(self) -> bool:
+        """An arm that verifies its incarnation's identity may load it; any other (a trace pair) runs
+        only on the incarnation already loaded and verified."""
+        return any(p.kind == "identity" for p in self.phases)
+
+    @property
+    def gating(self) -> tuple[PhaseSpec, ...]:
+        """The phases that must fit for the arm to start."""
+        return tuple(p for p in self.phases if not p.optional) if self.required else self.phases
+
+
+TRACE_WARMUP = "trace.warmup"
+
+
+def work_from(plan: Plan, fixtures: dict) -> dict[str, list[BodyWork]]:
+    """Each body's work as the fixture check reports it (`daemon.fixture.Fixture.work`); what it
+    leaves out falls back to the plan's sampling."""
+    out: dict[str, list[BodyWork]] = {}
+    for f in plan.fixtures:
+        d = fixtures.get(f.name) or {}
+        shas = list(d.get("sha256") or [])
+        n = int(d.get("count", len(shas)))
+        shas += [""] * (n - len(shas))
+        mt = d.get("max_tokens") or [plan.sampling.max_tokens] * n
+        pt = d.get("prompt_tokens") or [None] * n
+        pc = d.get("prompt_chars") or [0] * n
+        out[f.name] = [BodyWork(sha256=shas[i], max_tokens=int(mt[i] or plan.sampling.max_tokens), prompt_tokens=pt[i],
+                                prompt_chars=int(pc[i])) for i in range(n)]
+    return out
+
+
+def arms(plan: Plan) -> list[Arm]:
+    """The plan's arms in the order they run: required arms first, then optional ones, each group
+    in plan order. Consecutive phases on one incarnation form one arm; each trace repetition's
+    off/on pair is an arm, and the first pair starts with an untimed warm-up of the trace fixture so
+    that no trace arm meets a colder cache than another."""
+    out: list[Arm] = []
+    group: list[PhaseSpec] = []
+    for ph in plan.phases:
+        if group and ph.incarnation != group[-1].incarnation:
+            out.append(Arm(id=group[0].incarnation, incarnation=group[0].incarnation, phases=tuple(group)))
+            group = []
+        group.append(ph)
+    if group:
+        out.append(Arm(id=group[0].incarnation, incarnation=group[0].incarnation, phases=tuple(group)))
+    if plan.trace is not None:
+        t = plan.trace
+        order = trace_arm_order(t)
+        for k in range(0, len(order), 2):
+            pair = []
+            if k == 0:
+                pair.append(PhaseSpec(id=TRACE_WARMUP, incarnation=t.incarnation, kind="replay", fixture=t.fixture,
+                                      concurrency=1, optional=True, comparable=False, trace=False))
+            for pid, c, _r, on in order[k:k + 2]:
+                pair.append(PhaseSpec(id=pid, incarnation=t.incarnation, kind="replay", fixture=t.fixture,
+                                      concurrency=c, optional=t.optional, comparable=False, trace=on))
+            out.append(Arm(id=order[k][0].rsplit(".", 1)[0], incarnation=t.incarnation, phases=tuple(pair),
+                           trace_pair=True))
+    return [a for a in out if a.required] + [a for a in out if not a.required]
+
+
+def trace_order_stopped(arm: Arm) -> str:
+    return f"not started: the frozen trace order ended at {arm.id}, the first pair that did not fit"
+
+
+def phase_requests(ph: PhaseSpec, count: int) -> list[int]:
+    """The body indexes a phase sends, in order."""
+    idx = list(range(count))
+    if ph.select_last:
+        idx = idx[-ph.select_last:]
+    if ph.order == "reverse":
+        idx.reverse()
+    return idx * ph.passes
+
+
+class Estimator:
+    """Per-request estimates from each body's prompt tokens and max_tokens under the plan's rate
+    model (or a calibration), revised after every round the window observes.
+
+    A round's time is fitted as `pace * work + overhead`, where `work` is the rate model's time for
+    the tokens each body really used: pace absorbs a host slower or faster per token than the plan
+    says, overhead what a request costs besides its tokens (connection, scheduling, the counter
+    scrape, and in a rehearsal the harness's real latency times the scale). A ridge fit that starts
+    from the plan's (or the calibration's) values keeps a few rounds of one size from extrapolating
+    wildly to rounds of another."""
+
+    def __init__(self, plan: Plan, work: dict[str, list[BodyWork]], cal: Calibration | None = None) -> None:
+        self.plan = plan
+        self.rates = plan.rates
+        self.work = work
+        self.cal = cal or Calibration()
+        self.load_s = self.cal.load_s if self.cal.load_s is not None else self.rates.load_s
+        self.completion: dict[str, float] = dict(self.cal.completion_tokens)
+        self.prompt: dict[str, int] = dict(self.cal.prompt_tokens)
+        self.prior_pace = self.cal.pace if self.cal.pace is not None else 1.0
+        self.prior_overhead = self.cal.overhead_s if self.cal.overhead_s is not None else self.rates.request_overhead_s
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, x^2, y, xy over observed rounds (x: work, y: time)
+        self.rounds = 0
+        self._fit: tuple[float, float] | None = (self.prior_pace, self.prior_overhead)
+        self._shares = (0, 0.0)  # bodies whose completion was observed, and the sum of their shares of max_tokens
+        self._share_of: dict[str, float] = {}
+
+    # --- the fit -----------------------------------------------------------------------------
+
+    def _solve(self) -> tuple[float, float]:
+        if self._fit is None:
+            sx, sxx, sy, sxy = self._sums
+            n = self.rounds
+            a0, b0 = self.prior_pace, self.prior_overhead
+            alpha, beta = PRIOR_ROUNDS * PRIOR_SPREAD_S ** 2, PRIOR_ROUNDS
+            m11, m12, m22 = sxx + alpha, sx, n + beta
+            r1, r2 = sxy + alpha * a0, sy + beta * b0
+            det = m11 * m22 - m12 * m12
+            a = (r1 * m22 - m12 * r2) / det
+            b = (m11 * r2 - m12 * r1) / det
+            if b < 0:  # a request costs no less than its work: refit with no overhead
+                a, b = (sxy + alpha * a0) / (sxx + alpha), 0.0
+            self._fit = (max(a, 0.05), b)
+        return self._fit
+
+    @property
+    def output_share(self) -> float:
+        """The share of max_tokens a body not seen yet is expected to use: the plan's, moved
+        towards what the bodies seen so far used."""
+        n, s = self._shares
+        return (PRIOR_ROUNDS * self.rates.output_share + s) / (PRIOR_ROUNDS + n)
+
+    @property
+    def pace(self) -> float:
+        return self._solve()[0]
+
+    @property
+    def overhead_s(self) -> float:
+        return self._solve()[1]
+
+    # --- estimates ---------------------------------------------------------------------------
+
+    def _prompt_tokens(self, b: BodyWork) -> float:
+        if b.sha256 in self.prompt:
+            return self.prompt[b.sha256]
+        if b.prompt_tokens is not None:
+            return b.prompt_tokens
+        return b.prompt_chars / self.rates.chars_per_token
+
+    def work_s(self, b: BodyWork, completion: float | None = None) -> float:
+        """The rate model's time for one request's tokens."""
+        out = completion if completion is not None else self.completion.get(b.sha256, b.max_tokens * self.output_share)
+        return self._prompt_tokens(b) / self.rates.prefill_tokens_per_s + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
+
+    def request_s(self, fixture: str, body: int) -> float:
+        a, b = self._solve()
+        return a * self.work_s(self.work[fixture][body]) + b
+
+    def round_s(self, fixture: str, batch: list[int]) -> float:
+        """A round of concurrent requests ends with its slowest one."""
+        return max((self.request_s(fixture, b) for b in batch), default=0.0)
+
+    def drain_s(self) -> float:
+        """A drain that settles at once: its polls, each a counter scrape."""
+        t = self.plan.timing
+        return t.stable_observations * (t.drain_poll_s + self.overhead_s)
+
+    def phase_s(self, ph: PhaseSpec, skip: int = 0) -> float:
+        """Window seconds a phase takes from its `skip`-th request on: rounds, and its drains."""
+        if ph.kind != "replay" or ph.fixture is None:
+            return self.drain_s()
+        reqs = phase_requests(ph, len(self.work.get(ph.fixture, [])))[skip:]
+        c = max(ph.concurrency, 1)
+        rounds = sum(self.round_s(ph.fixture, reqs[k:k + c]) for k in range(0, len(reqs), c))
+        return rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
+
+    def arm_s(self, arm: Arm, loaded: str | None, done: set[str] = frozenset(), phases=None) -> float:  # type: ignore[assignment]
+        """Window seconds to run an arm's given phases (default: the gating ones), with its load."""
+        todo = [p for p in (phases if phases is not None else arm.gating) if p.id not in done]
+        load = self.load_s if arm.incarnation != loaded else 0.0
+        return load + sum(self.phase_s(p) for p in todo)
+
+    # --- learning ----------------------------------------------------------------------------
+
+    def observe_round(self, fixture: str, batch: list[int], actual_s: float,
+                      completions: dict[int, int | None], prompts: dict[int, int | None]) -> None:
+        """Learns from one finished round: the tokens each body really used, then the fit."""
+        for b, n in completions.items():
+            if n is not None:
+                bw = self.work[fixture][b]
+                self.completion[bw.sha256] = float(n)
+                if bw.max_tokens and bw.sha256 not in self._share_of:
+                    self._share_of[bw.sha256] = min(n / bw.max_tokens, 1.0)
+                    self._shares = (self._shares[0] + 1, self._shares[1] + self._share_of[bw.sha256])
+        for b, n in prompts.items():
+            if n is not None:
+                self.prompt[self.work[fixture][b].sha256] = int(n)
+        x = max((self.work_s(self.work[fixture][b]) for b in batch), default=0.0)
+        if actual_s < 0 or not batch:
+            return
+        s = self._sums
+        s[0] += x
+        s[1] += x * x
+        s[2] += actual_s
+        s[3] += x * actual_s
+        self.rounds += 1
+        self._fit = None
+
+    def learned(self, source: str, time_scale: float | None = None) -> Calibration:
+        """What the observed rounds say, for a later window to start from. Pace and overhead are told
+        apart only when the rounds differ enough in size (LEARN_ROUNDS of them, spread in work);
+        otherwise the extra time is taken as overhead at the starting pace, which extrapolates to
+        longer requests without multiplying the error."""
+        a, b = self.prior_pace, self.prior_overhead
+        sx, sxx, sy, sxy = self._sums
+        n = self.rounds
+        if n:
+            var = sxx / n - (sx / n) ** 2
+            if n >= LEARN_ROUNDS and var > (0.25 * sx / n) ** 2:
+                a = (sxy / n - (sx / n) * (sy / n)) / var
+                b = sy / n - a * sx / n
+            if n < LEARN_ROUNDS or var <= (0.25 * sx / n) ** 2 or a <= 0 or b < 0:
+                a = self.prior_pace
+                b = max(0.0, (sy - a * sx) / n)
+        return Calibration(source=source, pace=round(a, 4), overhead_s=round(b, 4), rounds=n,
+                           completion_tokens=dict(self.completion), prompt_tokens=dict(self.prompt),
+                           time_scale=time_scale)
+
+
+class Slot(msgspec.Struct):
+    phase: str
+    arm: str
+    required: bool
+    start_min: float | None
+    end_min: float | None
+    status: str  # scheduled | deferred
+    reason: str = ""
+
+
+class Schedule(msgspec.Struct):
+    """The schedule a window would follow from its t0, by the estimate."""
+
+    plan: str
+    stop_min: float
+    margin_min: float
+    slots: list[Slot]
+    required_end_min: float | None
+    fits: bool
+    pace: float
+    overhead_s: float
+    calibration: str
+    unfit: list[str] = []
+
+    def render(self) -> list[str]:
+        lines = [f"plan {self.plan}: stop minute {self.stop_min:g}, arm margin {self.margin_min:g} min, "
+                 f"pace x{self.pace:.2f} + {self.overhead_s:.2f} s a request ({self.calibration or 'plan rates'})"]
+        for s in self.slots:
+            when = (f"{s.start_min:6.1f} -> {s.end_min:6.1f}" if s.start_min is not None else f"{'-':>6}    {'-':>6}")
+            lines.append(f"  {when}  {s.phase:<20} {'required' if s.required else 'optional':<8} {s.status}"
+                         + (f": {s.reason}" if s.reason else ""))
+        if self.fits:
+            lines.append(f"every required cell fits: the last ends at minute {self.required_end_min:.1f}")
+        else:
+            lines.append(f"required cells do not fit before the stop minute: {', '.join(self.unfit)}")
+        return lines
+
+
+def forecast(plan: Plan, est: Estimator, start_min: float = 0.0, quiesce: bool = True) -> Schedule:
+    """The schedule from t0 (quiesce), by the same arm rule the window applies."""
+    t = plan.timing
+    now = start_min * 60 + (est.drain_s() if quiesce else 0.0)  # the quiesce drain
+    stop = t.stop_min * 60
+    limit = stop - t.arm_margin_min * 60
+    loaded: str | None = None
+    slots: list[Slot] = []
+    trace_stop: str | None = None
+    for arm in arms(plan):
+        if arm.trace_pair and trace_stop:
+            slots += [Slot(p.id, arm.id, False, None, None, "deferred", trace_stop) for p in arm.phases]
+            continue
+        if not arm.loads and arm.incarnation != loaded:
+            why = f"incarnation {arm.incarnation} is not loaded (its own arm did not run)"
+            slots += [Slot(p.id, arm.id, not p.optional, None, None, "deferred", why) for p in arm.phases]
+            continue
+        need = est.arm_s(arm, loaded)
+        if now + need > limit:
+            why = f"arm {arm.id} would end at minute {(now + need) / 60:.1f}, past {limit / 60:g}"
+            slots += [Slot(p.id, arm.id, not p.optional, None, None, "deferred", why) for p in arm.phases]
+            if arm.trace_pair:
+                trace_stop = trace_order_stopped(arm)
+            continue
+        if arm.incarnation != loaded:
+            now += est.load_s
+            loaded = arm.incarnation
+        for p in arm.phases:
+            d = est.phase_s(p)
+            if p.optional and now + d > stop:
+                slots.append(Slot(p.id, arm.id, False, None, None, "deferred",
+                                  f"would end at minute {(now + d) / 60:.1f}, past the stop minute"))
+                continue
+            slots.append(Slot(p.id, arm.id, not p.optional, round(now / 60, 2), round((now + d) / 60, 2), "scheduled"))
+            now += d
+    req = [s for s in slots if s.required]
+    unfit = [s.phase for s in req if s.status != "scheduled"]
+    ends = [s.end_min for s in req if s.end_min is not None]
+    return Schedule(plan=plan.name, stop_min=t.stop_min, margin_min=t.arm_margin_min, slots=slots,
+                    required_end_min=max(ends) if ends else None, fits=not unfit, pace=round(est.pace, 3), overhead_s=round(est.overhead_s, 3),
+                    calibration=est.cal.source, unfit=unfit)
+
+
+def all_phases(plan: Plan) -> list[PhaseSpec]:
+    """Every phase the window may run, in the order it would run them."""
+    return [p for a in arms(plan) for p in a.phases]

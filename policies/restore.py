@@ -1,0 +1,79 @@
+"""The restore procedure: the exact incumbent back, containment, monitoring and both paths checked."""
+
+from __future__ import annotations
+
+from typing import Any, TYPE_CHECKING
+
+from events.schema import Alarm, RestorationRecorded, VerdictReached, WindowClosed
+from policies import rules
+from policies.driver import Proc, Quiet
+from policies.interpret import findings, verdict
+
+if TYPE_CHECKING:
+    from policies.window import WindowPolicy
+
+
+def restore(w: WindowPolicy) -> Proc:
+    yield Quiet()
+    checks: dict[str, Any] = {}
+    inc = w.incumbent
+    recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
+    st = yield from w._act("manager_state", {})
+    loaded = (st.data.get("loaded") if st.ok else None) or None
+    if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
+        recipe, sha, identity = loaded.get("recipe"), loaded.get("sha256"), {}
+    if sha:
+        if loaded and loaded.get("sha256") != sha:
+            yield from w._act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
+        if not loaded or loaded.get("sha256") != sha:
+            for _attempt in range(2):
+                r = yield from w._act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
+                if r.ok:
+                    break
+    ident = yield from w._act("read_identity", {})
+    checks["incumbent_sha256_match"] = bool(ident.ok and sha and ident.data.get("recipe_sha256") == sha)
+    if checks["incumbent_sha256_match"] and identity:
+        drift = rules.identity_mismatches({k: identity.get(k) for k in rules.IDENTITY_FIELDS if k in identity}, ident.data)
+        checks["incumbent_sha256_match"] = not drift
+    router_snap, gpu_snap = w.snapshots.get("router"), w.snapshots.get("gpu")
+    now_router, now_gpu = yield from w._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
+    contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
+    if router_snap is not None:
+        contained = now_router.ok and now_router.data.get("config_sha256") == router_snap.get("config_sha256")
+    if gpu_snap is not None:
+        uu = lambda d: sorted((g.get("uuid"), g.get("power_limit_w")) for g in d.get("gpus", []))  # noqa: E731
+        contained = contained and now_gpu.ok and uu(now_gpu.data) == uu(gpu_snap)
+    checks["containment"] = None if contained is None else bool(contained)
+    mon = yield from w._act("snapshot", {"what": "monitoring"})
+    if mon.error == "not_applicable":
+        checks["monitoring_registered"] = None
+    else:
+        t = mon.data.get("target") or {}
+        checks["monitoring_registered"] = bool(mon.ok and t.get("registered") and t.get("healthy"))
+    direct = yield from w._act("preflight", {"path": "direct"})
+    checks["direct_preflight"] = bool(direct.ok)
+    unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment") if checks[k] is False]
+    if "router" in w.snapshots and w.snapshots["router"] is None:  # the site has no router
+        checks["readmitted"] = None
+        checks["routed_preflight"] = None
+    elif unready:
+        # Routing production traffic to a primary whose restore did not verify would turn a
+        # failed window into an outage: it stays quiesced until a person has looked.
+        checks["readmitted"] = False
+        checks["routed_preflight"] = False
+        w._emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {', '.join(unready)} failed"))
+    else:
+        re = yield from w._act("readmit", {})
+        checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
+        routed = yield from w._act("preflight", {"path": "routed"})
+        checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+    verified = all(v is not False for v in checks.values())
+    w._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
+                                finished_minute=w._minute()))
+    cells = w.ledger.as_builtins()
+    hyp, basis, nxt = verdict(cells, w.required)
+    w._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
+    # `completed` only when every required cell was measured (contract 4, amended)
+    complete = all(w.ledger.status(p) == "measured" for p in w.required)
+    outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")
+    w._emit(WindowClosed(outcome=outcome, minute=w._minute()))

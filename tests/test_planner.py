@@ -1,0 +1,168 @@
+"""The planner: estimates from the work, their revision, the forecast, calibration, and the refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+
+from daemon.cli import main
+from daemon.fixture import BUILTIN, load_fixture
+from events.schema import ActionDone
+from policies.calibration import calibrate
+from policies.plan import decode_plan
+from policies.planner import BodyWork, Calibration, Estimator, arms, forecast, work_from
+from policies.window import WindowPolicy
+from tests.policy_world import World, drive, plan_builtins
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN_PATH = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+PLAN = decode_plan(PLAN_PATH.read_bytes())
+
+
+def work() -> dict:
+    return work_from(PLAN, {n: load_fixture(BUILTIN / n).work() for n in ("c1-52", "tok1024")})
+
+
+def test_a_request_estimate_grows_with_its_prompt_and_its_max_tokens():
+    est = Estimator(PLAN, {"f": [BodyWork("a", 100, 1000), BodyWork("b", 100, 9000), BodyWork("c", 2000, 1000)]})
+    assert est.request_s("f", 0) < est.request_s("f", 1)
+    assert est.request_s("f", 0) < est.request_s("f", 2)
+
+
+def test_a_body_that_states_no_prompt_tokens_is_estimated_from_its_characters():
+    est = Estimator(PLAN, {"f": [BodyWork("a", 100, None, 4000), BodyWork("b", 100, None, 40000)]})
+    assert est.request_s("f", 1) - est.request_s("f", 0 ) > 1  # 9,000 more tokens at 6,000 tokens/s
+
+
+def test_an_observed_round_teaches_the_body_s_tokens():
+    est = Estimator(PLAN, work())
+    est.observe_round("c1-52", [0], 10.0, {0: 500}, {0: 23000})
+    assert est.completion[est.work["c1-52"][0].sha256] == 500 and est.prompt[est.work["c1-52"][0].sha256] == 23000
+
+
+def test_rounds_twice_as_slow_as_the_model_double_the_pace_and_later_estimates_follow():
+    est = Estimator(PLAN, work())
+    bodies = est.work["c1-52"]
+    for i in range(52):
+        x = est.work_s(bodies[i], completion=200 + 30 * i)
+        est.observe_round("c1-52", [i], 2 * x, {i: 200 + 30 * i}, {})
+    assert abs(est.pace - 2) < 0.1 and est.overhead_s < 0.5
+    assert abs(est.request_s("c1-52", 7) - 2 * est.work_s(bodies[7])) < 1.0
+
+
+def test_a_fixed_cost_per_request_is_learned_as_overhead_not_as_pace():
+    est = Estimator(PLAN, work())
+    bodies = est.work["c1-52"]
+    for i in range(52):
+        x = est.work_s(bodies[i], completion=100 + 35 * i)
+        est.observe_round("c1-52", [i], x + 5.0, {i: 100 + 35 * i}, {})
+    assert abs(est.pace - 1) < 0.1 and abs(est.overhead_s - 5) < 1.0
+    cal = est.learned("t")
+    assert abs(cal.pace - 1) < 1e-6 and abs(cal.overhead_s - 5) < 1e-6
+
+
+def test_a_few_rounds_of_one_size_are_learned_as_overhead_at_the_starting_pace():
+    est = Estimator(PLAN, work())
+    for i in range(3):
+        est.observe_round("c1-52", [i], est.work_s(est.work["c1-52"][i], completion=16) + 1.0, {i: 16}, {})
+    cal = est.learned("probe")
+    assert cal.pace == 1.0 and abs(cal.overhead_s - 1.0) < 1e-3
+
+
+def test_the_shipped_plan_fits_by_its_own_rates_and_the_schedule_keeps_the_arm_order():
+    sched = forecast(PLAN, Estimator(PLAN, work()))
+    assert sched.fits and sched.required_end_min < PLAN.timing.stop_min - PLAN.timing.arm_margin_min
+    scheduled = [s.phase for s in sched.slots if s.status == "scheduled"]
+    assert scheduled[:6] == ["A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "B.forward_prime",
+                             "B.forward_replay"]
+
+
+def test_a_forecast_at_half_the_decode_rate_does_not_fit_and_names_the_b_arm():
+    slow = msgspec.structs.replace(PLAN, rates=msgspec.structs.replace(PLAN.rates, decode_tokens_per_s=55))
+    sched = forecast(slow, Estimator(slow, work()))
+    assert not sched.fits
+    assert "B.forward_replay" in sched.unfit and "A.forward_prime" not in sched.unfit
+
+
+def test_required_arms_are_planned_before_optional_ones_whatever_the_plan_order():
+    raw = msgspec.to_builtins(PLAN)
+    raw["phases"] = [{"id": "C.extra", "incarnation": "C", "kind": "replay", "fixture": "c1-52", "optional": True}] + raw["phases"]
+    order = [a.id for a in arms(msgspec.convert(raw, type(PLAN)))]
+    assert order.index("C") > order.index("B") and order[:2] == ["A", "B"]
+
+
+def _window_events(**kw):
+    hist = drive(WindowPolicy(), World(plan_builtins(), **kw))
+    return [e for inp, ds in hist for e in (inp, *ds)]
+
+
+def test_calibration_from_a_window_learns_each_body_s_tokens_and_the_pace_it_ran_at():
+    cal = calibrate(_window_events(request_s=8), "w.db")
+    assert cal.rounds > 100 and set(cal.completion_tokens.values()) == {900.0}
+    assert cal.load_s is not None and cal.load_s >= 60  # the World takes 60 s to load
+    fast = calibrate(_window_events(request_s=4), "w.db")
+    est = lambda c: c.pace * 9 + c.overhead_s  # noqa: E731  # a request of 9 s of work by the rate model
+    assert est(fast) < est(cal)
+
+
+def test_a_calibrated_forecast_replaces_the_rate_model_s_guess():
+    cal = calibrate(_window_events(request_s=8), "w.db")
+    plain = forecast(PLAN, Estimator(PLAN, work()))
+    calibrated = forecast(PLAN, Estimator(PLAN, work(), cal))
+    assert calibrated.required_end_min != plain.required_end_min and "w.db" in calibrated.calibration
+
+
+def test_calibration_survives_the_window_opened_event_and_the_policy_starts_from_it():
+    cal = Calibration(source="earlier", pace=3.0, overhead_s=0.0)
+    pol = WindowPolicy()
+    from events.schema import WindowOpened
+    pol.receive(WindowOpened(at_ns=0, window_id="w", plan=plan_builtins(), plan_sha256="p", site="s", gpu_source="sim",
+                             rehearsal=True, candidate_recipe="c", calibration=msgspec.to_builtins(cal)))
+    pol.receive(ActionDone(at_ns=1, action_id=1, ok=True, data={"fixtures": {}}))
+    assert pol.est.pace == 3.0 and pol.est.overhead_s == 0.0
+
+
+def test_plan_forecast_prints_the_schedule_and_exits_0_when_the_required_cells_fit(capsys):
+    assert main(["plan", "forecast", str(PLAN_PATH)]) == 0
+    out = capsys.readouterr().out
+    assert "B.forward_replay" in out and "every required cell fits" in out
+
+
+def test_plan_forecast_json_names_unfit_cells_and_exits_1(tmp_path, capsys):
+    p = tmp_path / "slow.toml"
+    p.write_text(PLAN_PATH.read_text().replace("decode_tokens_per_s = 110", "decode_tokens_per_s = 40"))
+    assert main(["plan", "forecast", str(p), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert not d["fits"] and "B.forward_replay" in d["unfit"]
+
+
+def test_plan_forecast_with_a_log_that_is_not_one_exits_2_naming_it(tmp_path, capsys):
+    bad = tmp_path / "nope.db"
+    bad.write_text("not a log")
+    assert main(["plan", "forecast", str(PLAN_PATH), "--calibrate", str(bad)]) == 2
+    assert "nope.db" in capsys.readouterr().err
+
+
+def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tmp_path):
+    from tests.contract_tools import ContractHost
+    p = tmp_path / "slow.toml"
+    p.write_text(PLAN_PATH.read_text().replace("decode_tokens_per_s = 110", "decode_tokens_per_s = 40"))
+    from tests.test_contract_host import MUTATING
+    # loads of 40 minutes: the B arm cannot fit whatever pace the probe of this fast host measures
+    p.write_text(PLAN_PATH.read_text().replace("load_s = 60 ", "load_s = 2400 "))
+    host = ContractHost(tmp_path)
+    try:
+        out = tmp_path / "out"
+        r = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
+                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "do not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert not (out / "log.db").exists()
+        # a site whose GPUs are simulated is a rehearsal: its forecast's probe may send a few bodies to
+        # the incumbent; nothing is loaded, unloaded, quiesced or traced
+        assert not [x for x in host.requests() if any(m in x.get("path", "") for m in MUTATING[:-1])]
+    finally:
+        host.stop()
