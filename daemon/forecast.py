@@ -14,7 +14,7 @@ from events.reader import LogReader, NotAnEventLog
 from policies.calibration import CalibrationError, calibrate
 from policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
 
-PROBE_REQUESTS = 3
+PROBE_REQUESTS = 4  # the first warms the connection and the host's tokenizer, and is not counted
 
 
 def estimator(setup: WindowSetup, cal: Calibration | None = None) -> Estimator:
@@ -43,9 +43,12 @@ def load_calibration(path: Path) -> Calibration:
 
 
 def merged(base: Calibration | None, probe: Calibration | None) -> Calibration | None:
-    """An earlier log's tokens per body, with a probe's pace (which measured this run's harness)."""
+    """An earlier log's tokens per body, with a probe's pace and overhead when the log's were
+    measured at another time scale (a rehearsal's overhead is its harness's latency times the scale)."""
     if base is None or probe is None:
         return base or probe
+    if base.time_scale == probe.time_scale and base.overhead_s is not None:
+        return base  # hundreds of the window's own rounds say more than a probe of three
     return msgspec.structs.replace(base, source=f"{base.source}; pace and overhead from {probe.source}", pace=probe.pace,
                                    overhead_s=probe.overhead_s, time_scale=probe.time_scale)
 
@@ -71,7 +74,7 @@ async def probe(target: Target, setup: WindowSetup) -> Calibration | None:
     if ph is None:
         return None
     fixture = setup.fixtures[ph.fixture]  # type: ignore[index]
-    for i in phase_requests(ph, len(fixture.bodies))[:PROBE_REQUESTS]:
+    for k, i in enumerate(phase_requests(ph, len(fixture.bodies))[:PROBE_REQUESTS]):
         t0 = time.monotonic_ns()
         try:
             data = await target.send_request({"phase": "probe", "fixture": ph.fixture, "order_index": i, "body_index": i,
@@ -82,6 +85,8 @@ async def probe(target: Target, setup: WindowSetup) -> Calibration | None:
             raise InputError(f"{setup.site.name}: the forecast's probe request failed ({f.error}: {f.detail}); "
                              f"nothing was changed") from None
         actual = (time.monotonic_ns() - t0) * setup.time_scale / 1e9
+        if k == 0:
+            continue
         est.observe_round(ph.fixture, [i], actual, {i: data.get("completion_tokens")}, {i: data.get("prompt_tokens")})  # type: ignore[arg-type]
     # only the pace and overhead carry over: the incumbent's tokens are not the candidate's
     learned = est.learned(f"rehearsal probe of {est.rounds} requests at x{setup.time_scale:g}", setup.time_scale)
