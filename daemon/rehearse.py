@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import Awaitable, Callable
 import subprocess
 import tempfile
@@ -116,12 +119,49 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     view = LiveView(console, window_id)
     store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
     try:
-        with view:
+        with view, Interrupts(runner, console, out):
             await runner.run(setup.opened(window_id))
     finally:
         await target.close()
         await store.close()
     return write_reports(db, window_id, out)
+
+
+class Interrupts:
+    """SIGINT, SIGTERM and SIGHUP during a foreground window: an `operator` abort, so the window
+    restores the incumbent and writes its report before the process exits (a lost ssh session must
+    not leave a primary quiesced). A second SIGINT within FORCE_S exits at once, saying what may be
+    left as it is."""
+
+    FORCE_S = 5.0
+
+    def __init__(self, runner: Runner, console: Console, out: Path) -> None:
+        self.runner, self.console, self.out = runner, console, out
+        self.first: float | None = None
+
+    def __enter__(self) -> Interrupts:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._on, sig)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+    def _on(self, sig: signal.Signals) -> None:
+        now = time.monotonic()
+        if sig == signal.SIGINT and self.first is not None and now - self.first < self.FORCE_S:
+            self.console.print(f"[red bold]second interrupt: exiting now, without finishing the restore.[/] The primary may "
+                               f"still be quiesced with a candidate loaded; the log is {self.out / 'log.db'}. Check the "
+                               f"host (`flare-diag site check`) and restore the incumbent by hand.")
+            os._exit(130)
+        if self.first is None:
+            self.first = now
+            self.console.print(f"[yellow bold]{sig.name}[/]: aborting the window; restoring the incumbent first "
+                               f"(press Ctrl-C again within {self.FORCE_S:g} s to exit at once)")
+            self.runner.abort(f"{sig.name} to the foreground process")
 
 
 async def inject_faults(base: str, token: str, faults: list[dict]) -> None:
