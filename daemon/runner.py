@@ -14,7 +14,7 @@ from daemon.errors import ActionFailed, classify_exception
 from daemon.target import Target
 from events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, OperatorAbort, RequestDone, Tick,
-    WatchObserved, WindowOpened,
+    WatchFailed, WatchObserved, WindowOpened,
 )
 from events.store import EventStore
 from policies.window import WindowPolicy
@@ -120,29 +120,40 @@ class Runner:
         return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail)
 
     async def _watch(self) -> None:
-        """Polls the GPU view and the router; reports new Xid events and router changes."""
+        """Polls the GPU view and the router every WATCH_EVERY_S window seconds. Every answer is an
+        input (the policy judges GPU memory, Xids and containment on each), and so is every poll that
+        got none: the policy aborts with `watch_lost` when a watch it depends on stays silent."""
         seen_xids: int | None = None
-        last_router = None
+        gpu = self.target.p.gpu.source != "none"
         while True:
             await asyncio.sleep(WATCH_EVERY_S / self.scale)
-            try:
-                g = await self.target.gpu_view()
-                xids = g.get("xid_events") or []
-                if seen_xids is None:
+            if gpu:
+                try:
+                    g = await self.target.gpu_view()
+                    xids = g.get("xid_events") or []
+                    new = xids[seen_xids:] if seen_xids is not None else []
                     seen_xids = len(xids)
-                elif len(xids) > seen_xids:
-                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="gpu",
-                                                        data={"xid_events": xids[seen_xids:], "gpus": g.get("gpus", [])}))
-                    seen_xids = len(xids)
-                if self.target.p.router is not None:
+                    data = {"xid_events": new, "gpus": g.get("gpus", [])}
+                    for k in ("unsupported", "xid_watch_error"):
+                        if g.get(k):
+                            data[k] = g[k]
+                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="gpu", data=data))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.queue.put_nowait(self._watch_failed("gpu", exc))
+            if self.target.p.router is not None:
+                try:
                     r = await self.target.snapshot({"what": "router"})
-                    if r != last_router:
-                        last_router = r
-                        self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                continue  # a watch poll that fails is retried; the actions' own errors carry the abort
+                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.queue.put_nowait(self._watch_failed("router", exc))
+
+    def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
+        f = classify_exception(exc, f"{source} watch")
+        return WatchFailed(at_ns=self.now(), source=source, error=f.error, detail=f.detail)
 
 
 def _req_ids(args: dict) -> dict:

@@ -105,6 +105,16 @@ class WatchObserved(Input, tag="watch_observed"):
 
 
 @register
+class WatchFailed(Input, tag="watch_failed"):
+    """A watcher's poll that got no answer (source: gpu | router); silence past the plan's
+    `timing.watch_lost_s` aborts with `watch_lost`."""
+
+    source: str
+    error: str
+    detail: str = ""
+
+
+@register
 class OperatorAbort(Input, tag="operator_abort"):
     reason: str
     uid: int | None = None

@@ -145,6 +145,7 @@ def fresh_incarnation(w: WindowPolicy, label: str) -> Generator[Any, Any, bool]:
             return False
     w.candidate_loaded = None
     w.ref_labels = None
+    w.baseline.reset()
     res = yield from w._act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
     if not res.ok:
         w.failed_incarnations[label] = f"candidate incarnation {label} did not load: {res.detail or res.error}"

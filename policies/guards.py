@@ -30,6 +30,35 @@ def action_observation(data: Mapping, ref_labels: Mapping | None, quiesced: bool
     return None
 
 
+class Baseline:
+    """Growth relative to the incarnation's own first observation and to the window's own requests."""
+
+    def __init__(self) -> None:
+        self.resident: float | None = None
+        self.excess_runs = 0
+
+    def reset(self) -> None:
+        self.resident, self.excess_runs = None, 0
+
+    def check(self, gauges: Mapping, in_flight: int, growth: Growth) -> Abort:
+        resident = gauges.get("resident_bytes")
+        if resident is not None:
+            if self.resident is None:
+                self.resident = resident
+            elif resident - self.resident > growth.max_resident_growth_bytes:
+                return "uncontrolled_growth", (f"engine resident memory grew {(resident - self.resident) / 2**30:.1f} GiB since "
+                                               f"the incarnation's first observation, beyond the bound "
+                                               f"{growth.max_resident_growth_bytes / 2**30:.1f} GiB")
+        queued = [gauges.get(k) for k in ("requests_active", "requests_pending", "requests_retiring")]
+        if any(q is not None for q in queued):
+            excess = sum(q or 0 for q in queued) - in_flight
+            self.excess_runs = self.excess_runs + 1 if excess > growth.max_queue_excess else 0
+            if self.excess_runs >= growth.queue_excess_observations:
+                return "uncontrolled_growth", (f"scheduler queue {excess:.0f} above the window's {in_flight} requests in flight "
+                                               f"for {self.excess_runs} observations (bound {growth.max_queue_excess})")
+        return None
+
+
 def gpu_watch(data: Mapping, growth: Growth) -> Abort:
     xids = data.get("xid_events") or []
     if xids:

@@ -43,6 +43,7 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     stable_observations: int = 2
     drain_poll_s: float = 0.5
     quiesce_drain_timeout_s: float = 120
+    watch_lost_s: float = 30  # a GPU or router watch silent this long aborts the window (watch_lost)
     arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
 
 
@@ -63,6 +64,10 @@ class Growth(msgspec.Struct, forbid_unknown_fields=True):
     max_resident_bytes: int = 256 * 2**30
     max_host_cache_records: int = 1_000_000
     max_gpu_memory_fraction: float = 0.99
+    # relative to the incarnation's own first observation, and to the window's own requests
+    max_resident_growth_bytes: int = 16 * 2**30
+    max_queue_excess: int = 8  # scheduler gauges (active + pending + retiring) above the requests in flight
+    queue_excess_observations: int = 3  # consecutive scrapes over that excess
 
 
 class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
@@ -155,8 +160,13 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
     if t.window_min - t.stop_min < t.restore_reserve_min:
         raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
-    if t.drain_timeout_s <= 0 or t.drain_poll_s <= 0:
-        raise PlanError(f"{source}: timing.drain_timeout_s and timing.drain_poll_s must be positive")
+    if t.drain_timeout_s <= 0 or t.drain_poll_s <= 0 or t.watch_lost_s <= 0:
+        raise PlanError(f"{source}: timing.drain_timeout_s, timing.drain_poll_s and timing.watch_lost_s must be positive")
+    g = plan.growth
+    if min(g.max_resident_bytes, g.max_host_cache_records, g.max_resident_growth_bytes, g.max_queue_excess) < 0 \
+            or g.queue_excess_observations < 1 or not 0 < g.max_gpu_memory_fraction <= 1:
+        raise PlanError(f"{source}: growth: bounds must not be negative, queue_excess_observations at least 1, "
+                        f"max_gpu_memory_fraction in (0, 1]")
     r = plan.rates
     for f in ("prefill_tokens_per_s", "decode_tokens_per_s", "chars_per_token"):
         if not getattr(r, f) > 0:

@@ -16,7 +16,8 @@ import msgspec
 
 from events.schema import (
     ActionDone, AbortDecided, Alarm, CancelRequested, CellRecorded, DaemonRestarted, Input, OperatorAbort,
-    NS_PER_MIN, RequestDone, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowOpened, window_minute,
+    NS_PER_MIN, NS_PER_S, RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
+    window_minute,
 )
 from policies import guards, rules
 from policies.driver import Driver, Interrupt, Sleep
@@ -66,6 +67,9 @@ class WindowPolicy(Driver):
         self.overrun_marked = False
         self.overrun_projected = False
         self.trace_stopped: str | None = None  # why the frozen trace order ended early
+        self.baseline = guards.Baseline()  # growth relative to the loaded incarnation's first observation
+        self.watch_last: dict[str, int] = {}  # source -> window time of its latest answer
+        self.watch_failure: dict[str, str] = {}  # source -> its latest failure
 
     # --- the interface -----------------------------------------------------------------------
 
@@ -82,7 +86,10 @@ class WindowPolicy(Driver):
         elif isinstance(inp, (ActionDone, RequestDone)):
             self._outcome(inp)
         elif isinstance(inp, WatchObserved):
+            self.watch_last[inp.source] = inp.at_ns
             self._watch(inp)
+        elif isinstance(inp, WatchFailed):
+            self.watch_failure[inp.source] = f"{inp.error}: {inp.detail}" if inp.detail else inp.error
         elif isinstance(inp, OperatorAbort):
             self._abort_from_outside("operator", inp.reason or "operator abort")
         elif isinstance(inp, DaemonRestarted):
@@ -105,6 +112,8 @@ class WindowPolicy(Driver):
         if isinstance(self.wait, Sleep):
             times.append(self.wait.until_ns)
         if self.t0 is not None:
+            if self.stage == "experiment":
+                times += [t + 1 for t in self._watch_deadlines().values()]
             if self.stage == "experiment" and not self.stop_marked:
                 times.append(self._stop_ns())
             elif not self.overrun_marked:
@@ -127,9 +136,25 @@ class WindowPolicy(Driver):
     def _stop_ns(self) -> int:
         return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]
 
+    def _watch_deadlines(self) -> dict[str, int]:
+        """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
+        watch (Xid, OOM, GPU memory) where the site has GPUs, the router watch (containment) where
+        it has a router; counted from t0, when the window starts depending on them."""
+        lost = int(self.plan.timing.watch_lost_s * NS_PER_S)
+        srcs = [s for s in ("gpu", "router") if self.snapshots.get(s) is not None]
+        return {s: max(self.watch_last.get(s, 0), self.t0 or 0) + lost for s in srcs}
+
     def _check_time(self) -> None:
         if self.t0 is None or self.plan is None:
             return
+        if self.stage == "experiment":
+            for src, deadline in self._watch_deadlines().items():
+                if self.now > deadline:
+                    last = self.watch_failure.get(src)
+                    self._abort_from_outside("watch_lost", f"the {'GPU' if src == 'gpu' else 'router'} watch has not answered "
+                                             f"for over {self.plan.timing.watch_lost_s:g} s"
+                                             + (f" (last failure: {last})" if last else ""))
+                    return
         if self.stage == "experiment" and self.now >= self._stop_ns():
             self._mark_stop()
             # a phase whose requests have all finished is judged on them: its closing drain (bounded
@@ -184,6 +209,10 @@ class WindowPolicy(Driver):
         if isinstance(inp, ActionDone) and inp.ok:
             hit = guards.action_observation(inp.data, self.ref_labels, self.quiesced, self.plan.growth,
                                             self.plan.identity.host_cache_bytes)
+            gauges = inp.data.get("gauges")
+            if hit is None and self.quiesced and isinstance(gauges, dict):
+                in_flight = sum(1 for _a, e in self.pending.values() if e)
+                hit = self.baseline.check(gauges, in_flight, self.plan.growth)
             if hit:
                 self._abort_from_outside(*hit)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from events.schema import (
-    ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WindowOpened,
+    ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WatchObserved, WindowOpened,
 )
 from policies.plan import decode_plan
 from policies.window import WindowPolicy
@@ -52,6 +52,7 @@ class World:
         self.drain_stuck = False
         self.identity_override: dict = {}
         self.admitted = True
+        self.watch_silent: set[str] = set()
 
     @staticmethod
     def _zero() -> dict:
@@ -151,11 +152,27 @@ class World:
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]
 
 
+WATCH_EVERY = 5 * S  # as the runner's watchers poll
+
+
 def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_steps: int = 20_000,
           window_id: str = "w-test") -> list[tuple[Input, list[Decision]]]:
-    """Runs a window to its close; `hook` may inject an extra input before each answer."""
+    """Runs a window to its close; `hook` may inject an extra input before each answer. The GPU and
+    router watchers answer every WATCH_EVERY of world time (`world.watch_silent` mutes them)."""
     history: list[tuple[Input, list[Decision]]] = []
     queue: list[ActionRequested] = []
+    last_watch = [0]
+
+    def watches(until: int) -> None:
+        while last_watch[0] + WATCH_EVERY < until and not policy.closed:
+            last_watch[0] += WATCH_EVERY
+            for src in ("gpu", "router"):
+                if src in world.watch_silent:
+                    continue
+                data = ({"xid_events": [], "gpus": [{"uuid": "GPU-0", "memory_used_bytes": 1, "memory_total_bytes": 2}]}
+                        if src == "gpu" else {"config_sha256": "router-1",
+                                              "backend": {"id": "primary", "admitted": world.admitted, "inflight": 0}})
+                feed(WatchObserved(at_ns=last_watch[0], source=src, data=data))
 
     def feed(inp: Input) -> None:
         ds = policy.receive(inp)
@@ -182,12 +199,17 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
                 feed(extra)
                 continue
         if queue:
-            feed(world.answer(queue.pop(0)))
+            res = world.answer(queue.pop(0))
+            watches(res.at_ns)
+            if not policy.closed:
+                feed(res)
             continue
         wake = policy.next_wakeup_ns()
         assert wake is not None, "policy waits for nothing but is not closed"
         world.now = max(world.now, wake)
-        feed(Tick(at_ns=world.now))
+        watches(world.now)
+        if not policy.closed:
+            feed(Tick(at_ns=world.now))
     raise AssertionError("window did not close")
 
 

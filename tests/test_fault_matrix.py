@@ -119,3 +119,27 @@ def test_slow_host_sends_no_experimental_request_at_or_after_the_stop_minute(slo
     sent_minutes = [(by_seq[e.causation_seq].at_ns - t0_ns) / 60e9 for e in envs
                     if e.type == "action_requested" and by_seq[e.seq].experimental]
     assert sent_minutes and max(sent_minutes) < 70
+
+
+# the safety rules beyond contract section 1's fault list (issue 13), each through the real runner
+SAFETY_FAULTS = {
+    "gpu_memory": ("uncontrolled_growth", "GPU"),
+    "resident_creep": ("uncontrolled_growth", "since the incarnation's first observation"),
+    "queue_growth": ("uncontrolled_growth", "scheduler queue"),
+    "gpu_watch_down": ("watch_lost", "GPU watch"),
+    "router_watch_down": ("watch_lost", "router watch"),
+}
+
+
+@pytest.mark.parametrize("kind", list(SAFETY_FAULTS))
+def test_each_safety_rule_fires_through_the_runner_and_the_window_restores(small_plan, tmp_path, kind):
+    reason, words = SAFETY_FAULTS[kind]
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", f"{kind}@request=4")
+    assert (rc, r["outcome"]) == (1, "aborted"), r["cells"]
+    assert r["abort"]["reason"] == reason and words in r["abort"]["detail"], r["abort"]
+    assert r["restoration"]["verified"], r["restoration"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        seqs = [(e.seq, e.event()) for e in reader.iter()]
+    abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
+    assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]

@@ -194,7 +194,8 @@ def test_incumbent_identity_not_matching_the_contract_refuses_before_take_down()
 
 def test_containment_breach_reported_by_the_router_aborts():
     def hook(world, hist):
-        if world.requests_sent == 4 and not any(isinstance(i, WatchObserved) for i, _ in hist):
+        if world.requests_sent == 4 and not any(isinstance(i, WatchObserved) and i.data.get("backend", {}).get("inflight")
+                                                for i, _ in hist):
             return WatchObserved(at_ns=world.now, source="router",
                                  data={"config_sha256": "router-1", "backend": {"id": "primary", "admitted": True, "inflight": 2}})
         return None
@@ -507,3 +508,73 @@ def test_an_optional_arm_never_loads_an_incarnation_its_own_arm_did_not_verify()
     c = cells(h)
     assert c["B.identity"].status == "deferred"
     assert c["trace.C1.r1.off"].status == "deferred" and "not loaded" in c["trace.C1.r1.off"].reason
+
+
+# --- watches (issue 13) ------------------------------------------------------------------------
+
+def test_a_gpu_watch_silent_past_the_plan_s_limit_aborts_with_watch_lost():
+    w = World(plan_builtins())
+
+    def mute(world, hist):
+        if world.requests_sent == 5:
+            world.watch_silent.add("gpu")
+        return None
+
+    _w, h = run(w, hook=mute)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "watch_lost" and "GPU watch" in ab.detail and "30 s" in ab.detail
+    assert decisions(h, RestorationRecorded)[0].verified
+
+
+def test_a_router_watch_that_never_answers_aborts_with_watch_lost_soon_after_quiesce():
+    w = World(plan_builtins())
+    w.watch_silent.add("router")
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "watch_lost" and "router" in ab.detail and ab.minute < 1.5
+
+
+def test_gpu_memory_over_its_fraction_in_a_routine_gpu_view_aborts_as_uncontrolled_growth():
+    def hook(world, hist):
+        if world.requests_sent == 3 and not any(isinstance(i, WatchObserved) and i.data.get("gpus", [{}])[0].get("memory_used_bytes") == 999
+                                                for i, _ in hist):
+            return WatchObserved(at_ns=world.now, source="gpu", data={"xid_events": [], "gpus": [
+                {"uuid": "GPU-0", "memory_used_bytes": 999, "memory_total_bytes": 1000}]})
+        return None
+
+    _w, h = run(hook=hook)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "uncontrolled_growth" and "GPU" in ab.detail
+
+
+def test_resident_memory_growing_past_its_bound_since_the_incarnation_loaded_aborts():
+    w = World(plan_builtins())
+    orig = w.answer
+
+    def answer(d):
+        r = orig(d)
+        if d.action == "scrape_metrics":
+            w.gauges["resident_bytes"] += 2**30  # a gibibyte a scrape
+        return r
+
+    w.answer = answer
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "uncontrolled_growth" and "since the incarnation's first observation" in ab.detail
+
+
+def test_a_scheduler_queue_above_the_window_s_own_requests_for_three_scrapes_aborts():
+    w = World(plan_builtins())
+    state = {"scrapes": 0}
+    orig = w.answer
+
+    def answer(d):
+        if d.action == "scrape_metrics" and w.requests_sent >= 3:
+            state["scrapes"] += 1
+            w.gauges["requests_pending"] = 50 * state["scrapes"]
+        return orig(d)
+
+    w.answer = answer
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "uncontrolled_growth" and "scheduler queue" in ab.detail
