@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import httpx
+import msgspec
+
+_log = logging.getLogger("flare_diag.runner")
 
 
 class ActionFailed(Exception):
@@ -27,11 +33,17 @@ def classify_response(resp: httpx.Response, what: str) -> ActionFailed:
     return ActionFailed(f"http_{resp.status_code}", f"{what}: HTTP {resp.status_code} {etype or ''}".strip())
 
 
+MALFORMED = (json.JSONDecodeError, msgspec.DecodeError, UnicodeDecodeError, httpx.DecodingError)
+
+
 def classify_exception(exc: BaseException, what: str) -> ActionFailed:
+    """Only the target's answers and the transport are the host's fault; anything else raised while
+    carrying out an action is this daemon's own bug (`internal_error`), logged with its traceback."""
     if isinstance(exc, ActionFailed):
         return exc
-    if isinstance(exc, (ValueError, KeyError, TypeError)):
+    if isinstance(exc, MALFORMED):
         return ActionFailed("malformed_transport", f"{what}: malformed answer ({type(exc).__name__})")
     if isinstance(exc, httpx.TransportError):
         return ActionFailed("transport", f"{what}: {type(exc).__name__}")
-    return ActionFailed("internal", f"{what}: {type(exc).__name__}")
+    _log.error("internal error while carrying out %s", what, exc_info=exc)
+    return ActionFailed("internal_error", f"{what}: internal error ({type(exc).__name__}), not the host's fault")

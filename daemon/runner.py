@@ -7,6 +7,8 @@ side effect, made durable) before it is carried out; each action's outcome comes
 from __future__ import annotations
 
 import asyncio
+
+import anyio
 import time
 from collections.abc import Callable
 
@@ -36,6 +38,7 @@ class Runner:
         self._start = time.monotonic_ns()
         self._last: list[Decision] = []
         self.outcome: str | None = None
+        self.write_error: BaseException | None = None
 
     def now(self) -> int:
         """The window clock: real nanoseconds since the window opened, times the time scale."""
@@ -64,6 +67,11 @@ class Runner:
         watcher = asyncio.create_task(self._watch())
         try:
             while not self.policy.closed:
+                if self.write_error is not None:
+                    # an input or decision the log does not hold: the window cannot go on as if it
+                    # did; the caller's recovery path (a restart's replay of what was committed,
+                    # then restore) takes over
+                    raise self.write_error
                 wake = self.policy.next_wakeup_ns()
                 timeout = None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)
                 try:
@@ -84,6 +92,7 @@ class Runner:
         decisions = self.policy.receive(inp)
         self._last = decisions
         fut = self.store.submit_many([inp, *decisions], window_id=self.window_id, caused_by_first=True)
+        fut.add_done_callback(self._written)
         if any(isinstance(d, (ActionRequested, CancelRequested)) for d in decisions):
             await fut  # a decision is durable before it is carried out
         for d in decisions:
@@ -96,14 +105,21 @@ class Runner:
                     if t is not None:
                         t.cancel()
 
+    def _written(self, fut) -> None:
+        if not fut.cancelled() and fut.exception() is not None and self.write_error is None:
+            self.write_error = fut.exception()
+
     async def _execute(self, d: ActionRequested) -> None:
         fn = getattr(self.target, d.action)
         try:
-            data = await fn(d.args)
+            with anyio.fail_after(d.deadline_s / self.scale if d.deadline_s else None):
+                data = await fn(d.args)
             if d.action == "send_request":
                 res: Input = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
             else:
                 res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
+        except TimeoutError:
+            res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
         except asyncio.CancelledError:
             res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
         except Exception as exc:  # every outcome, failure included, goes back to the policy

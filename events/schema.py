@@ -151,6 +151,7 @@ class ActionRequested(Decision, tag="action_requested"):
     action: str
     args: dict = {}
     experimental: bool = False
+    deadline_s: float | None = None  # window seconds the runner gives it before it fails as `timeout`
 
 
 @register

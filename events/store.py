@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import sqlite3
 import time
@@ -19,6 +20,8 @@ from events.chain import DOMAIN_TAG, GENESIS, _fixed
 from events.checkpoint import default_path, write_checkpoint
 from events.envelope import COLUMNS, Envelope
 from events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
+
+_log = logging.getLogger("flare_diag.store")
 
 Clock = Callable[[], tuple[int, int]]
 
@@ -104,6 +107,7 @@ class EventStore:
         self._wake = asyncio.Event()
         self._closed = False
         self._listeners: list[Callable[[list[tuple]], None]] = []
+        self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
         self._loop = asyncio.get_running_loop()
         self._writer = self._loop.create_task(self._write_loop(), name="event-store-writer")
 
@@ -272,13 +276,22 @@ class EventStore:
             await inflight
 
     async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
+        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9])
         run = getattr(self._conn, "_execute", None)
-        if run is not None:  # one hop to aiosqlite's thread for the whole transaction
-            await run(_write_transaction, self._conn._conn, bulk)
+        if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
+            why = await run(_write_transaction, self._conn._conn, bulk, checkpoint)
         else:
             await self._conn.execute("BEGIN IMMEDIATE")
             await self._conn.execute(BULK_INSERT, bulk)
             await self._conn.execute("COMMIT")
+            try:
+                await asyncio.to_thread(write_checkpoint, *checkpoint)
+                why = None
+            except OSError as exc:
+                why = f"{checkpoint[0]}: {exc.strerror or exc}"
+        if why is not None and why != self.checkpoint_error:
+            _log.error("checkpoint not written (the log is committed; the checkpoint lags it): %s", why)
+        self.checkpoint_error = why
 
     def _hash_rows(self, batch: list[_Group], seq: int,
                    prev: bytes) -> tuple[list[tuple], tuple[bytes, bytes, bytes]]:
@@ -327,11 +340,17 @@ class EventStore:
                         group.fut.set_exception(err)
                 return False
             self._seq, self._head = rows[-1][0], rows[-1][9]
-            write_checkpoint(self.checkpoint_path, self._seq, self._head)
             if self._listeners:
                 envs = [row_envelope(r) for r in rows]
                 for listener in list(self._listeners):
-                    listener(envs)
+                    try:
+                        listener(envs)
+                    except Exception:
+                        # a display's bug must not stop the writer, and with it every append of
+                        # the window: the listener is dropped and the failure logged
+                        _log.exception("event store listener %r failed and was dropped", listener)
+                        if listener in self._listeners:
+                            self._listeners.remove(listener)
         i = 0
         for group in batch:
             n = len(group.rows)
@@ -368,7 +387,11 @@ class EventStore:
         await self.close()
 
 
-def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes]) -> None:
+def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],
+                       checkpoint: tuple[Path, int, bytes] | None = None) -> str | None:
+    """Commits the batch, then (on the same worker thread, off the event loop) replaces the
+    checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
+    log, so failing to write one must not fail a commit that is already durable."""
     # One statement for the whole batch: SQLite unpacks it in C with the GIL released, so the
     # writer thread does not contend with the event loop row by row as executemany would.
     conn.execute("BEGIN IMMEDIATE")
@@ -378,6 +401,12 @@ def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    if checkpoint is not None:
+        try:
+            write_checkpoint(*checkpoint)
+        except OSError as exc:
+            return f"{checkpoint[0]}: {exc.strerror or exc}"
+    return None
 
 
 def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None) -> tuple[str, list]:

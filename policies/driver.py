@@ -93,11 +93,16 @@ class Driver:
             self.gen, self.wait = None, None
             self._on_finish(it.cause)
 
+    def _deadline_s(self, action: str) -> float | None:
+        """Window seconds an action may take; a subclass reads them from its plan."""
+        return None
+
     def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
         aid = self.next_id
         self.next_id += 1
         self.pending[aid] = (action, experimental)
-        self._emit(ActionRequested(action_id=aid, action=action, args=args or {}, experimental=experimental))
+        self._emit(ActionRequested(action_id=aid, action=action, args=args or {}, experimental=experimental,
+                                   deadline_s=self._deadline_s(action)))
         return aid
 
     def _act(self, action: str, args: dict | None = None, experimental: bool = False) -> Generator[Any, Any, Any]:

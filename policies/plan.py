@@ -44,6 +44,10 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     drain_poll_s: float = 0.5
     quiesce_drain_timeout_s: float = 120
     watch_lost_s: float = 30  # a GPU or router watch silent this long aborts the window (watch_lost)
+    # every action's deadline (window seconds); past it the action fails as `timeout`
+    action_timeout_s: float = 60  # reads, scrapes, previews, quiesce, readmit, trace toggles
+    load_timeout_s: float = 600  # loading or unloading an incarnation
+    request_timeout_s: float = 600  # one replayed request or preflight generation
     arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
 
 
@@ -160,8 +164,10 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
     if t.window_min - t.stop_min < t.restore_reserve_min:
         raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
-    if t.drain_timeout_s <= 0 or t.drain_poll_s <= 0 or t.watch_lost_s <= 0:
-        raise PlanError(f"{source}: timing.drain_timeout_s, timing.drain_poll_s and timing.watch_lost_s must be positive")
+    for f in ("drain_timeout_s", "drain_poll_s", "watch_lost_s", "action_timeout_s", "load_timeout_s", "request_timeout_s",
+              "quiesce_drain_timeout_s"):
+        if not 0 < getattr(t, f) < float("inf"):
+            raise PlanError(f"{source}: timing.{f} = {getattr(t, f)}, expected a positive number of seconds")
     g = plan.growth
     if min(g.max_resident_bytes, g.max_host_cache_records, g.max_resident_growth_bytes, g.max_queue_excess) < 0 \
             or g.queue_excess_observations < 1 or not 0 < g.max_gpu_memory_fraction <= 1:

@@ -28,6 +28,10 @@ from policies.restore import restore
 from policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
 
+READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
+                   "retain_recipe"})
+
+
 class WindowPolicy(Driver):
     """One window's decisions. Deterministic: the same inputs always give the same decisions."""
 
@@ -129,6 +133,14 @@ class WindowPolicy(Driver):
         return self.ledger.as_builtins()
 
     # --- time ----------------------------------------------------------------------------------
+
+    def _deadline_s(self, action: str) -> float | None:
+        t = self.plan.timing
+        if action in ("load", "unload"):
+            return t.load_timeout_s
+        if action in ("send_request", "preflight"):
+            return t.request_timeout_s
+        return t.action_timeout_s
 
     def _minute(self, ns: int | None = None) -> float | None:
         return window_minute(self.now if ns is None else ns, self.t0)
@@ -253,9 +265,12 @@ class WindowPolicy(Driver):
         self.stage = "restore"
         self.restore_cause = cause
         self._close_open_cells(cause)
-        exp = sorted(a for a, (_n, e) in self.pending.items() if e)
-        if exp:
-            self._emit(CancelRequested(action_ids=exp, reason=cause))
+        # The restore waits only for what changes the host (a load, an unload, a quiesce...), each
+        # bounded by its deadline; experimental requests and reads are cancelled, so a hung scrape
+        # or request cannot hold the reservation.
+        cancel = sorted(a for a, (n, e) in self.pending.items() if e or n in READS)
+        if cancel:
+            self._emit(CancelRequested(action_ids=cancel, reason=cause))
         self.restore_started = self._minute()
         self._emit(RestoreStarted(cause=cause, minute=self.restore_started))
         self._start(restore(self), self._procedure_ended)

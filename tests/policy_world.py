@@ -186,7 +186,9 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
                         queue.remove(q)
                         feed(RequestDone(at_ns=world.now, action_id=q.action_id, phase=q.args.get("phase", ""),
                                          order_index=q.args.get("order_index", 0), body_index=q.args.get("body_index", 0),
-                                         body_sha256=q.args.get("body_sha256", ""), outcome="cancelled"))
+                                         body_sha256=q.args.get("body_sha256", ""), outcome="cancelled")
+                             if q.action == "send_request" else
+                             ActionDone(at_ns=world.now, action_id=q.action_id, ok=False, error="cancelled"))
 
     feed(WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
                       rehearsal=True, candidate_recipe="glm-candidate"))

@@ -143,3 +143,27 @@ def test_each_safety_rule_fires_through_the_runner_and_the_window_restores(small
         seqs = [(e.seq, e.event()) for e in reader.iter()]
     abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
     assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
+
+
+@pytest.fixture(scope="module")
+def hang_plan(small_plan, tmp_path_factory) -> Path:
+    """The small plan with its stop minute at 20 and deadlines longer than the window: whatever hangs
+    at minute 2 is still hanging at the stop minute."""
+    p = tmp_path_factory.mktemp("hang") / "hang.toml"
+    p.write_text(small_plan.read_text().replace("window_min = 90 ", "window_min = 40 ").replace("stop_min = 70 ", "stop_min = 20 ")
+                 .replace("[timing]", "[timing]\naction_timeout_s = 3000\nrequest_timeout_s = 3000"))
+    return p
+
+
+@pytest.mark.parametrize("kind,action", [("request_hang", "send_request"), ("scrape_hang", "scrape_metrics")])
+def test_an_action_hung_at_the_stop_minute_is_cancelled_and_the_restore_finishes_inside_the_reservation(
+        hang_plan, tmp_path, kind, action):
+    rc, r = rehearse(hang_plan, tmp_path / "out", "--fault", f"{kind}@request=4", "--accept-partial")
+    res = r["restoration"]
+    assert res["verified"] and rc == 1 and r["outcome"] == "partial", (r["outcome"], res)
+    assert 20 <= res["started_minute"] < 20.5 and res["finished_minute"] - res["started_minute"] < 20
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        evs = [e.event() for e in reader.iter()]
+    hung = [e.action_id for e in evs if type(e).__name__ == "ActionRequested" and e.action == action]
+    cancels = [i for e in evs if type(e).__name__ == "CancelRequested" for i in e.action_ids]
+    assert set(cancels) & set(hung), "the hung action was not cancelled by the restore"
