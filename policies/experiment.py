@@ -146,7 +146,10 @@ def fresh_incarnation(w: WindowPolicy, label: str) -> Generator[Any, Any, bool]:
     w.candidate_loaded = None
     w.ref_labels = None
     w.baseline.reset()
+    started = w.now
     res = yield from w._act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
+    if res.ok:
+        w.est.observe_load((w.now - started) / NS_PER_S)
     if not res.ok:
         w.failed_incarnations[label] = f"candidate incarnation {label} did not load: {res.detail or res.error}"
         return False

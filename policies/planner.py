@@ -231,6 +231,10 @@ class Estimator:
 
     # --- learning ----------------------------------------------------------------------------
 
+    def observe_load(self, seconds: float) -> None:
+        """A load this window timed: the next is expected to take as long as the slowest so far."""
+        self.load_s = max(self.load_s, seconds)
+
     def observe_round(self, fixture: str, batch: list[int], actual_s: float,
                       completions: dict[int, int | None], prompts: dict[int, int | None]) -> None:
         """Learns from one finished round: the tokens each body really used, then the fit."""
