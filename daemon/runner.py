@@ -2,13 +2,16 @@
 
 Each input is appended before the policy sees it; each decision is appended (and, when it has a
 side effect, made durable) before it is carried out; each action's outcome comes back as an input.
+One anyio task group per window holds the watchers and every action, each action in its own
+cancel scope with its deadline; nothing the window started outlives it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 
 import anyio
+import anyio.abc
 import time
 from collections.abc import Callable
 
@@ -32,8 +35,10 @@ class Runner:
         self.window_id = window_id
         self.scale = time_scale
         self.policy = WindowPolicy()
-        self.queue: asyncio.Queue[Input] = asyncio.Queue()
-        self.tasks: dict[int, asyncio.Task] = {}
+        # inputs are never dropped: the stream is unbounded, and only this runner's tasks send on it
+        self._send, self._receive = anyio.create_memory_object_stream[Input](math.inf)
+        self.scopes: dict[int, anyio.CancelScope] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
         self.on_decision = on_decision or (lambda d: None)
         self._start = time.monotonic_ns()
         self._last: list[Decision] = []
@@ -45,8 +50,7 @@ class Runner:
         return int((time.monotonic_ns() - self._start) * self.scale)
 
     async def run(self, opened: WindowOpened) -> str:
-        await self.feed(opened)
-        return await self._loop()
+        return await self._loop(opened)
 
     async def resume(self, recorded: list[Input], opened_wall_ns: int) -> str:
         """Picks up a window the daemon left unfinished: replays its recorded inputs into a fresh
@@ -56,34 +60,38 @@ class Runner:
         self._start = time.monotonic_ns() - elapsed
         for inp in recorded:
             self.policy.receive(inp)
-        await self.feed(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending)))
-        return await self._loop()
+        return await self._loop(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending)))
 
     def abort(self, reason: str, uid: int | None = None, pid: int | None = None) -> None:
         """An operator's abort: queued as an input like any observation."""
-        self.queue.put_nowait(OperatorAbort(at_ns=self.now(), reason=reason, uid=uid, pid=pid))
+        self._send.send_nowait(OperatorAbort(at_ns=self.now(), reason=reason, uid=uid, pid=pid))
 
-    async def _loop(self) -> str:
-        watcher = asyncio.create_task(self._watch())
-        try:
-            while not self.policy.closed:
-                if self.write_error is not None:
-                    # an input or decision the log does not hold: the window cannot go on as if it
-                    # did; the caller's recovery path (a restart's replay of what was committed,
-                    # then restore) takes over
-                    raise self.write_error
-                wake = self.policy.next_wakeup_ns()
-                timeout = None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)
-                try:
-                    inp = await asyncio.wait_for(self.queue.get(), timeout)
-                except TimeoutError:
-                    inp = Tick(at_ns=max(self.now(), wake or 0))
-                await self.feed(inp)
-        finally:
-            watcher.cancel()
-            for t in self.tasks.values():
-                t.cancel()
-            await self.store.flush()
+    async def _loop(self, first: Input) -> str:
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._watch)
+            try:
+                await self.feed(first)
+                while not self.policy.closed:
+                    if self.write_error is not None:
+                        # an input or decision the log does not hold: the window cannot go on as if
+                        # it did; the caller's recovery path (a restart's replay of what was
+                        # committed, then restore) takes over
+                        raise self.write_error
+                    wake = self.policy.next_wakeup_ns()
+                    inp: Input | None = None
+                    with anyio.move_on_after(None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)):
+                        inp = await self._receive.receive()
+                    await self.feed(inp if inp is not None else Tick(at_ns=max(self.now(), wake or 0)))
+            except Exception as exc:  # raised as itself, not inside the task group's ExceptionGroup
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()  # the watchers, and any action still out, end with the window
+        self._tg = None
+        await self.store.flush()
+        if failure is not None:
+            raise failure
         closed = [d for d in self._last if getattr(d, "outcome", None)]
         self.outcome = closed[-1].outcome if closed else "aborted"
         return self.outcome
@@ -98,36 +106,38 @@ class Runner:
         for d in decisions:
             self.on_decision(d)
             if isinstance(d, ActionRequested):
-                self.tasks[d.action_id] = asyncio.create_task(self._execute(d))
+                scope = self.scopes[d.action_id] = anyio.CancelScope()
+                self._tg.start_soon(self._execute, d, scope)  # type: ignore[union-attr]
             elif isinstance(d, CancelRequested):
                 for aid in d.action_ids:
-                    t = self.tasks.get(aid)
-                    if t is not None:
-                        t.cancel()
+                    sc = self.scopes.get(aid)
+                    if sc is not None:
+                        sc.cancel()
 
     def _written(self, fut) -> None:
         if not fut.cancelled() and fut.exception() is not None and self.write_error is None:
             self.write_error = fut.exception()
 
-    async def _execute(self, d: ActionRequested) -> None:
+    async def _execute(self, d: ActionRequested, scope: anyio.CancelScope) -> None:
         fn = getattr(self.target, d.action)
-        try:
-            with anyio.fail_after(d.deadline_s / self.scale if d.deadline_s else None):
-                data = await fn(d.args)
-            if d.action == "send_request":
-                res: Input = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
-            else:
-                res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
-        except TimeoutError:
-            res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
-        except asyncio.CancelledError:
+        res: Input | None = None
+        with scope:
+            try:
+                with anyio.fail_after(d.deadline_s / self.scale if d.deadline_s else None):
+                    data = await fn(d.args)
+                if d.action == "send_request":
+                    res = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
+                else:
+                    res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
+            except TimeoutError:
+                res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
+            except Exception as exc:  # every outcome, failure included, goes back to the policy
+                f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
+                res = self._failed(d, f.error, f.detail)
+        self.scopes.pop(d.action_id, None)
+        if res is None:  # its scope was cancelled: by the policy, or because the window ended
             res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
-        except Exception as exc:  # every outcome, failure included, goes back to the policy
-            f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
-            res = self._failed(d, f.error, f.detail)
-        finally:
-            self.tasks.pop(d.action_id, None)
-        self.queue.put_nowait(res)
+        self._send.send_nowait(res)
 
     def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False) -> Input:
         if d.action == "send_request":
@@ -142,7 +152,7 @@ class Runner:
         seen_xids: int | None = None
         gpu = self.target.p.gpu.source != "none"
         while True:
-            await asyncio.sleep(WATCH_EVERY_S / self.scale)
+            await anyio.sleep(WATCH_EVERY_S / self.scale)
             if gpu:
                 try:
                     g = await self.target.gpu_view()
@@ -153,19 +163,15 @@ class Runner:
                     for k in ("unsupported", "xid_watch_error"):
                         if g.get(k):
                             data[k] = g[k]
-                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="gpu", data=data))
-                except asyncio.CancelledError:
-                    raise
+                    self._send.send_nowait(WatchObserved(at_ns=self.now(), source="gpu", data=data))
                 except Exception as exc:
-                    self.queue.put_nowait(self._watch_failed("gpu", exc))
+                    self._send.send_nowait(self._watch_failed("gpu", exc))
             if self.target.p.router is not None:
                 try:
                     r = await self.target.snapshot({"what": "router"})
-                    self.queue.put_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
-                except asyncio.CancelledError:
-                    raise
+                    self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
                 except Exception as exc:
-                    self.queue.put_nowait(self._watch_failed("router", exc))
+                    self._send.send_nowait(self._watch_failed("router", exc))
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")
