@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
+from events.schema import CellRecorded
 
-class Cell(msgspec.Struct, kw_only=True):
-    """One phase's result (contract section 4), with where it sat on the window's timeline."""
 
-    phase: str
-    status: str  # measured | failed | invalid | deferred
-    reason: str
-    requests: int = 0
-    host: dict | None = None
-    gpu: dict | None = None
-    comparable: bool = True
-    counters: dict = {}
-    natural_failures: int = 0
-    started_minute: float | None = None
-    estimated_end_minute: float | None = None
-    ended_minute: float | None = None
+# One phase's result (contract section 4) with where it sat on the window's timeline: the ledger
+# holds exactly the event that records it.
+Cell = CellRecorded
 
 
 class AbortRecord(msgspec.Struct):

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from events.schema import (
-    ActionDone, AbortDecided, Alarm, CancelRequested, CellRecorded, DaemonRestarted, Input, OperatorAbort,
+    ActionDone, AbortDecided, Alarm, CancelRequested, DaemonRestarted, Input, OperatorAbort,
     NS_PER_MIN, NS_PER_S, RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
     window_minute,
 )
@@ -282,7 +282,7 @@ class WindowPolicy(Driver):
         cell = Cell(phase=phase, status=status, reason=reason, started_minute=started, estimated_end_minute=est_end,
                     ended_minute=self._minute() if started is not None else None, **kw)
         if self.ledger.add(cell):
-            self._emit(CellRecorded(**msgspec.structs.asdict(cell)))
+            self._emit(cell)
 
     def _close_open_cells(self, cause: str) -> None:
         if self.current is not None:

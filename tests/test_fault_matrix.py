@@ -44,6 +44,19 @@ def rehearse_printing(plan: Path, out: Path, *extra: str) -> tuple[int, dict, st
     return p.returncode, json.loads((out / "report.json").read_text()), p.stdout
 
 
+def aborted_and_restored(rc: int, r: dict, log: Path) -> list:
+    """The window aborted (exit 1), restored and verified; its log verifies and audits; no
+    experimental request was decided after the abort. Returns the log's (seq, event) pairs."""
+    assert (rc, r["outcome"]) == (1, "aborted"), r["cells"]
+    assert r["restoration"]["verified"], r["restoration"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+    with LogReader(log) as reader:
+        seqs = [(e.seq, e.event()) for e in reader.iter()]
+    abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
+    assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
+    return seqs
+
+
 def rehearse(plan: Path, out: Path, *extra: str) -> tuple[int, dict]:
     rc, report, _stdout = rehearse_printing(plan, out, *extra)
     return rc, report
@@ -53,14 +66,8 @@ def rehearse(plan: Path, out: Path, *extra: str) -> tuple[int, dict]:
 @pytest.mark.parametrize("kind", list(ABORT_FAULTS))
 def test_abort_fault_ends_aborted_with_a_verified_restore_and_no_later_experiment(small_plan, tmp_path, kind, moment):
     rc, r = rehearse(small_plan, tmp_path / "out", "--fault", f"{kind}@{MOMENTS[moment]}")
-    assert (rc, r["outcome"]) == (1, "aborted"), r["cells"]
+    seqs = aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
     assert r["abort"]["reason"] == ABORT_FAULTS[kind], r["abort"]
-    assert r["restoration"]["verified"], r["restoration"]
-    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
-    with LogReader(tmp_path / "out" / "log.db") as reader:
-        seqs = [(e.seq, e.event()) for e in reader.iter()]
-    abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
-    assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
     sent = {}
     for _s, ev in seqs:
         if type(ev).__name__ == "ActionRequested" and ev.action == "send_request":
@@ -138,14 +145,8 @@ SAFETY_FAULTS = {
 def test_each_safety_rule_fires_through_the_runner_and_the_window_restores(small_plan, tmp_path, kind):
     reason, words = SAFETY_FAULTS[kind]
     rc, r = rehearse(small_plan, tmp_path / "out", "--fault", f"{kind}@request=4")
-    assert (rc, r["outcome"]) == (1, "aborted"), r["cells"]
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
     assert r["abort"]["reason"] == reason and words in r["abort"]["detail"], r["abort"]
-    assert r["restoration"]["verified"], r["restoration"]
-    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
-    with LogReader(tmp_path / "out" / "log.db") as reader:
-        seqs = [(e.seq, e.event()) for e in reader.iter()]
-    abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
-    assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
 
 
 @pytest.fixture(scope="module")
