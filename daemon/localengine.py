@@ -198,7 +198,7 @@ class LocalEngine:
 
     async def load(self, name: str, sha256: str) -> dict:
         r = self._recipe(name, sha256)
-        if file_sha256(r.model) != r.model_sha256:
+        if await asyncio.to_thread(file_sha256, r.model) != r.model_sha256:  # a model is GBs: off the loop
             raise ActionFailed("identity_drift", f"recipe {name!r}: the model file changed since the recipe was read")
         await self._stop()
         await self._start(r)

@@ -65,7 +65,7 @@ class Target:
         if self.engine is not None:
             await self.engine.close()
         if self._xids is not None:
-            self._xids.stop()
+            await asyncio.to_thread(self._xids.stop)  # joins the NVML event thread: not on the loop
 
     def _h(self, svc: str) -> dict:
         tok = self.site.tokens.get(svc)
