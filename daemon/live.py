@@ -9,7 +9,7 @@ from rich.table import Table
 
 from events.base import Event
 from events.progress import WindowProgress
-from events.report_md import failed_checks
+from events.window_fold import failed_checks
 from events.schema import (
     AbortDecided, Alarm, CellRecorded, PhaseStarted, RestorationRecorded, TimeMarked, VerdictReached, WindowClosed,
 )

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import time
 
-from events.window_fold import RESTORE_CHECKS
+from events.window_fold import RESTORE_CHECKS, failed_checks
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
 CHECKS = RESTORE_CHECKS
-
-
-def failed_checks(checks: dict) -> list[str]:
-    """The restoration checks that failed, in report order (None, not applicable, is no failure)."""
-    return [k for k in CHECKS if checks.get(k) is False]
 
 
 def val(v: object) -> str:

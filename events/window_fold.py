@@ -127,7 +127,7 @@ class WindowFold:
     def _restoration(self, ev: RestorationRecorded, _wall: int | None) -> None:
         self.restoration = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
                             **ev.checks, "verified": ev.verified}
-        self.restoration_failed = [k for k in RESTORE_CHECKS if ev.checks.get(k) is False]
+        self.restoration_failed = failed_checks(ev.checks)
 
     def _verdict(self, ev: VerdictReached, _wall: int | None) -> None:
         self.verdict = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
@@ -146,6 +146,11 @@ class WindowFold:
 
 RESTORE_CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
                   "routed_preflight")
+
+
+def failed_checks(checks: dict) -> list[str]:
+    """The restoration checks that failed, in report order (None, not applicable, is no failure)."""
+    return [k for k in RESTORE_CHECKS if checks.get(k) is False]
 
 _HANDLERS = {
     WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,

@@ -151,8 +151,8 @@ class Estimator:
         self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, x^2, y, xy over observed rounds (x: work, y: time)
         self.rounds = 0
         self._fit: tuple[float, float] | None = (self.prior_pace, self.prior_overhead)
-        self._shares = (0, 0.0)  # bodies whose completion was observed, and the sum of their shares of max_tokens
-        self._share_of: dict[str, float] = {}
+        self._share_of: dict[str, float] = {}  # body -> its first observed share of max_tokens
+        self._share_sum = 0.0
 
     # --- the fit -----------------------------------------------------------------------------
 
@@ -176,8 +176,7 @@ class Estimator:
     def output_share(self) -> float:
         """The share of max_tokens a body not seen yet is expected to use: the plan's, moved
         towards what the bodies seen so far used."""
-        n, s = self._shares
-        return (PRIOR_ROUNDS * self.rates.output_share + s) / (PRIOR_ROUNDS + n)
+        return (PRIOR_ROUNDS * self.rates.output_share + self._share_sum) / (PRIOR_ROUNDS + len(self._share_of))
 
     @property
     def pace(self) -> float:
@@ -244,7 +243,7 @@ class Estimator:
                 self.completion[bw.sha256] = float(n)
                 if bw.max_tokens and bw.sha256 not in self._share_of:
                     self._share_of[bw.sha256] = min(n / bw.max_tokens, 1.0)
-                    self._shares = (self._shares[0] + 1, self._shares[1] + self._share_of[bw.sha256])
+                    self._share_sum += self._share_of[bw.sha256]
         for b, n in prompts.items():
             if n is not None:
                 self.prompt[self.work[fixture][b].sha256] = int(n)

@@ -46,9 +46,6 @@ class Ledger:
     def __contains__(self, phase: str) -> bool:
         return phase in self.cells
 
-    def get(self, phase: str) -> Cell | None:
-        return self.cells.get(phase)
-
     def status(self, phase: str) -> str | None:
         c = self.cells.get(phase)
         return c.status if c else None
