@@ -41,9 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--out", type=Path, default=None)
     rh.add_argument("--time-scale", type=float, default=20.0)
     rn = sub.add_parser("run", help="run a window against a site")
-    rn.add_argument("--plan", type=Path, required=True)
-    rn.add_argument("--site", type=Path, required=True)
-    rn.add_argument("--out", type=Path, required=True)
+    rn.add_argument("--plan", type=Path, default=None)
+    rn.add_argument("--site", type=Path, default=None)
+    rn.add_argument("--out", type=Path, default=None)
+    rn.add_argument("--resume", type=Path, default=None, metavar="OUT",
+                    help="pick up the window a foreground run left open in OUT (killed, or its session lost) "
+                         "and restore the incumbent")
     rn.add_argument("--time-scale", type=float, default=1.0)
     for sp in (rh, rn):
         _forecast_flags(sp)
@@ -181,8 +184,16 @@ def _out_dir(out: Path | None) -> Path:
 def _window(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from daemon.rehearse import parse_fault, rehearse, run_window
+    from daemon.rehearse import parse_fault, rehearse, resume_window, run_window
     from daemon.windows import InputError, setup_for_site
+    if args.cmd == "run":
+        if args.resume is not None:
+            if args.plan or args.site or args.out:
+                raise UsageError("--resume OUT: expected no --plan, --site or --out (the window's own are recorded)")
+            return _resume(args.resume, resume_window)
+        missing = [f"--{n}" for n in ("plan", "site", "out") if getattr(args, n) is None]
+        if missing:
+            raise UsageError(f"run: expected {', '.join(missing)} (or --resume OUT)")
     plan_raw, plan = load_plan(args.plan)
     if not args.time_scale > 0:
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
@@ -206,6 +217,24 @@ def _window(args: argparse.Namespace) -> int:
             report = asyncio.run(run_window(setup, out, console))
     except InputError as exc:
         raise UsageError(str(exc)) from None
+    return _reported(report, out, console)
+
+
+def _resume(out: Path, resume_window) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from daemon.windows import InputError
+    console = Console()
+    try:
+        report = asyncio.run(resume_window(out, console))
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    return _reported(report, out, console)
+
+
+def _reported(report: dict, out: Path, console) -> int:
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
                   f"(chain {'ok' if report['integrity']['chain_ok'] else 'BROKEN'}, audit {'ok' if report['integrity']['audit_ok'] else 'DIVERGED'})")
     from daemon.client import exit_for

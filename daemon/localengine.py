@@ -45,8 +45,14 @@ class LocalRecipe:
         self.name = name
         self.args = args
         self.model = model
-        self.model_sha256 = file_sha256(model)
-        self.content = json.dumps({"engine": "llama-server", "args": args, "model_sha256": self.model_sha256},
+        self.model_sha256 = ""
+        self.content = b""
+        self.sha256 = ""
+
+    def hash(self) -> None:
+        """Reads the model (GBs): call it on a worker thread, never on the event loop."""
+        self.model_sha256 = file_sha256(self.model)
+        self.content = json.dumps({"engine": "llama-server", "args": self.args, "model_sha256": self.model_sha256},
                                   sort_keys=True, separators=(",", ":")).encode()
         self.sha256 = hashlib.sha256(self.content).hexdigest()
 
@@ -75,11 +81,19 @@ class LocalEngine:
         self.loaded: LocalRecipe | None = None
         self.incarnation = 0
         self._prepared = False
+        self._hashed = False
         self.reaped: str | None = None
         self._client = httpx.AsyncClient(timeout=10.0)
 
+    async def _ready(self) -> None:
+        """Every recipe's identity (its model's hash), computed once, off the event loop."""
+        if not self._hashed:
+            await asyncio.to_thread(lambda: [r.hash() for r in self.recipes.values()])
+            self._hashed = True
+
     async def prepare(self) -> None:
         """The host as a window finds it: the incumbent running, started once, before anything else."""
+        await self._ready()
         if not self._prepared:
             self._prepared = True
             self.reaped = await self._stop_orphan()
@@ -179,6 +193,7 @@ class LocalEngine:
     # --- the manager's operations, in the shape of contract section 1 --------------------
 
     async def state(self) -> dict:
+        await self._ready()
         await self.prepare()
         note = {"note": self.reaped} if self.reaped else {}
         if self.loaded is None or self.proc is None or self.proc.returncode is not None:
@@ -187,16 +202,19 @@ class LocalEngine:
                            "incarnation": str(self.incarnation)}, **note}
 
     async def recipe(self, name: str) -> dict:
+        await self._ready()
         r = self._recipe(name, None)
         return {"name": name, "sha256": r.sha256, "content_b64": base64.b64encode(r.content).decode()}
 
     async def preview(self, op: str, name: str, sha256: str | None) -> dict:
+        await self._ready()
         r = self._recipe(name, sha256)
         steps = ["stop the process (TERM, then KILL)"] if op == "unload" else \
             ["verify the model's sha256", "start the process", "wait for /health"]
         return {"ok": True, "steps": steps}
 
     async def load(self, name: str, sha256: str) -> dict:
+        await self._ready()
         r = self._recipe(name, sha256)
         if await asyncio.to_thread(file_sha256, r.model) != r.model_sha256:  # a model is GBs: off the loop
             raise ActionFailed("identity_drift", f"recipe {name!r}: the model file changed since the recipe was read")
@@ -205,11 +223,13 @@ class LocalEngine:
         return {"incarnation": str(self.incarnation)}
 
     async def unload(self, name: str, sha256: str) -> dict:
+        await self._ready()
         self._recipe(name, sha256)
         await self._stop()
         return {"unloaded": name}
 
     async def identity(self, headers: dict) -> dict:
+        await self._ready()
         if self.loaded is None:
             raise ActionFailed("unavailable", "no engine loaded")
         r = await self._client.get(f"{self.url}/props", headers=headers)

@@ -21,6 +21,7 @@ from daemon.live import LiveView
 from daemon.runner import Runner
 from daemon.sitecheck import checked_target
 from daemon.site import sim_site
+from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
 from daemon.publish import write_reports
 from events.store import EventStore
@@ -127,6 +128,43 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     return write_reports(db, window_id, out)
 
 
+async def resume_window(out: Path, console: Console) -> dict:
+    """Picks up the window a foreground `run` left open in `out` (killed, or its machine lost), as the
+    daemon does after a restart: the recorded inputs replayed, then straight to restore."""
+    from daemon.recovery import setup_for_recovery, unfinished_windows
+    db = out / "log.db"
+    if not db.is_file():
+        raise InputError(f"{out}: no log.db; expected the --out folder of a foreground `run`")
+    try:
+        left = await asyncio.to_thread(unfinished_windows, db)
+    except Exception as exc:  # not a log, or a broken one: one line
+        raise InputError(f"{db}: cannot read the log ({exc})") from None
+    if not left:
+        raise InputError(f"{out}: its window is closed; nothing to resume (the report is in report.json)")
+    u = left[-1]
+    if not u.opened.site_profile:
+        raise InputError(f"{out}: a rehearsal's window cannot be resumed: its simulator ended with its process")
+    setup, mismatches = await asyncio.to_thread(setup_for_recovery, u.opened)
+    console.print(f"resuming window {u.window_id} in its restore path ({len(u.inputs)} recorded inputs)"
+                  + "".join(f"\n[yellow]mismatch:[/] {m}" for m in mismatches))
+    target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=out / "recipes")
+    try:
+        store = await EventStore.open(db)
+    except BaseException:
+        await target.close()
+        raise
+    runner = Runner(store, target, u.window_id, setup.time_scale)
+    view = LiveView(console, u.window_id)
+    store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
+    try:
+        with view, Interrupts(runner, console, out):
+            await runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches)
+    finally:
+        await target.close()
+        await store.close()
+    return write_reports(db, u.window_id, out)
+
+
 class Interrupts:
     """SIGINT, SIGTERM and SIGHUP during a foreground window: an `operator` abort, so the window
     restores the incumbent and writes its report before the process exits (a lost ssh session must
@@ -154,8 +192,9 @@ class Interrupts:
         now = time.monotonic()
         if sig == signal.SIGINT and self.first is not None and now - self.first < self.FORCE_S:
             self.console.print(f"[red bold]second interrupt: exiting now, without finishing the restore.[/] The primary may "
-                               f"still be quiesced with a candidate loaded; the log is {self.out / 'log.db'}. Check the "
-                               f"host (`flare-diag site check`) and restore the incumbent by hand.")
+                               f"still be quiesced with a candidate loaded; the log is {self.out / 'log.db'}. Resume its "
+                               f"restore with `flare-diag run --resume {self.out}`, or check the host "
+                               f"(`flare-diag site check`) and restore the incumbent by hand.")
             os._exit(130)
         if self.first is None:
             self.first = now

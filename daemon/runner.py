@@ -52,15 +52,20 @@ class Runner:
     async def run(self, opened: WindowOpened) -> str:
         return await self._loop(opened)
 
-    async def resume(self, recorded: list[Input], opened_wall_ns: int) -> str:
+    async def resume(self, recorded: list[object], opened_wall_ns: int, mismatches: list[str] | None = None) -> str:
         """Picks up a window the daemon left unfinished: replays its recorded inputs into a fresh
-        policy (nothing is carried out again), then reports the restart, which sends it to restore."""
+        policy (nothing is carried out again), compares each replayed decision with the one the log
+        holds, then reports the restart, which sends the window to restore. What differs (here, or
+        in the files the caller compared) goes with the restart and raises `resume_mismatch`."""
         # The window clock keeps counting through the outage: a crash does not stop the minutes.
         elapsed = max(0, time.time_ns() - opened_wall_ns)
         self._start = time.monotonic_ns() - elapsed
-        for inp in recorded:
-            self.policy.receive(inp)
-        return await self._loop(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending)))
+        found = list(mismatches or [])
+        divergence = replay(self.policy, recorded)
+        if divergence:
+            found.append(divergence)
+        return await self._loop(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending),
+                                                mismatches=found))
 
     def abort(self, reason: str, uid: int | None = None, pid: int | None = None) -> None:
         """An operator's abort: queued as an input like any observation."""
@@ -176,6 +181,37 @@ class Runner:
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")
         return WatchFailed(at_ns=self.now(), source=source, error=f.error, detail=f.detail)
+
+
+def replay(policy: WindowPolicy, recorded: list[object]) -> str | None:
+    """Feeds a window's recorded inputs to `policy`; the first replayed decision that is not the
+    recorded one, described, or None when every decision matched."""
+    expected: list[Decision] = []
+    replayed: list[Decision] = []
+    first: str | None = None
+
+    def compare() -> None:
+        nonlocal first
+        if first is None and replayed != expected:
+            n = next((i for i, (a, b) in enumerate(zip(replayed, expected)) if a != b), min(len(replayed), len(expected)))
+            got = type(replayed[n]).__name__ if n < len(replayed) else "nothing"
+            want = type(expected[n]).__name__ if n < len(expected) else "nothing"
+            first = (f"replayed decisions differ from the recorded ones after input {len(inputs)} "
+                     f"({type(inputs[-1]).__name__}): decision {n + 1} is {got}, the log has {want}")
+
+    inputs: list[Input] = []
+    for ev in recorded:
+        if isinstance(ev, Input):
+            if inputs:
+                compare()
+            inputs.append(ev)
+            expected = []
+            replayed = policy.receive(ev)
+        elif isinstance(ev, Decision):
+            expected.append(ev)
+    if inputs:
+        compare()
+    return first
 
 
 def _req_ids(args: dict) -> dict:

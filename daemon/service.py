@@ -2,38 +2,50 @@
 
 Lifecycle: open the log; pick up any window a previous run left unfinished (it goes to restore);
 listen; tell systemd READY; ping the watchdog from the event loop; on SIGTERM inside a window,
-abort it, let it restore, and only then exit.
+abort it, let it restore, and only then exit. Everything the service starts (the window, each
+control connection, the watchdog) runs in its one anyio task group and ends with it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import itertools
 import os
 import signal
 import sys
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from daemon import control
 from daemon.control import Abort, BadCommand, Report, Start, Status, Watch
+from daemon.forecast import load_calibration, planned
 from daemon.logs import configure
 from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
 from daemon.publish import FORMATS, build_report, publish_snapshot, render
+from daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows
 from daemon.runner import Runner
-from daemon.forecast import load_calibration, planned
 from daemon.sitecheck import checked_target
 from daemon.target import Target
-from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_recovery, setup_for_site
+from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_site
 from events.envelope import Envelope
 from events.progress import WindowProgress
 from events.reader import LogReader
-from events.schema import ControlCommand, Input, LogNote, WindowOpened
+from events.schema import ControlCommand, LogNote
 from events.store import EventStore
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
+MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
+IDLE_TIMEOUT_S = 60.0   # a connection that sends no complete command for this long is closed
+SEND_TIMEOUT_S = 30.0   # a client that does not read its reply (or its watch stream) for this long is dropped
+
+
+async def _thread(fn, *args):
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 class ActiveWindow:
@@ -43,7 +55,7 @@ class ActiveWindow:
         self.runner = runner
         self.target = target
         self.progress = WindowProgress(window_id)
-        self.task: asyncio.Task[str] | None = None
+        self.done = anyio.Event()
 
 
 class Service:
@@ -57,45 +69,41 @@ class Service:
         self.window: ActiveWindow | None = None
         self.last: dict | None = None  # progress of the last window that closed
         self.stopping = False
-        self._stop = asyncio.Event()
+        self.connections = 0
+        self._stop: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> int:
+        self._stop = anyio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = await EventStore.open(self.db)
         self.store.subscribe(self._on_commit)
-        await self._recover()
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.socket_path.exists() or self.socket_path.is_symlink():
-            self.socket_path.unlink()  # a stale socket of a previous run; the log is the state, not the socket
-        old = os.umask(0o117)  # the socket is born 0660: no moment when others could connect
         try:
-            server = await asyncio.start_unix_server(self._client, path=str(self.socket_path), limit=control.MAX_LINE)
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._signals)
+                await self._recover()
+                listener = await self._listen()
+                tg.start_soon(self._serve, listener)
+                if self.notify.watchdog_interval_s:
+                    tg.start_soon(self._watchdog)
+                if self.notify.enabled:
+                    tg.start_soon(self._refresh_status)
+                self.log.info("ready", socket=str(self.socket_path), log=str(self.db), head_seq=self.store.head[0])
+                self.notify.ready(self._status_line())
+                await self._stop.wait()
+                w = self.window
+                if w is not None:
+                    self.log.warning("stopping inside a window: restoring first", window_id=w.window_id)
+                    self.notify.stopping("restoring the incumbent before stopping")
+                    w.runner.abort("flare-diagd is stopping (SIGTERM): restore before exit")
+                    await w.done.wait()
+                else:
+                    self.notify.stopping("stopping")
+                tg.cancel_scope.cancel()
         finally:
-            os.umask(old)
-        os.chmod(self.socket_path, 0o660)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        watchdog = loop.create_task(self._watchdog()) if self.notify.watchdog_interval_s else None
-        refresher = loop.create_task(self._refresh_status()) if self.notify.enabled else None
-        self.log.info("ready", socket=str(self.socket_path), log=str(self.db), head_seq=self.store.head[0])
-        self.notify.ready(self._status_line())
-        try:
-            await self._stop.wait()
-            if self.window is not None and self.window.task is not None:
-                self.log.warning("stopping inside a window: restoring first", window_id=self.window.window_id)
-                self.notify.stopping("restoring the incumbent before stopping")
-                self.window.runner.abort("flare-diagd is stopping (SIGTERM): restore before exit")
-                await asyncio.shield(self.window.task)
-            else:
-                self.notify.stopping("stopping")
-        finally:
-            server.close()
-            for task in (watchdog, refresher):
-                if task is not None:
-                    task.cancel()
             try:
                 self.socket_path.unlink()
             except FileNotFoundError:
@@ -104,25 +112,43 @@ class Service:
             self.log.info("stopped")
         return 0
 
+    async def _listen(self) -> anyio.abc.Listener:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            self.socket_path.unlink()  # a stale socket of a previous run; the log is the state, not the socket
+        old = os.umask(0o117)  # the socket is born 0660: no moment when others could connect
+        try:
+            listener = await anyio.create_unix_listener(self.socket_path)
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, 0o660)
+        return listener
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for sig in signals:
+                self._on_signal(sig)
+
     def _on_signal(self, sig: signal.Signals) -> None:
         if self.stopping:
             self.log.warning("signal ignored: already stopping", signal=sig.name)
             return
         self.stopping = True
         self.log.info("stop requested", signal=sig.name)
+        assert self._stop is not None
         self._stop.set()
 
     async def _watchdog(self) -> None:
         # Pinged from the loop itself, so a wedged loop stops the pings and systemd restarts us.
         while True:
             self.notify.watchdog()
-            await asyncio.sleep(self.notify.watchdog_interval_s or 10)
+            await anyio.sleep(self.notify.watchdog_interval_s or 10)
 
     async def _refresh_status(self) -> None:
         # systemd's status line follows the window's progress once a second, not once per commit
         # (hundreds a minute): a datagram per commit would fill the notify queue.
         while True:
-            await asyncio.sleep(STATUS_MIN_INTERVAL_S)
+            await anyio.sleep(STATUS_MIN_INTERVAL_S)
             self.notify.status(self._status_line())
 
     def _status_line(self) -> str:
@@ -140,25 +166,23 @@ class Service:
     # --- windows -------------------------------------------------------------------------
 
     async def _recover(self, retry: bool = True) -> None:
-        self.last = await asyncio.to_thread(_last_closed_window, self.db)
-        unfinished = await asyncio.to_thread(_unfinished_windows, self.db)
-        for window_id, opened_wall_ns, inputs, events in unfinished:
-            opened = inputs[0]
-            assert isinstance(opened, WindowOpened)
+        self.last = await _thread(_last_closed_window, self.db)
+        unfinished: list[Unfinished] = await _thread(unfinished_windows, self.db)
+        for u in unfinished:
             try:
-                setup = setup_for_recovery(opened)
-            except Exception as exc:  # the site profile is gone or broken: say so, keep the log as it is
-                msg = f"cannot resume window {window_id}: {exc}"
-                self.log.error("recovery failed", window_id=window_id, error=str(exc))
-                await self.store.append(LogNote(text=msg, source="flare-diagd"), window_id=window_id)
+                setup, mismatches = await _thread(setup_for_recovery, u.opened)
+            except InputError as exc:  # the recorded plan or site profile cannot be used: say so, keep the log
+                msg = f"cannot resume window {u.window_id}: {exc}"
+                self.log.error("recovery failed", window_id=u.window_id, error=str(exc))
+                await self.store.append(LogNote(text=msg, source="flare-diagd"), window_id=u.window_id)
                 continue
-            self.log.warning("resuming an unfinished window in its restore path", window_id=window_id,
-                             inputs=len(inputs))
-            w = self._new_window(window_id, setup)
-            for seq, ev in events:
+            self.log.warning("resuming an unfinished window in its restore path", window_id=u.window_id,
+                             inputs=len(u.inputs), mismatches=mismatches)
+            w = self._new_window(u.window_id, setup)
+            for seq, ev in u.events:
                 w.progress.apply(seq, ev)
-            w.task = asyncio.get_running_loop().create_task(
-                self._drive(w, w.runner.resume(inputs, opened_wall_ns), retry=retry))
+            recorded = [ev for _seq, ev in u.events]
+            self._launch(w, functools.partial(w.runner.resume, recorded, u.opened_wall_ns, mismatches), retry)
             return  # one window at a time: a second unfinished one would be a bug of an earlier build
 
     def _new_window(self, window_id: str, setup: WindowSetup, target: Target | None = None) -> ActiveWindow:
@@ -167,10 +191,14 @@ class Service:
         self.window = ActiveWindow(window_id, setup, runner, target)
         return self.window
 
+    def _launch(self, w: ActiveWindow, run, retry: bool = True) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._drive, w, run, retry, name=f"window {w.window_id}")
+
     async def _drive(self, w: ActiveWindow, run, retry: bool = True) -> str | None:
         outcome: str | None = None
         try:
-            outcome = await run
+            outcome = await run()
             if outcome == "restore_failed":
                 self.log.error("window closed with its restoration not verified", window_id=w.window_id,
                                outcome=outcome, failed_checks=w.progress.restoration_failed, alarms=w.progress.alarms)
@@ -182,10 +210,12 @@ class Service:
             # a second failure leaves it open in the log, and no new window starts until it is dealt with.
             self.log.exception("window runner failed", window_id=w.window_id, retrying=retry)
         finally:
-            await w.target.close()
-            await self.store.flush()
+            with anyio.CancelScope(shield=True):
+                await w.target.close()
+                await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
+            w.done.set()
             self.notify.status(self._status_line(), force=True)
         if w.progress.outcome is not None:
             await self._publish(w.window_id)
@@ -196,8 +226,8 @@ class Service:
     async def _publish(self, window_id: str) -> None:
         """A closed window's report goes to a new dated snapshot under the state folder."""
         try:
-            report = await asyncio.to_thread(build_report, self.db, window_id)
-            folder = await asyncio.to_thread(publish_snapshot, report, self.state_dir / "reports")
+            report = await _thread(build_report, self.db, window_id)
+            folder = await _thread(publish_snapshot, report, self.state_dir / "reports")
             self.log.info("report published", window_id=window_id, folder=str(folder))
         except Exception as exc:  # the log is the record; a failed publication is reported, not fatal
             self.log.error("report publication failed", window_id=window_id, error=str(exc))
@@ -212,41 +242,73 @@ class Service:
 
     # --- the control socket --------------------------------------------------------------
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        try:
-            pid, uid, _gid = control.peer_credentials(sock)
-        except OSError:
-            pid, uid = -1, -1
-        try:
+    async def _serve(self, listener: anyio.abc.Listener) -> None:
+        """Accepts control connections, at most MAX_CONNECTIONS served at once."""
+        assert self._tg is not None
+        async with listener:
             while True:
                 try:
-                    line = await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError:
-                    return
-                except asyncio.LimitOverrunError:
-                    self.log.warning("control line too long", uid=uid, pid=pid)
-                    writer.write(control.error(f"command line longer than {control.MAX_LINE} bytes"))
-                    await writer.drain()
-                    return
-                try:
-                    cmd = control.decode_command(line)
-                except BadCommand as exc:
-                    self.log.warning("bad control command", uid=uid, pid=pid, error=str(exc))
-                    writer.write(control.error(str(exc)))
-                    await writer.drain()
+                    conn = await listener.accept()
+                except OSError as exc:  # EMFILE and the like: the daemon goes on, and tries again shortly
+                    self.log.error("control socket accept failed", error=str(exc))
+                    await anyio.sleep(0.5)
                     continue
-                name = type(cmd).__struct_config__.tag
-                self.log.info("control command", cmd=name, uid=uid, pid=pid)
-                if isinstance(cmd, Watch):
-                    await self._watch(cmd, writer)
-                    return
-                writer.write(await self._handle(cmd, uid, pid))
-                await writer.drain()
-        except (ConnectionError, BrokenPipeError):
+                if self.connections >= MAX_CONNECTIONS:
+                    self._tg.start_soon(self._refuse, conn)
+                    continue
+                self.connections += 1
+                self._tg.start_soon(self._client, conn)
+
+    async def _refuse(self, conn: anyio.abc.SocketStream) -> None:
+        async with conn:
+            with anyio.move_on_after(1):
+                try:
+                    await conn.send(control.error(f"too many control connections (at most {MAX_CONNECTIONS}); try again"))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+
+    async def _client(self, conn: anyio.abc.SocketStream) -> None:
+        try:
+            pid, uid, _gid = control.peer_credentials(conn.extra(anyio.abc.SocketAttribute.raw_socket))
+        except (OSError, anyio.TypedAttributeLookupError):
+            pid, uid = -1, -1
+        reader = BufferedByteReceiveStream(conn)
+        try:
+            async with conn:
+                while True:
+                    try:
+                        with anyio.fail_after(IDLE_TIMEOUT_S):
+                            line = await reader.receive_until(b"\n", control.MAX_LINE)
+                    except TimeoutError:
+                        return  # idle: the slot goes to someone else
+                    except anyio.IncompleteRead:
+                        return
+                    except anyio.DelimiterNotFound:
+                        self.log.warning("control line too long", uid=uid, pid=pid)
+                        await self._send(conn, control.error(f"command line longer than {control.MAX_LINE} bytes"))
+                        await _discard_rest(conn)
+                        return
+                    try:
+                        cmd = control.decode_command(line)
+                    except BadCommand as exc:
+                        self.log.warning("bad control command", uid=uid, pid=pid, error=str(exc))
+                        await self._send(conn, control.error(str(exc)))
+                        continue
+                    name = type(cmd).__struct_config__.tag
+                    self.log.info("control command", cmd=name, uid=uid, pid=pid)
+                    if isinstance(cmd, Watch):
+                        await self._watch(cmd, conn)
+                        return
+                    await self._send(conn, await self._handle(cmd, uid, pid))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, TimeoutError, OSError):
             return
         finally:
-            writer.close()
+            self.connections -= 1
+
+    @staticmethod
+    async def _send(conn: anyio.abc.SocketStream, data: bytes) -> None:
+        with anyio.fail_after(SEND_TIMEOUT_S):
+            await conn.send(data)
 
     async def _handle(self, cmd, uid: int, pid: int) -> bytes:
         if isinstance(cmd, Status):
@@ -264,10 +326,10 @@ class Service:
         if isinstance(cmd, Report):
             if cmd.format not in FORMATS:
                 return control.error(f"format {cmd.format!r}: expected one of {', '.join(FORMATS)}")
-            known = await asyncio.to_thread(_window_ids, self.db)
+            known = await _thread(_window_ids, self.db)
             if cmd.window_id not in known:
                 return control.error(f"window {cmd.window_id!r}: not in this daemon's log")
-            report = await asyncio.to_thread(build_report, self.db, cmd.window_id)
+            report = await _thread(build_report, self.db, cmd.window_id)
             return control.reply(window_id=cmd.window_id, format=cmd.format,
                                  content=render(report, cmd.format).decode())
         return control.error("unknown command")
@@ -283,15 +345,15 @@ class Service:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
             return control.error(f"window {self.window.window_id} is running; one window at a time")
-        stuck = await asyncio.to_thread(_open_window_ids, self.db)
+        stuck = await _thread(open_window_ids, self.db)
         if stuck:
             # opened and never closed, and nothing is running it: its host may still be taken apart
             return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
-            setup = await asyncio.to_thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
+            setup = await _thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
             if cmd.calibrate:
-                setup.calibration = await asyncio.to_thread(load_calibration, Path(cmd.calibrate))
+                setup.calibration = await _thread(load_calibration, Path(cmd.calibrate))
             setup.accept_partial = cmd.accept_partial
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
             # refused before anything on it changes; then the forecast
@@ -299,33 +361,37 @@ class Service:
             try:
                 await planned(setup, target)
             except BaseException:
-                await target.close()
+                with anyio.CancelScope(shield=True):
+                    await target.close()
                 raise
         except InputError as exc:
             await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=False, detail=str(exc)))
             return control.error(str(exc))
-        if self.window is not None:  # another start won the race while the files were read
+        if self.window is not None or self.stopping:  # another start (or a stop) won the race while the files were read
             await target.close()
-            return control.error(f"window {self.window.window_id} is running; one window at a time")
+            return control.error("another window started, or the daemon is stopping; no window starts")
         window_id = new_window_id(setup.plan)
         w = self._new_window(window_id, setup, target)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {cmd.plan} site {cmd.site}"), window_id=window_id)
-        w.task = asyncio.get_running_loop().create_task(self._drive(w, w.runner.run(setup.opened(window_id))))
+        self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
         self.log.info("window started", window_id=window_id, plan=setup.plan.name, site=setup.site.name,
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
 
-    async def _watch(self, cmd: Watch, writer: asyncio.StreamWriter) -> None:
+    async def _watch(self, cmd: Watch, conn: anyio.abc.SocketStream) -> None:
         """Streams committed events as JSON lines: the backlog from `from_seq`, then each commit."""
-        queue: asyncio.Queue[list[Envelope] | None] = asyncio.Queue()
+        send, receive = anyio.create_memory_object_stream[list[Envelope]](WATCH_BACKLOG)
+        behind = False
 
         def push(envs: list[Envelope]) -> None:
-            if queue.qsize() >= WATCH_BACKLOG:
-                queue.put_nowait(None)  # fell too far behind: end the stream rather than grow without bound
+            nonlocal behind
+            try:
+                send.send_nowait(envs)
+            except anyio.WouldBlock:  # fell too far behind: end the stream rather than grow without bound
+                behind = True
                 unsubscribe()
-            else:
-                queue.put_nowait(envs)
+                send.close()
 
         unsubscribe = self.store.subscribe(push)
         head = self.store.head[0]
@@ -333,26 +399,33 @@ class Service:
             start = cmd.from_seq
             if start is None:
                 wid = self.window.window_id if self.window else (self.last or {}).get("window_id")
-                start = await asyncio.to_thread(_first_seq, self.db, wid) if wid else head + 1
+                start = await _thread(_first_seq, self.db, wid) if wid else head + 1
             sent = start - 1
-            writer.write(control.reply(watching=True, from_seq=start))
-            for env in await asyncio.to_thread(_envelopes_between, self.db, start, head):
-                writer.write(_event_line(env))
+            backlog = [control.reply(watching=True, from_seq=start)]
+            for env in await _thread(_envelopes_between, self.db, start, head):
+                backlog.append(_event_line(env))
                 sent = env.seq
-            await writer.drain()
-            while True:
-                envs = await queue.get()
-                if envs is None:
-                    writer.write(control.error("watch fell too far behind; reconnect with from_seq", from_seq=sent + 1))
-                    await writer.drain()
-                    return
-                for env in envs:
-                    if env.seq > sent:
-                        writer.write(_event_line(env))
-                        sent = env.seq
-                await writer.drain()
+            await self._send(conn, b"".join(backlog))
+            async with receive:
+                async for envs in receive:
+                    lines = [_event_line(e) for e in envs if e.seq > sent]
+                    if lines:
+                        sent = envs[-1].seq
+                        await self._send(conn, b"".join(lines))
+            if behind:
+                await self._send(conn, control.error("watch fell too far behind; reconnect with from_seq", from_seq=sent + 1))
         finally:
             unsubscribe()
+
+
+async def _discard_rest(conn: anyio.abc.SocketStream, limit: int = 4 * control.MAX_LINE) -> None:
+    """Reads (briefly, boundedly) what a refused client still sends, so that closing does not reset
+    the connection before it has read the reply."""
+    await conn.send_eof()
+    with anyio.move_on_after(1):
+        n = 0
+        while n < limit:
+            n += len(await conn.receive())
 
 
 def _event_line(env: Envelope) -> bytes:
@@ -378,14 +451,6 @@ def _envelopes_between(db: Path, start: int, end: int) -> list[Envelope]:
         return list(itertools.takewhile(lambda e: e.seq <= end, r.iter(from_seq=start)))
 
 
-def _open_window_ids(db: Path) -> list[str]:
-    """Windows opened in the log and never closed."""
-    with LogReader(db) as r:
-        opened = [e.window_id for e in r.iter(types=["window_opened"])]
-        closed = {e.window_id for e in r.iter(types=["window_closed"])}
-    return [w for w in opened if w not in closed]
-
-
 def _last_closed_window(db: Path) -> dict | None:
     """The progress of the most recent window that closed, for `status` after a restart."""
     with LogReader(db) as r:
@@ -396,19 +461,6 @@ def _last_closed_window(db: Path) -> dict | None:
         for env in r.iter(window_id=closed[-1].window_id):
             p.apply(env.seq, env.event())
         return p.as_dict()
-
-
-def _unfinished_windows(db: Path) -> list[tuple[str, int, list[Input], list[tuple[int, object]]]]:
-    """Windows opened in the log and never closed: (id, opened wall_ns, their inputs, all their events)."""
-    out = []
-    open_ids = _open_window_ids(db)
-    with LogReader(db) as r:
-        for wid in open_ids:
-            envs = list(r.iter(window_id=wid))
-            opened_wall = next(e.wall_ns for e in envs if e.type == "window_opened")
-            events = [(e.seq, e.event()) for e in envs]
-            out.append((wid, opened_wall, [ev for _seq, ev in events if isinstance(ev, Input)], events))
-    return out
 
 
 def default_socket() -> Path:
@@ -430,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     log = configure(a.log_level)
     svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier())
     try:
-        return asyncio.run(svc.run())
+        return anyio.run(svc.run)
     except Exception as exc:
         log.exception("flare-diagd failed", error=str(exc))
         return 1

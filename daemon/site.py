@@ -61,6 +61,7 @@ class Site(msgspec.Struct):
     sha256: str
     base_dir: Path = Path(".")
     token_files: dict[str, str] = {}  # service -> token file path (a path, never the token)
+    profile_toml: str = ""  # the profile as read (paths and names, never a token): what a recovery restores with
 
     def token_path(self, svc: str) -> Path | None:
         p = self.token_files.get(svc)
@@ -84,6 +85,11 @@ def load_site(path: Path) -> Site:
         data = path.read_bytes()
     except OSError as exc:
         raise SiteError(f"{path}: cannot read site profile ({exc.strerror})") from None
+    return site_from_bytes(data, path)
+
+
+def site_from_bytes(data: bytes, path: Path) -> Site:
+    """A profile's content as read from `path` (relative token files and models resolve against its folder)."""
     try:
         prof = msgspec.toml.decode(data, type=SiteProfile)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -120,7 +126,8 @@ def load_site(path: Path) -> Site:
             selector(spec)
         except ValueError as exc:
             raise SiteError(f"{path}: metrics.{family}: {exc}") from None
-    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files)
+    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,
+                data.decode("utf-8", "replace"))
 
 
 def _check_engine(path: Path, e: Engine) -> None:

@@ -170,6 +170,8 @@ class Target:
         view["xid_events"] = self._xids.events()
         if self._xids.error:
             view["xid_watch_error"] = self._xids.error
+        if self._xids.unsupported:
+            view["unsupported"] = list(self._xids.unsupported)
         return view
 
     async def health(self, args: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 import uuid
@@ -16,6 +17,22 @@ from daemon.site import Site, SiteError, load_site
 from events.schema import WindowOpened
 from policies.plan import Plan, PlanError, decode_plan
 from policies.planner import Calibration
+
+
+POLICIES = Path(__file__).resolve().parent.parent / "policies"
+
+
+@functools.cache
+def policy_version() -> str:
+    """The digest of the pure policy's source: a daemon upgraded inside a window may decide differently."""
+    h = hashlib.sha256()
+    for f in sorted(POLICIES.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def fixture_digest(f: Fixture) -> str:
+    return hashlib.sha256("".join(f.sha256).encode()).hexdigest()
 
 
 class InputError(ValueError):
@@ -48,7 +65,10 @@ class WindowSetup:
                             candidate_recipe=self.site.candidate_recipe,
                             time_scale=self.time_scale, site_profile=self.site_profile,
                             fixture_dirs=self.fixture_dirs,
-                            calibration=msgspec.to_builtins(self.calibration) if self.calibration else {})
+                            calibration=msgspec.to_builtins(self.calibration) if self.calibration else {},
+                            policy_sha256=policy_version(), site_profile_sha256=self.site.sha256,
+                            site_profile_toml=self.site.profile_toml,
+                            fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())})
 
 
 def new_window_id(plan: Plan) -> str:
@@ -93,20 +113,3 @@ def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) ->
     return WindowSetup(plan_raw, plan, site, load_fixtures(plan, dirs), time_scale,
                        rehearsal=site.profile.gpu.source == "sim", site_profile=str(site_path.resolve()),
                        fixture_dirs=[str(d) for d in dirs], plan_path=str(plan_path))
-
-
-def setup_for_recovery(opened: WindowOpened) -> WindowSetup:
-    """The setup of a window the daemon left unfinished, rebuilt from its opening input.
-
-    Fixtures that can no longer be found are left out: the restore path sends no replayed body.
-    """
-    from policies.plan import plan_from_builtins
-    plan = plan_from_builtins(opened.plan, "recorded plan")
-    site = load_site(Path(opened.site_profile))
-    try:
-        fixtures = load_fixtures(plan, [Path(d) for d in opened.fixture_dirs])
-    except InputError:
-        fixtures = {}
-    return WindowSetup(b"", plan, site, fixtures, opened.time_scale, opened.rehearsal, opened.site_profile,
-                       list(opened.fixture_dirs), opened.plan_sha256,
-                       msgspec.convert(opened.calibration, Calibration) if opened.calibration else None)

@@ -49,6 +49,12 @@ class WindowOpened(Input, tag="window_opened"):
     # What the estimates start from besides the plan's rates: an earlier window's log, or a
     # rehearsal's probe (policies.planner.Calibration as builtins).
     calibration: dict = {}
+    # What a recovery compares before it trusts a replay: the policy's source, the site profile as
+    # read (restored from, never re-read, if the file changed since) and each fixture's bodies.
+    policy_sha256: str = ""
+    site_profile_sha256: str = ""
+    site_profile_toml: str = ""
+    fixtures_sha256: dict[str, str] = {}
 
 
 @register
@@ -137,6 +143,9 @@ class DaemonRestarted(Input, tag="daemon_restarted"):
     """The daemon came back with this window unfinished; unanswered actions are possibly done."""
 
     unanswered: list[int] = []
+    # what differs from the window as opened or as recorded (policy version, site profile, fixtures,
+    # replayed decisions); the window restores either way, and raises `resume_mismatch` for these
+    mismatches: list[str] = []
 
 
 # --- Policy decisions: appended before they are carried out.

@@ -9,10 +9,11 @@ import os
 import sqlite3
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import aiosqlite
+import anyio
 import msgspec
 
 from events.base import Event, _encoder
@@ -109,7 +110,10 @@ class EventStore:
         self._listeners: list[Callable[[list[tuple]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
         self._loop = asyncio.get_running_loop()
-        self._writer = self._loop.create_task(self._write_loop(), name="event-store-writer")
+        # the writer and its in-flight commit live in the store's own task group, entered by `open`
+        # and left by `close` (in the task that opened the store): nothing the store started
+        # outlives it, and a writer that died would cancel its opener rather than wedge every append
+        self._tg = anyio.create_task_group()
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, checkpoint_path: str | os.PathLike[str] | None = None,
@@ -141,7 +145,10 @@ class EventStore:
                 raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
             raise
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
-        return cls(conn, path, cp, clock, seq, head, max_batch)
+        store = cls(conn, path, cp, clock, seq, head, max_batch)
+        await store._tg.__aenter__()
+        store._tg.start_soon(store._write_loop, name="event-store-writer")
+        return store
 
     def subscribe(self, listener: Callable[[list[Envelope]], None]) -> Callable[[], None]:
         """Calls `listener(envelopes)` on the loop after each commit; returns the unsubscribe function.
@@ -243,12 +250,12 @@ class EventStore:
         # Pipelined: while one batch is being written on aiosqlite's thread, the next is gathered
         # and hashed on the loop. At most one commit is in flight, so acknowledgements stay ordered.
         queue = self._queue
-        inflight: asyncio.Task[bool] | None = None
+        inflight: _Commit | None = None
         stop = False
         while not stop:
             if not queue:
                 if inflight is not None:
-                    await inflight
+                    await inflight.wait()
                     inflight = None
                     continue
                 self._wake.clear()
@@ -268,12 +275,13 @@ class EventStore:
                 continue
             base = (self._tent_seq, self._tent_head)
             rows, bulk = self._hash_rows(batch, *base)
-            if inflight is not None and not await inflight:
+            if inflight is not None and not await inflight.wait():
                 rows, bulk = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
-            inflight = asyncio.get_running_loop().create_task(self._commit(batch, rows, bulk))
+            inflight = _Commit()
+            self._tg.start_soon(inflight.run, self._commit(batch, rows, bulk))
             await asyncio.sleep(0)  # let the commit reach the writer thread before hashing the next batch
         if inflight is not None:
-            await inflight
+            await inflight.wait()
 
     async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
         checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9])
@@ -377,14 +385,36 @@ class EventStore:
         self._closed = True
         self._queue.append(_STOP)
         self._wake.set()
-        await self._writer
-        await self._conn.close()
+        try:
+            await self._tg.__aexit__(None, None, None)  # the writer ends at _STOP, after the last commit
+        finally:
+            await self._conn.close()
 
     async def __aenter__(self) -> EventStore:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class _Commit:
+    """The one commit in flight: run in the store's task group, awaited by the writer for its result."""
+
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.ok = False
+
+    async def run(self, commit: Awaitable[bool]) -> None:
+        try:
+            self.ok = await commit
+        finally:
+            self.done.set()
+
+    async def wait(self) -> bool:
+        await self.done.wait()
+        return self.ok
 
 
 def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],

@@ -68,6 +68,18 @@ def gpu_watch(data: Mapping, growth: Growth) -> Abort:
     return ("uncontrolled_growth", breach) if breach else None
 
 
+def gpu_rules_disabled(data: Mapping) -> str | None:
+    """What the GPU watch reports it cannot watch, as the rules that no longer fire, or None."""
+    parts = []
+    if data.get("unsupported"):
+        parts.append("Xid events unsupported on " + "; ".join(map(str, data["unsupported"])))
+    if data.get("xid_watch_error"):
+        parts.append(f"the Xid watch failed: {data['xid_watch_error']}")
+    if not parts:
+        return None
+    return "rule gpu_fault (Xid) disabled: " + "; ".join(parts)
+
+
 def router_watch(data: Mapping, snapshot: Mapping | None) -> Abort:
     """The router after quiesce: its configuration unchanged, the quiesced backend receiving nothing."""
     snap = snapshot or {}

@@ -49,6 +49,20 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     load_timeout_s: float = 600  # loading or unloading an incarnation
     request_timeout_s: float = 600  # one replayed request or preflight generation
     arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
+    # what the restore may take from its start: every restore action's deadline is cut to what is left
+    # of it (default: the reserve less the bound on a closing drain after the stop minute)
+    restore_budget_min: float | None = None
+
+    def restore_budget(self) -> float:
+        """Minutes the restore may take (`restore_budget_min`, or its default)."""
+        if self.restore_budget_min is not None:
+            return self.restore_budget_min
+        return self.restore_reserve_min - self.closing_drain_bound_min()
+
+    def closing_drain_bound_min(self) -> float:
+        """How late after the stop minute a restore may start: a phase's closing drain runs on past
+        it for at most the drain timeout."""
+        return self.drain_timeout_s / 60
 
 
 class Rates(msgspec.Struct, forbid_unknown_fields=True):
@@ -168,6 +182,14 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
               "quiesce_drain_timeout_s"):
         if not 0 < getattr(t, f) < float("inf"):
             raise PlanError(f"{source}: timing.{f} = {getattr(t, f)}, expected a positive number of seconds")
+    restore_expected_s = 2 * plan.rates.load_s + 8 * plan.rates.request_overhead_s  # unload, load, the checks
+    budget = t.restore_budget()
+    if not 0 < budget * 60 or budget + t.closing_drain_bound_min() > t.restore_reserve_min:
+        raise PlanError(f"{source}: timing.restore_budget_min = {budget:g} with a closing drain of up to "
+                        f"{t.closing_drain_bound_min():g} min does not fit timing.restore_reserve_min = {t.restore_reserve_min:g}")
+    if restore_expected_s > budget * 60:
+        raise PlanError(f"{source}: the restore's expected {restore_expected_s / 60:g} min (unload and load at "
+                        f"rates.load_s = {plan.rates.load_s:g} s, and its checks) does not fit its budget of {budget:g} min")
     g = plan.growth
     if min(g.max_resident_bytes, g.max_host_cache_records, g.max_resident_growth_bytes, g.max_queue_excess) < 0 \
             or g.queue_excess_observations < 1 or not 0 < g.max_gpu_memory_fraction <= 1:

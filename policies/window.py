@@ -55,6 +55,7 @@ class WindowPolicy(Driver):
         self.abort: AbortRecord | None = None
         self.restore_cause: str | None = None
         self.restore_started: float | None = None
+        self.restore_end_ns: int | None = None  # the restore's budget runs out here
         self.incumbent: Incumbent | None = None
         self.snapshots: dict[str, dict | None] = {}
         self.quiesced = False
@@ -74,6 +75,7 @@ class WindowPolicy(Driver):
         self.baseline = guards.Baseline()  # growth relative to the loaded incarnation's first observation
         self.watch_last: dict[str, int] = {}  # source -> window time of its latest answer
         self.watch_failure: dict[str, str] = {}  # source -> its latest failure
+        self.rules_disabled: set[str] = set()  # what the GPU watch said it cannot watch, once each
 
     # --- the interface -----------------------------------------------------------------------
 
@@ -101,6 +103,10 @@ class WindowPolicy(Driver):
                 self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
                                                detail="the daemon restarted before its outcome was recorded; possibly done")
                 self.pending.pop(aid)
+            if inp.mismatches:
+                # the replay cannot be trusted to have rebuilt the window's state exactly: restore
+                # from it anyway (the restore reads what is loaded), and say so
+                self._emit(Alarm(kind="resume_mismatch", detail="; ".join(inp.mismatches)))
             self._abort_from_outside("daemon_restart", "the daemon restarted inside the window")
         elif not isinstance(inp, Tick):
             return out
@@ -120,6 +126,8 @@ class WindowPolicy(Driver):
                 times += [t + 1 for t in self._watch_deadlines().values()]
             if self.stage == "experiment" and not self.stop_marked:
                 times.append(self._stop_ns())
+            elif self.stage == "experiment" and self.draining_after:
+                times.append(self._closing_drain_end_ns())
             elif not self.overrun_marked:
                 times.append(self.t0 + int(self.plan.timing.window_min * NS_PER_MIN))
         return min(times) if times else None
@@ -137,16 +145,23 @@ class WindowPolicy(Driver):
     def _deadline_s(self, action: str) -> float | None:
         t = self.plan.timing
         if action in ("load", "unload"):
-            return t.load_timeout_s
-        if action in ("send_request", "preflight"):
-            return t.request_timeout_s
-        return t.action_timeout_s
+            limit = t.load_timeout_s
+        elif action in ("send_request", "preflight"):
+            limit = t.request_timeout_s
+        else:
+            limit = t.action_timeout_s
+        if self.restore_end_ns is not None:  # the restore's own budget bounds every action in it
+            limit = min(limit, max(0.001, (self.restore_end_ns - self.now) / NS_PER_S))
+        return limit
 
     def _minute(self, ns: int | None = None) -> float | None:
         return window_minute(self.now if ns is None else ns, self.t0)
 
     def _stop_ns(self) -> int:
         return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]
+
+    def _closing_drain_end_ns(self) -> int:
+        return self._stop_ns() + int(self.plan.timing.drain_timeout_s * NS_PER_S)
 
     def _watch_deadlines(self) -> dict[str, int]:
         """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
@@ -171,7 +186,8 @@ class WindowPolicy(Driver):
             self._mark_stop()
             # a phase whose requests have all finished is judged on them: its closing drain (bounded
             # by the drain timeout, no experimental request in it) runs on, then the window restores
-            if not self.draining_after:
+            # (at most for the drain timeout: a hung scrape in it must not eat the reservation)
+            if not self.draining_after or self.now >= self._closing_drain_end_ns():
                 self._interrupt_outside("stop_minute")
         end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
         if self.stage == "restore" and self.now >= end and not self.overrun_marked:
@@ -228,7 +244,20 @@ class WindowPolicy(Driver):
             if hit:
                 self._abort_from_outside(*hit)
 
+    def _gpu_rules_disabled(self, data: dict) -> None:
+        """GPUs whose Xid events NVML cannot report, or an Xid watch that failed: the rules it
+        disables are named once in an alarm; a production window cannot go on without them."""
+        why = guards.gpu_rules_disabled(data)
+        if why is None or why in self.rules_disabled:
+            return
+        self.rules_disabled.add(why)
+        self._emit(Alarm(kind="rule_disabled", detail=why))
+        if self.plan.production and self.stage == "experiment":
+            self._abort_from_outside("watch_lost", why)
+
     def _watch(self, inp: WatchObserved) -> None:
+        if inp.source == "gpu":
+            self._gpu_rules_disabled(inp.data)
         if self.stage != "experiment":
             return
         hit = None
@@ -272,6 +301,7 @@ class WindowPolicy(Driver):
         if cancel:
             self._emit(CancelRequested(action_ids=cancel, reason=cause))
         self.restore_started = self._minute()
+        self.restore_end_ns = self.now + int(self.plan.timing.restore_budget() * NS_PER_MIN)
         self._emit(RestoreStarted(cause=cause, minute=self.restore_started))
         self._start(restore(self), self._procedure_ended)
 

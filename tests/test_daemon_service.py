@@ -163,13 +163,33 @@ def test_a_window_that_cannot_be_resumed_blocks_new_windows_and_says_which(daemo
     wid = _start(daemon, sim)
     daemon.wait_for(in_phase, what="a phase with requests")
     daemon.kill(signal.SIGKILL)
-    sim.site.rename(sim.site.with_suffix(".gone"))  # the profile it ran with is gone
+    token = sim.site.parent / "sim.token"
+    token.rename(token.with_suffix(".gone"))  # the profile's token file is gone: nothing can be restored with it
     daemon.start()
     notes = [ev for _s, ev in _events(daemon) if type(ev).__name__ == "LogNote"]
-    assert notes and wid in notes[-1].text and "cannot resume" in notes[-1].text
-    sim.site.with_suffix(".gone").rename(sim.site)
+    assert notes and wid in notes[-1].text and "cannot resume" in notes[-1].text and "token_file" in notes[-1].text
+    token.with_suffix(".gone").rename(token)
     p = daemon.cli("start", str(PLAN), "--site", str(sim.site))
     assert p.returncode == 2 and wid in p.stderr and "unfinished" in p.stderr
+
+
+def test_a_resume_with_a_changed_site_profile_restores_with_the_recorded_one_and_says_why(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    daemon.kill(signal.SIGKILL)
+    # every service moved to a port where nothing listens: a recovery that re-read the file would fail to restore
+    sim.site.write_text(sim.site.read_text().replace(sim.url, "http://127.0.0.1:9"))
+    daemon.start()
+    st = daemon.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
+    assert st["last_window"]["window_id"] == wid
+    r = _report(daemon, wid)
+    assert r["abort"]["reason"] == "daemon_restart" and r["restoration"]["verified"]
+    mism = [a for a in r["alarms"] if a["kind"] == "resume_mismatch"]
+    assert len(mism) == 1 and "site profile" in mism[0]["detail"] and "changed since the window opened" in mism[0]["detail"]
+    restarted = [ev for _s, ev in _events(daemon) if type(ev).__name__ == "DaemonRestarted"]
+    assert restarted and any("site profile" in m for m in restarted[-1].mismatches)
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
 def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):

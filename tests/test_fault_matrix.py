@@ -138,6 +138,7 @@ SAFETY_FAULTS = {
     "queue_growth": ("uncontrolled_growth", "scheduler queue"),
     "gpu_watch_down": ("watch_lost", "GPU watch"),
     "router_watch_down": ("watch_lost", "router watch"),
+    "xid_unsupported": ("watch_lost", "Xid events unsupported"),
 }
 
 

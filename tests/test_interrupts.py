@@ -76,3 +76,26 @@ def test_an_interrupted_run_against_a_site_puts_the_incumbent_back_and_readmits_
         assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
     finally:
         sim.stop()
+
+
+def test_a_killed_foreground_run_is_resumed_into_its_restore(tmp_path, small_plan):
+    sim = Sim(tmp_path)
+    try:
+        out = tmp_path / "out"
+        rc, printed = interrupted(["run", "--plan", str(small_plan), "--site", str(sim.site), "--out", str(out),
+                                   "--time-scale", "20"], signal.SIGKILL)
+        assert rc == -signal.SIGKILL and not (out / "report.json").exists()
+        assert sim.get("/manager/v1/state")["loaded"]["recipe"] != "glm-incumbent"  # left taken apart
+        p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--resume", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"})
+        assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+        assert "resuming window" in p.stdout
+        r = json.loads((out / "report.json").read_text())
+        assert r["outcome"] == "aborted" and r["abort"]["reason"] == "daemon_restart"
+        assert r["restoration"]["verified"] and r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+        assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+        again = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--resume", str(out)], cwd=ROOT,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "nothing to resume" in again.stderr
+    finally:
+        sim.stop()

@@ -152,8 +152,10 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     p = tmp_path / "slow.toml"
     p.write_text(PLAN_PATH.read_text().replace("decode_tokens_per_s = 110", "decode_tokens_per_s = 40"))
     from tests.test_contract_host import MUTATING
-    # loads of 40 minutes: the B arm cannot fit whatever pace the probe of this fast host measures
-    p.write_text(PLAN_PATH.read_text().replace("load_s = 60 ", "load_s = 2400 "))
+    # loads of 22 minutes (in a window whose reserve holds a restore's unload and load): the B arm
+    # cannot fit whatever pace the probe of this fast host measures
+    p.write_text(PLAN_PATH.read_text().replace("load_s = 60 ", "load_s = 1300 ").replace(
+        "window_min = 90 ", "window_min = 120 ").replace("restore_reserve_min = 20 ", "restore_reserve_min = 50 "))
     host = ContractHost(tmp_path)
     try:
         out = tmp_path / "out"

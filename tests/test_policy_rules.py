@@ -43,6 +43,16 @@ def test_plan_whose_reserve_does_not_fit_is_refused():
         decode_plan(_plan_text(**{"stop_min = 70 ": "stop_min = 80 "}))
 
 
+def test_plan_whose_restore_budget_overruns_its_reserve_is_refused():
+    with pytest.raises(PlanError, match="restore_budget_min = 20 .* does not fit timing.restore_reserve_min = 20"):
+        decode_plan(_plan_text(**{"[timing]\n": "[timing]\nrestore_budget_min = 20\n"}))
+
+
+def test_plan_whose_restore_cannot_load_the_incumbent_within_its_budget_is_refused():
+    with pytest.raises(PlanError, match="restore's expected .* does not fit its budget"):
+        decode_plan(_plan_text(**{"load_s = 60 ": "load_s = 700 "}))
+
+
 def test_plan_can_never_schedule_an_isolated_replay_of_cooperative_rank_kernels():
     text = PLAN_PATH.read_text() + '\n[[phases]]\nid = "X"\nincarnation = "B"\nkind = "isolated_rank_kernel_replay"\n'
     with pytest.raises(PlanError, match="cooperative rank kernels"):

@@ -578,3 +578,54 @@ def test_a_scheduler_queue_above_the_window_s_own_requests_for_three_scrapes_abo
     _w, h = run(w)
     ab = decisions(h, AbortDecided)[0]
     assert ab.reason == "uncontrolled_growth" and "scheduler queue" in ab.detail
+
+
+def _unsupported_at(n: int):
+    sent = []
+
+    def hook(world, history):
+        if len(history) >= n and not sent:
+            sent.append(True)
+            return WatchObserved(at_ns=world.now, source="gpu", data={
+                "xid_events": [], "gpus": [{"uuid": "GPU-0", "memory_used_bytes": 1, "memory_total_bytes": 2}],
+                "unsupported": ["GPU-0: Xid events: NVML_ERROR_NOT_SUPPORTED"]})
+        return None
+    return hook
+
+
+def test_a_production_window_whose_xid_watch_is_unsupported_aborts_watch_lost_naming_the_rule():
+    _w, h = run(hook=_unsupported_at(60))
+    ab = decisions(h, AbortDecided)
+    assert ab and ab[0].reason == "watch_lost" and "gpu_fault (Xid) disabled" in ab[0].detail
+    assert [a.kind for a in decisions(h, Alarm) if a.kind == "rule_disabled"] == ["rule_disabled"]
+
+
+def test_a_non_production_window_goes_on_with_the_disabled_rule_named_in_an_alarm():
+    plan = plan_builtins()
+    plan["production"] = False
+    _w, h = run(World(plan), hook=_unsupported_at(60))
+    assert not decisions(h, AbortDecided) and closed(h).outcome == "completed"
+    alarms = [a for a in decisions(h, Alarm) if a.kind == "rule_disabled"]
+    assert len(alarms) == 1 and "NVML_ERROR_NOT_SUPPORTED" in alarms[0].detail
+
+
+def test_every_restore_action_is_bounded_by_what_is_left_of_the_restore_budget():
+    plan = plan_builtins(restore_budget_min=3.0)
+    plan["rates"]["load_s"] = 30.0
+
+    sent = []
+
+    def operator_abort(world, history):
+        if len(history) >= 80 and not sent:
+            sent.append(True)
+            return OperatorAbort(at_ns=world.now, reason="test")
+        return None
+    _w, h = run(World(plan), hook=operator_abort)
+    restore_at = next(i for i, (_inp, ds) in enumerate(h) if any(isinstance(d, RestoreStarted) for d in ds))
+    started_ns = h[restore_at][0].at_ns
+    for inp, ds in h[restore_at:]:
+        for d in ds:
+            if isinstance(d, ActionRequested):
+                left_s = (started_ns + 3 * 60 * S - inp.at_ns) / S
+                assert d.deadline_s <= max(left_s, 0.001) + 1e-9, (d.action, d.deadline_s, left_s)
+    assert closed(h).outcome == "aborted"

@@ -1,0 +1,43 @@
+"""A recovery replays the recorded inputs and compares every decision with the one the log holds."""
+
+from __future__ import annotations
+
+import msgspec
+
+from daemon.runner import replay
+from events.schema import Alarm, DaemonRestarted, Input, RestoreStarted
+from policies.window import WindowPolicy
+from tests.policy_world import World, drive, plan_builtins
+
+
+def _recorded(n_inputs: int) -> list:
+    history = drive(WindowPolicy(), World(plan_builtins()))
+    out: list = []
+    for inp, ds in history[:n_inputs]:
+        out += [inp, *ds]
+    return out
+
+
+def test_replaying_an_unchanged_log_finds_no_divergence():
+    assert replay(WindowPolicy(), _recorded(300)) is None
+
+
+def test_a_recorded_decision_the_policy_does_not_make_is_named_with_its_input():
+    rec = _recorded(300)
+    i = next(k for k, ev in enumerate(rec) if type(ev).__name__ == "PhaseStarted")
+    rec[i] = msgspec.structs.replace(rec[i], phase="not-a-phase")
+    why = replay(WindowPolicy(), rec)
+    assert why is not None and "replayed decisions differ" in why
+    n_inputs = sum(isinstance(ev, Input) for ev in rec[:i])
+    assert f"after input {n_inputs}" in why
+
+
+def test_a_restart_with_mismatches_raises_resume_mismatch_and_restores():
+    pol = WindowPolicy()
+    rec = _recorded(200)
+    assert replay(pol, rec) is None
+    ds = pol.receive(DaemonRestarted(at_ns=pol.now + 1, unanswered=sorted(pol.pending),
+                                     mismatches=["site profile /x changed since the window opened"]))
+    alarms = [d for d in ds if isinstance(d, Alarm)]
+    assert [a.kind for a in alarms] == ["resume_mismatch"] and "site profile /x" in alarms[0].detail
+    assert any(isinstance(d, RestoreStarted) for d in ds)
