@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
     rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN)
     rh.add_argument("--scenario", default="flare-47581cca")
-    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X][,param=value]")
+    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]")
     rh.add_argument("--out", type=Path, default=None)
     rh.add_argument("--time-scale", type=float, default=20.0)
     rn = sub.add_parser("run", help="run a window against a site")
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print the raw status reply")
     sa = sock(sub.add_parser("start", help="start a window in the daemon"))
     sa.add_argument("plan", type=Path)
-    sa.add_argument("--site", type=Path, required=True)
+    sa.add_argument("--site", required=True, metavar="NAME",
+                    help="a site profile installed in the daemon's sites directory (NAME.toml there)")
     sa.add_argument("--time-scale", type=float, default=1.0)
     _forecast_flags(sa)
     ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
@@ -297,15 +298,13 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "status":
             return client.status(path, Console(), args.json)
         if args.cmd == "start":
-            for f, what in ((args.plan, "plan"), (args.site, "site profile")):
-                if not f.is_file():
-                    raise UsageError(f"{f}: no such {what} file")
-            if not args.time_scale > 0:
+            import msgspec
+            plan_raw, _plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
+            if not 0 < args.time_scale < float("inf"):
                 raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
-            if args.calibrate is not None and not args.calibrate.is_file():
-                raise UsageError(f"--calibrate {args.calibrate}: no such log")
-            return client.start(path, args.plan, args.site, args.time_scale, console,
-                                calibrate=args.calibrate, accept_partial=args.accept_partial)
+            cal = _calibration(args.calibrate)
+            return client.start(path, plan_raw, str(args.plan), args.site, args.time_scale, console,
+                                calibration=msgspec.to_builtins(cal) if cal else None, accept_partial=args.accept_partial)
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":

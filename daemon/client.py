@@ -86,6 +86,9 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
     t.add_column()
     t.add_row("daemon pid", str(rep["pid"]))
     t.add_row("log", f"{rep['log']['path']} (head seq {rep['log']['head_seq']})")
+    if rep.get("needs_attention"):
+        na = rep["needs_attention"]
+        t.add_row("[red bold]NEEDS ATTENTION[/]", f"window {na['window_id']} is unfinished and not running: {na['needs']}")
     for label, w in (("window", rep.get("window")), ("last window", rep.get("last_window"))):
         if not w:
             continue
@@ -105,12 +108,14 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
     return 0
 
 
-def start(path: Path, plan: Path, site: Path, time_scale: float, console: Console,
-          calibrate: Path | None = None, accept_partial: bool = False) -> int:
+def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: float, console: Console,
+          calibration: dict | None = None, accept_partial: bool = False) -> int:
+    """The plan (and any calibration) go as content the caller read; the site is a name the daemon's
+    operator installed."""
     c = Connection(path)
     try:
-        rep = c.call(control.Start(plan=str(plan.resolve()), site=str(site.resolve()), time_scale=time_scale,
-                                   calibrate=str(calibrate.resolve()) if calibrate else "", accept_partial=accept_partial))
+        rep = c.call(control.Start(plan_toml=plan_toml.decode("utf-8", "replace"), plan_label=plan_label, site=site,
+                                   time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial))
     finally:
         c.close()
     console.print(f"started window {rep['window_id']}" + (" (rehearsal)" if rep.get("rehearsal") else ""))

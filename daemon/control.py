@@ -8,7 +8,7 @@ from typing import Literal, Union
 
 import msgspec
 
-MAX_LINE = 64 * 1024        # a command line longer than this is refused and the connection closed
+MAX_LINE = 256 * 1024       # a command line longer than this is refused and the connection closed (a plan travels in it)
 MAX_REPLY_LINE = 256 << 20  # replies (a report) may be long; the client reads up to this much per line
 
 
@@ -17,10 +17,15 @@ class Status(msgspec.Struct, tag_field="cmd", tag="status", forbid_unknown_field
 
 
 class Start(msgspec.Struct, tag_field="cmd", tag="start", forbid_unknown_fields=True):
-    plan: str
-    site: str
+    """The caller's own files travel as content, read by the client with the caller's rights; the
+    daemon reads only what its operator installed. A site is a name in the daemon's sites directory,
+    never a path: a socket-group member cannot point the daemon's tokens at a URL of its choosing."""
+
+    plan_toml: str             # the plan's bytes, as the client read them
+    site: str                  # a site profile's name in the daemon's sites directory
+    plan_label: str = ""       # where the client read the plan (for messages only; never opened)
     time_scale: float = 1.0
-    calibrate: str = ""  # an earlier window's log, read by the daemon
+    calibration: dict = {}     # computed by the client from an earlier log it can read
     accept_partial: bool = False
 
 

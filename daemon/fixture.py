@@ -43,6 +43,8 @@ def find_fixture(name: str, search: list[Path]) -> Path:
         p = base / name
         if (p / "manifest.json").is_file():
             return p
+        if p.is_dir():  # the operator's own folder of that name: never silently replaced by a built-in one
+            raise FixtureError(f"fixture {name!r}: {p} has no manifest.json")
     raise FixtureError(f"fixture {name!r}: not found in {', '.join(str(s) for s in [*search, BUILTIN])}")
 
 

@@ -92,3 +92,17 @@ def setup_for_recovery(opened: WindowOpened) -> tuple[WindowSetup, list[str]]:
                         list(opened.fixture_dirs), opened.plan_sha256,
                         msgspec.convert(opened.calibration, Calibration) if opened.calibration else None)
     return setup, mismatches
+
+
+def unrestored_incumbent(db: Path) -> str:
+    """The incumbent's sha256 when the last window in the log closed without a verified restore
+    (a person has to put it back, and nothing else may be taken for the incumbent); else ""."""
+    with LogReader(db) as r:
+        closed = list(r.iter(types=["window_closed"]))
+        if not closed or closed[-1].event().outcome != "restore_failed":
+            return ""
+        for env in r.iter(window_id=closed[-1].window_id, types=["action_requested"]):
+            ev = env.event()
+            if ev.action == "retain_recipe" and ev.args.get("role") == "incumbent":
+                return str(ev.args.get("expect_sha256") or "")
+    return ""

@@ -31,11 +31,12 @@ from policies.planner import Calibration
 SIM_TOKEN_BYTES = 16
 
 
-FAULT_SPEC = "KIND[@request=N|@after_request=N|@after_s=X][,param=value]"
+FAULT_SPEC = "KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]"
 
 
 def parse_fault(spec: str) -> dict:
-    """'kind', 'kind@request=N', 'kind@after_request=N' or 'kind@after_s=X' (extra ',key=value' params allowed).
+    """'kind', 'kind@request=N', 'kind@after_request=N', 'kind@after_s=X' or 'kind@load=N' (extra ',key=value'
+    params allowed; `load`: as the n-th manager load from now completes).
 
     Checked whole before the simulator starts, so a bad spec starts nothing."""
     from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, describe  # the simulator owns its faults
@@ -46,7 +47,7 @@ def parse_fault(spec: str) -> dict:
     out: dict = {"kind": kind, "at": "now"}
     for part in filter(None, [at, *params]):
         k, _, v = part.partition("=")
-        if k in ("request", "after_request"):
+        if k in ("request", "after_request", "load"):
             want, check, conv = "a whole number >= 0", lambda x: x >= 0, int
         elif k == "after_s":
             want, check, conv = "seconds >= 0", lambda x: x >= 0, float
@@ -61,7 +62,7 @@ def parse_fault(spec: str) -> dict:
             ok = False
         if not ok:
             raise InputError(f"--fault {spec!r}: {k or part!r}: expected {want} ({FAULT_SPEC})")
-        if k in ("request", "after_request", "after_s"):
+        if k in ("request", "after_request", "after_s", "load"):
             out["at"] = {k: x}
         else:
             out[k] = x
@@ -98,6 +99,8 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     except BaseException:
         await target.close()
         raise
+    for w in setup.site.warnings:
+        console.print(f"[yellow]warning:[/] {setup.site.name}: {w}")
     console.print(f"forecast: {sched.render()[-1]} (pace x{sched.pace:.2f} + {sched.overhead_s:.1f} s a request, {sched.calibration or 'plan rates'})")
     if before_open is not None:
         try:

@@ -8,7 +8,9 @@ cancel scope with its deadline; nothing the window started outlives it.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import deque
 
 import anyio
 import anyio.abc
@@ -18,13 +20,17 @@ from collections.abc import Callable
 from daemon.errors import ActionFailed, classify_exception
 from daemon.target import Target
 from events.schema import (
-    ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, OperatorAbort, RequestDone, Tick,
-    WatchFailed, WatchObserved, WindowOpened,
+    ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
+    RequestDone, Tick, WatchFailed, WatchObserved, WindowOpened,
 )
-from events.store import EventStore
+from events.store import EventStore, StoreWriteError
 from policies.window import WindowPolicy
 
 WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
+CATCH_UP_EVERY_S = 1.0  # real seconds between attempts to append what a failing log did not take
+FINAL_CATCH_UP_S = 20.0  # real seconds a closed window keeps trying before it says what the log lacks
+
+_log = logging.getLogger("flare_diag.runner")
 
 
 class Runner:
@@ -44,6 +50,12 @@ class Runner:
         self._last: list[Decision] = []
         self.outcome: str | None = None
         self.write_error: BaseException | None = None
+        # what the store has not acknowledged, in submission order; on a failed commit it becomes
+        # `unlogged` and the window goes on from memory (`degraded`) until the log takes it again
+        self._unacked: deque[tuple[object, list]] = deque()
+        self.unlogged: list[list] = []
+        self.degraded = False
+        self._catching_up = False
 
     def now(self) -> int:
         """The window clock: real nanoseconds since the window opened, times the time scale."""
@@ -79,49 +91,127 @@ class Runner:
             try:
                 await self.feed(first)
                 while not self.policy.closed:
-                    if self.write_error is not None:
-                        # an input or decision the log does not hold: the window cannot go on as if
-                        # it did; the caller's recovery path (a restart's replay of what was
-                        # committed, then restore) takes over
-                        raise self.write_error
+                    if self.write_error is not None and not self.degraded:
+                        self._degrade()
                     wake = self.policy.next_wakeup_ns()
                     inp: Input | None = None
                     with anyio.move_on_after(None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)):
                         inp = await self._receive.receive()
                     await self.feed(inp if inp is not None else Tick(at_ns=max(self.now(), wake or 0)))
+                if self.degraded:
+                    with anyio.move_on_after(FINAL_CATCH_UP_S):
+                        while self.degraded:
+                            await self._catch_up()
+                            if self.degraded:
+                                await anyio.sleep(CATCH_UP_EVERY_S)
             except Exception as exc:  # raised as itself, not inside the task group's ExceptionGroup
                 failure = exc
             finally:
                 tg.cancel_scope.cancel()  # the watchers, and any action still out, end with the window
         self._tg = None
         await self.store.flush()
+        closed = [d for d in self._last if getattr(d, "outcome", None)]
+        if failure is None and self.policy.closed:
+            self.outcome = closed[-1].outcome if closed else "aborted"
+        if failure is None and self.degraded:
+            n = sum(len(b) for b in self.unlogged)
+            _log.error("window %s closed (%s) with %d events its log could not take: %s", self.window_id, self.outcome,
+                       n, [type(e).__name__ for b in self.unlogged for e in b][:200])
+            failure = StoreWriteError(f"window {self.window_id} closed ({self.outcome}), restored from memory, but its "
+                                      f"last {n} events are not in the log: {self.write_error}")
         if failure is not None:
             raise failure
-        closed = [d for d in self._last if getattr(d, "outcome", None)]
-        self.outcome = closed[-1].outcome if closed else "aborted"
-        return self.outcome
+        return self.outcome  # type: ignore[return-value]
 
     async def feed(self, inp: Input) -> None:
         decisions = self.policy.receive(inp)
         self._last = decisions
-        fut = self.store.submit_many([inp, *decisions], window_id=self.window_id, caused_by_first=True)
-        fut.add_done_callback(self._written)
-        if any(isinstance(d, (ActionRequested, CancelRequested)) for d in decisions):
-            await fut  # a decision is durable before it is carried out
+        events = [inp, *decisions]
+        if self.degraded:  # the log takes nothing: kept in order, appended once it does
+            self.unlogged.append(events)
+        else:
+            fut = self.store.submit_many(events, window_id=self.window_id, caused_by_first=True)
+            self._unacked.append((fut, events))
+            fut.add_done_callback(self._written)
+            if any(isinstance(d, (ActionRequested, CancelRequested)) for d in decisions):
+                try:
+                    await fut  # a decision is durable before it is carried out
+                except StoreWriteError:
+                    # not durable, so not carried out: each action comes back failed, and the window
+                    # turns to its restore from memory
+                    self._degrade()
+                    for d in decisions:
+                        if isinstance(d, ActionRequested):
+                            self._send.send_nowait(self._failed(d, "not_carried_out",
+                                                                "its decision could not be written to the event log"))
+                        elif isinstance(d, CancelRequested):
+                            self._cancel(d)
+                    return
         for d in decisions:
             self.on_decision(d)
             if isinstance(d, ActionRequested):
                 scope = self.scopes[d.action_id] = anyio.CancelScope()
                 self._tg.start_soon(self._execute, d, scope)  # type: ignore[union-attr]
             elif isinstance(d, CancelRequested):
-                for aid in d.action_ids:
-                    sc = self.scopes.get(aid)
-                    if sc is not None:
-                        sc.cancel()
+                self._cancel(d)
+
+    def _cancel(self, d: CancelRequested) -> None:
+        for aid in d.action_ids:
+            sc = self.scopes.get(aid)
+            if sc is not None:
+                sc.cancel()
 
     def _written(self, fut) -> None:
-        if not fut.cancelled() and fut.exception() is not None and self.write_error is None:
-            self.write_error = fut.exception()
+        if fut.cancelled():
+            return
+        if fut.exception() is not None:
+            if self.write_error is None:
+                self.write_error = fut.exception()
+            return
+        while self._unacked and self._unacked[0][0].done() and not self._unacked[0][0].cancelled() \
+                and self._unacked[0][0].exception() is None:
+            self._unacked.popleft()
+
+    def _degrade(self) -> None:
+        """The log failed a commit (and, fail-stop, takes nothing after it): everything not yet
+        acknowledged is kept in memory, in order; the policy hears of it (an input), and goes to its
+        restore, carried out without waiting for the log; a background task appends what is kept
+        once the log takes it again."""
+        if self.degraded:
+            return
+        self.degraded = True
+        self.write_error = self.write_error or self.store.failed
+        self.unlogged = [ev for fut, ev in self._unacked
+                         if not (fut.done() and not fut.cancelled() and fut.exception() is None)]
+        self._unacked.clear()
+        _log.error("event log write failed in window %s: going on from memory into the restore: %s",
+                   self.window_id, self.write_error)
+        self._send.send_nowait(LogUnwritable(at_ns=self.now(), detail=str(self.write_error)))
+        self._tg.start_soon(self._catch_up_loop)  # type: ignore[union-attr]
+
+    async def _catch_up_loop(self) -> None:
+        while self.degraded:
+            await anyio.sleep(CATCH_UP_EVERY_S)
+            await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        """Appends what the log did not take, oldest first, one submission at a time."""
+        if self._catching_up:
+            return
+        self._catching_up = True
+        try:
+            await self.store.flush()  # whatever was queued before the failure has failed by now
+            self.store.resume_writes()
+            while self.unlogged:
+                try:
+                    await self.store.submit_many(self.unlogged[0], window_id=self.window_id, caused_by_first=True)
+                except StoreWriteError:
+                    return
+                self.unlogged.pop(0)
+            self.degraded, self.write_error = False, None
+            _log.warning("event log of window %s writable again: every event kept in memory is appended", self.window_id)
+        finally:
+            self._catching_up = False
 
     async def _execute(self, d: ActionRequested, scope: anyio.CancelScope) -> None:
         fn = getattr(self.target, d.action)

@@ -23,20 +23,20 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from daemon import control
 from daemon.control import Abort, BadCommand, Report, Start, Status, Watch
-from daemon.forecast import load_calibration, planned
+from daemon.forecast import planned
 from daemon.logs import configure
 from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
 from daemon.publish import FORMATS, build_report, publish_snapshot, render
-from daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows
+from daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
 from daemon.runner import Runner
 from daemon.sitecheck import checked_target
 from daemon.target import Target
-from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_site
+from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_start
 from events.envelope import Envelope
 from events.progress import WindowProgress
 from events.reader import LogReader
 from events.schema import ControlCommand, LogNote
-from events.store import EventStore
+from events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
@@ -59,8 +59,10 @@ class ActiveWindow:
 
 
 class Service:
-    def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier) -> None:
+    def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier,
+                 sites_dir: Path | None = None) -> None:
         self.state_dir = state_dir
+        self.sites_dir = sites_dir or default_sites_dir()
         self.socket_path = socket_path
         self.db = state_dir / "log.db"
         self.log = log
@@ -69,13 +71,18 @@ class Service:
         self.window: ActiveWindow | None = None
         self.last: dict | None = None  # progress of the last window that closed
         self.stopping = False
+        # a window opened in the log that nothing runs (it could not be resumed, or its runner failed
+        # twice, or its log could not be written): {"window_id", "needs"}; status says NEEDS ATTENTION
+        self.stuck: dict | None = None
         self.connections = 0
+        self._idle: dict[object, anyio.CancelScope] = {}  # connections waiting for a command, oldest first
         self._stop: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> int:
+        exit_code = 0
         self._stop = anyio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = await EventStore.open(self.db)
@@ -100,6 +107,12 @@ class Service:
                     self.notify.stopping("restoring the incumbent before stopping")
                     w.runner.abort("flare-diagd is stopping (SIGTERM): restore before exit")
                     await w.done.wait()
+                elif self.stuck:
+                    # nothing here can restore it: say so as loudly as the service can before it exits
+                    self.log.error("stopping with a window unfinished: the host may still be taken apart",
+                                   window_id=self.stuck["window_id"], needs=self.stuck["needs"])
+                    self.notify.stopping(self._status_line())
+                    exit_code = 1
                 else:
                     self.notify.stopping("stopping")
                 tg.cancel_scope.cancel()
@@ -110,7 +123,7 @@ class Service:
                 pass
             await self.store.close()
             self.log.info("stopped")
-        return 0
+        return exit_code
 
     async def _listen(self) -> anyio.abc.Listener:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +167,8 @@ class Service:
     def _status_line(self) -> str:
         w = self.window
         if w is None:
+            if self.stuck:
+                return f"idle; NEEDS ATTENTION: window {self.stuck['window_id']} is unfinished and not running: {self.stuck['needs']}"
             last = self.last or {}
             if last.get("outcome") == "restore_failed":  # the first thing `systemctl status` should say
                 failed = ", ".join(last.get("restoration_failed") or []) or "restoration checks"
@@ -174,8 +189,14 @@ class Service:
             except InputError as exc:  # the recorded plan or site profile cannot be used: say so, keep the log
                 msg = f"cannot resume window {u.window_id}: {exc}"
                 self.log.error("recovery failed", window_id=u.window_id, error=str(exc))
-                await self.store.append(LogNote(text=msg, source="flare-diagd"), window_id=u.window_id)
+                self.stuck = {"window_id": u.window_id, "needs": f"it cannot be resumed ({exc}); fix that and restart "
+                                                                  f"flare-diagd, or restore the incumbent by hand"}
+                try:
+                    await self.store.append(LogNote(text=msg, source="flare-diagd"), window_id=u.window_id)
+                except StoreWriteError:
+                    pass  # the journal has it; the log is what cannot be written
                 continue
+            self.stuck = None
             self.log.warning("resuming an unfinished window in its restore path", window_id=u.window_id,
                              inputs=len(u.inputs), mismatches=mismatches)
             w = self._new_window(u.window_id, setup)
@@ -204,11 +225,24 @@ class Service:
                                outcome=outcome, failed_checks=w.progress.restoration_failed, alarms=w.progress.alarms)
             else:
                 self.log.info("window closed", window_id=w.window_id, outcome=outcome)
+        except StoreWriteError as exc:
+            if w.runner.outcome is not None:
+                # restored from memory, but the log lacks the window's end: a restart (once the disk
+                # has room) replays what it holds and restores again; until then, a person should know
+                retry = False
+            self.log.error("window's event log could not be written", window_id=w.window_id, error=str(exc),
+                           restored_from_memory=w.runner.outcome)
+            self.stuck = {"window_id": w.window_id, "needs": (
+                f"its event log cannot be written ({exc}); "
+                + (f"the window closed {w.runner.outcome} from memory. " if w.runner.outcome else "")
+                + "Free space on the log's disk, then restart flare-diagd")}
         except Exception:
             # A bug in the runner or the policy: the window's host may be half taken apart. Pick the
             # window up once more as a restart would (fresh policy, recorded inputs, then restore);
             # a second failure leaves it open in the log, and no new window starts until it is dealt with.
             self.log.exception("window runner failed", window_id=w.window_id, retrying=retry)
+            self.stuck = {"window_id": w.window_id, "needs": "its runner failed (see the journal); restart flare-diagd "
+                                                              "to resume it in its restore path"}
         finally:
             with anyio.CancelScope(shield=True):
                 await w.target.close()
@@ -217,9 +251,12 @@ class Service:
             self.window = None
             w.done.set()
             self.notify.status(self._status_line(), force=True)
-        if w.progress.outcome is not None:
+        if outcome is not None:
+            self.stuck = None
+        if w.progress.outcome is not None and self.stuck is None:
             await self._publish(w.window_id)
         elif outcome is None and retry and not self.stopping:
+            self.store.resume_writes()  # the retry is the recovery path's own attempt to write
             await self._recover(retry=False)
         return outcome
 
@@ -254,8 +291,12 @@ class Service:
                     await anyio.sleep(0.5)
                     continue
                 if self.connections >= MAX_CONNECTIONS:
-                    self._tg.start_soon(self._refuse, conn)
-                    continue
+                    if not self._idle:  # every slot streams a watch or runs a command
+                        self._tg.start_soon(self._refuse, conn)
+                        continue
+                    # the oldest connection that is only waiting makes room: a crowd of idle
+                    # connections can delay nobody's `status` or `abort`
+                    self._idle.pop(next(iter(self._idle))).cancel()
                 self.connections += 1
                 self._tg.start_soon(self._client, conn)
 
@@ -273,12 +314,17 @@ class Service:
         except (OSError, anyio.TypedAttributeLookupError):
             pid, uid = -1, -1
         reader = BufferedByteReceiveStream(conn)
+        key = object()
         try:
             async with conn:
                 while True:
                     try:
-                        with anyio.fail_after(IDLE_TIMEOUT_S):
+                        with anyio.fail_after(IDLE_TIMEOUT_S) as idle:
+                            self._idle[key] = idle
                             line = await reader.receive_until(b"\n", control.MAX_LINE)
+                        self._idle.pop(key, None)
+                        if idle.cancel_called:  # made room for a newer connection
+                            return
                     except TimeoutError:
                         return  # idle: the slot goes to someone else
                     except anyio.IncompleteRead:
@@ -299,10 +345,16 @@ class Service:
                     if isinstance(cmd, Watch):
                         await self._watch(cmd, conn)
                         return
-                    await self._send(conn, await self._handle(cmd, uid, pid))
+                    try:
+                        answer = await self._handle(cmd, uid, pid)
+                    except Exception as exc:  # the daemon's own failure (a log it cannot write): said, not fatal
+                        self.log.exception("control command failed", cmd=name, uid=uid, pid=pid)
+                        answer = control.error(f"{name} failed inside flare-diagd: {exc}")
+                    await self._send(conn, answer)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, TimeoutError, OSError):
             return
         finally:
+            self._idle.pop(key, None)
             self.connections -= 1
 
     @staticmethod
@@ -336,7 +388,8 @@ class Service:
 
     def _status(self) -> dict:
         w = self.window
-        return {"state": ("stopping" if self.stopping else "running") if w else "idle",
+        state = ("stopping" if self.stopping else "running") if w else "needs_attention" if self.stuck else "idle"
+        return {"state": state, "needs_attention": self.stuck,
                 "window": w.progress.as_dict() if w else None, "last_window": self.last,
                 "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid()}
 
@@ -345,16 +398,20 @@ class Service:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
             return control.error(f"window {self.window.window_id} is running; one window at a time")
+        if self.stuck:
+            return control.error(f"window {self.stuck['window_id']} is unfinished and not running: {self.stuck['needs']}")
         stuck = await _thread(open_window_ids, self.db)
         if stuck:
             # opened and never closed, and nothing is running it: its host may still be taken apart
             return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
-            setup = await _thread(setup_for_site, Path(cmd.plan), Path(cmd.site), cmd.time_scale)
-            if cmd.calibrate:
-                setup.calibration = await _thread(load_calibration, Path(cmd.calibrate))
+            setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
+                                  self.sites_dir, cmd.time_scale)
+            if cmd.calibration:
+                setup.calibration = _calibration(cmd.calibration)
             setup.accept_partial = cmd.accept_partial
+            setup.expected_incumbent = await _thread(unrestored_incumbent, self.db)
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
             # refused before anything on it changes; then the forecast
             target = await checked_target(setup, self.state_dir / "recipes")
@@ -365,7 +422,9 @@ class Service:
                     await target.close()
                 raise
         except InputError as exc:
-            await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=False, detail=str(exc)))
+            # to the journal only: a refused command changes nothing, and a socket-group member must
+            # not be able to grow the audit log without bound by sending bad ones
+            self.log.warning("start refused", uid=uid, pid=pid, error=str(exc))
             return control.error(str(exc))
         if self.window is not None or self.stopping:  # another start (or a stop) won the race while the files were read
             await target.close()
@@ -373,8 +432,10 @@ class Service:
         window_id = new_window_id(setup.plan)
         w = self._new_window(window_id, setup, target)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
-                                               detail=f"plan {cmd.plan} site {cmd.site}"), window_id=window_id)
+                                               detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)
         self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
+        for warning in setup.site.warnings:
+            self.log.warning("site profile warning", site=setup.site.name, warning=warning)
         self.log.info("window started", window_id=window_id, plan=setup.plan.name, site=setup.site.name,
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
@@ -463,6 +524,23 @@ def _last_closed_window(db: Path) -> dict | None:
         return p.as_dict()
 
 
+def _label(plan_label: str) -> str:
+    """The caller's name for its plan, for messages: printable, bounded, never opened."""
+    return "".join(c if c.isprintable() else "?" for c in plan_label[:200]) or "plan"
+
+
+def _calibration(raw: dict):
+    from policies.planner import Calibration
+    try:
+        return msgspec.convert(raw, Calibration)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"calibration: {exc}") from None
+
+
+def default_sites_dir() -> Path:
+    return Path(os.environ.get("FLARE_DIAG_SITES", "/etc/flare-diag/sites"))
+
+
 def default_socket() -> Path:
     rt = os.environ.get("RUNTIME_DIRECTORY")
     return Path(rt.split(":")[0]) / "control.sock" if rt else Path("/run/flare-diagd/control.sock")
@@ -477,10 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flare-diagd", description="the flare-diag service")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default: $RUNTIME_DIRECTORY/control.sock)")
     ap.add_argument("--state-dir", type=Path, default=None, help="log and reports (default: $STATE_DIRECTORY)")
+    ap.add_argument("--sites-dir", type=Path, default=None,
+                    help="the site profiles windows may run against, by name (default: $FLARE_DIAG_SITES, "
+                         "else /etc/flare-diag/sites); installed by the operator")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     log = configure(a.log_level)
-    svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier())
+    svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir)
     try:
         return anyio.run(svc.run)
     except Exception as exc:

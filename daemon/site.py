@@ -62,6 +62,7 @@ class Site(msgspec.Struct):
     base_dir: Path = Path(".")
     token_files: dict[str, str] = {}  # service -> token file path (a path, never the token)
     profile_toml: str = ""  # the profile as read (paths and names, never a token): what a recovery restores with
+    warnings: list[str] = []  # what the operator should fix, though the profile works (a world-readable token)
 
     def token_path(self, svc: str) -> Path | None:
         p = self.token_files.get(svc)
@@ -105,6 +106,7 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
     if prof.gpu.source == "sim" and not prof.gpu.url:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
     tokens, token_files = {}, {}
+    warnings: list[str] = []
     for name in ("serving", "manager", "router", "monitoring", "gpu"):
         svc = getattr(prof, name)
         if svc is None or svc.token_file is None:
@@ -115,8 +117,16 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
                             " (credential: names work under systemd's LoadCredential only)")
         try:
             tokens[name] = tf.read_text().strip()
+            mode = tf.stat().st_mode
         except OSError as exc:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: cannot read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: expected a text token") from None
+        if not tokens[name]:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: is empty; expected the service's token")
+        if mode & 0o004:
+            warnings.append(f"{name}.token_file {svc.token_file!r} is readable by every user of this host "
+                            f"(chmod o-r, or install it as a systemd credential)")
         token_files[name] = str(tf)
     if prof.engine is not None:
         _check_engine(path, prof.engine)
@@ -126,8 +136,24 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
             selector(spec)
         except ValueError as exc:
             raise SiteError(f"{path}: metrics.{family}: {exc}") from None
+    for name in ("serving", "manager", "router", "monitoring"):
+        svc = getattr(prof, name)
+        if svc is not None and not _http_url(svc.url):
+            raise SiteError(f"{path}: {name}.url {svc.url[:100]!r}: expected an http:// or https:// URL with a host")
+    if prof.gpu.url is not None and not _http_url(prof.gpu.url):
+        raise SiteError(f"{path}: gpu.url {prof.gpu.url[:100]!r}: expected an http:// or https:// URL with a host")
     return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,
-                data.decode("utf-8", "replace"))
+                data.decode("utf-8", "replace"), warnings)
+
+
+def _http_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return u.scheme in ("http", "https") and bool(u.hostname)
 
 
 def _check_engine(path: Path, e: Engine) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class WindowSetup:
     calibration: Calibration | None = None  # what the estimates start from besides the plan's rates
     accept_partial: bool = False  # run even when the forecast says a required cell does not fit
     plan_path: str = ""
+    expected_incumbent: str = ""  # after a window that did not restore: the incumbent it recorded
 
     @property
     def plan_sha256(self) -> str:
@@ -68,7 +70,8 @@ class WindowSetup:
                             calibration=msgspec.to_builtins(self.calibration) if self.calibration else {},
                             policy_sha256=policy_version(), site_profile_sha256=self.site.sha256,
                             site_profile_toml=self.site.profile_toml,
-                            fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())})
+                            fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())},
+                            expected_incumbent_sha256=self.expected_incumbent)
 
 
 def new_window_id(plan: Plan) -> str:
@@ -93,11 +96,48 @@ def load_fixtures(plan: Plan, search: list[Path]) -> dict[str, Fixture]:
         raise InputError(str(exc)) from None
 
 
+SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def site_in(sites_dir: Path, name: str) -> Path:
+    """The profile a site name stands for: `NAME.toml` in the operator's sites directory, nothing else."""
+    if not SITE_NAME.fullmatch(name) or name.endswith(".toml"):
+        raise InputError(f"site {name[:80]!r}: expected the name of a site profile in the daemon's sites "
+                         f"directory (letters, digits, '.', '_', '-'; not a path)")
+    path = sites_dir / f"{name}.toml"
+    if not path.is_file():
+        raise InputError(f"site {name!r}: no such site in the daemon's sites directory {sites_dir}")
+    return path
+
+
+def setup_for_start(plan_raw: bytes, plan_label: str, site_name: str, sites_dir: Path,
+                    time_scale: float = 1.0) -> WindowSetup:
+    """A window started over the control socket: the plan as the caller sent it, the site and its
+    fixtures from the operator's sites directory (or built in)."""
+    try:
+        plan = decode_plan(plan_raw, plan_label or "plan")
+    except PlanError as exc:
+        raise InputError(str(exc)) from None
+    setup = _setup(plan_raw, plan, site_in(sites_dir, site_name), [sites_dir.resolve()], time_scale,
+                   plan_label or "plan")
+    setup.plan_path = plan_label
+    return setup
+
+
 def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) -> WindowSetup:
-    """Everything a window against a site needs, checked before anything starts."""
-    if not time_scale > 0:
-        raise InputError(f"time_scale {time_scale}: expected a positive factor")
+    """Everything a foreground window against a site needs (files the caller can read), checked
+    before anything starts."""
     plan_raw, plan = read_plan(plan_path)
+    setup = _setup(plan_raw, plan, site_path, [plan_path.parent.resolve(), site_path.parent.resolve()], time_scale,
+                   str(plan_path))
+    setup.plan_path = str(plan_path)
+    return setup
+
+
+def _setup(plan_raw: bytes, plan: Plan, site_path: Path, dirs: list[Path], time_scale: float,
+           plan_label: str) -> WindowSetup:
+    if not 0 < time_scale < float("inf"):
+        raise InputError(f"time_scale {time_scale}: expected a positive factor")
     try:
         site = load_site(site_path)
     except SiteError as exc:
@@ -108,8 +148,7 @@ def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) ->
         raise InputError(f"{site_path}: gpu.source = \"none\": a production plan needs its GPUs watched "
                          f"(\"nvml\", or \"sim\" in rehearsal)")
     if plan.production and site.profile.gpu.source == "nvml" and (why := nvml_unavailable()):
-        raise InputError(f"{plan_path}: a production plan needs NVML: {why}")
-    dirs = [plan_path.parent.resolve(), site_path.parent.resolve()]
+        raise InputError(f"{plan_label}: a production plan needs NVML: {why}")
     return WindowSetup(plan_raw, plan, site, load_fixtures(plan, dirs), time_scale,
                        rehearsal=site.profile.gpu.source == "sim", site_profile=str(site_path.resolve()),
-                       fixture_dirs=[str(d) for d in dirs], plan_path=str(plan_path))
+                       fixture_dirs=[str(d) for d in dirs])

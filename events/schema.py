@@ -55,6 +55,9 @@ class WindowOpened(Input, tag="window_opened"):
     site_profile_sha256: str = ""
     site_profile_toml: str = ""
     fixtures_sha256: dict[str, str] = {}
+    # set when the last window in this log did not verify its restore: the incumbent it recorded,
+    # which must be what is loaded before another window may start
+    expected_incumbent_sha256: str = ""
 
 
 @register
@@ -125,6 +128,14 @@ class OperatorAbort(Input, tag="operator_abort"):
     reason: str
     uid: int | None = None
     pid: int | None = None
+
+
+@register
+class LogUnwritable(Input, tag="log_unwritable"):
+    """The event log stopped accepting commits; the window goes on from memory into its restore,
+    and everything from the first unwritten event is appended again once the log takes it."""
+
+    detail: str
 
 
 @register

@@ -109,6 +109,7 @@ class EventStore:
         self._closed = False
         self._listeners: list[Callable[[list[tuple]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
+        self._failed: StoreWriteError | None = None  # the commit failure that stopped writes (fail-stop)
         self._loop = asyncio.get_running_loop()
         # the writer and its in-flight commit live in the store's own task group, entered by `open`
         # and left by `close` (in the task that opened the store): nothing the store started
@@ -242,6 +243,16 @@ class EventStore:
         fut, start, n = self._submit_many(events, window_id, causation_seq, mono_ns, wall_ns)
         return (await fut).envelopes(start, start + n)
 
+    @property
+    def failed(self) -> StoreWriteError | None:
+        """The commit failure that stopped every later write, until `resume_writes`."""
+        return self._failed
+
+    def resume_writes(self) -> None:
+        """Lets the next commit be tried again, from the last committed event (a retry after a
+        failure: what failed must be submitted again, in order, by whoever submitted it)."""
+        self._failed = None
+
     async def flush(self) -> None:
         """Waits until everything submitted so far is durable (or failed)."""
         await self.submit_many(())
@@ -333,6 +344,12 @@ class EventStore:
 
     async def _commit(self, batch: list[_Group], rows: list[tuple],
                       bulk: tuple[bytes, bytes, bytes]) -> bool:
+        if rows and self._failed is not None:
+            self._tent_seq, self._tent_head = self._seq, self._head
+            for group in batch:
+                if not group.fut.done():
+                    group.fut.set_exception(self._failed)
+            return False
         if rows:
             try:
                 await self._write_rows(rows, bulk)
@@ -343,6 +360,9 @@ class EventStore:
                     pass
                 self._tent_seq, self._tent_head = self._seq, self._head
                 err = StoreWriteError(f"{self.path}: commit of {len(rows)} events failed: {exc}")
+                # fail-stop: every later batch fails too, until `resume_writes`, so the log stays a
+                # prefix of what was submitted (never a gap where a lost batch was)
+                self._failed = self._failed or err
                 for group in batch:
                     if not group.fut.done():
                         group.fut.set_exception(err)
@@ -434,8 +454,8 @@ def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes
     if checkpoint is not None:
         try:
             write_checkpoint(*checkpoint)
-        except OSError as exc:
-            return f"{checkpoint[0]}: {exc.strerror or exc}"
+        except Exception as exc:  # EMFILE, ENOSPC, a folder in its place: the commit stands, the checkpoint lags
+            return f"{checkpoint[0]}: {getattr(exc, 'strerror', None) or exc}"
     return None
 
 

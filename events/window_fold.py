@@ -145,7 +145,7 @@ class WindowFold:
 
 
 RESTORE_CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
-                  "routed_preflight")
+                  "routed_preflight", "no_fault_during_restore", "within_reservation")
 
 
 def failed_checks(checks: dict) -> list[str]:

@@ -37,12 +37,22 @@ def experiment(w: WindowPolicy) -> Proc:
         else:
             w._fail_inside(r, f"{s} snapshot failed")
     inc = w.snapshots["incumbent"] or {}
+    w.xids_known = len((w.snapshots.get("gpu") or {}).get("xid_events") or [])
     w.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
     mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
     if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
         mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
     if mism:
         w._abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
+    # The window's incumbent is what the manager has loaded, so a candidate left loaded by an
+    # earlier window that failed would be taken for it, and its restore would put the candidate back.
+    if inc.get("recipe") and inc.get("recipe") == w.candidate_recipe:
+        w._abort_inside("preflight", f"the loaded recipe {inc.get('recipe')!r} is the plan's candidate, not an incumbent: "
+                                     f"an earlier window may have left it loaded; restore the incumbent first")
+    if w.expected_incumbent and inc.get("sha256") != w.expected_incumbent:
+        w._abort_inside("preflight", f"the loaded recipe (sha256 {str(inc.get('sha256'))[:12]}) is not the incumbent "
+                                     f"{w.expected_incumbent[:12]} an earlier window that did not restore recorded; "
+                                     f"restore it first")
     # The seed: retain exact recipe bytes before taking the incumbent down. Every load, unload
     # and the restore from here on name the hash of the bytes retained here (contract section 1
     # gives no other source of a recipe's hash).
@@ -63,6 +73,7 @@ def experiment(w: WindowPolicy) -> Proc:
     for r in previews:
         if not r.ok or r.data.get("ok") is not True:
             w._fail_inside(r, "preview refused")
+    w.took_down = True  # from the quiesce's request on, the host may be changed (its reply may be lost)
     res = yield from w._act("quiesce", {})
     if not res.ok and res.error != "not_applicable":
         w._fail_inside(res, "quiesce failed")
@@ -355,6 +366,15 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
                                         delta=delta if ph.concurrency == 1 else {}))
             else:
                 failures.append(f"#{k + j}: {rd.error}")
+        unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
+        if unavailable:
+            # an engine that stopped answering: asked once, and the window aborts rather than send
+            # the rest of the phase into a host that is not there
+            h = yield from w._act("health", {})
+            if not (h.ok and h.data.get("status") == 200):
+                w._abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
+                                               f"{unavailable[0].error} and /health answered "
+                                               f"{h.data.get('status') if h.ok else h.error}")
         k += len(batch)
         w.current.done = k  # type: ignore[union-attr]
         check_projection(w, ph, k)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from typing import Literal
 
 import msgspec
@@ -146,12 +149,19 @@ FORBIDDEN_KINDS = {
 }
 
 
+MAX_PLAN_BYTES = 1 << 20
+
+
 def decode_plan(data: bytes, source: str = "plan") -> Plan:
     """Decodes and checks a TOML plan; PlanError names the first bad field."""
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanError(f"{source}: {len(data)} bytes; a plan is at most {MAX_PLAN_BYTES} bytes")
     try:
         raw = msgspec.toml.decode(data)
     except msgspec.DecodeError as exc:
         raise PlanError(f"{source}: not valid TOML ({exc})") from None
+    except RecursionError:  # arrays or tables nested thousands deep: nothing a plan needs
+        raise PlanError(f"{source}: nested too deeply to be a plan") from None
     for i, ph in enumerate(raw.get("phases", []) if isinstance(raw, dict) else []):
         kind = ph.get("kind") if isinstance(ph, dict) else None
         if kind in FORBIDDEN_KINDS:
@@ -164,8 +174,32 @@ def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
         plan = msgspec.convert(raw, Plan)
     except msgspec.ValidationError as exc:
         raise PlanError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise PlanError(f"{source}: nested too deeply to be a plan") from None
+    _check_finite(msgspec.to_builtins(plan), source, "")
     check_plan(plan, source)
     return plan
+
+
+def _check_finite(node: object, source: str, where: str) -> None:
+    """Every number a window computes with is finite: `inf` or `nan` would pass a comparison and
+    crash (or never end) the window that meets it."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise PlanError(f"{source}: {where.lstrip('.')} = {node}: expected a finite number")
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, source, f"{where}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_finite(v, source, f"{where}[{i}]")
+
+
+def _within(source: str, field: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise PlanError(f"{source}: {field} = {value}: expected between {low:g} and {high:g}")
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 def check_plan(plan: Plan, source: str = "plan") -> None:
@@ -174,6 +208,37 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         if missing:
             raise PlanError(f"{source}: identity.{missing[0]}: a production plan must state every identity field")
     t = plan.timing
+    # bounds a window can run under: a day at most, sizes a host can serve
+    _within(source, "timing.window_min", t.window_min, 1e-3, 24 * 60)
+    _within(source, "timing.restore_reserve_min", t.restore_reserve_min, 1e-3, 24 * 60)
+    for f in ("drain_timeout_s", "drain_poll_s", "watch_lost_s", "action_timeout_s", "load_timeout_s", "request_timeout_s",
+              "quiesce_drain_timeout_s"):
+        _within(source, f"timing.{f}", getattr(t, f), 1e-3, 86_400)
+    _within(source, "timing.stable_observations", t.stable_observations, 2, 1000)
+    _within(source, "timing.arm_margin_min", t.arm_margin_min, 0, 24 * 60)
+    for f in ("prefill_tokens_per_s", "decode_tokens_per_s", "chars_per_token"):
+        _within(source, f"rates.{f}", getattr(plan.rates, f), 1e-6, 1e9)
+    _within(source, "rates.request_overhead_s", plan.rates.request_overhead_s, 0, 3600)
+    _within(source, "rates.load_s", plan.rates.load_s, 0, 86_400)
+    sp = plan.sampling
+    _within(source, "sampling.max_tokens", sp.max_tokens, 1, 1_000_000)
+    _within(source, "sampling.temperature", sp.temperature, 0, 2)
+    _within(source, "fixtures (count)", len(plan.fixtures), 1, 64)
+    _within(source, "phases (count)", len(plan.phases), 1, 1000)
+    for i, ph in enumerate(plan.phases):
+        _within(source, f"phases[{i}].passes", ph.passes, 1, 100)
+        _within(source, f"phases[{i}].concurrency", ph.concurrency, 1, 1024)
+        if ph.select_last is not None:
+            _within(source, f"phases[{i}].select_last", ph.select_last, 1, 1_000_000)
+    if plan.trace is not None:
+        _within(source, "trace.repetitions", plan.trace.repetitions, 1, 100)
+        _within(source, "trace.concurrency (count)", len(plan.trace.concurrency), 1, 16)
+        for i, c in enumerate(plan.trace.concurrency):
+            _within(source, f"trace.concurrency[{i}]", c, 1, 1024)
+    g = plan.growth
+    for f in ("max_resident_bytes", "max_host_cache_records", "max_resident_growth_bytes", "max_queue_excess"):
+        _within(source, f"growth.{f}", getattr(g, f), 0, 2**62)
+    _within(source, "growth.queue_excess_observations", g.queue_excess_observations, 1, 10_000)
     if not 0 < t.stop_min < t.window_min:
         raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
     if t.window_min - t.stop_min < t.restore_reserve_min:
@@ -205,6 +270,14 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: rates.load_s, rates.request_overhead_s and timing.arm_margin_min must not be negative")
     if t.stable_observations < 2:
         raise PlanError(f"{source}: timing.stable_observations = {t.stable_observations}, expected at least 2")
+    # names become path components (report folders, fixture folders): nothing that could climb out
+    if not _SAFE_NAME.fullmatch(plan.name):
+        raise PlanError(f"{source}: name = {plan.name[:80]!r}: expected letters, digits, '.', '_' or '-' "
+                        f"(at most 128, not starting with '.'), as it names the report's folder")
+    for i, f in enumerate(plan.fixtures):
+        if not _SAFE_NAME.fullmatch(f.name):
+            raise PlanError(f"{source}: fixtures[{i}].name = {f.name[:80]!r}: expected letters, digits, '.', '_' "
+                            f"or '-' (a fixture folder's name, not a path)")
     fixtures = {f.name for f in plan.fixtures}
     seen: set[str] = set()
     if not plan.phases:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TYPE_CHECKING
 
-from events.schema import Alarm, RestorationRecorded, VerdictReached, WindowClosed
+from events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from policies import rules
 from policies.driver import Proc, Quiet
 from policies.interpret import findings, verdict
@@ -22,7 +22,7 @@ def restore(w: WindowPolicy) -> Proc:
     loaded = (st.data.get("loaded") if st.ok else None) or None
     if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
         recipe, sha, identity = loaded.get("recipe"), loaded.get("sha256"), {}
-    if sha:
+    if sha and w.took_down:  # a window that changed nothing puts nothing back
         if loaded and loaded.get("sha256") != sha:
             yield from w._act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
         if not loaded or loaded.get("sha256") != sha:
@@ -44,6 +44,11 @@ def restore(w: WindowPolicy) -> Proc:
         uu = lambda d: sorted((g.get("uuid"), g.get("power_limit_w")) for g in d.get("gpus", []))  # noqa: E731
         contained = contained and now_gpu.ok and uu(now_gpu.data) == uu(gpu_snap)
     checks["containment"] = None if contained is None else bool(contained)
+    if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
+        new = (now_gpu.data.get("xid_events") or [])[w.xids_known:]
+        if new:
+            w.xids_known += len(new)
+            w._restore_fault(f"gpu_fault: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
     mon = yield from w._act("snapshot", {"what": "monitoring"})
     if mon.error == "not_applicable":
         checks["monitoring_registered"] = None
@@ -52,10 +57,17 @@ def restore(w: WindowPolicy) -> Proc:
         checks["monitoring_registered"] = bool(mon.ok and t.get("registered") and t.get("healthy"))
     direct = yield from w._act("preflight", {"path": "direct"})
     checks["direct_preflight"] = bool(direct.ok)
-    unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment") if checks[k] is False]
+    # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
+    checks["no_fault_during_restore"] = not w.restore_faults
+    unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
+               if checks[k] is False]
     if "router" in w.snapshots and w.snapshots["router"] is None:  # the site has no router
         checks["readmitted"] = None
         checks["routed_preflight"] = None
+    elif not w.took_down:  # never quiesced: nothing to readmit, and nothing left quiesced
+        checks["readmitted"] = None
+        routed = yield from w._act("preflight", {"path": "routed"})
+        checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
     elif unready:
         # Routing production traffic to a primary whose restore did not verify would turn a
         # failed window into an outage: it stays quiesced until a person has looked.
@@ -65,8 +77,14 @@ def restore(w: WindowPolicy) -> Proc:
     else:
         re = yield from w._act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
+        w.readmitted = bool(checks["readmitted"])
         routed = yield from w._act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+    checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
+    # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
+    # the window end did not keep it, whatever else it verified
+    end = w.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.t0 is not None else None
+    checks["within_reservation"] = None if end is None else w.now <= end
     verified = all(v is not False for v in checks.values())
     w._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
                                 finished_minute=w._minute()))

@@ -6,7 +6,16 @@ from collections.abc import Mapping
 
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-                 "uncontrolled_growth", "operator", "daemon_restart", "preflight")
+                 "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
+                 "preflight")
+
+# Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
+# window refused a host it never changed), with the class kept in the detail.
+HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
+               "uncontrolled_growth", "watch_lost", "engine_lost")
+
+# A request's error classes that mean nothing is serving (the engine stopped, or was never there).
+UNAVAILABLE = ("http_503", "http_502")
 
 # How an adapter classifies a failed action or request -> the abort it causes (None: no abort).
 ERROR_ABORTS = {

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from events.schema import (
-    ActionDone, AbortDecided, Alarm, CancelRequested, DaemonRestarted, Input, OperatorAbort,
+    ActionDone, AbortDecided, Alarm, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort,
     NS_PER_MIN, NS_PER_S, RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
     window_minute,
 )
@@ -29,7 +29,7 @@ from policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
 
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
-                   "retain_recipe"})
+                   "retain_recipe", "health"})
 
 
 class WindowPolicy(Driver):
@@ -55,6 +55,7 @@ class WindowPolicy(Driver):
         self.abort: AbortRecord | None = None
         self.restore_cause: str | None = None
         self.restore_started: float | None = None
+        self.readmitted = False
         self.restore_end_ns: int | None = None  # the restore's budget runs out here
         self.incumbent: Incumbent | None = None
         self.snapshots: dict[str, dict | None] = {}
@@ -76,6 +77,10 @@ class WindowPolicy(Driver):
         self.watch_last: dict[str, int] = {}  # source -> window time of its latest answer
         self.watch_failure: dict[str, str] = {}  # source -> its latest failure
         self.rules_disabled: set[str] = set()  # what the GPU watch said it cannot watch, once each
+        self.took_down = False  # the quiesce was requested: from here on the host may be changed
+        self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
+        self.restore_faults: list[str] = []  # Xid, OOM or containment breaches seen during the restore
+        self.xids_known = 0  # Xid events in the GPU view the window has already judged
 
     # --- the interface -----------------------------------------------------------------------
 
@@ -98,6 +103,10 @@ class WindowPolicy(Driver):
             self.watch_failure[inp.source] = f"{inp.error}: {inp.detail}" if inp.detail else inp.error
         elif isinstance(inp, OperatorAbort):
             self._abort_from_outside("operator", inp.reason or "operator abort")
+        elif isinstance(inp, LogUnwritable):
+            self._emit(Alarm(kind="log_unwritable", detail=inp.detail))
+            self._abort_from_outside("store_failure", f"the event log cannot be written ({inp.detail}); "
+                                                      f"restoring from memory")
         elif isinstance(inp, DaemonRestarted):
             for aid in sorted(self.pending):
                 self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
@@ -207,6 +216,7 @@ class WindowPolicy(Driver):
         self.plan = plan_from_builtins(inp.plan, "window plan")
         self.window_id = inp.window_id
         self.candidate_recipe = inp.candidate_recipe
+        self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None
         self.arms = arms(self.plan)
         self.all_phases = all_phases(self.plan)
@@ -227,6 +237,8 @@ class WindowPolicy(Driver):
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
         self.pending.pop(inp.action_id)
         self.results[inp.action_id] = inp
+        if self.stage == "restore" and rules.abort_for_error(inp.error) == "gpu_fault":
+            self._restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
         if self.stage != "experiment":
             return
         reason = rules.abort_for_error(inp.error)
@@ -258,6 +270,13 @@ class WindowPolicy(Driver):
     def _watch(self, inp: WatchObserved) -> None:
         if inp.source == "gpu":
             self._gpu_rules_disabled(inp.data)
+            self.xids_known += len(inp.data.get("xid_events") or [])
+        if self.stage == "restore":
+            hit = guards.gpu_watch(inp.data, self.plan.growth) if inp.source == "gpu" else \
+                guards.router_watch(inp.data, self.snapshots.get("router")) if self.quiesced and not self.readmitted else None
+            if hit and hit[0] in ("gpu_fault", "containment"):
+                self._restore_fault(f"{hit[0]}: {hit[1]}")
+            return
         if self.stage != "experiment":
             return
         hit = None
@@ -268,6 +287,12 @@ class WindowPolicy(Driver):
         if hit:
             self._abort_from_outside(*hit)
 
+    def _restore_fault(self, what: str) -> None:
+        """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said."""
+        self.restore_faults.append(what)
+        self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmitted else
+                                                                     " (after the primary was readmitted)")))
+
     def _abort_from_outside(self, reason: str, detail: str) -> None:
         if self.stage != "experiment":
             return
@@ -275,6 +300,8 @@ class WindowPolicy(Driver):
         self._interrupt_outside("abort")
 
     def _record_abort(self, reason: str, detail: str) -> None:
+        if not self.took_down and reason in rules.HOST_FAULTS:
+            reason, detail = "preflight", f"{reason}: {detail} (before anything was taken down)"
         self.abort = AbortRecord(reason, detail, self._minute())
         self._emit(AbortDecided(reason=reason, detail=detail, minute=self._minute()))
 

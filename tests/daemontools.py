@@ -51,7 +51,9 @@ class Sim:
 class Daemon:
     """flare-diagd as a process; `start()` returns once it logs "ready"."""
 
-    def __init__(self, tmp: Path, env: dict | None = None) -> None:
+    def __init__(self, tmp: Path, env: dict | None = None, sites: Path | None = None, max_files: int | None = None) -> None:
+        self.max_files = max_files  # RLIMIT_NOFILE for the daemon, as `prlimit --nofile` would set it
+        self.sites = sites or tmp  # the operator's sites directory: a `Sim` writes its site.toml in tmp
         self.socket = tmp / "run" / "control.sock"
         self.state = tmp / "state"
         self.log_path = tmp / "flare-diagd.log"
@@ -61,7 +63,8 @@ class Daemon:
     def start(self, timeout: float = 30) -> Daemon:
         self._out = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "--socket", str(self.socket), "--state-dir",
-                                      str(self.state)], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env)
+                                      str(self.state), "--sites-dir", str(self.sites)], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
+                                     preexec_fn=self._limits if self.max_files else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(r.get("event") == "ready" for r in self.records()[self._seen:]):
@@ -72,6 +75,10 @@ class Daemon:
         raise AssertionError("flare-diagd did not become ready: " + self.log_path.read_text()[-3000:])
 
     _seen = 0
+
+    def _limits(self) -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_files, self.max_files))
 
     def records(self) -> list[dict]:
         if not self.log_path.exists():

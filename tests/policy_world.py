@@ -53,6 +53,7 @@ class World:
         self.identity_override: dict = {}
         self.admitted = True
         self.watch_silent: set[str] = set()
+        self.engine_down = False  # /health answers 503
 
     @staticmethod
     def _zero() -> dict:
@@ -118,6 +119,8 @@ class World:
         elif a == "set_trace":
             self.trace = args["enabled"]
             data = self.identity()
+        elif a == "health":
+            data = {"status": 503 if self.engine_down else 200}
         elif a == "manager_state":
             data = {"loaded": self.loaded, "busy": False}
         elif a == "send_request":
@@ -156,7 +159,8 @@ WATCH_EVERY = 5 * S  # as the runner's watchers poll
 
 
 def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_steps: int = 20_000,
-          window_id: str = "w-test") -> list[tuple[Input, list[Decision]]]:
+          window_id: str = "w-test", opened: Callable[[WindowOpened], WindowOpened] | None = None,
+          ) -> list[tuple[Input, list[Decision]]]:
     """Runs a window to its close; `hook` may inject an extra input before each answer. The GPU and
     router watchers answer every WATCH_EVERY of world time (`world.watch_silent` mutes them)."""
     history: list[tuple[Input, list[Decision]]] = []
@@ -190,8 +194,9 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
                              if q.action == "send_request" else
                              ActionDone(at_ns=world.now, action_id=q.action_id, ok=False, error="cancelled"))
 
-    feed(WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
-                      rehearsal=True, candidate_recipe="glm-candidate"))
+    first = WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
+                         rehearsal=True, candidate_recipe="glm-candidate")
+    feed(opened(first) if opened else first)
     for _ in range(max_steps):
         if policy.closed:
             return history

@@ -36,7 +36,7 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
     monkeypatch.setattr(pw.WindowPolicy, "receive", receive_that_fails_once)
     sim = Sim(tmp_path)
     log = io.StringIO()
-    svc = Service(tmp_path / "state", tmp_path / "control.sock", configure(stream=log), Notifier({}))
+    svc = Service(tmp_path / "state", tmp_path / "control.sock", configure(stream=log), Notifier({}), sim.site.parent)
     task = asyncio.create_task(svc.run())
     try:
         await _until(lambda: (tmp_path / "control.sock").exists(), 30)
@@ -44,8 +44,8 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
         def start() -> dict:
             c = Connection(tmp_path / "control.sock")
             try:
-                return c.call(control.Start(plan=str(PLAN), site=str(sim.site), time_scale=float(SCALE),
-                                                    accept_partial=True))
+                return c.call(control.Start(plan_toml=PLAN.read_text(), plan_label=str(PLAN), site=sim.site.stem,
+                                            time_scale=float(SCALE), accept_partial=True))
             finally:
                 c.close()
 

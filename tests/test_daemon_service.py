@@ -32,7 +32,7 @@ def daemon(tmp_path):
 def _start(daemon: Daemon, sim: Sim) -> str:
     # these windows are about the daemon, not the schedule: at x100 the harness's real latency makes
     # the full plan overrun by the forecast, so they accept a partial window
-    p = daemon.cli("start", str(PLAN), "--site", str(sim.site), "--time-scale", str(SCALE), "--accept-partial")
+    p = daemon.cli("start", str(PLAN), "--site", sim.site.stem, "--time-scale", str(SCALE), "--accept-partial")
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().splitlines()[-1]
 
@@ -75,8 +75,9 @@ def test_malformed_unknown_and_oversized_commands_get_error_replies_and_change_n
     replies = _raw(daemon, b'not json\n{"cmd": "launch_missiles"}\n{"cmd": "start", "plan": 3}\n{"cmd": "status"}\n')
     assert [r["ok"] for r in replies] == [False, False, False, True]
     assert all("bad command" in r["error"] for r in replies[:3])
-    too_long = _raw(daemon, b'{"cmd": "status", "x": "' + b"a" * 70_000 + b'"}\n')
-    assert too_long == [{"ok": False, "error": "command line longer than 65536 bytes"}]
+    from daemon.control import MAX_LINE
+    too_long = _raw(daemon, b'{"cmd": "status", "x": "' + b"a" * (MAX_LINE + 10) + b'"}\n')
+    assert too_long == [{"ok": False, "error": f"command line longer than {MAX_LINE} bytes"}]
     st = daemon.status()
     assert st["state"] == "idle" and st["log"]["head_seq"] == head
 
@@ -85,7 +86,7 @@ def test_start_with_a_bad_plan_is_refused_with_exit_2_and_starts_nothing(daemon,
     daemon.start()
     bad = tmp_path / "bad.toml"
     bad.write_text(PLAN.read_text().replace("stop_min = 70", "stop_min = 95"))
-    p = daemon.cli("start", str(bad), "--site", str(sim.site))
+    p = daemon.cli("start", str(bad), "--site", sim.site.stem)
     assert p.returncode == 2 and "stop_min" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert daemon.status()["state"] == "idle"
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
@@ -96,7 +97,7 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     wid = _start(daemon, sim)
     st = daemon.wait_for(in_phase, what="a phase with requests")
     assert st["state"] == "running" and st["window"]["window_id"] == wid
-    assert daemon.cli("start", str(PLAN), "--site", str(sim.site)).returncode == 2  # one window at a time
+    assert daemon.cli("start", str(PLAN), "--site", sim.site.stem).returncode == 2  # one window at a time
     p = daemon.cli("abort", "--reason", "operator test")
     assert p.returncode == 0, p.stderr
     w = daemon.cli("watch", timeout=120)
@@ -168,9 +169,16 @@ def test_a_window_that_cannot_be_resumed_blocks_new_windows_and_says_which(daemo
     daemon.start()
     notes = [ev for _s, ev in _events(daemon) if type(ev).__name__ == "LogNote"]
     assert notes and wid in notes[-1].text and "cannot resume" in notes[-1].text and "token_file" in notes[-1].text
+    st = daemon.status()  # not `idle`: the host may still be taken apart
+    assert st["state"] == "needs_attention" and st["needs_attention"]["window_id"] == wid
+    assert "cannot be resumed" in st["needs_attention"]["needs"]
     token.with_suffix(".gone").rename(token)
-    p = daemon.cli("start", str(PLAN), "--site", str(sim.site))
+    p = daemon.cli("start", str(PLAN), "--site", sim.site.stem)
     assert p.returncode == 2 and wid in p.stderr and "unfinished" in p.stderr
+    # a stop with nothing able to restore it says so and does not exit as if all were well
+    assert daemon.kill(signal.SIGTERM) == 1
+    assert any(r.get("event") == "stopping with a window unfinished: the host may still be taken apart"
+               for r in daemon.records())
 
 
 def test_a_resume_with_a_changed_site_profile_restores_with_the_recorded_one_and_says_why(daemon, sim):
@@ -312,3 +320,41 @@ def test_without_flags_the_service_uses_systemds_runtime_and_state_directories(m
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'other'}")
     assert default_socket() == tmp_path / "run" / "control.sock"
     assert default_state_dir() == tmp_path / "state"
+
+
+def test_two_thousand_idle_control_connections_delay_neither_status_nor_the_restore(tmp_path, sim):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 4096)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if want < 2100:
+        pytest.skip(f"this machine allows {hard} open files; the test needs 2100")
+    # the daemon gets 1024 files, as under `prlimit --nofile=1024`: unbounded, 2000 connections would exhaust them
+    daemon = Daemon(tmp_path, max_files=1024).start()
+    try:
+        _two_thousand_idle(daemon, sim)
+    finally:
+        daemon.stop()
+
+
+def _two_thousand_idle(daemon: Daemon, sim: Sim) -> None:
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    idle = []
+    try:
+        for _ in range(2000):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(10)
+            s.connect(str(daemon.socket))
+            idle.append(s)
+        st = daemon.status()  # answered at once: an idle connection made room for it
+        assert st["state"] == "running" and st["window"]["window_id"] == wid
+        assert daemon.cli("abort", "--reason", "enough").returncode == 0
+        daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    finally:
+        for s in idle:
+            s.close()
+    assert _report(daemon, wid)["restoration"]["verified"]
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+    assert daemon.proc.poll() is None

@@ -93,7 +93,7 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
         tmp_path, llama_server, model):
     from tests.daemontools import Daemon
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=256)
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, sites=site.parent).start()
     try:
         wid = _daemon_start(d, plan, site)
         w = d.cli("watch", timeout=600)
@@ -109,7 +109,7 @@ def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_
 
 
 def _daemon_start(d, plan: Path, site: Path) -> str:
-    p = d.cli("start", str(plan), "--site", str(site))
+    p = d.cli("start", str(plan), "--site", site.stem)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().splitlines()[-1]
 
@@ -151,7 +151,7 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
 
     from tests.daemontools import Daemon, in_phase
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, sites=site.parent).start()
     try:
         wid = _daemon_start(d, plan, site)
         d.wait_for(in_phase, timeout=120, what="a phase with requests")

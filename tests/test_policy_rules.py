@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import re
+
 import pytest
 
 from policies import rules
@@ -172,3 +174,26 @@ def test_cli_plan_check_names_the_first_bad_field_and_exits_2(tmp_path, capsys):
 def test_cli_plan_check_of_a_missing_file_exits_2(tmp_path, capsys):
     from daemon.cli import main
     assert main(["plan", "check", str(tmp_path / "none.toml")]) == 2
+
+
+@pytest.mark.parametrize("swap,field", [
+    ({"window_min = 90 ": "window_min = inf "}, "timing.window_min"),
+    ({"window_min = 90 ": "window_min = 1e300 "}, "timing.window_min"),
+    ({"stop_min = 70 ": "stop_min = nan "}, "timing.stop_min"),
+    ({"restore_reserve_min = 20 ": "restore_reserve_min = 0 "}, "timing.restore_reserve_min"),
+    ({"restore_reserve_min = 20 ": "restore_reserve_min = -100 "}, "timing.restore_reserve_min"),
+    ({"[timing]\n": "[timing]\naction_timeout_s = -5\n"}, "timing.action_timeout_s"),
+    ({"[timing]\n": "[timing]\nload_timeout_s = inf\n"}, "timing.load_timeout_s"),
+    ({"repetitions = 3": "repetitions = 10000000"}, "trace.repetitions"),
+    ({"temperature = ": "temperature = -5 # "}, "sampling.temperature"),
+    ({'name = "2026-10-22-cache-diagnosis"': 'name = "../../etc/x"'}, "name"),
+])
+def test_a_plan_whose_numbers_or_names_a_window_cannot_run_under_is_refused_naming_the_field(swap, field):
+    with pytest.raises(PlanError, match=re.escape(field)):
+        decode_plan(_plan_text(**swap))
+
+
+def test_a_plan_nested_thousands_deep_is_refused_in_one_line():
+    deep = PLAN_PATH.read_bytes() + b"\nx = " + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+    with pytest.raises(PlanError, match="nested too deeply|not valid TOML"):
+        decode_plan(deep)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from events.schema import (
     AbortDecided, ActionRequested, Alarm, CellRecorded, OperatorAbort, RequestDone, RestorationRecorded,
     RestoreStarted, TimeMarked, TraceOrderFrozen, VerdictReached, WatchObserved, WindowClosed,
@@ -188,8 +190,63 @@ def test_incumbent_identity_not_matching_the_contract_refuses_before_take_down()
     w = World(plan_builtins())
     w.identity_override = {"draft_tokens": 3}
     _w, h = run(w)
-    assert decisions(h, AbortDecided)[0].reason == "identity_drift"
-    assert not [a for a in actions(h) if a.action == "unload"]
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "preflight" and ab.detail.startswith("identity_drift: ") and "before anything was taken down" in ab.detail
+    assert not [a for a in actions(h) if a.action in ("unload", "quiesce", "readmit", "load")]
+    assert not [a for a in decisions(h, Alarm) if a.kind == "primary_left_quiesced"]
+
+
+def test_a_window_whose_incumbent_is_the_candidate_refuses_before_take_down():
+    w = World(plan_builtins())
+    w.loaded = {"recipe": "glm-candidate", "sha256": "cand-sha", "incarnation": "i0"}
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "preflight" and "is the plan's candidate" in ab.detail
+    assert not [a for a in actions(h) if a.action in ("unload", "quiesce", "load")]
+
+
+def test_after_a_failed_restore_only_the_recorded_incumbent_is_taken_for_the_incumbent():
+    w = World(plan_builtins())
+    w.loaded = {"recipe": "glm-incumbent", "sha256": "another-sha", "incarnation": "i0"}
+    h = drive(WindowPolicy(), w, opened=lambda o: msgspec.structs.replace(o, expected_incumbent_sha256="inc-sha"))
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "preflight" and "not the incumbent" in ab.detail
+    assert not [a for a in actions(h) if a.action in ("unload", "quiesce", "load")]
+
+
+def test_a_fault_during_the_restore_blocks_readmission_and_fails_the_restoration():
+    sent = []
+
+    def hook(world, history):
+        restoring = any(isinstance(d, RestoreStarted) for _i, ds in history for d in ds)
+        if restoring and not sent:
+            sent.append(True)
+            return WatchObserved(at_ns=world.now, source="gpu", data={"xid_events": [{"gpu": "GPU-0", "xid": 79}], "gpus": []})
+        if not restoring and world.requests_sent == 3 and not sent:
+            return OperatorAbort(at_ns=world.now, reason="test") if not any(
+                isinstance(i, OperatorAbort) for i, _ in history) else None
+        return None
+    _w, h = run(hook=hook)
+    rest = decisions(h, RestorationRecorded)[0]
+    assert rest.checks["no_fault_during_restore"] is False and rest.checks["readmitted"] is False and not rest.verified
+    assert {a.kind for a in decisions(h, Alarm)} >= {"fault_during_restore", "primary_left_quiesced"}
+    assert not [a for a in actions(h) if a.action == "readmit"]
+    assert closed(h).outcome == "restore_failed"
+
+
+def test_a_restore_that_ends_past_the_window_end_does_not_verify():
+    pol = WindowPolicy()
+
+    def abort_at_the_last_moment(world, history):
+        if world.requests_sent == 3 and not any(isinstance(i, OperatorAbort) for i, _ in history):
+            world.now = pol.t0 + int(89.9 * 60 * S)  # the restore's 60-s load cannot end by minute 90
+            return OperatorAbort(at_ns=world.now, reason="late")
+        return None
+    h = drive(pol, World(plan_builtins()), abort_at_the_last_moment)
+    rest = decisions(h, RestorationRecorded)[0]
+    assert rest.checks["within_reservation"] is False and not rest.verified
+    assert closed(h).outcome == "restore_failed"
+
 
 
 def test_containment_breach_reported_by_the_router_aborts():
@@ -629,3 +686,22 @@ def test_every_restore_action_is_bounded_by_what_is_left_of_the_restore_budget()
                 left_s = (started_ns + 3 * 60 * S - inp.at_ns) / S
                 assert d.deadline_s <= max(left_s, 0.001) + 1e-9, (d.action, d.deadline_s, left_s)
     assert closed(h).outcome == "aborted"
+
+
+def test_an_engine_that_stops_answering_mid_phase_aborts_engine_lost():
+    w = World(plan_builtins())
+    w.request_error = {n: "http_503" for n in range(6, 400)}
+    w.engine_down = True
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "engine_lost" and "http_503" in ab.detail and "/health answered 503" in ab.detail
+    sent = [a for a in actions(h) if a.action == "send_request"]
+    assert len(sent) == 6  # the failed request was the last one sent
+
+
+def test_a_503_from_an_engine_whose_health_is_good_fails_the_cell_without_an_abort():
+    w = World(plan_builtins())
+    w.request_error = {6: "http_503"}
+    _w, h = run(w)
+    assert not decisions(h, AbortDecided)
+    assert cells(h)["A.forward_prime"].status == "failed"

@@ -50,3 +50,29 @@ def test_a_token_never_appears_in_the_site_or_its_errors(tmp_path):
     (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token"))
     site = load_site(tmp_path / "site.toml")
     assert "s3cret-never-shown" not in repr(site) and "s3cret-never-shown" not in repr(site.profile)
+
+
+def test_an_empty_token_file_is_refused_naming_it(tmp_path):
+    (tmp_path / "serving.token").write_text("\n")
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token"))
+    with pytest.raises(SiteError, match=r"serving.token_file 'serving.token': is empty"):
+        load_site(tmp_path / "site.toml")
+
+
+def test_a_world_readable_token_file_is_a_warning(tmp_path):
+    tf = tmp_path / "serving.token"
+    tf.write_text("s3cret")
+    tf.chmod(0o644)
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token"))
+    site = load_site(tmp_path / "site.toml")
+    assert len(site.warnings) == 1 and "readable by every user" in site.warnings[0]
+    tf.chmod(0o600)
+    assert load_site(tmp_path / "site.toml").warnings == []
+
+
+@pytest.mark.parametrize("url", ["ftp://host/x", "127.0.0.1:8100", "http://", "http://h:notaport"])
+def test_a_service_url_that_is_not_http_is_refused(tmp_path, url):
+    (tmp_path / "serving.token").write_text("s3cret")
+    (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token").replace("http://127.0.0.1:8100", url, 1))
+    with pytest.raises(SiteError, match="serving.url .* expected an http"):
+        load_site(tmp_path / "site.toml")

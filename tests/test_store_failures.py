@@ -32,12 +32,17 @@ async def test_a_checkpoint_that_cannot_be_written_does_not_stop_commits(tmp_pat
         assert store.head[0] == 3 and store.checkpoint_error
 
 
-async def test_a_commit_that_fails_mid_window_stops_the_runner_for_the_recovery_path(tmp_path):
+async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
+    """Runs a window against flaresim whose store's commits fail while `fail(n)` says so (n: the
+    commit's number); returns (the runner's outcome or exception, the simulator's loaded recipe)."""
+    import daemon.runner as runner_mod
     from daemon.runner import Runner
     from daemon.target import Target
     from daemon.windows import setup_for_site
     from tests.daemontools import PLAN, Sim
 
+    monkeypatch.setattr(runner_mod, "FINAL_CATCH_UP_S", 2.0)
+    monkeypatch.setattr(runner_mod, "CATCH_UP_EVERY_S", 0.2)
     sim = Sim(tmp_path)
     try:
         setup = setup_for_site(PLAN, sim.site, 100)
@@ -48,15 +53,45 @@ async def test_a_commit_that_fails_mid_window_stops_the_runner_for_the_recovery_
 
         async def failing(rows, bulk):
             calls["n"] += 1
-            if calls["n"] == 40:  # mid-preflight, an input with no side effect of its own among them
+            if fail(calls["n"]):
                 raise OSError(28, "No space left on device")
             await real(rows, bulk)
 
         store._write_rows = failing
         runner = Runner(store, target, "w-disk", 100)
-        with pytest.raises(StoreWriteError):
-            await runner.run(setup.opened("w-disk"))
+        try:
+            result: object = await runner.run(setup.opened("w-disk"))
+        except StoreWriteError as exc:
+            result = exc
         await target.close()
         await store.close()
+        return result, sim.get("/manager/v1/state")["loaded"]["recipe"]
     finally:
         sim.stop()
+
+
+async def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch):
+    from events.reader import LogReader
+    from events.verify import verify_log
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: 60 <= n < 63, monkeypatch)
+    assert outcome == "aborted" and loaded == "glm-incumbent"
+    with LogReader(tmp_path / "log.db") as r:
+        assert verify_log(r).ok
+        evs = [e.event() for e in r.iter()]
+    names = [type(e).__name__ for e in evs]
+    assert "LogUnwritable" in names and names[-1] == "WindowClosed"
+    ab = next(e for e in evs if type(e).__name__ == "AbortDecided")
+    assert ab.reason == "store_failure"
+    rest = next(e for e in evs if type(e).__name__ == "RestorationRecorded")
+    assert rest.verified
+    # nothing lost in between: every request the window decided has its outcome in the log
+    asked = {e.action_id for e in evs if type(e).__name__ == "ActionRequested"}
+    answered = {e.action_id for e in evs if type(e).__name__ in ("ActionDone", "RequestDone")}
+    assert asked == answered
+
+
+async def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_log_lacks(tmp_path, monkeypatch):
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: n >= 60, monkeypatch)
+    assert isinstance(outcome, StoreWriteError) and "restored from memory" in str(outcome)
+    assert "are not in the log" in str(outcome)
+    assert loaded == "glm-incumbent"

@@ -1,0 +1,95 @@
+"""The restore's own integrity, through the real runner against flaresim (issue 18, items 5-7, 9, 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+
+from events.reader import LogReader
+from tests.daemontools import Sim
+from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse, small_plan  # noqa: F401  (fixture)
+
+
+def _events(log) -> list:
+    with LogReader(log) as reader:
+        return [e.event() for e in reader.iter()]
+
+
+def test_an_xid_during_the_restore_blocks_readmission_and_exits_3(small_plan, tmp_path):
+    # the operator-like abort at request 4 sends the window to restore; the restore's incumbent load
+    # is the second manager load of the window (after incarnation A's), and the Xid lands as it completes
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "auth@request=4", "--fault", "xid@load=2")
+    assert rc == 3 and r["outcome"] == "restore_failed", r["restoration"]
+    res = r["restoration"]
+    assert res["no_fault_during_restore"] is False and res["readmitted"] is False and not res["verified"]
+    kinds = [a["kind"] for a in r["alarms"]]
+    assert "fault_during_restore" in kinds and "primary_left_quiesced" in kinds
+    evs = _events(out / "log.db")
+    assert not [e for e in evs if type(e).__name__ == "ActionRequested" and e.action == "readmit"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+
+
+def test_a_failure_before_anything_changed_is_preflight_with_no_quiesce_alarm(small_plan, tmp_path):
+    # the engine is gone before the window's own preflight: nothing is quiesced, unloaded or loaded
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "engine_crash")
+    assert r["abort"]["reason"] == "preflight", r["abort"]
+    assert "primary_left_quiesced" not in [a["kind"] for a in r["alarms"]]
+    evs = _events(out / "log.db")
+    changed = [e.action for e in evs if type(e).__name__ == "ActionRequested"
+               and e.action in ("quiesce", "unload", "load", "readmit", "set_trace")]
+    assert changed == []
+    assert r["restoration"]["readmitted"] is None
+    # the engine the window found dead is still dead: the restoration cannot verify it, and says so
+    assert rc == 3 and r["outcome"] == "restore_failed" and r["restoration"]["direct_preflight"] is False
+
+
+def test_an_engine_that_crashes_between_requests_aborts_engine_lost_and_is_restored(small_plan, tmp_path):
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "engine_crash@after_request=3")
+    seqs = aborted_and_restored(rc, r, out / "log.db")
+    assert r["abort"]["reason"] == "engine_lost" and "/health answered 503" in r["abort"]["detail"]
+    failed = [ev for _s, ev in seqs if type(ev).__name__ == "RequestDone" and ev.outcome != "ok" and ev.phase != "preflight"]
+    assert 1 <= len(failed) <= 1  # concurrency 1: the one request that met the dead engine, and no more
+
+
+def test_a_window_refuses_a_host_whose_loaded_recipe_is_the_candidate(small_plan, tmp_path):
+    sim = Sim(tmp_path)
+    try:
+        h = {"Authorization": f"Bearer {sim.token}"}
+        state = sim.get("/manager/v1/state")["loaded"]
+        cand = sim.get("/manager/v1/recipes/glm-candidate")
+        httpx.post(f"{sim.url}/manager/v1/unload", json={"recipe": state["recipe"], "sha256": state["sha256"]}, headers=h)
+        httpx.post(f"{sim.url}/manager/v1/load", json={"recipe": "glm-candidate", "sha256": cand["sha256"]}, headers=h, timeout=30)
+        assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-candidate"
+        out = tmp_path / "out"
+        p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(small_plan), "--site", str(sim.site),
+                            "--out", str(out), "--time-scale", "100"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "COLUMNS": "200"})
+        r = json.loads((out / "report.json").read_text())
+        assert r["abort"]["reason"] == "preflight" and "is the plan's candidate" in r["abort"]["detail"], p.stdout[-2000:]
+        assert p.returncode == 1 and r["restoration"]["verified"]
+        evs = _events(out / "log.db")
+        assert not [e for e in evs if type(e).__name__ == "ActionRequested" and e.action in ("quiesce", "unload", "load")]
+        assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-candidate"  # left as found, for a person
+    finally:
+        sim.stop()
+
+
+def test_a_restore_too_slow_for_its_budget_ends_inside_it_and_exits_3(small_plan, tmp_path):
+    # every answer 50 times slower: the restore's load and checks cannot finish in a 5-minute budget;
+    # they are cut at its end, and the outcome says the restoration did not verify
+    plan = tmp_path / "budget.toml"
+    plan.write_text(small_plan.read_text().replace("[timing]", "[timing]\nrestore_budget_min = 5"))
+    out = tmp_path / "out"
+    rc, r = rehearse(plan, out, "--fault", "slow@request=1,factor=50", "--accept-partial")
+    res = r["restoration"]
+    assert rc == 3 and r["outcome"] == "restore_failed" and not res["verified"], res
+    assert res["finished_minute"] - res["started_minute"] <= 5.0 + 0.05
+    assert res["within_reservation"] is True and res["readmitted"] is False
+    assert "primary_left_quiesced" in [a["kind"] for a in r["alarms"]]
