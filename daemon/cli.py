@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("db", type=Path)
     v.add_argument("--checkpoint", type=Path, default=None,
                    help="checkpoint file (default: DB.checkpoint when present)")
+    v.add_argument("--anchor", default=None, metavar="REPORT.json|SEQ:HASH",
+                   help="a head published outside the log (a window's report.json, or SEQ:HASH from the journal)")
+    v.add_argument("--key", type=Path, default=None,
+                   help="the checkpoint signing key: the checkpoint must carry a signature that verifies under it")
     e = lsub.add_parser("export", help="write the log as JSON lines")
     e.add_argument("db", type=Path)
     au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
@@ -339,12 +344,24 @@ def _report(args: argparse.Namespace) -> int:
     window = args.window or windows[-1]
     if window not in windows:
         raise UsageError(f"--window {window}: not in {path} (it has {', '.join(windows)})")
-    report = build_report(path, window)
+    from events.base import BadEventError, UnknownEventError
+    try:
+        report = build_report(path, window)
+    except BadEventError as exc:
+        print(f"flare-diag: {path}: the log does not verify: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except UnknownEventError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     if args.out is not None:
         folder = publish_snapshot(report, args.out)
         print(folder)
     else:
         sys.stdout.buffer.write(render(report, args.format))
+    it = report["integrity"]
+    if not (it["chain_ok"] and it["audit_ok"]):  # a report of a log that does not verify is no evidence
+        print(f"flare-diag: {path}: the log does not verify (chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit "
+              f"{'ok' if it['audit_ok'] else 'DIVERGED'}): {it.get('problem') or it.get('audit_problem')}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -367,6 +384,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from events.base import BadEventError
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "report":
@@ -385,11 +403,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "plan":
             return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan)
     except UsageError as exc:
-        print(f"flare-diag: error: {exc}", file=sys.stderr)
+        print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError) as exc:
+        # a log the tools cannot read to the end: damaged or forged, and said so in one line
+        target = getattr(args, "db", None) or getattr(args, "target", "the log")
+        print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {_one_line(exc)})",
+              file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_BAD_INPUT
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 import events.schema  # noqa: F401  (registers every event type)
 from daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
 from events.base import UnknownEventError
-from events.checkpoint import BadCheckpoint, default_path, read_checkpoint
+from events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
 from events.export import export_lines
 from events.reader import LogReader
 from events.sqlschema import NotAnEventLog
@@ -40,14 +40,61 @@ def _verify(args: argparse.Namespace) -> int:
         cp = read_checkpoint(cp_path)
     except BadCheckpoint as exc:
         raise UsageError(str(exc)) from None
+    anchor = _anchor(args.anchor) if args.anchor else None
+    key = _key(args.key) if args.key else None
+    if key is not None:
+        if cp is None:
+            print(f"FAILED: {cp_path}: no checkpoint to check the key against")
+            return EXIT_FAILED
+        if not mac_ok(cp, key):
+            print(f"FAILED: {cp_path}: the checkpoint's signature does not verify under {args.key} "
+                  f"(rewritten, or signed with another key)" if cp.mac else f"FAILED: {cp_path}: the checkpoint is not signed")
+            return EXIT_FAILED
     with _open(args.db) as reader:
-        res = verify_log(reader, cp)
+        res = verify_log(reader, cp, anchor)
     if res.ok:
         print(f"ok: {res.events} events, head seq {res.head_seq} hash {res.head_hash}"
-              + (f", checkpoint seq {cp.seq} matches" if cp else ", no checkpoint"))
+              + (f", checkpoint seq {cp.seq} matches" if cp else ", no checkpoint")
+              + (" and its signature verifies" if key is not None else "")
+              + (f", anchor seq {anchor.seq} matches" if anchor else ""))
         return EXIT_OK
     print(f"FAILED at seq {res.first_bad_seq}: {res.problem}")
     return EXIT_FAILED
+
+
+def _anchor(spec: str):
+    """A published head: a report.json (its integrity.head_seq and head_hash) or SEQ:HASH."""
+    import json
+    from pathlib import Path
+
+    from events.checkpoint import Checkpoint
+    seq, h = None, None
+    if ":" in spec and not Path(spec).exists():
+        a, _, b = spec.partition(":")
+        seq, h = a, b
+    else:
+        try:
+            integ = json.loads(Path(spec).read_bytes())["integrity"]
+            seq, h = integ["head_seq"], integ["head_hash"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--anchor {spec}: expected a report.json or SEQ:HASH ({type(exc).__name__})") from None
+    try:
+        seq = int(seq)
+        if seq < 0 or len(bytes.fromhex(str(h))) != 32:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UsageError(f"--anchor {spec}: expected a seq and a 64-hex-digit hash") from None
+    return Checkpoint(seq=seq, hash=str(h))
+
+
+def _key(path) -> bytes:
+    try:
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise UsageError(f"--key {path}: cannot read ({exc.strerror})") from None
+    if not key:
+        raise UsageError(f"--key {path}: is empty")
+    return key
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -52,8 +52,13 @@ def load_fixture(path: Path) -> Fixture:
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         raw = (path / "bodies.jsonl").read_bytes()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise FixtureError(f"{path}: unreadable fixture ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise FixtureError(f"{path}: manifest.json: expected a JSON object, found {type(manifest).__name__}")
+    if not isinstance(manifest.get("sha256", []), list) or not isinstance(manifest.get("sampling", {}), dict) \
+            or not isinstance(manifest.get("name", ""), str):
+        raise FixtureError(f"{path}: manifest.json: expected `sha256` a list, `sampling` an object, `name` a string")
     bodies = [line for line in raw.split(b"\n") if line]
     shas = [hashlib.sha256(b).hexdigest() for b in bodies]
     if manifest.get("count") != len(bodies):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from events.checkpoint import default_path, read_checkpoint
+from events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from events.reader import LogReader
 from events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
 from events.report_html import html_segments
@@ -25,10 +25,20 @@ def build_report(db: Path, window_id: str) -> dict:
     """The report of one window, with the integrity of the whole log it came from."""
     from daemon.cli_log import audit_reader
     with LogReader(db) as reader:
-        v = verify_log(reader, read_checkpoint(default_path(db)))
+        try:
+            cp = read_checkpoint(default_path(db))
+            v = verify_log(reader, cp)
+            problem = v.problem
+        except BadCheckpoint as exc:
+            v, problem = verify_log(reader), str(exc)
         a = audit_reader(reader)
-        integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash, "chain_ok": v.ok,
-                     "audit_ok": a.ok}
+        integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash,
+                     "chain_ok": v.ok and problem is None, "audit_ok": a.ok}
+        if problem:
+            integrity["problem"] = problem
+        if not a.ok and a.divergence is not None:
+            d = a.divergence
+            integrity["audit_problem"] = f"seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}"
         return project(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, integrity)
 
 

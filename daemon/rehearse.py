@@ -31,6 +31,7 @@ from policies.planner import Calibration
 SIM_TOKEN_BYTES = 16
 
 
+MOMENTS = ("request", "after_request", "after_s", "load")
 FAULT_SPEC = "KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]"
 
 
@@ -39,26 +40,35 @@ def parse_fault(spec: str) -> dict:
     params allowed; `load`: as the n-th manager load from now completes).
 
     Checked whole before the simulator starts, so a bad spec starts nothing."""
-    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, describe  # the simulator owns its faults
+    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, STRING_PARAMS, describe  # the simulator owns its faults
     first, *params = spec.split(",")
     kind, _, at = first.partition("@")
     if kind not in FAULT_KINDS:
         raise InputError(f"--fault {spec!r}: kind: expected one of {', '.join(FAULT_KINDS)}")
+    if at and at.partition("=")[0] not in MOMENTS:
+        raise InputError(f"--fault {spec!r}: @{at.partition('=')[0]}: expected a moment, one of "
+                         f"{', '.join('@' + m for m in MOMENTS)} ({FAULT_SPEC})")
     out: dict = {"kind": kind, "at": "now"}
-    for part in filter(None, [at, *params]):
+    for i, part in enumerate(filter(None, [at, *params])):
         k, _, v = part.partition("=")
+        if i == 0 and at:
+            pass  # the moment, checked above
+        elif k in MOMENTS or k not in {**NUMERIC_PARAMS.get(kind, {}), **dict.fromkeys(STRING_PARAMS.get(kind, ()))}:
+            known = sorted([*NUMERIC_PARAMS.get(kind, {}), *STRING_PARAMS.get(kind, ())])
+            raise InputError(f"--fault {spec!r}: {k!r}: {kind} takes " + (f"the parameters {', '.join(known)}"
+                             if known else "no parameter") + f" ({FAULT_SPEC})")
         if k in ("request", "after_request", "load"):
             want, check, conv = "a whole number >= 0", lambda x: x >= 0, int
         elif k == "after_s":
-            want, check, conv = "seconds >= 0", lambda x: x >= 0, float
+            want, check, conv = "seconds >= 0", lambda x: 0 <= x < 1e9, float
         elif k in NUMERIC_PARAMS.get(kind, {}):
             want, check, conv = describe(NUMERIC_PARAMS[kind][k]), NUMERIC_PARAMS[kind][k], float
         else:
-            want, check, conv = "param=value", lambda _x: bool(k), str
+            want, check, conv = "a value", lambda x: bool(x) and x.isprintable(), str
         try:
             x = conv(v)
             ok = bool(v) and check(x)
-        except ValueError:
+        except (ValueError, OverflowError):
             ok = False
         if not ok:
             raise InputError(f"--fault {spec!r}: {k or part!r}: expected {want} ({FAULT_SPEC})")

@@ -60,7 +60,8 @@ class ActiveWindow:
 
 class Service:
     def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier,
-                 sites_dir: Path | None = None) -> None:
+                 sites_dir: Path | None = None, trust_log: bool = False) -> None:
+        self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
         self.state_dir = state_dir
         self.sites_dir = sites_dir or default_sites_dir()
         self.socket_path = socket_path
@@ -85,7 +86,18 @@ class Service:
         exit_code = 0
         self._stop = anyio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        key = checkpoint_key()
+        if not self.trust_log:
+            problem = await _thread(log_problem_at_start, self.db, key)
+            if problem:
+                # appending to it would bless it: the next checkpoint would vouch for whatever it holds
+                self.log.error("refusing the event log", log=str(self.db), problem=problem,
+                               remedy="inspect it with `flare-diag log verify`; start once with --trust-log "
+                                      "only if it is known good")
+                self.notify.stopping(f"refusing the event log: {problem}")
+                return 1
         self.store = await EventStore.open(self.db)
+        self.store.checkpoint_key = key
         self.store.subscribe(self._on_commit)
         try:
             async with anyio.create_task_group() as tg:
@@ -265,7 +277,10 @@ class Service:
         try:
             report = await _thread(build_report, self.db, window_id)
             folder = await _thread(publish_snapshot, report, self.state_dir / "reports")
-            self.log.info("report published", window_id=window_id, folder=str(folder))
+            integ = report["integrity"]
+            # the head, outside the database: `flare-diag log verify --anchor SEQ:HASH` checks a log against it
+            self.log.info("report published", window_id=window_id, folder=str(folder),
+                          anchor=f"{integ['head_seq']}:{integ['head_hash']}", chain_ok=integ["chain_ok"])
         except Exception as exc:  # the log is the record; a failed publication is reported, not fatal
             self.log.error("report publication failed", window_id=window_id, error=str(exc))
 
@@ -537,6 +552,49 @@ def _calibration(raw: dict):
         raise InputError(f"calibration: {exc}") from None
 
 
+KEY_CREDENTIAL = "checkpoint.key"
+
+
+def checkpoint_key() -> bytes | None:
+    """The checkpoint signing key, when the unit hands one over (LoadCredential=checkpoint.key:...)."""
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not creds:
+        return None
+    try:
+        key = (Path(creds) / KEY_CREDENTIAL).read_bytes().strip()
+    except OSError:
+        return None
+    return key or None
+
+
+def log_problem_at_start(db: Path, key: bytes | None) -> str | None:
+    """Why the daemon must not append to this log, or None: a chain that does not verify, a
+    checkpoint that is missing, unreadable, unsigned or wrongly signed (when a key is configured)."""
+    from events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
+    from events.sqlschema import NotAnEventLog
+    from events.verify import verify_log
+    if not db.exists():
+        return None
+    try:
+        cp = read_checkpoint(default_path(db))
+        with LogReader(db) as r:
+            res = verify_log(r, cp)
+            events = res.events
+    except (BadCheckpoint, NotAnEventLog) as exc:
+        return str(exc)
+    if not res.ok:
+        return f"the chain does not verify at seq {res.first_bad_seq}: {res.problem}"
+    if events and cp is None:
+        return (f"{events} events and no checkpoint beside them: a log whose checkpoint was removed cannot be told "
+                f"from a truncated one")
+    if key is not None and cp is not None:
+        if not cp.mac:
+            return "the checkpoint is not signed, and a signing key is configured"
+        if not mac_ok(cp, key):
+            return "the checkpoint's signature does not verify under the configured key (rewritten?)"
+    return None
+
+
 def default_sites_dir() -> Path:
     return Path(os.environ.get("FLARE_DIAG_SITES", "/etc/flare-diag/sites"))
 
@@ -558,10 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sites-dir", type=Path, default=None,
                     help="the site profiles windows may run against, by name (default: $FLARE_DIAG_SITES, "
                          "else /etc/flare-diag/sites); installed by the operator")
+    ap.add_argument("--trust-log", action="store_true",
+                    help="append to the log even though its checkpoint is missing, unsigned or does not verify "
+                         "(once, after a person has checked it)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     a = ap.parse_args(argv)
     log = configure(a.log_level)
-    svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir)
+    svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir,
+                  a.trust_log)
     try:
         return anyio.run(svc.run)
     except Exception as exc:

@@ -95,6 +95,8 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         prof = msgspec.toml.decode(data, type=SiteProfile)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SiteError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise SiteError(f"{path}: nested too deeply to be a site profile") from None
     if (prof.manager is None) == (prof.engine is None):
         raise SiteError(f"{path}: expected exactly one of [manager] (a recipe manager service) and [engine] (a local engine)")
     if prof.manager is not None and not prof.manager.candidate_recipe:

@@ -59,6 +59,10 @@ class UnknownEventError(ValueError):
     """An event whose tag or schema version this build does not know."""
 
 
+class BadEventError(UnknownEventError):
+    """An event whose stored bytes do not decode as its type (a damaged or forged log)."""
+
+
 def decode_payload(type_: str, schema_v: int, payload: bytes) -> Event:
     """Decodes stored bytes, upcasting older schema versions first."""
     cls = _REGISTRY.get(type_)
@@ -68,8 +72,11 @@ def decode_payload(type_: str, schema_v: int, payload: bytes) -> Event:
         raise UnknownEventError(
             f"event type {type_!r} has schema_v {schema_v}, newer than this build's {cls.schema_v}"
         )
-    if schema_v == cls.schema_v:
-        return _decoder().decode(payload)
-    raw = msgspec.json.decode(payload)
-    raw = upcast(type_, schema_v, cls.schema_v, raw)
-    return msgspec.convert(raw, cls)
+    try:
+        if schema_v == cls.schema_v:
+            return _decoder().decode(payload)
+        raw = msgspec.json.decode(payload)
+        raw = upcast(type_, schema_v, cls.schema_v, raw)
+        return msgspec.convert(raw, cls)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise BadEventError(f"a {type_!r} event whose stored bytes do not decode ({exc})") from None

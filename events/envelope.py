@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import Event, decode_payload
+from events.base import UnknownEventError, Event, decode_payload
 
 
 class Envelope(msgspec.Struct, frozen=True):
@@ -22,7 +22,10 @@ class Envelope(msgspec.Struct, frozen=True):
     hash: bytes
 
     def event(self) -> Event:
-        return decode_payload(self.type, self.schema_v, self.payload)
+        try:
+            return decode_payload(self.type, self.schema_v, self.payload)
+        except UnknownEventError as exc:
+            raise type(exc)(f"seq {self.seq}: {exc}") from None
 
 
 COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"

@@ -86,6 +86,11 @@ def needs_attention(r: dict) -> list[str]:
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    it = r.get("integrity") or {}
+    if it and not it.get("chain_ok"):  # nothing below can be trusted: say so first
+        out.insert(0, f"LOG INTEGRITY FAILED: the chain does not verify ({it.get('problem') or 'see Integrity'})")
+    if it and not it.get("audit_ok", True):
+        out.insert(0, f"LOG AUDIT FAILED: replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})")
     return out
 
 

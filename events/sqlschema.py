@@ -50,6 +50,9 @@ BULK_INSERT = (
 )
 
 
+EVENT_COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"
+
+
 class NotAnEventLog(ValueError):
     """The file is not a flare-diag event log, or was written by a newer store format."""
 
@@ -62,8 +65,15 @@ def check_format(conn: sqlite3.Connection, path: str) -> None:
         raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
     if rows.get("format") != FORMAT:
         raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
-    version = int(rows.get("store_version", "0"))
+    try:
+        version = int(rows.get("store_version", "0"))
+    except (TypeError, ValueError):
+        raise NotAnEventLog(f"{path}: not a flare-diag event log (store_version {rows.get('store_version')!r})") from None
     if version > STORE_VERSION:
         raise NotAnEventLog(
             f"{path}: event log store_version {version} is newer than this build's {STORE_VERSION}; upgrade flare-diag"
         )
+    try:  # the marker alone is not a log: its events table must have the columns every reader selects
+        conn.execute(f"SELECT {EVENT_COLUMNS} FROM events LIMIT 0").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise NotAnEventLog(f"{path}: not a flare-diag event log (its events table: {exc})") from None

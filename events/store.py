@@ -109,6 +109,7 @@ class EventStore:
         self._closed = False
         self._listeners: list[Callable[[list[tuple]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
+        self.checkpoint_key: bytes | None = None  # signs each checkpoint (HMAC) when set
         self._failed: StoreWriteError | None = None  # the commit failure that stopped writes (fail-stop)
         self._loop = asyncio.get_running_loop()
         # the writer and its in-flight commit live in the store's own task group, entered by `open`
@@ -136,6 +137,8 @@ class EventStore:
                 )
             elif meta.get("format") != FORMAT:
                 raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
+            elif not str(meta.get("store_version", "0")).isdigit():
+                raise NotAnEventLog(f"{path}: not a flare-diag event log (store_version {meta.get('store_version')!r})")
             elif int(meta.get("store_version", "0")) > STORE_VERSION:
                 raise NotAnEventLog(f"{path}: event log store_version {meta['store_version']} is newer than this build's {STORE_VERSION}")
             await conn.execute("COMMIT")
@@ -295,7 +298,7 @@ class EventStore:
             await inflight.wait()
 
     async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
-        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9])
+        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9], self.checkpoint_key)
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
             why = await run(_write_transaction, self._conn._conn, bulk, checkpoint)
@@ -438,7 +441,7 @@ class _Commit:
 
 
 def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],
-                       checkpoint: tuple[Path, int, bytes] | None = None) -> str | None:
+                       checkpoint: tuple[Path, int, bytes, bytes | None] | None = None) -> str | None:
     """Commits the batch, then (on the same worker thread, off the event loop) replaces the
     checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
     log, so failing to write one must not fail a commit that is already durable."""
@@ -472,7 +475,11 @@ def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None
 
 
 def row_envelope(r: Sequence) -> Envelope:
-    return Envelope(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), bytes(r[8]), bytes(r[9]))
+    try:
+        return Envelope(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), bytes(r[8]), bytes(r[9]))
+    except TypeError:  # a NULL or a number where bytes belong: not a row this store wrote
+        from events.base import BadEventError
+        raise BadEventError(f"seq {r[0]}: a column holds a value of the wrong type (row damaged or forged)") from None
 
 
 def _split_ddl(ddl: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 from pathlib import Path
 
 import msgspec
@@ -21,8 +22,20 @@ class VerifyResult(msgspec.Struct, frozen=True):
     problem: str | None = None
 
 
-def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None) -> VerifyResult:
-    """Walks the chain once; the first divergence (edit, gap, reorder, truncation) is reported by seq."""
+def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: Checkpoint | None = None) -> VerifyResult:
+    """Walks the chain once; the first divergence (edit, gap, reorder, truncation) is reported by seq.
+
+    `anchor`: a head published outside the log (a window's report, the journal): the log must hold
+    that seq with that hash, so a truncated or rewritten log fails even with a checkpoint rewritten
+    to match it."""
+    if anchor is not None:
+        first = verify_log(reader, checkpoint)
+        if not first.ok:
+            return first
+        res = verify_log(reader, anchor)
+        if not res.ok and res.problem:
+            return msgspec.structs.replace(res, problem=res.problem.replace("checkpoint", "anchor"))
+        return res
     sha = hashlib.sha256
     pack = _fixed.pack
     join = b"".join
@@ -43,12 +56,15 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None) -> Verif
                 return bad(expect, f"gap: expected seq {expect}, found {seq} (rows deleted or reordered)")
             if prev_hash != prev:
                 return bad(seq, f"seq {seq}: prev_hash does not match the hash of seq {seq - 1} (rows replaced or reordered)")
-            tw = prefixes.get((type_, wid))
-            if tw is None:
-                t, w = type_.encode(), wid.encode()
-                tw = prefixes[(type_, wid)] = len(t).to_bytes(2, "big") + t + len(w).to_bytes(2, "big") + w
-            calc = sha(join((DOMAIN_TAG, prev, pack(seq, v, mono, wall, -1 if caus is None else caus),
-                             tw, payload))).digest()
+            try:
+                tw = prefixes.get((type_, wid))
+                if tw is None:
+                    t, w = type_.encode(), wid.encode()
+                    tw = prefixes[(type_, wid)] = len(t).to_bytes(2, "big") + t + len(w).to_bytes(2, "big") + w
+                calc = sha(join((DOMAIN_TAG, prev, pack(seq, v, mono, wall, -1 if caus is None else caus),
+                                 tw, payload))).digest()
+            except (TypeError, AttributeError, OverflowError, struct.error):  # a column of the wrong type
+                return bad(seq, f"seq {seq}: a column holds a value of the wrong type (row damaged or forged)")
             if calc != h:
                 return bad(seq, f"seq {seq}: stored hash does not match its contents (event edited)")
             if cp_hash is not None and seq == checkpoint.seq:  # type: ignore[union-attr]

@@ -49,7 +49,12 @@ def audit(records: Iterable[tuple[int, str, Event]]) -> AuditResult:
             if pol is None:
                 continue
             n_in += 1
-            expected[wid] = deque(pol.receive(ev))
+            try:
+                expected[wid] = deque(pol.receive(ev))
+            except Exception as exc:  # the recorded decisions were made without this: a damaged or forged input
+                return AuditResult(False, len(policies), n_in, n_dec,
+                                   Divergence(seq, wid, "the policy to take this input",
+                                              f"it raised {type(exc).__name__}: {exc}"))
             last_seq[wid] = seq
         elif isinstance(ev, Decision):
             n_dec += 1

@@ -273,7 +273,8 @@ class WindowPolicy(Driver):
             self.xids_known += len(inp.data.get("xid_events") or [])
         if self.stage == "restore":
             hit = guards.gpu_watch(inp.data, self.plan.growth) if inp.source == "gpu" else \
-                guards.router_watch(inp.data, self.snapshots.get("router")) if self.quiesced and not self.readmitted else None
+                guards.router_watch(inp.data, self.snapshots.get("router")) \
+                if self.quiesced and not self.readmitted and not (self.abort and self.abort.reason == "containment") else None
             if hit and hit[0] in ("gpu_fault", "containment"):
                 self._restore_fault(f"{hit[0]}: {hit[1]}")
             return

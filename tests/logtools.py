@@ -37,3 +37,30 @@ async def write_window(path: Path, window_id: str = "w-report", hook=None, **wor
         for inp, ds in history:
             store.submit_many([inp, *ds], window_id=window_id)
         await store.flush()
+
+
+def forge(path: Path, mutate) -> tuple[int, bytes]:
+    """What a forger with write access to the state folder can do: rewrite rows (`mutate(row dict)`
+    returns it changed), recompute the whole chain, and write a matching, unsigned checkpoint.
+    Returns the new head (seq, hash)."""
+    from events.chain import GENESIS, event_hash
+    from events.checkpoint import default_path, write_checkpoint
+    conn = sqlite3.connect(path)
+    cols = ["seq", "mono_ns", "wall_ns", "type", "schema_v", "window_id", "causation_seq", "payload"]
+    rows = [dict(zip(cols, r)) for r in conn.execute(f"SELECT {', '.join(cols)} FROM events ORDER BY seq")]
+    for trig in ("events_no_update", "events_no_delete"):
+        conn.execute(f"DROP TRIGGER IF EXISTS {trig}")
+    conn.execute("DELETE FROM events")
+    prev = GENESIS
+    for r in rows:
+        r = mutate(dict(r))
+        h = event_hash(prev, r["seq"], r["type"], r["schema_v"], r["mono_ns"], r["wall_ns"], r["window_id"],
+                       r["causation_seq"], bytes(r["payload"]))
+        conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)",
+                     (r["seq"], r["mono_ns"], r["wall_ns"], r["type"], r["schema_v"], r["window_id"], r["causation_seq"],
+                      bytes(r["payload"]), prev, h))
+        prev = h
+    conn.commit()
+    conn.close()
+    write_checkpoint(default_path(path), rows[-1]["seq"], prev)
+    return rows[-1]["seq"], prev

@@ -58,7 +58,7 @@ def churn_window(tmp_path_factory):
 
 def test_full_plan_on_a_churning_contract_host_gives_row_checkpoint_churn(churn_window):
     rc, r, _out = churn_window
-    assert rc == 0 and r["outcome"] == "completed"
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
     assert set(required_cells(r).values()) == {"measured"}
     assert r["verdict"]["hypothesis"] == "row_checkpoint_churn"
     assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
@@ -71,7 +71,7 @@ def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(
         rc, r = run_window(host, tmp_path / "out")
     finally:
         host.stop()
-    assert rc == 0 and r["outcome"] == "completed"
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
     assert set(required_cells(r).values()) == {"measured"}
     assert r["verdict"]["hypothesis"] == "not_reproduced"
 

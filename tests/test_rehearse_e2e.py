@@ -44,7 +44,7 @@ def _cells(r):
                                                  ("ineligible", "key_or_checkpoint_eligibility")])
 def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, roomy_plan, scenario, hypothesis):
     rc, r, out = rehearse(tmp_path, "--scenario", scenario, "--plan", str(roomy_plan))
-    assert r["outcome"] == "completed" and rc == 0
+    assert r["outcome"] == "completed" and rc == 0, (r["abort"], r["restoration"], r["alarms"])
     assert r["verdict"]["hypothesis"] == hypothesis
     assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
