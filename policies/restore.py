@@ -75,6 +75,7 @@ def restore(w: WindowPolicy) -> Proc:
         checks["routed_preflight"] = False
         w._emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {', '.join(unready)} failed"))
     else:
+        w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
         re = yield from w._act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
         w.readmitted = bool(checks["readmitted"])

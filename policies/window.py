@@ -56,6 +56,7 @@ class WindowPolicy(Driver):
         self.restore_cause: str | None = None
         self.restore_started: float | None = None
         self.readmitted = False
+        self.readmit_requested = False
         self.restore_end_ns: int | None = None  # the restore's budget runs out here
         self.incumbent: Incumbent | None = None
         self.snapshots: dict[str, dict | None] = {}
@@ -274,7 +275,7 @@ class WindowPolicy(Driver):
         if self.stage == "restore":
             hit = guards.gpu_watch(inp.data, self.plan.growth) if inp.source == "gpu" else \
                 guards.router_watch(inp.data, self.snapshots.get("router")) \
-                if self.quiesced and not self.readmitted and not (self.abort and self.abort.reason == "containment") else None
+                if self.quiesced and not self.readmit_requested and not (self.abort and self.abort.reason == "containment") else None
             if hit and hit[0] in ("gpu_fault", "containment"):
                 self._restore_fault(f"{hit[0]}: {hit[1]}")
             return

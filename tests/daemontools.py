@@ -126,3 +126,30 @@ class Daemon:
 def in_phase(st: dict, min_requests: int = 3) -> bool:
     w = st.get("window") or {}
     return bool(w.get("phase")) and w.get("phase_requests", 0) >= min_requests
+
+
+class SocketThread:
+    """A socket read on a thread of its own until `close()`: `take()` does one read; a read that
+    times out just loops, so the thread notices `close()` within the socket's timeout."""
+
+    def __init__(self, sock) -> None:
+        import threading
+        self.sock = sock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.take()
+            except TimeoutError:
+                pass
+
+    def take(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()

@@ -103,7 +103,7 @@ def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_
         seen = host.requests()
     finally:
         host.stop()
-    assert r["abort"] is None and rc == 0 and r["outcome"] == "completed"
+    assert r["abort"] is None and rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
     dropped = [x for x in seen if x.get("dropped")]
     assert dropped, "the host never closed an idle connection under a request: this test tested nothing"
     assert not [x for x in dropped if any(m in x["request"] for m in MUTATING)]

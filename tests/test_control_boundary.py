@@ -4,44 +4,33 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 
 import pytest
 
-from tests.daemontools import PLAN, Daemon
+from tests.daemontools import PLAN, Daemon, SocketThread
 
 
-class Listener:
+class Listener(SocketThread):
     """A loopback port that records whoever connects and what they send (a thief's endpoint)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        sock.settimeout(0.2)
+        self.port = sock.getsockname()[1]
         self.received: list[bytes] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(sock)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            conn.settimeout(1)
-            try:
-                self.received.append(conn.recv(65536))
-            except OSError:
-                self.received.append(b"")
+    def take(self) -> None:
+        conn, _ = self.sock.accept()
+        conn.settimeout(1)
+        try:
+            self.received.append(conn.recv(65536))
+        except OSError:
+            self.received.append(b"")
+        finally:
             conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
 
 
 @pytest.fixture

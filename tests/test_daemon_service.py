@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemontools import PLAN, SCALE, Daemon, Sim, in_phase
+from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase
 from events.reader import LogReader
 
 
@@ -218,33 +218,21 @@ def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
     assert st["last_window"]["outcome"] == "aborted"
 
 
-class NotifyReader:
+class NotifyReader(SocketThread):
     """The receiving end of $NOTIFY_SOCKET, read continuously as systemd reads it."""
 
     def __init__(self, path: Path) -> None:
-        import threading
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(path))
+        sock.settimeout(0.2)
         self.messages: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(sock)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:
-                pass
+    def take(self) -> None:
+        self.messages.append(self.sock.recv(4096).decode())
 
     def statuses(self) -> list[str]:
         return [line[7:] for m in list(self.messages) for line in m.splitlines() if line.startswith("STATUS=")]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 def test_a_restore_that_does_not_verify_leaves_the_primary_out_and_the_daemon_says_so(sim, tmp_path):
@@ -358,3 +346,22 @@ def _two_thousand_idle(daemon: Daemon, sim: Sim) -> None:
     assert _report(daemon, wid)["restoration"]["verified"]
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
     assert daemon.proc.poll() is None
+
+
+def test_sigterm_with_watchers_connected_stops_cleanly(daemon):
+    daemon.start()
+    watchers = []
+    for _ in range(3):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(10)
+        s.connect(str(daemon.socket))
+        s.sendall(b'{"cmd": "watch"}\n')
+        assert json.loads(s.makefile("rb").readline())["watching"]
+        watchers.append(s)
+    try:
+        assert daemon.kill(signal.SIGTERM) == 0
+    finally:
+        for s in watchers:
+            s.close()
+    text = daemon.log_path.read_text()
+    assert "Traceback" not in text and "CancelledError" not in text

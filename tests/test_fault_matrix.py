@@ -139,6 +139,7 @@ SAFETY_FAULTS = {
     "gpu_watch_down": ("watch_lost", "GPU watch"),
     "router_watch_down": ("watch_lost", "router watch"),
     "xid_unsupported": ("watch_lost", "Xid events unsupported"),
+    "cache_overflow": ("uncontrolled_growth", "beyond its capacity"),
 }
 
 

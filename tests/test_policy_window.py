@@ -705,3 +705,20 @@ def test_a_503_from_an_engine_whose_health_is_good_fails_the_cell_without_an_abo
     _w, h = run(w)
     assert not decisions(h, AbortDecided)
     assert cells(h)["A.forward_prime"].status == "failed"
+
+
+def test_the_backend_seen_admitted_while_its_readmit_is_in_flight_is_no_breach():
+    sent = []
+
+    def admitted_before_the_reply(world, history):
+        last = history[-1][1] if history else []
+        if not sent and any(isinstance(d, ActionRequested) and d.action == "readmit" for d in last):
+            sent.append(True)  # the router took the readmit before its reply came back
+            return WatchObserved(at_ns=world.now, source="router",
+                                 data={"config_sha256": "router-1", "backend": {"id": "primary", "admitted": True, "inflight": 0}})
+        return None
+    _w, h = run(hook=admitted_before_the_reply)
+    assert sent
+    rest = decisions(h, RestorationRecorded)[0]
+    assert rest.verified and rest.checks["no_fault_during_restore"] is True
+    assert not [a for a in decisions(h, Alarm) if a.kind == "fault_during_restore"]

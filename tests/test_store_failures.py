@@ -3,8 +3,6 @@ written, and a commit that fails while a window runs."""
 
 from __future__ import annotations
 
-import pytest
-
 from events.schema import LogNote
 from events.store import EventStore, StoreWriteError
 
@@ -95,3 +93,24 @@ async def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_wha
     assert isinstance(outcome, StoreWriteError) and "restored from memory" in str(outcome)
     assert "are not in the log" in str(outcome)
     assert loaded == "glm-incumbent"
+
+
+async def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_its_restore(tmp_path, monkeypatch):
+    import events.store as store_mod
+    from events.reader import LogReader
+    from events.verify import verify_log
+    real = store_mod.write_checkpoint
+    calls = {"n": 0}
+
+    def emfile(*args):
+        calls["n"] += 1
+        if calls["n"] >= 20:  # from the 20th commit on: the process is out of file descriptors
+            raise OSError(24, "Too many open files")
+        real(*args)
+
+    monkeypatch.setattr(store_mod, "write_checkpoint", emfile)
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: False, monkeypatch)
+    assert outcome in ("completed", "partial") and loaded == "glm-incumbent" and calls["n"] > 20
+    with LogReader(tmp_path / "log.db") as r:
+        assert verify_log(r).ok
+        assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
