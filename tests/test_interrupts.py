@@ -64,7 +64,7 @@ def test_an_interrupted_rehearsal_restores_writes_its_report_and_exits_1(tmp_pat
     _check_restored(out, printed, sig)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_an_interrupted_run_against_a_site_puts_the_incumbent_back_and_readmits_it(tmp_path, small_plan, sig):
     sim = Sim(tmp_path)
     try:
