@@ -98,18 +98,23 @@ class Runner:
                     with anyio.move_on_after(None if wake is None else max(0.0, (wake - self.now()) / self.scale / 1e9)):
                         inp = await self._receive.receive()
                     await self.feed(inp if inp is not None else Tick(at_ns=max(self.now(), wake or 0)))
-                if self.degraded:
-                    with anyio.move_on_after(FINAL_CATCH_UP_S):
-                        while self.degraded:
-                            await self._catch_up()
-                            if self.degraded:
-                                await anyio.sleep(CATCH_UP_EVERY_S)
             except Exception as exc:  # raised as itself, not inside the task group's ExceptionGroup
                 failure = exc
             finally:
                 tg.cancel_scope.cancel()  # the watchers, and any action still out, end with the window
         self._tg = None
         await self.store.flush()
+        if self.write_error is not None and not self.degraded:  # the close itself (or what led to it) failed
+            self.degraded = True
+            self.unlogged = [ev for fut, ev in self._unacked
+                             if not (fut.done() and not fut.cancelled() and fut.exception() is None)]
+            self._unacked.clear()
+        if self.degraded and failure is None:  # what the log did not take is appended, if it takes it in time
+            with anyio.move_on_after(FINAL_CATCH_UP_S):
+                while self.degraded:
+                    await self._catch_up()
+                    if self.degraded:
+                        await anyio.sleep(CATCH_UP_EVERY_S)
         closed = [d for d in self._last if getattr(d, "outcome", None)]
         if failure is None and self.policy.closed:
             self.outcome = closed[-1].outcome if closed else "aborted"

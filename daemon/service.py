@@ -119,13 +119,13 @@ class Service:
                     self.notify.stopping("restoring the incumbent before stopping")
                     w.runner.abort("flare-diagd is stopping (SIGTERM): restore before exit")
                     await w.done.wait()
-                elif self.stuck:
+                if self.stuck:
                     # nothing here can restore it: say so as loudly as the service can before it exits
                     self.log.error("stopping with a window unfinished: the host may still be taken apart",
                                    window_id=self.stuck["window_id"], needs=self.stuck["needs"])
                     self.notify.stopping(self._status_line())
                     exit_code = 1
-                else:
+                elif w is None:
                     self.notify.stopping("stopping")
                 tg.cancel_scope.cancel()
         finally:
@@ -229,6 +229,12 @@ class Service:
         self._tg.start_soon(self._drive, w, run, retry, name=f"window {w.window_id}")
 
     async def _drive(self, w: ActiveWindow, run, retry: bool = True) -> str | None:
+        try:
+            return await self._drive_window(w, run, retry)
+        finally:
+            w.done.set()  # after the report is published (or the retry ran): a stop waits for all of it
+
+    async def _drive_window(self, w: ActiveWindow, run, retry: bool) -> str | None:
         outcome: str | None = None
         try:
             outcome = await run()
@@ -261,7 +267,6 @@ class Service:
                 await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
-            w.done.set()
             self.notify.status(self._status_line(), force=True)
         if outcome is not None:
             self.stuck = None
@@ -345,6 +350,9 @@ class Service:
                     except anyio.IncompleteRead:
                         return
                     except anyio.DelimiterNotFound:
+                        line = None
+                    if line is None or len(line) > control.MAX_LINE:
+                        # (a long line that arrived whole, newline included, is returned by receive_until)
                         self.log.warning("control line too long", uid=uid, pid=pid)
                         await self._send(conn, control.error(f"command line longer than {control.MAX_LINE} bytes"))
                         await _discard_rest(conn)

@@ -27,15 +27,6 @@ ABORT_FAULTS = {
 MOMENTS = {"before": "request=1", "during": "request=4", "between": f"after_request={SMALL_PHASE}"}
 
 
-@pytest.fixture(scope="module")
-def small_plan(tmp_path_factory) -> Path:
-    text = (ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_text()
-    p = tmp_path_factory.mktemp("plan") / "fault-matrix.toml"
-    p.write_text(text.replace('fixture = "c1-52"', 'fixture = "tok1024"')
-                 .replace('name = "2026-10-22-cache-diagnosis"', 'name = "fault-matrix"'))
-    return p
-
-
 def rehearse_printing(plan: Path, out: Path, *extra: str) -> tuple[int, dict, str]:
     p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
                         "--time-scale", SCALE, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,

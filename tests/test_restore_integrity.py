@@ -11,7 +11,7 @@ import httpx
 
 from events.reader import LogReader
 from tests.daemontools import Sim
-from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse, small_plan  # noqa: F401  (fixture)
+from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse
 
 
 def _events(log) -> list:

@@ -31,7 +31,7 @@ async def test_a_checkpoint_that_cannot_be_written_does_not_stop_commits(tmp_pat
 
 
 async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
-    """Runs a window against flaresim whose store's commits fail while `fail(n)` says so (n: the
+    """Runs a window against flaresim whose store's commits fail while `fail(n, rows)` says so (n: the
     commit's number); returns (the runner's outcome or exception, the simulator's loaded recipe)."""
     import daemon.runner as runner_mod
     from daemon.runner import Runner
@@ -51,7 +51,7 @@ async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
 
         async def failing(rows, bulk):
             calls["n"] += 1
-            if fail(calls["n"]):
+            if fail(calls["n"], rows):
                 raise OSError(28, "No space left on device")
             await real(rows, bulk)
 
@@ -71,7 +71,7 @@ async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
 async def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch):
     from events.reader import LogReader
     from events.verify import verify_log
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: 60 <= n < 63, monkeypatch)
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: 60 <= n < 63, monkeypatch)
     assert outcome == "aborted" and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
@@ -89,7 +89,7 @@ async def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catc
 
 
 async def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_log_lacks(tmp_path, monkeypatch):
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: n >= 60, monkeypatch)
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: n >= 60, monkeypatch)
     assert isinstance(outcome, StoreWriteError) and "restored from memory" in str(outcome)
     assert "are not in the log" in str(outcome)
     assert loaded == "glm-incumbent"
@@ -109,8 +109,25 @@ async def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_windo
         real(*args)
 
     monkeypatch.setattr(store_mod, "write_checkpoint", emfile)
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n: False, monkeypatch)
+    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: False, monkeypatch)
     assert outcome in ("completed", "partial") and loaded == "glm-incumbent" and calls["n"] > 20
+    with LogReader(tmp_path / "log.db") as r:
+        assert verify_log(r).ok
+        assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
+
+
+async def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runner_returns(tmp_path, monkeypatch):
+    from events.reader import LogReader
+    from events.verify import verify_log
+    failed = []
+
+    def the_close_once(_n, rows):
+        if not failed and any(r[3] == "window_closed" for r in rows):
+            failed.append(True)
+            return True
+        return False
+    outcome, loaded = await _window_with_failing_writes(tmp_path, the_close_once, monkeypatch)
+    assert failed and outcome in ("completed", "partial") and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
         assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
