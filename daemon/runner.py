@@ -246,32 +246,48 @@ class Runner:
         return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail)
 
     async def _watch(self) -> None:
-        """Polls the GPU view and the router every WATCH_EVERY_S window seconds. Every answer is an
-        input (the policy judges GPU memory, Xids and containment on each), and so is every poll that
-        got none: the policy aborts with `watch_lost` when a watch it depends on stays silent."""
+        """Polls the GPU view and the router every WATCH_EVERY_S window seconds, each watch in a task
+        of its own with a deadline per poll, so a hung router cannot silence the GPU watch (nor the
+        reverse). Every answer is an input (the policy judges GPU memory, Xids and containment on
+        each), and so is every poll that got none: the policy aborts with `watch_lost` when a watch
+        it depends on stays silent."""
+        async with anyio.create_task_group() as tg:
+            if self.target.p.gpu.source != "none":
+                tg.start_soon(self._watch_gpu)
+            if self.target.p.router is not None:
+                tg.start_soon(self._watch_router)
+
+    def _poll_deadline_s(self) -> float:
+        t = self.policy.plan.timing if self.policy.plan is not None else None
+        return (t.action_timeout_s if t else 60.0) / self.scale
+
+    async def _watch_gpu(self) -> None:
         seen_xids: int | None = None
-        gpu = self.target.p.gpu.source != "none"
         while True:
             await anyio.sleep(WATCH_EVERY_S / self.scale)
-            if gpu:
-                try:
+            try:
+                with anyio.fail_after(self._poll_deadline_s()):
                     g = await self.target.gpu_view()
-                    xids = g.get("xid_events") or []
-                    new = xids[seen_xids:] if seen_xids is not None else []
-                    seen_xids = len(xids)
-                    data = {"xid_events": new, "gpus": g.get("gpus", [])}
-                    for k in ("unsupported", "xid_watch_error"):
-                        if g.get(k):
-                            data[k] = g[k]
-                    self._send.send_nowait(WatchObserved(at_ns=self.now(), source="gpu", data=data))
-                except Exception as exc:
-                    self._send.send_nowait(self._watch_failed("gpu", exc))
-            if self.target.p.router is not None:
-                try:
+                xids = g.get("xid_events") or []
+                new = xids[seen_xids:] if seen_xids is not None else []
+                seen_xids = len(xids)
+                data = {"xid_events": new, "gpus": g.get("gpus", [])}
+                for k in ("unsupported", "xid_watch_error"):
+                    if g.get(k):
+                        data[k] = g[k]
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="gpu", data=data))
+            except Exception as exc:
+                self._send.send_nowait(self._watch_failed("gpu", exc))
+
+    async def _watch_router(self) -> None:
+        while True:
+            await anyio.sleep(WATCH_EVERY_S / self.scale)
+            try:
+                with anyio.fail_after(self._poll_deadline_s()):
                     r = await self.target.snapshot({"what": "router"})
-                    self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
-                except Exception as exc:
-                    self._send.send_nowait(self._watch_failed("router", exc))
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
+            except Exception as exc:
+                self._send.send_nowait(self._watch_failed("router", exc))
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")

@@ -103,3 +103,18 @@ def test_a_counter_reset_that_did_not_happen_on_the_real_load_path_is_caught(sma
     b_identity = next(c for c in r["cells"] if c["phase"] == "B.identity")
     assert b_identity["status"] == "invalid" and "counters not reset" in b_identity["reason"], b_identity
     assert r["outcome"] == "partial" and r["restoration"]["verified"] and rc == 1
+
+
+def test_a_router_that_hangs_is_the_router_watch_lost_and_the_primary_stays_out(small_plan, tmp_path):
+    # each watch polls on its own with a deadline: the hung router silences only the router watch,
+    # and the restore, unable to check containment or readmit, leaves the primary quiesced (exit 3)
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "router_hang@request=4")
+    assert r["abort"]["reason"] == "watch_lost" and "router watch" in r["abort"]["detail"], r["abort"]
+    assert rc == 3 and r["outcome"] == "restore_failed" and r["restoration"]["readmitted"] is False
+    evs = _events(out / "log.db")
+    last_router = max(e.at_ns for e in evs if type(e).__name__ == "WatchObserved" and e.source == "router")
+    gpu_after = [e for e in evs if type(e).__name__ == "WatchObserved" and e.source == "gpu" and e.at_ns > last_router]
+    assert len(gpu_after) >= 2  # the GPU watch went on answering beside the hung router
+    abort_at = next(i for i, e in enumerate(evs) if type(e).__name__ == "AbortDecided")
+    assert not [e for e in evs[abort_at:] if type(e).__name__ == "ActionRequested" and e.experimental]
