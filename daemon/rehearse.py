@@ -122,8 +122,16 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     # the schedule the window starts from, for the operator; the log keeps what it was computed from
     # (the plan and the calibration in window_opened), so an auditor can recompute it
     (out / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
-    db = out / "log.db"
     window_id = new_window_id(setup.plan)
+    return await _foreground(target, setup, window_id, out, console,
+                             lambda runner: runner.run(setup.opened(window_id)))
+
+
+async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: Path, console: Console,
+                      drive: Callable[[Runner], Awaitable[str]]) -> dict:
+    """One window driven in this process with its log in `out`, shown live and interruptible; its
+    reports written there once it closes."""
+    db = out / "log.db"
     try:
         store = await EventStore.open(db)
     except BaseException:
@@ -134,7 +142,7 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
     try:
         with view, Interrupts(runner, console, out):
-            await runner.run(setup.opened(window_id))
+            await drive(runner)
     finally:
         await target.close()
         await store.close()
@@ -161,21 +169,8 @@ async def resume_window(out: Path, console: Console) -> dict:
     console.print(f"resuming window {u.window_id} in its restore path ({len(u.inputs)} recorded inputs)"
                   + "".join(f"\n[yellow]mismatch:[/] {m}" for m in mismatches))
     target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=out / "recipes")
-    try:
-        store = await EventStore.open(db)
-    except BaseException:
-        await target.close()
-        raise
-    runner = Runner(store, target, u.window_id, setup.time_scale)
-    view = LiveView(console, u.window_id)
-    store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
-    try:
-        with view, Interrupts(runner, console, out):
-            await runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches)
-    finally:
-        await target.close()
-        await store.close()
-    return write_reports(db, u.window_id, out)
+    return await _foreground(target, setup, u.window_id, out, console,
+                             lambda runner: runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches))
 
 
 class Interrupts:

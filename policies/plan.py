@@ -243,10 +243,6 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
     if t.window_min - t.stop_min < t.restore_reserve_min:
         raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
-    for f in ("drain_timeout_s", "drain_poll_s", "watch_lost_s", "action_timeout_s", "load_timeout_s", "request_timeout_s",
-              "quiesce_drain_timeout_s"):
-        if not 0 < getattr(t, f) < float("inf"):
-            raise PlanError(f"{source}: timing.{f} = {getattr(t, f)}, expected a positive number of seconds")
     restore_expected_s = 2 * plan.rates.load_s + 8 * plan.rates.request_overhead_s  # unload, load, the checks
     budget = t.restore_budget()
     if not 0 < budget * 60 or budget + t.closing_drain_bound_min() > t.restore_reserve_min:
@@ -255,21 +251,10 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
     if restore_expected_s > budget * 60:
         raise PlanError(f"{source}: the restore's expected {restore_expected_s / 60:g} min (unload and load at "
                         f"rates.load_s = {plan.rates.load_s:g} s, and its checks) does not fit its budget of {budget:g} min")
-    g = plan.growth
-    if min(g.max_resident_bytes, g.max_host_cache_records, g.max_resident_growth_bytes, g.max_queue_excess) < 0 \
-            or g.queue_excess_observations < 1 or not 0 < g.max_gpu_memory_fraction <= 1:
-        raise PlanError(f"{source}: growth: bounds must not be negative, queue_excess_observations at least 1, "
-                        f"max_gpu_memory_fraction in (0, 1]")
-    r = plan.rates
-    for f in ("prefill_tokens_per_s", "decode_tokens_per_s", "chars_per_token"):
-        if not getattr(r, f) > 0:
-            raise PlanError(f"{source}: rates.{f} = {getattr(r, f)}, expected a positive rate")
-    if not 0 < r.output_share <= 1:
-        raise PlanError(f"{source}: rates.output_share = {r.output_share}, expected in (0, 1]")
-    if r.load_s < 0 or r.request_overhead_s < 0 or t.arm_margin_min < 0:
-        raise PlanError(f"{source}: rates.load_s, rates.request_overhead_s and timing.arm_margin_min must not be negative")
-    if t.stable_observations < 2:
-        raise PlanError(f"{source}: timing.stable_observations = {t.stable_observations}, expected at least 2")
+    if not 0 < plan.growth.max_gpu_memory_fraction <= 1:
+        raise PlanError(f"{source}: growth.max_gpu_memory_fraction = {plan.growth.max_gpu_memory_fraction}, expected in (0, 1]")
+    if not 0 < plan.rates.output_share <= 1:
+        raise PlanError(f"{source}: rates.output_share = {plan.rates.output_share}, expected in (0, 1]")
     # names become path components (report folders, fixture folders): nothing that could climb out
     if not _SAFE_NAME.fullmatch(plan.name):
         raise PlanError(f"{source}: name = {plan.name[:80]!r}: expected letters, digits, '.', '_' or '-' "
@@ -304,8 +289,6 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
             raise PlanError(f"{source}: trace: repetitions and concurrency must be non-empty")
     if not 0 < plan.sampling.top_p <= 1:
         raise PlanError(f"{source}: sampling.top_p = {plan.sampling.top_p}, expected in (0, 1]")
-    if plan.sampling.max_tokens < 1:
-        raise PlanError(f"{source}: sampling.max_tokens = {plan.sampling.max_tokens}, expected at least 1")
 
 
 def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:

@@ -78,7 +78,6 @@ def restore(w: WindowPolicy) -> Proc:
         w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
         re = yield from w._act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
-        w.readmitted = bool(checks["readmitted"])
         routed = yield from w._act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
     checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too

@@ -55,7 +55,6 @@ class WindowPolicy(Driver):
         self.abort: AbortRecord | None = None
         self.restore_cause: str | None = None
         self.restore_started: float | None = None
-        self.readmitted = False
         self.readmit_requested = False
         self.restore_end_ns: int | None = None  # the restore's budget runs out here
         self.incumbent: Incumbent | None = None
@@ -292,8 +291,8 @@ class WindowPolicy(Driver):
     def _restore_fault(self, what: str) -> None:
         """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said."""
         self.restore_faults.append(what)
-        self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmitted else
-                                                                     " (after the primary was readmitted)")))
+        self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmit_requested else
+                                                                     " (after the primary's readmit was sent)")))
 
     def _abort_from_outside(self, reason: str, detail: str) -> None:
         if self.stage != "experiment":
