@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--scenario", default="flare-47581cca")
     rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]")
     rh.add_argument("--out", type=Path, default=None)
-    rh.add_argument("--time-scale", type=float, default=20.0)
+    rh.add_argument("--time-scale", type=float, default=None,
+                    help="pace the rehearsal on the wall clock at this factor (a live demonstration); "
+                         "default: virtual time, as fast as the machine computes it")
+    rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
     rn = sub.add_parser("run", help="run a window against a site")
     rn.add_argument("--plan", type=Path, default=None)
     rn.add_argument("--site", type=Path, default=None)
@@ -117,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--calibrate", type=Path, default=None, metavar="LOG",
                     help="start from what an earlier window's log measured instead of the plan's rates alone")
     pf.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    pf.add_argument("--simulate", type=int, default=None, metavar="N",
+                    help="run N seeded model windows against flaresim in virtual time and print how often every "
+                         "required cell is measured, each phase's end minute and how often the restore fits "
+                         "(exit 0 only when every run measured every required cell and restored in time)")
+    pf.add_argument("--seed", type=int, default=0, help="with --simulate: the first seed (runs use SEED..SEED+N-1)")
+    pf.add_argument("--scenario", default="flare-47581cca", help="with --simulate: the simulator's scenario")
     return p
 
 
@@ -163,9 +172,31 @@ def _plan_forecast(args: argparse.Namespace) -> int:
             setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))  # type: ignore[arg-type]
     except InputError as exc:
         raise UsageError(str(exc)) from None
+    if args.simulate is not None:
+        return _plan_simulate(args, setup, cal)
     sched = schedule(setup, cal)
     print(json.dumps(msgspec.to_builtins(sched)) if args.json else "\n".join(sched.render()))
     return EXIT_OK if sched.fits else EXIT_FAILED
+
+
+def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:
+    import msgspec
+
+    from daemon.simulate import MAX_RUNS, simulate
+    from fixtures.flaresim.scenario import ScenarioError, load_scenario
+    if not 1 <= args.simulate <= MAX_RUNS:
+        raise UsageError(f"--simulate {args.simulate}: expected a number of runs from 1 to {MAX_RUNS}")
+    if not 0 <= args.seed < 2**63 - MAX_RUNS:
+        raise UsageError(f"--seed {args.seed}: expected a whole number from 0 to 2^63-{MAX_RUNS + 1}")
+    if args.site is not None:
+        raise UsageError("--simulate: expected no --site (a simulation runs against flaresim; --scenario picks its host)")
+    try:
+        load_scenario(args.scenario)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    sim = simulate(setup.plan_raw, setup.plan, args.scenario, setup.fixtures, args.simulate, args.seed, cal)
+    print(msgspec.json.encode(sim).decode() if args.json else "\n".join(sim.render()))
+    return EXIT_OK if sim.every_required_measured == 1 and sim.restore_within_reservation == 1 else EXIT_FAILED
 
 
 def _plan_check(path: Path) -> int:
@@ -201,7 +232,7 @@ def _window(args: argparse.Namespace) -> int:
         if missing:
             raise UsageError(f"run: expected {', '.join(missing)} (or --resume OUT)")
     plan_raw, plan = load_plan(args.plan)
-    if not args.time_scale > 0:
+    if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
     console = Console()
@@ -213,8 +244,10 @@ def _window(args: argparse.Namespace) -> int:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
             faults = [parse_fault(f) for f in args.fault]  # every input checked before the simulator starts
+            if not 0 <= args.seed < 2**63:
+                raise UsageError(f"--seed {args.seed}: expected a whole number from 0 to 2^63-1")
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console,
-                              _calibration(args.calibrate), args.accept_partial, str(args.plan))
+                              _calibration(args.calibrate), args.accept_partial, str(args.plan), args.seed)
         else:
             import asyncio
             setup = setup_for_site(args.plan, args.site, args.time_scale)

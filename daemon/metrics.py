@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +40,7 @@ class MetricsError(ValueError):
     """The exposition could not be parsed (malformed transport)."""
 
 
+@functools.lru_cache(maxsize=1024)
 def selector(spec: str) -> tuple[str, dict[str, str]]:
     """'family' or 'family{label="value",...}' -> (family, required labels)."""
     m = _SELECTOR.match(spec.strip())
@@ -61,7 +63,6 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
     `names` maps a contract family to this engine's selector. Samples that match are summed (an
     engine with several data-parallel ranks reports one per rank); `_created` samples are skipped.
     """
-    names = names or {}
     families: dict[str, list] = {}
     try:
         for f in text_string_to_metric_families(text):
@@ -73,6 +74,12 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
             families.setdefault(name, []).extend(f.samples)
     except Exception as exc:  # the parser raises ValueError and others on bad input
         raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
+    return shape(families, names)
+
+
+def shape(families: dict[str, list], names: dict[str, str] | None = None) -> dict:
+    """{counters, gauges, labels} from parsed families (family name -> samples with name, labels, value)."""
+    names = names or {}
 
     def samples(contract: str):
         fam, want = selector(names.get(contract, contract))

@@ -16,7 +16,9 @@ import httpx
 import msgspec
 from rich.console import Console
 
+from daemon import virtualtime
 from daemon.forecast import planned
+from daemon.inprocess import serve_in_process
 from daemon.live import LiveView
 from daemon.runner import Runner
 from daemon.sitecheck import checked_target
@@ -211,28 +213,50 @@ class Interrupts:
             self.runner.abort(f"{sig.name} to the foreground process")
 
 
-async def inject_faults(base: str, token: str, faults: list[dict]) -> None:
-    async with httpx.AsyncClient() as c:
+SIM_URL = "http://flaresim.rehearsal"  # the in-process simulator's name: no socket, no port
+
+
+async def inject_faults(base: str, token: str, faults: list[dict], transport: httpx.AsyncBaseTransport | None = None) -> None:
+    async with httpx.AsyncClient(transport=transport) as c:
         for f in faults:
             r = await c.post(f"{base}/sim/v1/faults", json=f, headers={"Authorization": f"Bearer {token}"})
             if r.status_code != 200:
                 raise InputError(f"--fault {f['kind']}: {r.json().get('error', {}).get('message')}")
 
 
-def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float,
+def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float | None,
              console: Console, calibration: Calibration | None = None, accept_partial: bool = False,
-             plan_path: str = "") -> dict:
+             plan_path: str = "", seed: int = 0) -> dict:
+    """A whole window against flaresim served in this process: in virtual time (`time_scale` None),
+    or live-paced on the wall clock at `time_scale`."""
+    main = rehearse_async(plan_raw, plan, scenario, faults, out, console, time_scale=time_scale,
+                          calibration=calibration, accept_partial=accept_partial, plan_path=plan_path, seed=seed)
+    return virtualtime.run(main) if time_scale is None else asyncio.run(main)
+
+
+async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
+                         time_scale: float | None = None, calibration: Calibration | None = None,
+                         accept_partial: bool = False, plan_path: str = "", seed: int = 0) -> dict:
+    """`rehearse` on the running loop (a VirtualTimeLoop for virtual time)."""
     import secrets
-    token = secrets.token_hex(SIM_TOKEN_BYTES)
-    proc, base = start_sim(scenario, time_scale, token)
+
+    # the one place the daemon imports the simulator: to serve it in-process as a rehearsal's host
+    from fixtures.flaresim.app import build_app
+    from fixtures.flaresim.host import Host
+    from fixtures.flaresim.scenario import ScenarioError, load_scenario
     try:
-        console.print(f"rehearsal against flaresim ({scenario}) at {base}, time x{time_scale:g}; GPU source: simulator")
-        setup = WindowSetup(plan_raw, plan, sim_site(base, token), load_fixtures(plan, []), time_scale, rehearsal=True,
-                            calibration=calibration, accept_partial=accept_partial, plan_path=plan_path)
-        return asyncio.run(run_window(setup, out, console, lambda: inject_faults(base, token, faults)))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        sc = load_scenario(scenario)
+    except ScenarioError as exc:
+        raise InputError(str(exc)) from None
+    virtual = time_scale is None
+    if virtual and not virtualtime.is_virtual():
+        raise RuntimeError("a virtual-time rehearsal needs a VirtualTimeLoop (daemon.virtualtime.run)")
+    token = secrets.token_hex(SIM_TOKEN_BYTES)
+    host = Host(sc, time_scale=time_scale or 1.0, token=token, clock=asyncio.get_running_loop().time, seed=seed)
+    async with serve_in_process(build_app(host)) as transport:
+        pace = "virtual time (the simulator's cost model)" if virtual else f"wall clock x{time_scale:g}"
+        console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
+        setup = WindowSetup(plan_raw, plan, sim_site(SIM_URL, token, transport=transport), load_fixtures(plan, []),
+                            time_scale or 1.0, rehearsal=True, calibration=calibration, accept_partial=accept_partial,
+                            plan_path=plan_path, clock="virtual" if virtual else "wall", sim_seed=seed)
+        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, transport))

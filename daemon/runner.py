@@ -46,7 +46,7 @@ class Runner:
         self.scopes: dict[int, anyio.CancelScope] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.on_decision = on_decision or (lambda d: None)
-        self._start = time.monotonic_ns()
+        self._start = anyio.current_time()  # the loop's clock: real seconds, or a rehearsal's virtual ones
         self._last: list[Decision] = []
         self.outcome: str | None = None
         self.write_error: BaseException | None = None
@@ -58,8 +58,10 @@ class Runner:
         self._catching_up = False
 
     def now(self) -> int:
-        """The window clock: real nanoseconds since the window opened, times the time scale."""
-        return int((time.monotonic_ns() - self._start) * self.scale)
+        """The window clock: nanoseconds since the window opened on the loop's clock, times the time
+        scale. The loop's clock is the monotonic clock, or in a rehearsal the simulator's virtual time
+        (daemon/virtualtime.py), which the runner cannot tell apart and need not."""
+        return int((anyio.current_time() - self._start) * 1e9 * self.scale)
 
     async def run(self, opened: WindowOpened) -> str:
         return await self._loop(opened)
@@ -71,7 +73,7 @@ class Runner:
         in the files the caller compared) goes with the restart and raises `resume_mismatch`."""
         # The window clock keeps counting through the outage: a crash does not stop the minutes.
         elapsed = max(0, time.time_ns() - opened_wall_ns)
-        self._start = time.monotonic_ns() - elapsed
+        self._start = anyio.current_time() - elapsed / 1e9
         found = list(mismatches or [])
         divergence = replay(self.policy, recorded)
         if divergence:

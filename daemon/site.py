@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -63,6 +63,9 @@ class Site(msgspec.Struct):
     token_files: dict[str, str] = {}  # service -> token file path (a path, never the token)
     profile_toml: str = ""  # the profile as read (paths and names, never a token): what a recovery restores with
     warnings: list[str] = []  # what the operator should fix, though the profile works (a world-readable token)
+    # how the services are reached when not over the network: a rehearsal's in-process simulator
+    # (an httpx transport); never encoded
+    transport: Any = None
 
     def token_path(self, svc: str) -> Path | None:
         p = self.token_files.get(svc)
@@ -179,7 +182,7 @@ def _token_path(profile: Path, token_file: str) -> Path | None:
     return profile.parent / token_file
 
 
-def sim_site(base_url: str, token: str, candidate: str = "glm-candidate") -> Site:
+def sim_site(base_url: str, token: str, candidate: str = "glm-candidate", transport: Any = None) -> Site:
     """The profile of an embedded flaresim: all services on one base URL, the router under /routed."""
     prof = SiteProfile(
         serving=Service(url=base_url), manager=Service(url=base_url, candidate_recipe=candidate),
@@ -187,4 +190,4 @@ def sim_site(base_url: str, token: str, candidate: str = "glm-candidate") -> Sit
         monitoring=Service(url=base_url, target="primary"), gpu=Gpu(source="sim", url=base_url))
     data = msgspec.json.encode(prof)
     return Site(prof, {k: token for k in ("serving", "manager", "router", "monitoring", "gpu")}, "flaresim",
-                hashlib.sha256(data).hexdigest())
+                hashlib.sha256(data).hexdigest(), transport=transport)

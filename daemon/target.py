@@ -7,9 +7,9 @@ import base64
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
+import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
@@ -50,10 +50,11 @@ class Target:
         self.recipe_dir = recipe_dir  # retained recipe bytes, content-addressed, beside the log
         timeout = httpx.Timeout(600.0, connect=10.0)
         # reads and state-setting calls share a pool (they may be retried once on a fresh connection)
-        self.client = httpx.AsyncClient(timeout=timeout)
+        self.client = httpx.AsyncClient(timeout=timeout, transport=site.transport)
         # generations, loads and unloads each get a connection of their own: one the host may have
         # closed while idle can never be picked for them, and they are never sent twice
-        self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
+        self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0),
+                                       transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         self.engine = local_engine(site) if site.profile.engine is not None else None
         from daemon.engine_profiles import metric_names
@@ -250,7 +251,7 @@ class Target:
         """Sends the exact body bytes and returns the RequestDone fields (raises on abort-class errors)."""
         fx = self.fixtures[args["fixture"]]
         body = fx.bodies[args["body_index"]]
-        t0 = time.monotonic_ns()
+        t0 = _now_ns()
         out: dict = {"outcome": "ok"}
         first_byte = first_token = last_token = None
         visible = reasoning = False
@@ -270,7 +271,7 @@ class Target:
             out["request_id"] = resp.headers.get("x-request-id")
             out["status_code"] = resp.status_code
             async for sse in es.aiter_sse():
-                now = time.monotonic_ns() - t0
+                now = _now_ns() - t0
                 first_byte = first_byte if first_byte is not None else now
                 data = sse.data.encode()
                 digest.update(data + b"\n")
@@ -309,9 +310,14 @@ class Target:
                    prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                    first_byte_ns=first_byte, first_token_ns=first_token, last_token_ns=last_token,
-                   end_ns=time.monotonic_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
+                   end_ns=_now_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
                    response_head=head.decode("utf-8", "replace"))
         return out
+
+
+def _now_ns() -> int:
+    """The loop's clock in nanoseconds: the monotonic clock, or a rehearsal's virtual time."""
+    return int(anyio.current_time() * 1e9)
 
 
 def _keep(folder: Path, sha256: str, content: bytes) -> Path:

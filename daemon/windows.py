@@ -55,6 +55,8 @@ class WindowSetup:
     accept_partial: bool = False  # run even when the forecast says a required cell does not fit
     plan_path: str = ""
     expected_incumbent: str = ""  # after a window that did not restore: the incumbent it recorded
+    clock: str = "wall"  # "virtual" in a rehearsal on the simulator's time (daemon/virtualtime.py)
+    sim_seed: int | None = None
 
     @property
     def plan_sha256(self) -> str:
@@ -71,7 +73,8 @@ class WindowSetup:
                             policy_sha256=policy_version(), site_profile_sha256=self.site.sha256,
                             site_profile_toml=self.site.profile_toml,
                             fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())},
-                            expected_incumbent_sha256=self.expected_incumbent)
+                            expected_incumbent_sha256=self.expected_incumbent, clock=self.clock,
+                            sim_seed=self.sim_seed)
 
 
 def new_window_id(plan: Plan) -> str:

@@ -138,7 +138,7 @@ class _Projection:
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
              "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
-             "rehearsal": f.rehearsal, "plan_sha256": f.plan_sha256}
+             "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256}
         r["trace"].update(trace_evidence(r["cells"], r["requests"]))
         return r
 

@@ -8,7 +8,7 @@ from events import charts
 from events.report import Segment, join_segments
 from events.report_md import (
     CHECKS, REQUEST_COLUMNS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD, check, needs_attention, recipe_lines, request_rows,
-    schedule_rows, trace_arm_rows, trace_pair_rows, utc, val,
+    schedule_rows, trace_arm_rows, trace_pair_rows, utc, val, clock_words,
 )
 
 CSS = """
@@ -89,7 +89,7 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
                     f"<h1>Window {escape(r['window_id'])}</h1>",
                     f"<p>Plan <b>{escape(val(r.get('plan')))}</b> (sha256 <code>{escape(val(r.get('plan_sha256')))}</code>)"
                     f" on site <b>{escape(val(r.get('site')))}</b>"
-                    f"{' — <i>rehearsal against the simulator</i>' if r.get('rehearsal') else ''}. "
+                    f"{' — <i>rehearsal against the simulator' + escape(clock_words(r)) + '</i>' if r.get('rehearsal') else ''}. "
                     f"t0 {escape(utc(r.get('t0_wall')))}; stop at minute {escape(val(timing.get('stop_min')))}, "
                     f"window ends at minute {escape(val(timing.get('window_min')))}.</p>",
                     f"<p>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"

@@ -23,6 +23,14 @@ def utc(wall_ns: int | None) -> str:
     return "—" if wall_ns is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_ns // 1_000_000_000))
 
 
+def clock_words(r: dict) -> str:
+    """How a rehearsal kept time, in words (minutes are the simulator's, or the wall clock's times a scale)."""
+    c = r.get("clock") or {}
+    if c.get("kind") == "virtual":
+        return f" in virtual time (seed {c.get('sim_seed')})"
+    return " on the wall clock"
+
+
 def ms(ns: int | None) -> str:
     return "n/a" if ns is None else f"{ns / 1e6:.0f}"
 
@@ -100,7 +108,7 @@ def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> lis
     timing = r.get("timing") or {}
     out = [f"# Window {r['window_id']}", "",
            f"Plan **{r.get('plan')}** (sha256 {r.get('plan_sha256')}) on site **{r.get('site')}**"
-           f"{' — rehearsal against the simulator' if r.get('rehearsal') else ''}. t0 {utc(r.get('t0_wall'))}; "
+           f"{' — rehearsal against the simulator' + clock_words(r) if r.get('rehearsal') else ''}. t0 {utc(r.get('t0_wall'))}; "
            f"stop at minute {val(timing.get('stop_min'))}, window ends at minute {val(timing.get('window_min'))}.", "",
            f"Outcome: **{val(r.get('outcome'))}**"]
     if r.get("abort"):

@@ -75,7 +75,7 @@ class Report(_S):
     window_id: str
     plan: str | None
     t0_wall: int | None
-    outcome: Literal["completed", "aborted", "restore_failed"] | None  # None: the window is still open
+    outcome: Literal["completed", "partial", "aborted", "restore_failed"] | None  # None: the window is still open
     abort: Abort | None
     cells: list[Cell]
     verdict: Verdict | None

@@ -58,6 +58,11 @@ class WindowOpened(Input, tag="window_opened"):
     # set when the last window in this log did not verify its restore: the incumbent it recorded,
     # which must be what is loaded before another window may start
     expected_incumbent_sha256: str = ""
+    # a rehearsal's clock: "virtual" (the simulator's model of service time; the same seed gives the
+    # same window anywhere) or "wall" (a live-paced rehearsal, and every window on a real site), and
+    # the seed its simulator drew service-time noise from
+    clock: str = "wall"
+    sim_seed: int | None = None
 
 
 @register

@@ -8,6 +8,7 @@ import logging
 import os
 import sqlite3
 import time
+from typing import TypeVar
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from events.checkpoint import default_path, write_checkpoint
 from events.envelope import COLUMNS, Envelope
 from events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
 
+T = TypeVar("T")
 _log = logging.getLogger("flare_diag.store")
 
 Clock = Callable[[], tuple[int, int]]
@@ -122,29 +124,29 @@ class EventStore:
                    clock: Clock = system_clock, max_batch: int = 65_536) -> EventStore:
         path = Path(path)
         cp = Path(checkpoint_path) if checkpoint_path is not None else default_path(path)
-        conn = await aiosqlite.connect(path, isolation_level=None)
+        conn = await _on_thread(aiosqlite.connect(path, isolation_level=None))
         try:
-            await conn.execute("PRAGMA journal_mode=WAL")
-            await conn.execute("PRAGMA synchronous=FULL")
-            await conn.execute("BEGIN IMMEDIATE")
+            await _on_thread(conn.execute("PRAGMA journal_mode=WAL"))
+            await _on_thread(conn.execute("PRAGMA synchronous=FULL"))
+            await _on_thread(conn.execute("BEGIN IMMEDIATE"))
             for stmt in _split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
-                await conn.execute(stmt)
-            meta = dict(await conn.execute_fetchall("SELECT key, value FROM meta"))
+                await _on_thread(conn.execute(stmt))
+            meta = dict(await _on_thread(conn.execute_fetchall("SELECT key, value FROM meta")))
             if not meta:
-                await conn.executemany(
+                await _on_thread(conn.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [("format", FORMAT), ("store_version", str(STORE_VERSION))],
-                )
+                ))
             elif meta.get("format") != FORMAT:
                 raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
             elif not str(meta.get("store_version", "0")).isdigit():
                 raise NotAnEventLog(f"{path}: not a flare-diag event log (store_version {meta.get('store_version')!r})")
             elif int(meta.get("store_version", "0")) > STORE_VERSION:
                 raise NotAnEventLog(f"{path}: event log store_version {meta['store_version']} is newer than this build's {STORE_VERSION}")
-            await conn.execute("COMMIT")
-            rows = await conn.execute_fetchall("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+            await _on_thread(conn.execute("COMMIT"))
+            rows = await _on_thread(conn.execute_fetchall("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"))
         except BaseException as exc:
-            await conn.close()
+            await _on_thread(conn.close())
             if isinstance(exc, aiosqlite.DatabaseError):
                 raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
             raise
@@ -301,11 +303,11 @@ class EventStore:
         checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9], self.checkpoint_key)
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
-            why = await run(_write_transaction, self._conn._conn, bulk, checkpoint)
+            why = await _on_thread(run(_write_transaction, self._conn._conn, bulk, checkpoint))
         else:
-            await self._conn.execute("BEGIN IMMEDIATE")
-            await self._conn.execute(BULK_INSERT, bulk)
-            await self._conn.execute("COMMIT")
+            await _on_thread(self._conn.execute("BEGIN IMMEDIATE"))
+            await _on_thread(self._conn.execute(BULK_INSERT, bulk))
+            await _on_thread(self._conn.execute("COMMIT"))
             try:
                 await asyncio.to_thread(write_checkpoint, *checkpoint)
                 why = None
@@ -358,7 +360,7 @@ class EventStore:
                 await self._write_rows(rows, bulk)
             except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
                 try:
-                    await self._conn.execute("ROLLBACK")
+                    await _on_thread(self._conn.execute("ROLLBACK"))
                 except Exception:
                     pass
                 self._tent_seq, self._tent_head = self._seq, self._head
@@ -394,10 +396,12 @@ class EventStore:
                    types: Iterable[str] | None = None, chunk: int = 2048) -> AsyncIterator[Envelope]:
         """Committed events in seq order, optionally one window's or some types'."""
         sql, args = select_sql(from_seq, window_id, types)
+        _on_thread(None)  # the cursor's execute; its close, when the block is left, is one more
         async with self._conn.execute(sql, args) as cur:
             while True:
-                rows = await cur.fetchmany(chunk)
+                rows = await _on_thread(cur.fetchmany(chunk))
                 if not rows:
+                    _on_thread(None)  # the cursor's close
                     return
                 for r in rows:
                     yield row_envelope(r)
@@ -411,7 +415,7 @@ class EventStore:
         try:
             await self._tg.__aexit__(None, None, None)  # the writer ends at _STOP, after the last commit
         finally:
-            await self._conn.close()
+            await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced
 
     async def __aenter__(self) -> EventStore:
         return self
@@ -438,6 +442,15 @@ class _Commit:
     async def wait(self) -> bool:
         await self.done.wait()
         return self.ok
+
+
+def _on_thread(aw: T) -> T:
+    """Announces one call on aiosqlite's thread to a loop that keeps virtual time (a rehearsal's:
+    daemon/virtualtime.py), which then holds its clock until the thread answers; returns `aw`."""
+    started = getattr(asyncio.get_running_loop(), "thread_call_started", None)
+    if started is not None:
+        started()
+    return aw
 
 
 def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],

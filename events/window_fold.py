@@ -22,6 +22,7 @@ class WindowFold:
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
+        self.clock: dict = {"kind": "wall", "sim_seed": None}
         self.candidate_recipe: str | None = None
         self.expected_identity: dict = {}
         self.timing: dict | None = None
@@ -85,6 +86,7 @@ class WindowFold:
         self.window_id = ev.window_id
         self.plan = str(ev.plan.get("name", ""))
         self.plan_sha256, self.site, self.rehearsal = ev.plan_sha256, ev.site, ev.rehearsal
+        self.clock = {"kind": ev.clock, "sim_seed": ev.sim_seed}
         self.candidate_recipe = ev.candidate_recipe
         self.expected_identity = dict(ev.plan.get("identity") or {})
         t = ev.plan.get("timing") or {}

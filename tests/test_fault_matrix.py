@@ -13,7 +13,6 @@ import pytest
 from events.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
-SCALE = "100"
 SMALL_PHASE = 8  # the tok1024 working set: the plan's shape with eight bodies per replay phase
 
 # fault kind -> the abort reason the contract's rules give it
@@ -29,7 +28,7 @@ MOMENTS = {"before": "request=1", "during": "request=4", "between": f"after_requ
 
 def rehearse_printing(plan: Path, out: Path, *extra: str) -> tuple[int, dict, str]:
     p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
-                        "--time-scale", SCALE, *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "COLUMNS": "200"})
     assert (out / "report.json").exists(), p.stdout[-2000:] + p.stderr[-2000:]
     return p.returncode, json.loads((out / "report.json").read_text()), p.stdout
