@@ -29,7 +29,7 @@ from daemon.fixture import Fixture
 from daemon.runner import WATCH_EVERY_S
 from daemon.site import sim_site
 from daemon.target import PREFLIGHT_BODY
-from events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved, WindowOpened
+from events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
 from events.window_fold import WindowFold
 from policies.plan import Plan
 from policies.planner import Calibration

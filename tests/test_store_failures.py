@@ -4,7 +4,9 @@ written, and a commit that fails while a window runs."""
 from __future__ import annotations
 
 from events.schema import LogNote
+from daemon import virtualtime
 from events.store import EventStore, StoreWriteError
+from tests.simtools import served
 
 
 async def test_a_listener_that_raises_is_dropped_and_the_store_keeps_committing(tmp_path):
@@ -30,20 +32,22 @@ async def test_a_checkpoint_that_cannot_be_written_does_not_stop_commits(tmp_pat
         assert store.head[0] == 3 and store.checkpoint_error
 
 
-async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
-    """Runs a window against flaresim whose store's commits fail while `fail(n, rows)` says so (n: the
-    commit's number); returns (the runner's outcome or exception, the simulator's loaded recipe)."""
-    import daemon.runner as runner_mod
+def _window_with_failing_writes(tmp_path, fail, plan_path) -> tuple[object, str]:
+    """Runs a window in virtual time against flaresim in-process whose store's commits fail while
+    `fail(n, rows)` says so (n: the commit's number); returns (the runner's outcome or exception, the
+    simulator's loaded recipe)."""
+    return virtualtime.run(_failing_window(tmp_path, fail, plan_path))
+
+
+async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
     from daemon.runner import Runner
     from daemon.target import Target
-    from daemon.windows import setup_for_site
-    from tests.daemontools import PLAN, Sim
-
-    monkeypatch.setattr(runner_mod, "FINAL_CATCH_UP_S", 2.0)
-    monkeypatch.setattr(runner_mod, "CATCH_UP_EVERY_S", 0.2)
-    sim = Sim(tmp_path)
-    try:
-        setup = setup_for_site(PLAN, sim.site, 100)
+    from daemon.windows import WindowSetup, load_fixtures
+    from policies.plan import decode_plan
+    raw = plan_path.read_bytes()
+    plan = decode_plan(raw)
+    async with served() as (host, site):
+        setup = WindowSetup(raw, plan, site, load_fixtures(plan, []), rehearsal=True, accept_partial=True, clock="virtual")
         target = Target(setup.site, setup.fixtures, setup.plan_sha256)
         store = await EventStore.open(tmp_path / "log.db")
         real = store._write_rows
@@ -56,22 +60,20 @@ async def _window_with_failing_writes(tmp_path, fail, monkeypatch):
             await real(rows, bulk)
 
         store._write_rows = failing
-        runner = Runner(store, target, "w-disk", 100)
+        runner = Runner(store, target, "w-disk")
         try:
             result: object = await runner.run(setup.opened("w-disk"))
         except StoreWriteError as exc:
             result = exc
         await target.close()
         await store.close()
-        return result, sim.get("/manager/v1/state")["loaded"]["recipe"]
-    finally:
-        sim.stop()
+        return result, host.engine.recipe if host.engine else None
 
 
-async def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch):
+def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch, small_plan):
     from events.reader import LogReader
     from events.verify import verify_log
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: 60 <= n < 63, monkeypatch)
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: 60 <= n < 63, small_plan)
     assert outcome == "aborted" and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
@@ -88,14 +90,14 @@ async def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catc
     assert asked == answered
 
 
-async def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_log_lacks(tmp_path, monkeypatch):
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: n >= 60, monkeypatch)
+def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_log_lacks(tmp_path, monkeypatch, small_plan):
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: n >= 60, small_plan)
     assert isinstance(outcome, StoreWriteError) and "restored from memory" in str(outcome)
     assert "are not in the log" in str(outcome)
     assert loaded == "glm-incumbent"
 
 
-async def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_its_restore(tmp_path, monkeypatch):
+def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_its_restore(tmp_path, monkeypatch, small_plan):
     import events.store as store_mod
     from events.reader import LogReader
     from events.verify import verify_log
@@ -109,14 +111,14 @@ async def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_windo
         real(*args)
 
     monkeypatch.setattr(store_mod, "write_checkpoint", emfile)
-    outcome, loaded = await _window_with_failing_writes(tmp_path, lambda n, _rows: False, monkeypatch)
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: False, small_plan)
     assert outcome in ("completed", "partial") and loaded == "glm-incumbent" and calls["n"] > 20
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
         assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
 
 
-async def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runner_returns(tmp_path, monkeypatch):
+def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runner_returns(tmp_path, monkeypatch, small_plan):
     from events.reader import LogReader
     from events.verify import verify_log
     failed = []
@@ -126,7 +128,7 @@ async def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_th
             failed.append(True)
             return True
         return False
-    outcome, loaded = await _window_with_failing_writes(tmp_path, the_close_once, monkeypatch)
+    outcome, loaded = _window_with_failing_writes(tmp_path, the_close_once, small_plan)
     assert failed and outcome in ("completed", "partial") and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
