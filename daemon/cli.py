@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ss.add_argument("--port", type=int, default=8100)
     ss.add_argument("--scenario", default="flare-47581cca")
     ss.add_argument("--time-scale", type=float, default=1.0)
+    ss.add_argument("--seed", type=int, default=0, help="draws the scenario's service-time spread")
     sr = ssub.add_parser("replay", help="prime then replay a fixture straight through the cache model")
     sr.add_argument("fixture")
     sr.add_argument("--order", choices=["forward", "reverse"], default="forward")
@@ -317,7 +318,8 @@ def _sim(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.sim_cmd == "serve":
         from fixtures.flaresim.serve import main as serve
-        return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale)])
+        return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale),
+                      "--seed", str(args.seed)])
     from fixtures.flaresim.replay import replay
     try:
         replay(args.fixture, args.order, args.scenario)

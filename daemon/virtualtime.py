@@ -84,6 +84,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         with self._lock:
             self._announced += 1
 
+    def thread_call_withdrawn(self) -> None:
+        """An announced call that never reached its thread (refused before the hand-over)."""
+        with self._lock:
+            self._announced -= 1
+
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,
                              context: Any = None) -> asyncio.Handle:
         if threading.get_ident() == self._thread_id:  # the loop's own thread (an async generator's finalizer)

@@ -8,9 +8,10 @@ import logging
 import os
 import sqlite3
 import time
-from typing import TypeVar
+import types
+from typing import Any, TypeVar
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from pathlib import Path
 
 import aiosqlite
@@ -396,12 +397,12 @@ class EventStore:
                    types: Iterable[str] | None = None, chunk: int = 2048) -> AsyncIterator[Envelope]:
         """Committed events in seq order, optionally one window's or some types'."""
         sql, args = select_sql(from_seq, window_id, types)
-        _on_thread(None)  # the cursor's execute; its close, when the block is left, is one more
+        _announce()  # the cursor's execute; its close, when the block is left, is one more
         async with self._conn.execute(sql, args) as cur:
             while True:
                 rows = await _on_thread(cur.fetchmany(chunk))
                 if not rows:
-                    _on_thread(None)  # the cursor's close
+                    _announce()  # the cursor's close
                     return
                 for r in rows:
                     yield row_envelope(r)
@@ -444,13 +445,49 @@ class _Commit:
         return self.ok
 
 
-def _on_thread(aw: T) -> T:
-    """Announces one call on aiosqlite's thread to a loop that keeps virtual time (a rehearsal's:
-    daemon/virtualtime.py), which then holds its clock until the thread answers; returns `aw`."""
+@types.coroutine
+def _on_thread(aw: Awaitable[T]) -> Generator[Any, Any, T]:
+    """Awaits one call on aiosqlite's thread, announced to a loop that keeps virtual time (a rehearsal's:
+    daemon/virtualtime.py), which then holds its clock until the thread answers. A call refused before
+    it reached the thread (a closed connection) is withdrawn, so the loop never waits for an answer
+    that cannot come."""
+    loop = asyncio.get_running_loop()
+    started = getattr(loop, "thread_call_started", None)
+    it = aw.__await__()
+    if started is None:
+        return (yield from it)
+    started()
+    try:
+        step = it.send(None)  # runs up to the hand-over to the thread
+    except StopIteration as done:
+        loop.thread_call_withdrawn()  # type: ignore[attr-defined]
+        return done.value
+    except BaseException:
+        loop.thread_call_withdrawn()  # type: ignore[attr-defined]
+        raise
+    while True:  # the rest, as `yield from` would delegate it
+        try:
+            sent = yield step
+        except GeneratorExit:
+            it.close()
+            raise
+        except BaseException as exc:  # noqa: B036 (a cancellation goes on to the awaited call)
+            try:
+                step = it.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                step = it.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+def _announce() -> None:
+    """One call on aiosqlite's thread that is not awaited here (a cursor's), announced as above."""
     started = getattr(asyncio.get_running_loop(), "thread_call_started", None)
     if started is not None:
         started()
-    return aw
 
 
 def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],

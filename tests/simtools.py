@@ -45,3 +45,25 @@ async def served(scenario: str = "flare-47581cca", seed: int = 0) -> AsyncIterat
     host = Host(load_scenario(scenario), token=SIM_TOKEN, clock=asyncio.get_running_loop().time, seed=seed)
     async with serve_in_process(build_app(host)) as transport:
         yield host, sim_site(SIM_URL, SIM_TOKEN, transport=transport)
+
+
+def flare_diag_here(*args: str, columns: int = 200) -> tuple[int, str, str]:
+    """`flare-diag ARGS` in this process (a rehearsal needs no process of its own now that its
+    simulator is served in-process): exit code, stdout, stderr."""
+    import contextlib
+    import io
+    import os
+
+    from daemon.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)  # rich lays out for this width when not on a terminal
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(list(args))
+    finally:
+        if before is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = before
+    return rc, out.getvalue(), err.getvalue()

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from events.reader import LogReader
+from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_PHASE = 8  # the tok1024 working set: the plan's shape with eight bodies per replay phase
@@ -27,11 +25,9 @@ MOMENTS = {"before": "request=1", "during": "request=4", "between": f"after_requ
 
 
 def rehearse_printing(plan: Path, out: Path, *extra: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
-                        *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "COLUMNS": "200"})
-    assert (out / "report.json").exists(), p.stdout[-2000:] + p.stderr[-2000:]
-    return p.returncode, json.loads((out / "report.json").read_text()), p.stdout
+    rc, stdout, stderr = flare_diag_here("rehearse", "--plan", str(plan), "--out", str(out), *extra)
+    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    return rc, json.loads((out / "report.json").read_text()), stdout
 
 
 def aborted_and_restored(rc: int, r: dict, log: Path) -> list:

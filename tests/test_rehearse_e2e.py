@@ -1,4 +1,4 @@
-"""End to end: `flare-diag rehearse` serves flaresim in-process and runs the 2026-10-22 window in virtual time."""
+"""End to end: `flare-diag rehearse` (in this process) serves flaresim in-process and runs the 2026-10-22 window in virtual time."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from daemon.cli import main
 from events.reader import LogReader
+from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -19,22 +20,24 @@ REQUIRED = ("A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "
 
 
 def rehearse(tmp_path: Path, *extra: str, out_name: str = "out") -> tuple[int, dict, Path]:
-    """`flare-diag rehearse` in a process of its own, in virtual time (the default)."""
+    """`flare-diag rehearse`, in virtual time (the default), in this process."""
     out = tmp_path / out_name
-    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--out", str(out), *extra],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert (out / "report.json").exists(), p.stdout[-2000:] + p.stderr[-2000:]
-    return p.returncode, json.loads((out / "report.json").read_text()), out
+    rc, stdout, stderr = flare_diag_here("rehearse", "--out", str(out), *extra)
+    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    return rc, json.loads((out / "report.json").read_text()), out
 
 
 def _cells(r):
     return {c["phase"]: c for c in r["cells"]}
 
 
-@pytest.mark.parametrize("scenario,hypothesis", [("flare-47581cca", "row_checkpoint_churn"), ("churn", "row_checkpoint_churn"),
-                                                 ("ineligible", "key_or_checkpoint_eligibility")])
-def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, scenario, hypothesis):
-    rc, r, out = rehearse(tmp_path, "--scenario", scenario)
+@pytest.fixture(scope="module")
+def default_rehearsal(tmp_path_factory) -> tuple[int, dict, Path]:
+    """`flare-diag rehearse` as the README runs it: the shipped plan, the default scenario, seed 0."""
+    return rehearse(tmp_path_factory.mktemp("default"))
+
+
+def _gives_the_verdict(rc: int, r: dict, out: Path, hypothesis: str) -> None:
     assert r["outcome"] == "completed" and rc == 0, (r["abort"], r["restoration"], r["alarms"])
     assert r["verdict"]["hypothesis"] == hypothesis
     assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
@@ -45,17 +48,28 @@ def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, scenario, hy
     assert main(["log", "audit", str(out / "log.db")]) == 0
 
 
-def test_the_shipped_plan_rehearsed_in_virtual_time_measures_every_required_cell(tmp_path):
-    rc, r, _out = rehearse(tmp_path)
+def test_the_default_rehearsal_gives_row_checkpoint_churn(default_rehearsal):
+    _gives_the_verdict(*default_rehearsal, "row_checkpoint_churn")
+
+
+@pytest.mark.parametrize("scenario,hypothesis", [("churn", "row_checkpoint_churn"),
+                                                 ("ineligible", "key_or_checkpoint_eligibility")])
+def test_rehearsal_gives_the_verdict_the_scenario_implies(tmp_path, scenario, hypothesis):
+    _gives_the_verdict(*rehearse(tmp_path, "--scenario", scenario), hypothesis)
+
+
+def test_the_shipped_plan_rehearsed_in_virtual_time_measures_every_required_cell(default_rehearsal):
+    rc, r, _out = default_rehearsal
     cells = _cells(r)
     assert all(cells[x]["status"] == "measured" for x in REQUIRED), [(x, cells[x]["status"]) for x in REQUIRED]
     assert (rc, r["outcome"]) == (0, "completed")
     assert r["clock"] == {"kind": "virtual", "sim_seed": 0}
 
 
-def test_identity_drift_during_a_trace_arm_aborts_with_identity_drift(tmp_path):
-    # requests 1-232 are the four 52-body phases and the small control, 233-240 the trace warm-up; 245 lands in trace.C1.r1.off
-    rc, r, _out = rehearse(tmp_path, "--fault", "identity_drift@request=245")
+def test_identity_drift_during_a_trace_arm_aborts_with_identity_drift(tmp_path, small_plan):
+    # on the eight-body plan, requests 1-32 are the four replay phases, 33-48 the small control (two
+    # passes), 49-56 the trace warm-up: 61 lands in trace.C1.r1.off
+    rc, r, _out = rehearse(tmp_path, "--plan", str(small_plan), "--fault", "identity_drift@request=61")
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "identity_drift")
     cut = [c for c in r["cells"] if c["phase"].startswith("trace.") and c["status"] == "invalid"]
     assert len(cut) == 1 and "identity_drift" in cut[0]["reason"]  # the arm it came in, nothing else
@@ -110,8 +124,8 @@ def _without_wall_clock(out: Path, r: dict) -> bytes:
     return data
 
 
-def test_two_default_rehearsals_one_beside_a_cpu_hog_decide_alike_and_report_byte_for_byte_alike(tmp_path):
-    rc1, r1, out1 = rehearse(tmp_path, out_name="quiet")
+def test_two_default_rehearsals_one_beside_a_cpu_hog_decide_alike_and_report_byte_for_byte_alike(tmp_path, default_rehearsal):
+    rc1, r1, out1 = default_rehearsal  # on a quiet machine, or as quiet as the suite leaves it
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]  # both cores busy
     try:
         rc2, r2, out2 = rehearse(tmp_path, out_name="beside-a-hog")

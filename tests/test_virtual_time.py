@@ -1,0 +1,83 @@
+"""The virtual-time loop: the clock jumps over idle waits, and never while work is out on a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiosqlite
+import pytest
+
+from daemon import virtualtime
+from events.schema import LogNote
+from events.store import EventStore, _on_thread
+
+
+def test_an_hour_of_sleep_takes_no_real_time():
+    async def main() -> float:
+        await asyncio.sleep(3600)
+        return asyncio.get_running_loop().time()
+
+    t0 = time.monotonic()
+    assert virtualtime.run(main()) == pytest.approx(3600)
+    assert time.monotonic() - t0 < 5
+
+
+def test_timers_fire_in_virtual_order_whatever_their_real_cost():
+    order: list[str] = []
+
+    async def sleeper(name: str, s: float, busy_s: float) -> None:
+        await asyncio.sleep(s)
+        end = time.monotonic() + busy_s  # real CPU spent: must not move the virtual clock
+        while time.monotonic() < end:
+            pass
+        order.append(f"{name}@{asyncio.get_running_loop().time():g}")
+
+    async def main() -> None:
+        await asyncio.gather(sleeper("slow", 2, 0.2), sleeper("fast", 1, 0.0), sleeper("last", 3, 0.0))
+
+    virtualtime.run(main())
+    assert order == ["fast@1", "slow@2", "last@3"]
+
+
+def test_the_clock_waits_for_a_commit_on_aiosqlites_thread(tmp_path):
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        store = await EventStore.open(tmp_path / "log.db")
+        try:
+            ticker = asyncio.ensure_future(asyncio.sleep(1))  # a timer the clock could jump to
+            t0 = loop.time()
+            for i in range(20):
+                await store.append(LogNote(text=f"n{i}"))
+            after = loop.time()
+            await ticker
+            return t0, after
+        finally:
+            await store.close()
+
+    t0, after = virtualtime.run(main())
+    assert after == t0  # twenty durable commits took no virtual time
+
+
+def test_a_thread_call_refused_before_its_hand_over_is_withdrawn_and_nothing_waits_for_it(tmp_path):
+    async def main() -> float:
+        conn = await _on_thread(aiosqlite.connect(tmp_path / "x.db"))
+        await _on_thread(conn.close())
+        with pytest.raises(ValueError):
+            await _on_thread(conn.execute("SELECT 1"))  # closed: refused before reaching the thread
+        await asyncio.sleep(10)
+        return asyncio.get_running_loop().time()
+
+    t0 = time.monotonic()
+    assert virtualtime.run(main()) >= 10
+    assert time.monotonic() - t0 < virtualtime.THREAD_ANSWER_WAIT_S
+
+
+def test_to_thread_runs_inline_in_virtual_time():
+    async def main() -> tuple[float, str]:
+        import threading
+        name = await asyncio.to_thread(lambda: threading.current_thread().name)
+        return asyncio.get_running_loop().time(), name
+
+    now, name = virtualtime.run(main())
+    assert now == 0 and name == "MainThread"
