@@ -153,6 +153,9 @@ class Estimator:
         self._fit: tuple[float, float] | None = (self.prior_pace, self.prior_overhead)
         self._share_of: dict[str, float] = {}  # body -> its first observed share of max_tokens
         self._share_sum = 0.0
+        # phase estimates until the next observed round: the window re-projects its remaining phases
+        # after every input, and they change only when a round teaches the estimator something
+        self._phase_memo: dict[tuple, float] = {}
 
     # --- the fit -----------------------------------------------------------------------------
 
@@ -217,10 +220,15 @@ class Estimator:
         """Window seconds a phase takes from its `skip`-th request on: rounds, and its drains."""
         if ph.kind != "replay" or ph.fixture is None:
             return self.drain_s()
+        key = (ph.id, ph.fixture, ph.order, ph.select_last, ph.passes, ph.concurrency, skip)
+        memo = self._phase_memo.get(key)
+        if memo is not None:
+            return memo
         reqs = phase_requests(ph, len(self.work.get(ph.fixture, [])))[skip:]
         c = max(ph.concurrency, 1)
         rounds = sum(self.round_s(ph.fixture, reqs[k:k + c]) for k in range(0, len(reqs), c))
-        return rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
+        est = self._phase_memo[key] = rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
+        return est
 
     def arm_s(self, arm: Arm, loaded: str | None, done: set[str] = frozenset(), phases=None) -> float:  # type: ignore[assignment]
         """Window seconds to run an arm's given phases (default: the gating ones), with its load."""
@@ -237,6 +245,7 @@ class Estimator:
     def observe_round(self, fixture: str, batch: list[int], actual_s: float,
                       completions: dict[int, int | None], prompts: dict[int, int | None]) -> None:
         """Learns from one finished round: the tokens each body really used, then the fit."""
+        self._phase_memo.clear()
         for b, n in completions.items():
             if n is not None:
                 bw = self.work[fixture][b]
