@@ -54,7 +54,10 @@ def flare_diag_here(*args: str, columns: int = 200) -> tuple[int, str, str]:
     import io
     import os
 
+    import gc
+
     from daemon.cli import main
+    gc.freeze()  # what the test session holds is not garbage: full collections need not walk it again
     out, err = io.StringIO(), io.StringIO()
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = str(columns)  # rich lays out for this width when not on a terminal

@@ -65,10 +65,10 @@ def test_full_plan_on_a_churning_contract_host_gives_row_checkpoint_churn(churn_
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
 
 
-def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(tmp_path):
+def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(tmp_path, small_plan):
     host = ContractHost(tmp_path / "host", cache_entries=500)
     try:
-        rc, r = run_window(host, tmp_path / "out")
+        rc, r = run_window(host, tmp_path / "out", small_plan)  # the eight-body working set: quicker
     finally:
         host.stop()
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
@@ -91,13 +91,13 @@ def test_recipe_bytes_are_retained_by_hash_and_every_load_names_that_hash(churn_
     assert loads and all(a["sha256"] in (rec["incumbent"]["sha256"], rec["candidate"]["sha256"]) for a in loads)
 
 
-def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_twice(tmp_path):
+def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_twice(tmp_path, small_plan):
     # The host drops any request that arrives on a connection idle for over 1 s (its close crossing
     # the request); every load and unload keeps the window waiting 1.5 s, longer than that.
     host = ContractHost(tmp_path / "host", cache_entries=40, idle_close_s=1.0, load_delay_s=1.5)
     plan = tmp_path / "plan.toml"
-    text = PLAN.read_text()
-    plan.write_text(text[:text.index("[trace]")] + text[text.index("[[conditional]]"):])  # no trace arms: quicker
+    text = small_plan.read_text()  # the eight-body working set, and no trace arms: quicker
+    plan.write_text(text[:text.index("[trace]")] + text[text.index("[[conditional]]"):])
     try:
         rc, r = run_window(host, tmp_path / "out", plan)
         seen = host.requests()

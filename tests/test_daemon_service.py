@@ -268,7 +268,7 @@ def test_status_notifications_are_a_refreshed_line_not_one_per_committed_event(s
     try:
         d.start()
         wid = _start(d, sim)
-        d.wait_for(lambda s: (s.get("window") or {}).get("requests", 0) >= 60, timeout=120, what="60 requests")
+        d.wait_for(lambda s: (s.get("window") or {}).get("requests", 0) >= 20, timeout=120, what="20 requests")
         d.cli("abort", "--reason", "test")
         d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import re
 import stat
@@ -17,10 +19,11 @@ from events.report_schema import validate
 from tests.logtools import write_window
 
 
-@pytest.fixture
-async def log(tmp_path):
-    db = tmp_path / "log.db"
-    await write_window(db)
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    """One whole window's log, read (never changed) by the tests below."""
+    db = tmp_path_factory.mktemp("report-log") / "log.db"
+    asyncio.run(write_window(db))
     return db
 
 
