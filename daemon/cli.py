@@ -8,26 +8,56 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
+
+
+def _console(stderr: bool = False):
+    """A rich console that wraps for a terminal and never for a pipe or a file (a path or a sentence
+    split at column 80 is no use to a script or a log)."""
+    from rich.console import Console
+    c = Console(stderr=stderr)
+    if not c.is_terminal:
+        c.soft_wrap = True
+    return c
 
 
 class UsageError(Exception):
     """A user-caused error: one line, exit code 2."""
 
 
+class _Help(argparse.HelpFormatter):
+    """Every option's help ends with its default, when it has one worth saying and does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        h = action.help or ""
+        d = action.default
+        if "default" in h or d in (None, False, [], argparse.SUPPRESS) or not action.option_strings:
+            return h
+        return h + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, not the usage block
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fixtures.flaresim.host import FAULT_KINDS  # the simulator's own list: named in help, checked by it
+    from fixtures.flaresim.scenario import list_scenarios
+    scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__)
+    p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     log = sub.add_parser("log", help="verify, audit or export an event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True, parser_class=_Parser)
     v = lsub.add_parser("verify", help="recompute the hash chain")
-    v.add_argument("db", type=Path)
+    v.add_argument("db", type=Path, help="the event log (log.db)")
     v.add_argument("--checkpoint", type=Path, default=None,
                    help="checkpoint file (default: DB.checkpoint when present)")
     v.add_argument("--anchor", default=None, metavar="REPORT.json|SEQ:HASH",
@@ -35,27 +65,33 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--key", type=Path, default=None,
                    help="the checkpoint signing key: the checkpoint must carry a signature that verifies under it")
     e = lsub.add_parser("export", help="write the log as JSON lines")
-    e.add_argument("db", type=Path)
+    e.add_argument("db", type=Path, help="the event log (log.db)")
     au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
-    au.add_argument("db", type=Path)
+    au.add_argument("db", type=Path, help="the event log (log.db)")
+    for lp in (v, au):
+        lp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
 
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
-    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN)
-    rh.add_argument("--scenario", default="flare-47581cca")
-    rh.add_argument("--fault", action="append", default=[], help="KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]")
-    rh.add_argument("--out", type=Path, default=None)
+    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN,
+                    help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
+    rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
+    rh.add_argument("--fault", action="append", default=[],
+                    help="inject a fault, repeatable: KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]; "
+                         f"KIND is one of {', '.join(FAULT_KINDS)}")
+    rh.add_argument("--out", type=Path, default=None, help="where the log and reports go (default: out/rehearsal-<UTC>)")
     rh.add_argument("--time-scale", type=float, default=None,
                     help="pace the rehearsal on the wall clock at this factor (a live demonstration); "
                          "default: virtual time, as fast as the machine computes it")
     rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
     rn = sub.add_parser("run", help="run a window against a site")
-    rn.add_argument("--plan", type=Path, default=None)
-    rn.add_argument("--site", type=Path, default=None)
-    rn.add_argument("--out", type=Path, default=None)
+    rn.add_argument("--plan", type=Path, default=None, help="the window's plan (TOML)")
+    rn.add_argument("--site", type=Path, default=None, help="the site profile (TOML)")
+    rn.add_argument("--out", type=Path, default=None, help="where the log and reports go (a new folder)")
     rn.add_argument("--resume", type=Path, default=None, metavar="OUT",
                     help="pick up the window a foreground run left open in OUT (killed, or its session lost) "
                          "and restore the incumbent")
-    rn.add_argument("--time-scale", type=float, default=1.0)
+    rn.add_argument("--time-scale", type=float, default=1.0,
+                    help="window seconds per wall second (a site whose clock runs faster, as a simulator's may)")
     for sp in (rh, rn):
         _forecast_flags(sp)
 
@@ -67,38 +103,41 @@ def build_parser() -> argparse.ArgumentParser:
     st = sock(sub.add_parser("status", help="the daemon's state and the current window's progress"))
     st.add_argument("--json", action="store_true", help="print the raw status reply")
     sa = sock(sub.add_parser("start", help="start a window in the daemon"))
-    sa.add_argument("plan", type=Path)
+    sa.add_argument("plan", type=Path, help="the window's plan (TOML), read here and sent as content")
     sa.add_argument("--site", required=True, metavar="NAME",
                     help="a site profile installed in the daemon's sites directory (NAME.toml there)")
-    sa.add_argument("--time-scale", type=float, default=1.0)
+    sa.add_argument("--time-scale", type=float, default=1.0, help="window seconds per wall second (a simulated site)")
     _forecast_flags(sa)
     ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
-    ab.add_argument("--reason", required=True)
+    ab.add_argument("--reason", required=True, help="why, in words: it goes into the log and the report")
     wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
-    wa.add_argument("--from-seq", type=int, default=None)
+    wa.add_argument("--from-seq", type=int, default=None, help="replay the log from this seq before following it live")
     rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
                              description="report DB [--window ID] | report WINDOW_ID (daemon) | "
                                          "report compare DB --windows A B C --baseline X [Y Z]"))
     rp.add_argument("target", help="a log file (offline), a window id (asks the daemon), or 'compare'")
     rp.add_argument("db", nargs="?", type=Path, default=None, help="with compare: the log file")
     rp.add_argument("--window", default=None, help="offline: the window (default: the last one in the log)")
-    rp.add_argument("--format", choices=["json", "md", "html"], default="md")
+    rp.add_argument("--format", choices=["json", "md", "html"], default="md", help="the report's format")
     rp.add_argument("--out", type=Path, default=None,
                     help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
     rp.add_argument("--windows", nargs="+", default=None, help="with compare: the candidate's repeats")
     rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats")
+    rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
 
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
     ss = ssub.add_parser("serve", help="serve flaresim on loopback")
-    ss.add_argument("--port", type=int, default=8100)
-    ss.add_argument("--scenario", default="flare-47581cca")
-    ss.add_argument("--time-scale", type=float, default=1.0)
+    ss.add_argument("--port", type=int, default=8100, help="the loopback port (0: any free one)")
+    ss.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
+    ss.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
+    ss.add_argument("--token", default=None,
+                    help="the bearer token every service wants (default: a random one, printed when the simulator starts)")
     ss.add_argument("--seed", type=int, default=0, help="draws the scenario's service-time spread")
     sr = ssub.add_parser("replay", help="prime then replay a fixture straight through the cache model")
-    sr.add_argument("fixture")
-    sr.add_argument("--order", choices=["forward", "reverse"], default="forward")
-    sr.add_argument("--scenario", default="flare-47581cca")
+    sr.add_argument("fixture", help="a fixture name under fixtures/data (c1-52, tok1024)")
+    sr.add_argument("--order", choices=["forward", "reverse"], default="forward", help="the replay's order after the prime")
+    sr.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
 
     site = sub.add_parser("site", help="check a live site without changing it")
     sitesub = site.add_subparsers(dest="site_cmd", required=True, parser_class=_Parser)
@@ -113,10 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="check a plan")
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
-    pc.add_argument("plan", type=Path)
+    pc.add_argument("plan", type=Path, help="the plan (TOML)")
+    pc.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     pf = psub.add_parser("forecast", help="the schedule a window would follow, and whether its required cells fit",
                          description="Exit 0: every required cell fits before the stop minute; 1: some do not; 2: bad input.")
-    pf.add_argument("plan", type=Path)
+    pf.add_argument("plan", type=Path, help="the plan (TOML)")
     pf.add_argument("--site", type=Path, default=None, help="the site profile (its folder is searched for fixtures)")
     pf.add_argument("--calibrate", type=Path, default=None, metavar="LOG",
                     help="start from what an earlier window's log measured instead of the plan's rates alone")
@@ -126,8 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "required cell is measured, each phase's end minute and how often the restore fits "
                          "(exit 0 only when every run measured every required cell and restored in time)")
     pf.add_argument("--seed", type=int, default=0, help="with --simulate: the first seed (runs use SEED..SEED+N-1)")
-    pf.add_argument("--scenario", default="flare-47581cca", help="with --simulate: the simulator's scenario")
+    pf.add_argument("--scenario", default="flare-47581cca", help=f"with --simulate: the simulated host: {scenarios}")
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("flare-diag")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def _forecast_flags(sp: argparse.ArgumentParser) -> None:
@@ -200,11 +248,16 @@ def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:
     return EXIT_OK if sim.every_required_measured == 1 and sim.restore_within_reservation == 1 else EXIT_FAILED
 
 
-def _plan_check(path: Path) -> int:
+def _plan_check(path: Path, as_json: bool = False) -> int:
     _raw, plan = load_plan(path)
     from policies.planner import all_phases
     phases = all_phases(plan)
-    print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
+    if as_json:
+        import json
+        print(json.dumps({"ok": True, "plan": plan.name, "phases": [p.id for p in phases],
+                          "stop_min": plan.timing.stop_min, "window_min": plan.timing.window_min}))
+    else:
+        print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
     return EXIT_OK
 
 
@@ -220,8 +273,6 @@ def _out_dir(out: Path | None) -> Path:
 
 
 def _window(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from daemon.rehearse import parse_fault, rehearse, resume_window, run_window
     from daemon.windows import InputError, setup_for_site
     if args.cmd == "run":
@@ -236,7 +287,7 @@ def _window(args: argparse.Namespace) -> int:
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
-    console = Console()
+    console = _console()
     try:
         if args.cmd == "rehearse":
             from fixtures.flaresim.scenario import ScenarioError, load_scenario
@@ -263,10 +314,8 @@ def _window(args: argparse.Namespace) -> int:
 def _resume(out: Path, resume_window) -> int:
     import asyncio
 
-    from rich.console import Console
-
     from daemon.windows import InputError
-    console = Console()
+    console = _console()
     try:
         report = asyncio.run(resume_window(out, console))
     except InputError as exc:
@@ -318,8 +367,13 @@ def _sim(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.sim_cmd == "serve":
         from fixtures.flaresim.serve import main as serve
+        import secrets
+        token = args.token
+        if token is None:  # made here, and printed: a client needs it
+            token = secrets.token_hex(16)
+            print(f"flaresim bearer token: {token}", flush=True)
         return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale),
-                      "--seed", str(args.seed)])
+                      "--seed", str(args.seed), "--token", token])
     from fixtures.flaresim.replay import replay
     try:
         replay(args.fixture, args.order, args.scenario)
@@ -329,14 +383,12 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from daemon import client
     path = client.socket_path(args.socket)
-    console = Console(stderr=True)
+    console = _console(stderr=True)
     try:
         if args.cmd == "status":
-            return client.status(path, Console(), args.json)
+            return client.status(path, _console(), args.json)
         if args.cmd == "start":
             import msgspec
             plan_raw, _plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
@@ -348,12 +400,15 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
-            return client.watch(path, args.from_seq, Console())
+            return client.watch(path, args.from_seq, _console())
         return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except client.Refused as exc:
+        if exc.code == "busy":  # not bad input: the same command works once the running window closes
+            print(f"flare-diag: busy: the daemon refused {args.cmd}: {_one_line(exc)}", file=sys.stderr)
+            return EXIT_BUSY
         raise UsageError(f"the daemon refused {args.cmd}: {exc}") from None
 
 
@@ -410,6 +465,12 @@ def _compare(args: argparse.Namespace) -> int:
         verdict, runs = compare(args.db, args.windows, args.baseline)
     except CompareError as exc:
         raise UsageError(str(exc)) from None
+    if args.json:
+        import json
+        print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason, "runs": {
+            w: {"role": "candidate" if w in args.windows else "baseline", "correct": run.correct,
+                "median_ttft_ms": run.primary, "protected": run.protected} for w, run in runs.items()}}))
+        return EXIT_OK if verdict.accepted else EXIT_FAILED
     for w, run in runs.items():
         role = "candidate" if w in args.windows else "baseline"
         prot = ", ".join(f"{k} {v:.1f}" for k, v in run.protected.items())
@@ -419,8 +480,24 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if not argv:  # a user finding their way: the whole help, and the exit of a usage error
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return _main(parser.parse_args(argv))
+    except BrokenPipeError:
+        # the reader went away (`log export | head -1`): what it wanted it has; no traceback, and no
+        # second error when the interpreter flushes stdout on the way out
+        import os
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(args: argparse.Namespace) -> int:
     from events.base import BadEventError
-    args = build_parser().parse_args(argv)
     try:
         if args.cmd == "report":
             return _report(args)
@@ -436,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "site":
             return _site_check(args)
         if args.cmd == "plan":
-            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan)
+            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
     except UsageError as exc:
         print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import events.schema  # noqa: F401  (registers every event type)
@@ -52,6 +53,12 @@ def _verify(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     with _open(args.db) as reader:
         res = verify_log(reader, cp, anchor)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": res.ok, "events": res.events, "head_seq": res.head_seq, "head_hash": res.head_hash,
+                          "checkpoint_seq": cp.seq if cp else None, "signature_verified": key is not None,
+                          "anchor_seq": anchor.seq if anchor else None, "first_bad_seq": res.first_bad_seq,
+                          "problem": res.problem}))
+        return EXIT_OK if res.ok else EXIT_FAILED
     if res.ok:
         print(f"ok: {res.events} events, head seq {res.head_seq} hash {res.head_hash}"
               + (f", checkpoint seq {cp.seq} matches" if cp else ", no checkpoint")
@@ -120,6 +127,12 @@ def _audit(args: argparse.Namespace) -> int:
             res = audit_reader(reader)
         except UnknownEventError as exc:
             raise UsageError(f"{args.db}: {exc}") from None
+    if getattr(args, "json", False):
+        d = res.divergence
+        print(json.dumps({"ok": res.ok, "windows": res.windows, "inputs": res.inputs, "decisions": res.decisions,
+                          "divergence": None if d is None else {"seq": d.seq, "window_id": d.window_id,
+                                                                 "expected": str(d.expected), "found": str(d.found)}}))
+        return EXIT_OK if res.ok else EXIT_FAILED
     if res.ok:
         print(f"ok: {res.windows} windows, {res.inputs} inputs replayed, {res.decisions} decisions match")
         return EXIT_OK

@@ -24,7 +24,11 @@ class DaemonUnreachable(RuntimeError):
 
 
 class Refused(RuntimeError):
-    """The daemon answered with an error reply."""
+    """The daemon answered with an error reply (`code`: "busy" when another window is running)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def socket_path(arg: Path | None) -> Path:
@@ -64,7 +68,7 @@ class Connection:
         self.send(cmd)
         rep = self.line()
         if not rep.get("ok"):
-            raise Refused(rep.get("error", "refused"))
+            raise Refused(rep.get("error", "refused"), rep.get("code"))
         return rep
 
     def close(self) -> None:

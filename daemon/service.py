@@ -420,7 +420,7 @@ class Service:
         if self.stopping:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
-            return control.error(f"window {self.window.window_id} is running; one window at a time")
+            return control.error(f"window {self.window.window_id} is running; one window at a time", code="busy")
         if self.stuck:
             return control.error(f"window {self.stuck['window_id']} is unfinished and not running: {self.stuck['needs']}")
         stuck = await _thread(open_window_ids, self.db)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import json
 import re
@@ -165,20 +166,29 @@ def test_offline_report_with_an_unknown_window_exits_2_naming_it(log, capsys):
     assert "--window nope" in capsys.readouterr().err
 
 
-async def test_report_compare_needs_three_matched_repeats_and_says_why(tmp_path, capsys):
-    db = tmp_path / "log.db"
-    for w in ("c1", "c2", "b1"):
-        await write_window(db, window_id=w)
-    assert main(["report", "compare", str(db), "--windows", "c1", "c2", "--baseline", "b1"]) == 1
+@pytest.fixture(scope="module")
+def repeats_log(tmp_path_factory) -> Path:
+    """Three windows of a candidate and three of a baseline in one log (the same World: no benefit)."""
+    db = tmp_path_factory.mktemp("repeats") / "log.db"
+
+    async def write() -> None:
+        for w in ("c1", "c2", "c3", "b1", "b2", "b3"):
+            await write_window(db, window_id=w)
+    asyncio.run(write())
+    return db
+
+
+def test_report_compare_needs_three_matched_repeats_and_says_why(repeats_log, capsys):
+    assert main(["report", "compare", str(repeats_log), "--windows", "c1", "c2", "--baseline", "b1"]) == 1
     assert "need 3 matched" in capsys.readouterr().out
 
 
-async def test_report_compare_rejects_a_candidate_without_the_primary_benefit(tmp_path, capsys):
-    db = tmp_path / "log.db"
-    for w in ("c1", "c2", "c3", "b1", "b2", "b3"):
-        await write_window(db, window_id=w)
-    assert main(["report", "compare", str(db), "--windows", "c1", "c2", "c3", "--baseline", "b1", "b2", "b3"]) == 1
-    assert "primary benefit 0.0% is below 5%" in capsys.readouterr().out
+def test_report_compare_rejects_a_candidate_without_the_primary_benefit_and_says_so_in_json(repeats_log, capsys):
+    assert main(["report", "compare", str(repeats_log), "--windows", "c1", "c2", "c3", "--baseline", "b1", "b2", "b3",
+                 "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["accepted"] is False and "primary benefit 0.0% is below 5%" in out["reason"]
+    assert set(out["runs"]) == {"c1", "c2", "c3", "b1", "b2", "b3"} and out["runs"]["b1"]["role"] == "baseline"
 
 
 @pytest.fixture

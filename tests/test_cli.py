@@ -1,0 +1,107 @@
+"""The command line as a user meets it: help, version, JSON outputs, pipes, the simulator's token."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import build_parser, main
+from tests.logtools import write_window
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+
+
+def _parsers(p: argparse.ArgumentParser, path: str = "flare-diag"):
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield from _parsers(sp, f"{path} {name}")
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("cli-log") / "log.db"
+    asyncio.run(write_window(db))
+    return db
+
+
+def test_every_option_of_every_subcommand_has_help_text():
+    missing = [f"{path} {a.option_strings or a.dest}" for path, p in _parsers(build_parser()) for a in p._actions
+               if not isinstance(a, argparse._SubParsersAction) and not (a.help or "").strip()]
+    assert not missing, missing
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("flare-diag ")
+
+
+def test_no_arguments_print_the_help_and_exit_2(capsys):
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert "usage: flare-diag" in out and "rehearse" in out and "plan" in out
+
+
+def test_rehearse_help_lists_the_scenarios_and_the_fault_kinds(capsys):
+    with pytest.raises(SystemExit):
+        main(["rehearse", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "churn, flare-47581cca, ineligible, large-rows" in out
+    assert "identity_drift" in out and "router_hang" in out
+
+
+@pytest.mark.parametrize("args", [["plan", "check", str(PLAN), "--json"], ["plan", "forecast", str(PLAN), "--json"]])
+def test_plan_commands_with_json_print_one_json_object(capsys, args):
+    assert main(args) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), dict)
+
+
+@pytest.mark.parametrize("cmd", ["verify", "audit"])
+def test_log_commands_with_json_print_one_json_object(capsys, log, cmd):
+    assert main(["log", cmd, str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_log_export_into_a_pipe_closed_after_one_line_exits_0_with_no_traceback(log):
+    p = subprocess.Popen([sys.executable, "-m", "daemon.cli", "log", "export", str(log)], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()  # type: ignore[union-attr]
+    p.stdout.close()  # type: ignore[union-attr]  # as `head -1` does once it has its line
+    err = p.stderr.read().decode()  # type: ignore[union-attr]
+    assert p.wait(30) == 0, err
+    assert json.loads(first)["seq"] == 1 and "Traceback" not in err and err == ""
+
+
+def test_sim_serve_makes_a_token_prints_it_and_wants_it(tmp_path):
+    import httpx
+    p = subprocess.Popen([sys.executable, "-m", "daemon.cli", "sim", "serve", "--port", "0"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        token = p.stdout.readline().split()[-1]  # type: ignore[union-attr]
+        url = p.stdout.readline().split()[3]  # type: ignore[union-attr]
+        assert len(token) == 32
+        assert httpx.get(f"{url}/health").status_code == 401
+        assert httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def test_rehearse_into_a_pipe_does_not_wrap_its_lines_at_80_columns(tmp_path, small_plan):
+    import os
+    out = tmp_path / ("a-folder-name-long-enough-that-the-reports-line-runs-past-eighty-columns" * 2)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(small_plan), "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    reports = [line for line in p.stdout.splitlines() if line.startswith("reports: ")]
+    assert len(reports) == 1 and reports[0].endswith("(chain ok, audit ok)") and str(out) in reports[0]
