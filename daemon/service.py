@@ -35,7 +35,7 @@ from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_sta
 from events.envelope import Envelope
 from events.progress import WindowProgress
 from events.reader import LogReader
-from events.schema import ControlCommand, LogNote
+from events.schema import AbortDecided, ControlCommand, LogNote
 from events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
@@ -60,7 +60,9 @@ class ActiveWindow:
 
 class Service:
     def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier,
-                 sites_dir: Path | None = None, trust_log: bool = False) -> None:
+                 sites_dir: Path | None = None, trust_log: bool = False, metrics=None) -> None:
+        self.metrics = metrics  # daemon.exporter.ServiceMetrics when --metrics-address is given
+        self._aborts: dict[str, int] = {}  # windows aborted since the daemon started, by reason
         self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
         self.state_dir = state_dir
         self.sites_dir = sites_dir or default_sites_dir()
@@ -110,6 +112,7 @@ class Service:
                     tg.start_soon(self._watchdog)
                 if self.notify.enabled:
                     tg.start_soon(self._refresh_status)
+                self._publish_metrics()
                 self.log.info("ready", socket=str(self.socket_path), log=str(self.db), head_seq=self.store.head[0])
                 self.notify.ready(self._status_line())
                 await self._stop.wait()
@@ -268,6 +271,7 @@ class Service:
             self.last = w.progress.as_dict()
             self.window = None
             self.notify.status(self._status_line(), force=True)
+            self._publish_metrics()
         if outcome is not None:
             self.stuck = None
         if w.progress.outcome is not None and self.stuck is None:
@@ -295,7 +299,19 @@ class Service:
             return
         for e in envs:
             if e.window_id == w.window_id:
-                w.progress.apply(e.seq, e.event())
+                ev = e.event()
+                w.progress.apply(e.seq, ev)
+                if isinstance(ev, AbortDecided):
+                    self._aborts[ev.reason] = self._aborts.get(ev.reason, 0) + 1
+        self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        w = self.window
+        st = self._status() if self.store is not None else {"state": "idle"}
+        self.metrics.publish({"state": st["state"], "window": w.progress.as_dict() if w else None,
+                              "last_window": self.last, "aborts": dict(self._aborts), "stuck": self.stuck is not None})
 
     # --- the control socket --------------------------------------------------------------
 
@@ -628,15 +644,36 @@ def main(argv: list[str] | None = None) -> int:
                     help="append to the log even though its checkpoint is missing, unsigned or does not verify "
                          "(once, after a person has checked it)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
+                    help="serve the daemon's own Prometheus metrics there (window state and phase, aborts by reason, "
+                         "last outcome, restoration verified, primary_left_quiesced); off by default")
     a = ap.parse_args(argv)
     log = configure(a.log_level)
+    metrics = None
+    if a.metrics_address is not None:
+        from daemon.exporter import ServiceMetrics, parse_address
+        try:
+            host, port = parse_address(a.metrics_address)
+        except ValueError as exc:
+            print(f"flare-diagd: error: {exc}", file=sys.stderr)
+            return 2
+        metrics = ServiceMetrics()
+        try:
+            host, port = metrics.serve(host, port)
+        except OSError as exc:
+            print(f"flare-diagd: error: --metrics-address {a.metrics_address}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        log.info("metrics serving", address=f"{host}:{port}")
     svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir,
-                  a.trust_log)
+                  a.trust_log, metrics)
     try:
         return anyio.run(svc.run)
     except Exception as exc:
         log.exception("flare-diagd failed", error=str(exc))
         return 1
+    finally:
+        if metrics is not None:
+            metrics.close()
 
 
 if __name__ == "__main__":

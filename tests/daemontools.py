@@ -51,7 +51,9 @@ class Sim:
 class Daemon:
     """flare-diagd as a process; `start()` returns once it logs "ready"."""
 
-    def __init__(self, tmp: Path, env: dict | None = None, sites: Path | None = None, max_files: int | None = None) -> None:
+    def __init__(self, tmp: Path, env: dict | None = None, sites: Path | None = None, max_files: int | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.args = args  # more flags for flare-diagd
         self.max_files = max_files  # RLIMIT_NOFILE for the daemon, as `prlimit --nofile` would set it
         self.sites = sites or tmp  # the operator's sites directory: a `Sim` writes its site.toml in tmp
         self.socket = tmp / "run" / "control.sock"
@@ -63,7 +65,7 @@ class Daemon:
     def start(self, timeout: float = 30) -> Daemon:
         self._out = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "--socket", str(self.socket), "--state-dir",
-                                      str(self.state), "--sites-dir", str(self.sites)], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
+                                      str(self.state), "--sites-dir", str(self.sites), *self.args], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
                                      preexec_fn=self._limits if self.max_files else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

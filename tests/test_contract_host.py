@@ -32,6 +32,14 @@ def run_window(host: ContractHost, out: Path, plan: Path = PLAN) -> tuple[int, d
     return p.returncode, json.loads((out / "report.json").read_text())
 
 
+def _without_trace(plan: Path, folder: Path) -> Path:
+    """The plan's replay arms on the eight-body working set, without the trace arms (not what these test)."""
+    text = plan.read_text()
+    out = folder / "no-trace.toml"
+    out.write_text(text[:text.index("[trace]")] + text[text.index("[[conditional]]"):])
+    return out
+
+
 def required_cells(r: dict) -> dict:
     want = ("A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "B.forward_prime", "B.forward_replay")
     return {c["phase"]: c["status"] for c in r["cells"] if c["phase"] in want}
@@ -51,7 +59,7 @@ def churn_window(tmp_path_factory, small_plan):
     tmp = tmp_path_factory.mktemp("churn")
     h = ContractHost(tmp / "host", cache_entries=4)
     try:
-        rc, r = run_window(h, tmp / "out", small_plan)
+        rc, r = run_window(h, tmp / "out", _without_trace(small_plan, tmp))
     finally:
         h.stop()
     return rc, r, tmp / "out"
@@ -69,7 +77,7 @@ def test_a_churning_contract_host_gives_row_checkpoint_churn(churn_window):
 def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(tmp_path, small_plan):
     host = ContractHost(tmp_path / "host", cache_entries=500)
     try:
-        rc, r = run_window(host, tmp_path / "out", small_plan)  # the eight-body working set: quicker
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))  # quicker
     finally:
         host.stop()
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
@@ -96,9 +104,7 @@ def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_
     # The host drops any request that arrives on a connection idle for over 1 s (its close crossing
     # the request); every load and unload keeps the window waiting 1.5 s, longer than that.
     host = ContractHost(tmp_path / "host", cache_entries=40, idle_close_s=1.0, load_delay_s=1.5)
-    plan = tmp_path / "plan.toml"
-    text = small_plan.read_text()  # the eight-body working set, and no trace arms: quicker
-    plan.write_text(text[:text.index("[trace]")] + text[text.index("[[conditional]]"):])
+    plan = _without_trace(small_plan, tmp_path)
     try:
         rc, r = run_window(host, tmp_path / "out", plan)
         seen = host.requests()

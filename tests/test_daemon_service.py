@@ -7,12 +7,17 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase
 from events.reader import LogReader
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -366,3 +371,42 @@ def test_sigterm_with_watchers_connected_stops_cleanly(daemon):
             s.close()
     text = daemon.log_path.read_text()
     assert "Traceback" not in text and "CancelledError" not in text
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = httpx.get(url, timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_the_daemons_metrics_follow_a_window_from_idle_through_its_phases_to_its_abort(sim, tmp_path):
+    d = Daemon(tmp_path, args=("--metrics-address", "127.0.0.1:0"))
+    try:
+        d.start()
+        addr = next(r["address"] for r in d.records() if r.get("event") == "metrics serving")
+        url = f"http://{addr}/metrics"
+        idle = _scrape(url)
+        assert idle[("flare_diag_state", (("state", "idle"),))] == 1 and idle[("flare_diag_window_running", ())] == 0
+        wid = _start(d, sim)
+        d.wait_for(lambda s: in_phase(s), what="a replay phase")
+        running = _scrape(url)
+        assert running[("flare_diag_window_running", ())] == 1
+        assert running[("flare_diag_window_stage", (("stage", "experiment"),))] == 1
+        assert [k for k in running if k[0] == "flare_diag_window_phase" and dict(k[1])["window_id"] == wid]
+        d.cli("abort", "--reason", "metrics test")
+        d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
+        after = _scrape(url)
+    finally:
+        d.stop()
+    assert after[("flare_diag_window_running", ())] == 0
+    assert after[("flare_diag_aborts_total", (("reason", "operator"),))] == 1
+    assert after[("flare_diag_last_outcome", (("outcome", "aborted"),))] == 1
+    assert after[("flare_diag_last_restoration_verified", ())] == 1
+    assert after[("flare_diag_primary_left_quiesced", ())] == 0
+
+
+def test_a_bad_metrics_address_is_one_line_and_exit_2(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "daemon", "--socket", str(tmp_path / "s"), "--state-dir", str(tmp_path / "st"),
+                        "--metrics-address", "nowhere"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "HOST:PORT" in p.stderr

@@ -215,7 +215,7 @@ def costed_run(params: dict):
     return drive(WindowPolicy(), World(plan, body_s=params["body_s"]))
 
 
-costed = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # whole windows
+costed = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # whole windows
 
 
 @costed

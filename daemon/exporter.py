@@ -1,0 +1,92 @@
+"""The daemon's own Prometheus metrics, for the SREs who alert on it (served only with --metrics-address).
+
+The event loop publishes an immutable snapshot of the service's state after every commit and every
+change of state; prometheus-client's HTTP server thread reads the latest snapshot on each scrape, so a
+scrape never walks a structure the loop is changing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+STATES = ("idle", "running", "stopping", "needs_attention")
+STAGES = ("opening", "experiment", "restore", "closed")
+OUTCOMES = ("completed", "partial", "aborted", "restore_failed")
+
+
+def parse_address(spec: str) -> tuple[str, int]:
+    """'HOST:PORT' (port 0: any free one); ValueError naming what was expected."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--metrics-address {spec!r}: expected HOST:PORT, for example 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
+
+
+class ServiceMetrics(Collector):
+    def __init__(self) -> None:
+        self.snapshot: dict = {"state": "idle", "window": None, "last_window": None, "aborts": {}, "stuck": False}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._server = None
+
+    def publish(self, snapshot: dict) -> None:
+        """From the loop: the state the next scrape shows (replaced whole, never changed in place)."""
+        self.snapshot = snapshot
+
+    def serve(self, host: str, port: int) -> tuple[str, int]:
+        self._server, _thread = start_http_server(port, host, self.registry)
+        return host, self._server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def collect(self) -> Iterator:
+        s = self.snapshot
+        w, last = s["window"], s["last_window"]
+        state = GaugeMetricFamily("flare_diag_state", "the service's state (1 for the current one)", labels=["state"])
+        for st in STATES:
+            state.add_metric([st], 1.0 if s["state"] == st else 0.0)
+        yield state
+        yield GaugeMetricFamily("flare_diag_window_running", "1 while a window runs", value=1.0 if w else 0.0)
+        stage = GaugeMetricFamily("flare_diag_window_stage", "the running window's stage (1 for the current one)",
+                                  labels=["stage"])
+        for st in STAGES:
+            stage.add_metric([st], 1.0 if w and w.get("stage") == st else 0.0)
+        yield stage
+        phase = GaugeMetricFamily("flare_diag_window_phase", "the running window's phase (1 while it runs)",
+                                  labels=["window_id", "phase"])
+        if w and w.get("phase"):
+            phase.add_metric([w["window_id"], w["phase"]], 1.0)
+        yield phase
+        if w:
+            if w.get("minute") is not None:
+                yield GaugeMetricFamily("flare_diag_window_minute", "the running window's minute since t0", value=w["minute"])
+            yield GaugeMetricFamily("flare_diag_window_requests", "requests the running window has measured",
+                                    value=float(w.get("requests") or 0))
+        aborts = CounterMetricFamily("flare_diag_aborts", "windows aborted, by reason (since the daemon started)",
+                                     labels=["reason"])
+        for reason, n in sorted(s["aborts"].items()):
+            aborts.add_metric([reason], float(n))
+        yield aborts
+        outcome = GaugeMetricFamily("flare_diag_last_outcome", "the last closed window's outcome (1 for it)",
+                                    labels=["outcome"])
+        for o in OUTCOMES:
+            outcome.add_metric([o], 1.0 if last and last.get("outcome") == o else 0.0)
+        yield outcome
+        if last is not None:
+            verified = last.get("outcome") is not None and not last.get("restoration_failed") \
+                and last.get("outcome") != "restore_failed"
+            yield GaugeMetricFamily("flare_diag_last_restoration_verified",
+                                    "1 if the last closed window's restoration verified", value=1.0 if verified else 0.0)
+        left = s["stuck"] or bool(last and last.get("outcome") == "restore_failed")
+        yield GaugeMetricFamily("flare_diag_primary_left_quiesced",
+                                "1 when no window runs and the primary may still be out of rotation: a restore that "
+                                "did not verify, or a window left unfinished; a person is needed",
+                                value=1.0 if left and not w else 0.0)
