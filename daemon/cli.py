@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--order", choices=["forward", "reverse"], default="forward", help="the replay's order after the prime")
     sr.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
 
+    wn = sub.add_parser("windows", help="list a log's windows: outcome, verdict, restoration and report")
+    wn.add_argument("db", nargs="?", type=Path, default=None,
+                    help="the event log (default: the daemon's, found through its control socket)")
+    wn.add_argument("--json", action="store_true", help="one JSON object per window, a line each")
+    sock(wn)
+
     site = sub.add_parser("site", help="check a live site without changing it")
     sitesub = site.add_subparsers(dest="site_cmd", required=True, parser_class=_Parser)
     sc = sitesub.add_parser("check", help="probe every endpoint a window would use; change nothing",
@@ -246,6 +252,42 @@ def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:
     sim = simulate(setup.plan_raw, setup.plan, args.scenario, setup.fixtures, args.simulate, args.seed, cal)
     print(msgspec.json.encode(sim).decode() if args.json else "\n".join(sim.render()))
     return EXIT_OK if sim.every_required_measured == 1 and sim.restore_within_reservation == 1 else EXIT_FAILED
+
+
+def _windows(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from daemon.windows_list import list_windows
+    db = args.db
+    if db is None:  # the daemon's own log: where its status says it is
+        from daemon import client, control
+        try:
+            c = client.Connection(client.socket_path(args.socket))
+            try:
+                db = Path(c.call(control.Status())["log"]["path"])
+            finally:
+                c.close()
+        except (client.DaemonUnreachable, client.Refused) as exc:
+            raise UsageError(f"windows: no DB given and the daemon could not be asked for its log ({exc})") from None
+    if not db.is_file():
+        raise UsageError(f"windows {db}: no such log file")
+    try:
+        rows = list_windows(db)
+    except PermissionError:
+        raise UsageError(f"windows {db}: not readable by this user (ask for read access to the state folder, "
+                         "or run `flare-diag report WINDOW_ID` through the daemon)") from None
+    for r in rows:
+        if args.json:
+            print(json.dumps(r))
+            continue
+        opened = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(r["opened_wall_ns"] // 10**9)) if r["opened_wall_ns"] else "—"
+        restored = {True: "restoration verified", False: "restoration NOT verified", None: "no restoration recorded"}[r["restoration_verified"]]
+        print(f"{r['window_id']}  {opened}  {r['outcome'] or 'OPEN'}  verdict {r['verdict'] or '—'}  {restored}  "
+              f"report {r['report'] or '—'}")
+    if not rows and not args.json:
+        print(f"{db}: no window")
+    return EXIT_OK
 
 
 def _plan_check(path: Path, as_json: bool = False) -> int:
@@ -512,6 +554,8 @@ def _main(args: argparse.Namespace) -> int:
             return _sim(args)
         if args.cmd == "site":
             return _site_check(args)
+        if args.cmd == "windows":
+            return _windows(args)
         if args.cmd == "plan":
             return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
     except UsageError as exc:

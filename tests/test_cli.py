@@ -105,3 +105,23 @@ def test_rehearse_into_a_pipe_does_not_wrap_its_lines_at_80_columns(tmp_path, sm
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     reports = [line for line in p.stdout.splitlines() if line.startswith("reports: ")]
     assert len(reports) == 1 and reports[0].endswith("(chain ok, audit ok)") and str(out) in reports[0]
+
+
+def test_windows_lists_a_logs_windows_with_outcome_verdict_restoration_and_report(tmp_path, small_plan, capsys):
+    from tests.simtools import flare_diag_here
+    out = tmp_path / "out"
+    rc, _stdout, _stderr = flare_diag_here("rehearse", "--plan", str(small_plan), "--out", str(out))
+    assert rc == 0
+    assert main(["windows", str(out / "log.db"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 1 and rows[0]["outcome"] == "completed" and rows[0]["restoration_verified"] is True
+    assert rows[0]["verdict"] and rows[0]["report"] == str(out / "report.json")
+    assert main(["windows", str(out / "log.db")]) == 0
+    line = capsys.readouterr().out
+    assert rows[0]["window_id"] in line and "restoration verified" in line
+
+
+def test_windows_of_a_missing_log_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["windows", str(tmp_path / "nope.db")]) == 2
+    err = capsys.readouterr().err
+    assert "no such log file" in err and err.count("\n") == 1

@@ -397,8 +397,12 @@ def test_the_daemons_metrics_follow_a_window_from_idle_through_its_phases_to_its
         d.cli("abort", "--reason", "metrics test")
         d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
         after = _scrape(url)
+        listed = d.cli("windows", "--json")  # the daemon's own log, found through its socket
     finally:
         d.stop()
+    assert listed.returncode == 0, listed.stderr
+    row = json.loads(listed.stdout.splitlines()[-1])
+    assert row["window_id"] == wid and row["outcome"] == "aborted" and row["restoration_verified"] is True
     assert after[("flare_diag_window_running", ())] == 0
     assert after[("flare_diag_aborts_total", (("reason", "operator"),))] == 1
     assert after[("flare_diag_last_outcome", (("outcome", "aborted"),))] == 1
