@@ -17,10 +17,10 @@ import heapq
 import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
-import msgspec
+from prometheus_client.samples import Sample
 
 from daemon import metrics
 from daemon.errors import ActionFailed, classify_response
@@ -53,8 +53,6 @@ class ModelResult:
 class _Action:
     d: ActionRequested
     done: bool = False
-    deadline_at: int | None = None
-    steps: list = field(default_factory=list)
 
 
 class ModelRun:
@@ -129,8 +127,7 @@ class ModelRun:
     def _start(self, d: ActionRequested) -> None:
         a = self._actions[d.action_id] = _Action(d)
         if d.deadline_s:
-            a.deadline_at = self.now + int(d.deadline_s * S)
-            self._at(a.deadline_at, lambda: self._answer(a, self._failed(
+            self._at(self.now + int(d.deadline_s * S), lambda: self._answer(a, self._failed(
                 d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")))
         try:
             handler = getattr(self, f"_{d.action}")
@@ -279,10 +276,9 @@ class ModelRun:
 
     # --- generations, as flaresim's chat handler paces them
     def _generation(self, a: _Action, raw: bytes, what: str, routed: bool,
-                    answer: Callable[[object, int, int], Input]) -> None:
+                    answer: Callable[[object, int], Input]) -> None:
         h = self.host
         h.requests_seen += 1
-        n = h.requests_seen
         if routed and not h.backend["admitted"]:
             raise self._http(503, "unavailable", "no admitted backend", what)
         e = h.engine
@@ -317,7 +313,7 @@ class ModelRun:
                 e.resident_bytes += h.creep_bytes
             e.active -= 1
             h.requests_done += 1
-            self._answer(a, answer(p, t0, n))
+            self._answer(a, answer(p, t0))
 
         self._at(restored_at, restored)
         self._at(prefilled_at, prefilled)
@@ -328,7 +324,7 @@ class ModelRun:
         fx = self.fixtures[args["fixture"]]
         raw = fx.bodies[args["body_index"]]
 
-        def answer(p, t0: int, n: int) -> Input:
+        def answer(p, t0: int) -> Input:
             restore_prefill = int(p.restore_s * S) + int(p.prefill_s * S)
             first = restore_prefill + int(p.decode_s / max(p.gen.total, 1) * min(self._chunk, p.gen.total) * S)
             end = self.now - t0
@@ -345,7 +341,7 @@ class ModelRun:
     def _preflight(self, a: _Action) -> None:
         routed = a.d.args["path"] == "routed"
 
-        def answer(p, _t0: int, _n: int) -> Input:
+        def answer(p, _t0: int) -> Input:
             return ActionDone(at_ns=self.now, action_id=a.d.action_id, ok=True,
                               data={"finish_reason": p.gen.finish_reason, "request_id": None})
         self._generation(a, PREFLIGHT_BODY, f"{a.d.args['path']} preflight", routed, answer)
@@ -359,16 +355,8 @@ def scraped(host) -> dict:
     parsed: dict[str, list] = {}
     for name, kind, _help, samples in fams or ():  # a host with nothing loaded exposes no family
         sample = f"{name}_total" if kind == "counter" else name
-        parsed[name] = [_Sample(sample, {k: str(v) for k, v in labels.items()}, float(v)) for labels, v in samples]
+        parsed[name] = [Sample(sample, {k: str(v) for k, v in labels.items()}, float(v)) for labels, v in samples]
     return metrics.shape(parsed)
-
-
-class _Sample(msgspec.Struct, array_like=True):
-    """The parts of a parsed sample `daemon.metrics.shape` reads."""
-
-    name: str
-    labels: dict
-    value: float
 
 
 def _ns_sum(decode_s: float, tokens: int, chunk: int) -> int:

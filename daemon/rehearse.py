@@ -6,7 +6,8 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 import subprocess
 import tempfile
 import sys
@@ -22,7 +23,7 @@ from daemon.inprocess import serve_in_process
 from daemon.live import LiveView
 from daemon.runner import Runner
 from daemon.sitecheck import checked_target
-from daemon.site import sim_site
+from daemon.site import Site, sim_site
 from daemon.target import Target
 from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
 from daemon.publish import write_reports
@@ -237,13 +238,11 @@ def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out
     return virtualtime.run(main) if time_scale is None else asyncio.run(main)
 
 
-async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
-                         time_scale: float | None = None, calibration: Calibration | None = None,
-                         accept_partial: bool = False, plan_path: str = "", seed: int = 0) -> dict:
-    """`rehearse` on the running loop (a VirtualTimeLoop for virtual time)."""
-    import secrets
-
-    # the one place the daemon imports the simulator: to serve it in-process as a rehearsal's host
+@asynccontextmanager
+async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, seed: int = 0) -> AsyncIterator[tuple[object, Site]]:
+    """flaresim served in this process on the running loop's clock (virtual on a VirtualTimeLoop), and
+    the site that reaches it: (its Host, the Site). The one place the daemon imports the simulator to
+    serve it, as a rehearsal's host."""
     from fixtures.flaresim.app import build_app
     from fixtures.flaresim.host import Host
     from fixtures.flaresim.scenario import ScenarioError, load_scenario
@@ -251,15 +250,24 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
         sc = load_scenario(scenario)
     except ScenarioError as exc:
         raise InputError(str(exc)) from None
+    host = Host(sc, time_scale=time_scale, token=token, clock=asyncio.get_running_loop().time, seed=seed)
+    async with serve_in_process(build_app(host)) as transport:
+        yield host, sim_site(SIM_URL, token, transport=transport)
+
+
+async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
+                         time_scale: float | None = None, calibration: Calibration | None = None,
+                         accept_partial: bool = False, plan_path: str = "", seed: int = 0) -> dict:
+    """`rehearse` on the running loop (a VirtualTimeLoop for virtual time)."""
+    import secrets
     virtual = time_scale is None
     if virtual and not virtualtime.is_virtual():
         raise RuntimeError("a virtual-time rehearsal needs a VirtualTimeLoop (daemon.virtualtime.run)")
     token = secrets.token_hex(SIM_TOKEN_BYTES)
-    host = Host(sc, time_scale=time_scale or 1.0, token=token, clock=asyncio.get_running_loop().time, seed=seed)
-    async with serve_in_process(build_app(host)) as transport:
+    async with served_flaresim(scenario, token, time_scale or 1.0, seed) as (_host, site):
         pace = "virtual time (the simulator's cost model)" if virtual else f"wall clock x{time_scale:g}"
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
-        setup = WindowSetup(plan_raw, plan, sim_site(SIM_URL, token, transport=transport), load_fixtures(plan, []),
-                            time_scale or 1.0, rehearsal=True, calibration=calibration, accept_partial=accept_partial,
-                            plan_path=plan_path, clock="virtual" if virtual else "wall", sim_seed=seed)
-        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, transport))
+        setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, []), time_scale or 1.0, rehearsal=True,
+                            calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
+                            clock="virtual" if virtual else "wall", sim_seed=seed)
+        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport))

@@ -73,7 +73,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._lock = threading.Lock()
         self._announced = 0  # thread calls announced
         self._answered = 0  # answers from threads received (held in the inbox until delivered)
-        self._answered_event = threading.Event()
 
     def time(self) -> float:
         return self._now
@@ -98,7 +97,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         with self._lock:
             self._inbox.append(handle)
             self._answered += 1
-            self._answered_event.set()
         self._write_to_self()
         return handle
 
@@ -112,7 +110,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                     # an answer nobody announced (a thread of asyncio's own) must not let a later
                     # announced call go unwaited
                     self._announced = self._answered
-                    self._answered_event.clear()
                     return events
             events += poll(0.05)
             waited += 0.05

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,12 +38,9 @@ SIM_TOKEN = "sim-token-for-tests"
 async def served(scenario: str = "flare-47581cca", seed: int = 0) -> AsyncIterator[tuple[Host, Site]]:
     """flaresim served in this process as a rehearsal serves it (on a VirtualTimeLoop its clock is
     virtual), with the site that reaches it."""
-    from daemon.inprocess import serve_in_process
-    from daemon.rehearse import SIM_URL
-    from daemon.site import sim_site
-    host = Host(load_scenario(scenario), token=SIM_TOKEN, clock=asyncio.get_running_loop().time, seed=seed)
-    async with serve_in_process(build_app(host)) as transport:
-        yield host, sim_site(SIM_URL, SIM_TOKEN, transport=transport)
+    from daemon.rehearse import served_flaresim
+    async with served_flaresim(scenario, SIM_TOKEN, seed=seed) as (host, site):
+        yield host, site  # type: ignore[misc]
 
 
 def flare_diag_here(*args: str, columns: int = 200) -> tuple[int, str, str]:
