@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="window seconds per wall second (a site whose clock runs faster, as a simulator's may)")
     for sp in (rh, rn):
         _forecast_flags(sp)
+        sp.add_argument("--json", action="store_true",
+                        help="JSON lines on stdout: every event as it is logged, then one result line (outcome, "
+                             "verdict, report paths, exit code); what people read goes to stderr")
 
     def sock(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sp.add_argument("--socket", type=Path, default=None,
@@ -112,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--reason", required=True, help="why, in words: it goes into the log and the report")
     wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
     wa.add_argument("--from-seq", type=int, default=None, help="replay the log from this seq before following it live")
+    wa.add_argument("--json", action="store_true", help="JSON lines: every event as it is logged, nothing else")
     rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
                              description="report DB [--window ID] | report WINDOW_ID (daemon) | "
                                          "report compare DB --windows A B C --baseline X [Y Z]"))
@@ -321,7 +325,7 @@ def _window(args: argparse.Namespace) -> int:
         if args.resume is not None:
             if args.plan or args.site or args.out:
                 raise UsageError("--resume OUT: expected no --plan, --site or --out (the window's own are recorded)")
-            return _resume(args.resume, resume_window)
+            return _resume(args.resume, resume_window, args.json)
         missing = [f"--{n}" for n in ("plan", "site", "out") if getattr(args, n) is None]
         if missing:
             raise UsageError(f"run: expected {', '.join(missing)} (or --resume OUT)")
@@ -329,7 +333,8 @@ def _window(args: argparse.Namespace) -> int:
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
-    console = _console()
+    console = _console(stderr=args.json)
+    events_out = sys.stdout if args.json else None
     try:
         if args.cmd == "rehearse":
             from fixtures.flaresim.scenario import ScenarioError, load_scenario
@@ -341,37 +346,46 @@ def _window(args: argparse.Namespace) -> int:
             if not 0 <= args.seed < 2**63:
                 raise UsageError(f"--seed {args.seed}: expected a whole number from 0 to 2^63-1")
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console,
-                              _calibration(args.calibrate), args.accept_partial, str(args.plan), args.seed)
+                              _calibration(args.calibrate), args.accept_partial, str(args.plan), args.seed, events_out)
         else:
             import asyncio
             setup = setup_for_site(args.plan, args.site, args.time_scale)
             setup.calibration = _calibration(args.calibrate)
             setup.accept_partial = args.accept_partial
-            report = asyncio.run(run_window(setup, out, console))
+            report = asyncio.run(run_window(setup, out, console, events_out=events_out))
     except InputError as exc:
         raise UsageError(str(exc)) from None
-    return _reported(report, out, console)
+    return _reported(report, out, console, args.json)
 
 
-def _resume(out: Path, resume_window) -> int:
+def _resume(out: Path, resume_window, as_json: bool = False) -> int:
     import asyncio
 
     from daemon.windows import InputError
-    console = _console()
+    console = _console(stderr=as_json)
     try:
-        report = asyncio.run(resume_window(out, console))
+        report = asyncio.run(resume_window(out, console, sys.stdout if as_json else None))
     except InputError as exc:
         raise UsageError(str(exc)) from None
-    return _reported(report, out, console)
+    return _reported(report, out, console, as_json)
 
 
-def _reported(report: dict, out: Path, console) -> int:
+def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
+    it = report["integrity"]
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
-                  f"(chain {'ok' if report['integrity']['chain_ok'] else 'BROKEN'}, audit {'ok' if report['integrity']['audit_ok'] else 'DIVERGED'})")
+                  f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {'ok' if it['audit_ok'] else 'DIVERGED'})")
     from daemon.client import exit_for
     code = exit_for(report.get("outcome"))
-    if code == EXIT_OK and not (report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]):
+    if code == EXIT_OK and not (it["chain_ok"] and it["audit_ok"]):
         code = EXIT_FAILED
+    if as_json:
+        import json
+        print(json.dumps({"type": "result", "window_id": report["window_id"], "outcome": report.get("outcome"),
+                          "verdict": (report.get("verdict") or {}).get("hypothesis"),
+                          "restoration_verified": (report.get("restoration") or {}).get("verified"),
+                          "chain_ok": it["chain_ok"], "audit_ok": it["audit_ok"], "log": str(out / "log.db"),
+                          "reports": {f: str(out / f"report.{f}") for f in ("json", "md", "html")}, "exit_code": code}),
+              flush=True)
     return code
 
 
@@ -442,7 +456,7 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
-            return client.watch(path, args.from_seq, _console())
+            return client.watch(path, args.from_seq, _console(), sys.stdout if args.json else None)
         return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 from rich.console import Console
@@ -137,12 +138,13 @@ def abort(path: Path, reason: str, console: Console) -> int:
     return 0
 
 
-def watch(path: Path, from_seq: int | None, console: Console) -> int:
-    """Streams the current window's events until it closes; exits as `run` does (contract section 3)."""
+def watch(path: Path, from_seq: int | None, console: Console, json_out: TextIO | None = None) -> int:
+    """Streams the current window's events until it closes (as JSON lines on `json_out` when given);
+    exits as `run` does (contract section 3)."""
     c = Connection(path, timeout=None)
     try:
         c.call(control.Watch(from_seq=from_seq))
-        view = LiveView(console)
+        view = LiveView(console, json_out=json_out)
         with view:
             while True:
                 rep = c.line()
@@ -151,7 +153,7 @@ def watch(path: Path, from_seq: int | None, console: Console) -> int:
                 ev = decode_payload(rep["type"], rep["schema_v"], msgspec.json.encode(rep["event"]))
                 if view.progress.window_id and rep["window_id"] not in ("", view.progress.window_id):
                     continue
-                view.on_event(rep["seq"], ev)
+                view.on_event(rep["seq"], ev, rep["window_id"])
                 if isinstance(ev, WindowClosed):
                     return exit_for(ev.outcome)
     finally:

@@ -1,11 +1,18 @@
-"""Live progress on the terminal for `rehearse` and `watch`: notable events as lines, plus a panel."""
+"""Live progress on the terminal for `rehearse`, `run` and `watch`: notable events as lines plus a
+panel, or with `--json` every event as one JSON line."""
 
 from __future__ import annotations
 
+import json
+import time
+from typing import TextIO
+
+import msgspec
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
+from rich.markup import render
 from rich.table import Table
+from rich.text import Text
 
 from events.base import Event
 from events.progress import WindowProgress
@@ -15,18 +22,60 @@ from events.schema import (
 )
 
 STATUS_STYLE = {"measured": "green", "failed": "red", "invalid": "yellow", "deferred": "blue"}
+BAR_WIDTH = 60
 
 
-def panel(p: WindowProgress) -> Group:
+def bar(minute: float, stop_min: float, window_min: float, width: int = BAR_WIDTH) -> Text:
+    """The window as a bar of `width` cells: elapsed minutes filled, a mark at the stop minute, the
+    restore reservation after it shaded; the scale under it names minute 0, the stop and the end."""
+    at = lambda m: max(0, min(width - 1, int(m / window_min * width)))  # noqa: E731
+    done, stop = at(minute) if minute > 0 else -1, at(stop_min)
+    t = Text()
+    for i in range(width):
+        if i == stop:
+            t.append("┃", style="bold yellow")
+        elif i <= done:
+            t.append("━", style="red" if minute > stop_min else "green")
+        else:
+            t.append("─" if i < stop else "░", style="dim")
+    t.append("┃", style="bold")
+    scale = [" "] * (width + 1)
+    for pos, label in ((0, "0"), (stop, f"{stop_min:g} stop"), (width - len(f"{window_min:g} end") + 1, f"{window_min:g} end")):
+        for k, ch in enumerate(label):
+            if 0 <= pos + k <= width:
+                scale[pos + k] = ch
+    t.append("\n" + "".join(scale), style="dim")
+    return t
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="dim")
     t.add_column()
     t.add_row("window", f"{p.window_id} ({'rehearsal' if p.rehearsal else 'live'})")
-    t.add_row("stage", p.stage + (f" — phase [bold]{p.phase}[/], {p.phase_requests} requests" if p.phase else ""))
-    t.add_row("requests", str(p.requests))
     m = p.minute or 0.0
-    lines = f"stop {p.stop_min:g}, window end {p.window_min:g}" if p.stop_min and p.window_min else ""
-    t.add_row("minute", f"{m:.1f}  ({lines})")
+    if p.phase:
+        total = p.phase_total
+        done = f"{p.phase_requests}/{total}" if total else f"{p.phase_requests}"
+        t.add_row("stage", f"{p.stage} — phase [bold]{p.phase}[/]: {done} requests")
+    else:
+        t.add_row("stage", p.stage)
+    t.add_row("requests", f"{p.requests} measured in the window")
+    t.add_row("elapsed", f"window minute {m:.1f}; wall clock {_clock(now_wall - started_wall)}")
+    eta = []
+    if p.phase and p.phase_estimated_end is not None:
+        eta.append(f"phase end at minute {p.phase_estimated_end:.1f} (in {max(0.0, p.phase_estimated_end - m):.1f} min)")
+    if p.stop_min is not None and p.stage in ("opening", "experiment"):
+        eta.append(f"stop minute {p.stop_min:g} in {max(0.0, p.stop_min - m):.1f} min")
+    if p.window_min is not None:
+        eta.append(f"window end in {max(0.0, p.window_min - m):.1f} min")
+    if eta:
+        t.add_row("ETA", "; ".join(eta))
     if p.abort:
         t.add_row("abort", f"[red]{p.abort['reason']}[/]: {p.abort['detail']}")
     if p.restoration_failed:
@@ -36,14 +85,13 @@ def panel(p: WindowProgress) -> Group:
     if p.cells:
         t.add_row("cells", " ".join(f"[{STATUS_STYLE.get(s, 'white')}]{ph}:{s}[/]" for ph, s in ((ph, c["status"]) for ph, c in p.cells.items())))
     parts: list = [t]
-    if p.window_min:
-        parts.append(ProgressBar(total=p.window_min, completed=min(m, p.window_min), width=60,
-                                 complete_style="red" if p.stop_min and m > p.stop_min else "green"))
+    if p.window_min and p.stop_min is not None:
+        parts.append(bar(m, p.stop_min, p.window_min))
     return Group(*parts)
 
 
 def line_for(ev: Event) -> str | None:
-    """The one-line form of an event worth a line of its own, or None."""
+    """The one-line form (rich markup) of an event worth a line of its own, or None."""
     if isinstance(ev, PhaseStarted):
         return f"[dim]minute {ev.minute:6.1f}[/] phase [bold]{ev.phase}[/] (estimated end minute {ev.estimated_end_minute:.1f})"
     if isinstance(ev, CellRecorded):
@@ -66,13 +114,21 @@ def line_for(ev: Event) -> str | None:
 
 
 class LiveView:
-    """Feeds events into a WindowProgress; prints notable lines; on a terminal also a live panel."""
+    """Feeds events into a WindowProgress. For people: prints notable lines, and on a terminal a
+    live panel. With `json_out`: one JSON line per event (seq, window, type, the event, and for a
+    notable one its text and the progress), nothing else on that stream."""
 
-    def __init__(self, console: Console, window_id: str = "") -> None:
+    def __init__(self, console: Console, window_id: str = "", json_out: TextIO | None = None) -> None:
         self.console = console
+        self.json_out = json_out
         self.progress = WindowProgress(window_id)
-        self._live = Live(panel(self.progress), console=console, refresh_per_second=4, transient=True) \
-            if console.is_terminal else None
+        self.started_wall = time.time()
+        # get_renderable: the panel is rebuilt at each refresh, so the wall clock ticks between events
+        self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._panel) \
+            if console.is_terminal and json_out is None else None
+
+    def _panel(self) -> Group:
+        return panel(self.progress, self.started_wall, time.time())
 
     def __enter__(self) -> LiveView:
         if self._live is not None:
@@ -83,10 +139,18 @@ class LiveView:
         if self._live is not None:
             self._live.stop()
 
-    def on_event(self, seq: int, ev: Event) -> None:
+    def on_event(self, seq: int, ev: Event, window_id: str | None = None) -> None:
         self.progress.apply(seq, ev)
         line = line_for(ev)
+        if self.json_out is not None:
+            rec: dict = {"seq": seq, "window_id": self.progress.window_id if window_id is None else window_id,
+                         "type": ev.__struct_config__.tag,
+                         "event": msgspec.to_builtins(ev)}
+            if line:
+                rec["text"] = render(line).plain
+                rec["progress"] = self.progress.as_dict()
+            self.json_out.write(json.dumps(rec) + "\n")
+            self.json_out.flush()
+            return
         if line:
             self.console.print(line)
-        if self._live is not None:
-            self._live.update(panel(self.progress))

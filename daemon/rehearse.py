@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TextIO
 from contextlib import asynccontextmanager
 import subprocess
 import tempfile
@@ -101,7 +102,7 @@ def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.
 
 
 async def run_window(setup: WindowSetup, out: Path, console: Console,
-                     before_open: Callable[[], Awaitable[None]] | None = None) -> dict:
+                     before_open: Callable[[], Awaitable[None]] | None = None, events_out: TextIO | None = None) -> dict:
     """Runs one window in the foreground with its own log in `out`, then writes its reports there.
 
     `before_open` runs once the site check and the forecast have passed (a rehearsal's faults go in
@@ -127,13 +128,13 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     (out / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
     window_id = new_window_id(setup.plan)
     return await _foreground(target, setup, window_id, out, console,
-                             lambda runner: runner.run(setup.opened(window_id)))
+                             lambda runner: runner.run(setup.opened(window_id)), events_out)
 
 
 async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: Path, console: Console,
-                      drive: Callable[[Runner], Awaitable[str]]) -> dict:
-    """One window driven in this process with its log in `out`, shown live and interruptible; its
-    reports written there once it closes."""
+                      drive: Callable[[Runner], Awaitable[str]], events_out: TextIO | None = None) -> dict:
+    """One window driven in this process with its log in `out`, shown live (or as JSON lines on
+    `events_out`) and interruptible; its reports written there once it closes."""
     db = out / "log.db"
     try:
         # a rehearsal's host is simulated in this process: no effect of its decisions outlives a crash
@@ -144,8 +145,8 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
         await target.close()
         raise
     runner = Runner(store, target, window_id, setup.time_scale)
-    view = LiveView(console, window_id)
-    store.subscribe(lambda envs: [view.on_event(e.seq, e.event()) for e in envs])
+    view = LiveView(console, window_id, events_out)
+    store.subscribe(lambda envs: [view.on_event(e.seq, e.event(), e.window_id) for e in envs])
     try:
         with view, Interrupts(runner, console, out):
             await drive(runner)
@@ -155,7 +156,7 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     return write_reports(db, window_id, out)
 
 
-async def resume_window(out: Path, console: Console) -> dict:
+async def resume_window(out: Path, console: Console, events_out: TextIO | None = None) -> dict:
     """Picks up the window a foreground `run` left open in `out` (killed, or its machine lost), as the
     daemon does after a restart: the recorded inputs replayed, then straight to restore."""
     from daemon.recovery import setup_for_recovery, unfinished_windows
@@ -176,7 +177,8 @@ async def resume_window(out: Path, console: Console) -> dict:
                   + "".join(f"\n[yellow]mismatch:[/] {m}" for m in mismatches))
     target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=out / "recipes")
     return await _foreground(target, setup, u.window_id, out, console,
-                             lambda runner: runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches))
+                             lambda runner: runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches),
+                             events_out)
 
 
 class Interrupts:
@@ -230,11 +232,12 @@ async def inject_faults(base: str, token: str, faults: list[dict], transport: ht
 
 def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float | None,
              console: Console, calibration: Calibration | None = None, accept_partial: bool = False,
-             plan_path: str = "", seed: int = 0) -> dict:
+             plan_path: str = "", seed: int = 0, events_out: TextIO | None = None) -> dict:
     """A whole window against flaresim served in this process: in virtual time (`time_scale` None),
     or live-paced on the wall clock at `time_scale`."""
     main = rehearse_async(plan_raw, plan, scenario, faults, out, console, time_scale=time_scale,
-                          calibration=calibration, accept_partial=accept_partial, plan_path=plan_path, seed=seed)
+                          calibration=calibration, accept_partial=accept_partial, plan_path=plan_path, seed=seed,
+                          events_out=events_out)
     return virtualtime.run(main) if time_scale is None else asyncio.run(main)
 
 
@@ -257,7 +260,8 @@ async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, se
 
 async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
                          time_scale: float | None = None, calibration: Calibration | None = None,
-                         accept_partial: bool = False, plan_path: str = "", seed: int = 0) -> dict:
+                         accept_partial: bool = False, plan_path: str = "", seed: int = 0,
+                         events_out: TextIO | None = None) -> dict:
     """`rehearse` on the running loop (a VirtualTimeLoop for virtual time)."""
     import secrets
     virtual = time_scale is None
@@ -270,4 +274,5 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
         setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, []), time_scale or 1.0, rehearsal=True,
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
                             clock="virtual" if virtual else "wall", sim_seed=seed)
-        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport))
+        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport),
+                                events_out)

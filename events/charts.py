@@ -1,50 +1,112 @@
-"""Inline SVG charts for reports: deterministic text, no scripts, no fonts or images fetched."""
+"""Inline SVG charts for reports: deterministic text, no scripts, no fonts or images fetched.
+
+Every chart scales to its container (a viewBox, width 100%) and labels both axes with ticks at
+round numbers and an axis title that names the unit. Tick labels carry the class `tick-x` or
+`tick-y` and axis titles `axis-x` or `axis-y`, so a test can find them.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from html import escape
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf")
-W, H = 720, 260
-ML, MR, MT, MB = 70, 160, 30, 40  # margins: left (y labels), right (legend), top (title), bottom (x labels)
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f")
+STATUS_FILL = {"measured": "#2ca02c", "failed": "#d62728", "invalid": "#e0a000", "deferred": "#9aa7b8"}
+W = 720
 
 
-def _num(v: float) -> str:
-    """Compact, stable number text (no locale, no float noise)."""
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.1f}M"
-    if abs(v) >= 1e4:
-        return f"{v / 1e3:.0f}k"
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+def fmt(v: float) -> str:
+    """Compact, stable number text (no locale, no float noise): 950, 1.2k, 135k, 3.4M, 0.25."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.3g}k"
+    if a >= 1000:
+        return f"{v / 1e3:.2g}k" if v % 100 else f"{v / 1e3:g}k"
+    if float(v).is_integer():
+        return f"{v:.0f}"
+    return f"{v:.3g}"
 
 
-def _frame(title: str, x_label: str, y_label: str, x0: float, x1: float, y1: float) -> list[str]:
-    pw, ph = W - ML - MR, H - MT - MB
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-           f'role="img" aria-label="{escape(title)}">',
-           f'<text x="{ML}" y="18" font-size="13" font-weight="bold">{escape(title)}</text>',
-           f'<line x1="{ML}" y1="{MT + ph}" x2="{ML + pw}" y2="{MT + ph}" stroke="#444"/>',
-           f'<line x1="{ML}" y1="{MT}" x2="{ML}" y2="{MT + ph}" stroke="#444"/>']
-    for i in range(5):
-        y = MT + ph - ph * i / 4
-        out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{ML + pw}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{ML - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{_num(y1 * i / 4)}</text>')
-    out.append(f'<text x="{ML}" y="{H - 8}" font-size="10">{_num(x0)}</text>')
-    out.append(f'<text x="{ML + pw}" y="{H - 8}" font-size="10" text-anchor="end">{_num(x1)}</text>')
-    out.append(f'<text x="{ML + pw / 2:.1f}" y="{H - 8}" font-size="11" text-anchor="middle">{escape(x_label)}</text>')
-    out.append(f'<text x="14" y="{MT + ph / 2:.1f}" font-size="11" text-anchor="middle" '
-               f'transform="rotate(-90 14 {MT + ph / 2:.1f})">{escape(y_label)}</text>')
+def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
+    """Ticks at 1, 2 or 5 times a power of ten that cover [lo, hi] (the first at or below lo, the
+    last at or above hi)."""
+    if hi <= lo:
+        hi = lo + 1
+    raw = (hi - lo) / max(1, target)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.floor(lo / step) * step
+    n = math.ceil((hi - first) / step - 1e-9)
+    return [round(first + i * step, 10) for i in range(n + 1)]
+
+
+class Scale:
+    """A linear map from data to pixels, over the span of its ticks."""
+
+    def __init__(self, lo: float, hi: float, p0: float, p1: float, target: int = 5, tight: bool = False):
+        """`tight`: the span is exactly [lo, hi] and only the round ticks inside it are drawn (an
+        index axis); otherwise the span widens to the round ticks around the data."""
+        if hi <= lo:
+            lo, hi = lo - 1, hi + 1
+        ticks = nice_ticks(lo, hi, target)
+        if tight:
+            self.ticks = [t for t in ticks if lo <= t <= hi]
+            self.lo, self.hi = lo, hi
+        else:
+            self.ticks = ticks
+            self.lo, self.hi = ticks[0], ticks[-1]
+        self.p0, self.p1 = p0, p1
+
+    def __call__(self, v: float) -> float:
+        return self.p0 + (v - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0)
+
+
+def _svg(title: str, height: float, body: list[str], width: float = W) -> str:
+    return "\n".join([f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height:.0f}" width="100%" '
+                      f'style="max-width:{width * 1.5:.0f}px" role="img" aria-label="{escape(title)}">',
+                      f'<text x="4" y="16" font-size="13" font-weight="bold">{escape(title)}</text>', *body, "</svg>"])
+
+
+def _x_axis(sx: Scale, y: float, label: str, top: float | None = None, unit_fmt=fmt) -> list[str]:
+    out = [f'<line x1="{sx.p0:.1f}" y1="{y:.1f}" x2="{sx.p1:.1f}" y2="{y:.1f}" stroke="#444"/>']
+    for t in sx.ticks:
+        x = sx(t)
+        if top is not None:
+            out.append(f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>')
+        out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" y2="{y + 4:.1f}" stroke="#444"/>')
+        out.append(f'<text class="tick-x" x="{x:.1f}" y="{y + 15:.1f}" font-size="10" text-anchor="middle">'
+                   f'{escape(unit_fmt(t))}</text>')
+    out.append(f'<text class="axis-x" x="{(sx.p0 + sx.p1) / 2:.1f}" y="{y + 29:.1f}" font-size="11" '
+               f'text-anchor="middle">{escape(label)}</text>')
     return out
 
 
-def _legend(names: list[str]) -> list[str]:
-    out = []
-    for i, name in enumerate(names):
-        y = MT + 8 + i * 16
-        c = PALETTE[i % len(PALETTE)]
-        out.append(f'<rect x="{W - MR + 12}" y="{y - 8}" width="10" height="10" fill="{c}"/>')
-        out.append(f'<text x="{W - MR + 28}" y="{y + 1}" font-size="11">{escape(name)}</text>')
+def _y_axis(sy: Scale, x: float, right: float, label: str) -> list[str]:
+    out = [f'<line x1="{x:.1f}" y1="{sy.p0:.1f}" x2="{x:.1f}" y2="{sy.p1:.1f}" stroke="#444"/>']
+    for t in sy.ticks:
+        y = sy(t)
+        out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{right:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>')
+        out.append(f'<text class="tick-y" x="{x - 5:.1f}" y="{y + 3.5:.1f}" font-size="10" text-anchor="end">{fmt(t)}</text>')
+    mid = (sy.p0 + sy.p1) / 2
+    out.append(f'<text class="axis-y" x="{x - 40:.1f}" y="{mid:.1f}" font-size="11" text-anchor="middle" '
+               f'transform="rotate(-90 {x - 40:.1f} {mid:.1f})">{escape(label)}</text>')
     return out
+
+
+def _legend(items: Sequence[tuple[str, str]], x: float, y: float) -> list[str]:
+    out, cx = [], x
+    for name, colour in items:
+        out.append(f'<rect x="{cx:.1f}" y="{y - 9:.1f}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{cx + 14:.1f}" y="{y:.1f}" font-size="11">{escape(name)}</text>')
+        cx += 24 + 6.2 * len(name)
+    return out
+
+
+def empty(title: str) -> str:
+    return _svg(title, 44, ['<text x="4" y="36" font-size="12" fill="#666">no data recorded</text>'])
 
 
 MAX_POINTS = 600  # per series: a chart 560 px wide shows no more, and long windows have 10^5 points
@@ -58,65 +120,169 @@ def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
-          marks: list[tuple[float, str]] = ()) -> str:  # type: ignore[assignment]
-    """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label);
-    an empty chart says there is no data."""
-    series = [(n, _thin(s)) for n, s in series]
+          marks: Sequence[tuple[float, str]] = ()) -> str:
+    """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label)."""
+    series = [(n, _thin(s)) for n, s in series if s]
     pts = [p for _n, s in series for p in s]
     if not pts:
-        return _empty(title)
+        return empty(title)
     xs = [p[0] for p in pts] + [m[0] for m in marks]
-    x0, x1 = min(xs), max(xs)
-    y1 = max(max(p[1] for p in pts), 1)
-    pw, ph = W - ML - MR, H - MT - MB
-    sx = (lambda x: ML + (x - x0) / (x1 - x0) * pw) if x1 > x0 else (lambda x: ML + pw / 2)
-    sy = lambda y: MT + ph - y / y1 * ph  # noqa: E731
-    out = _frame(title, x_label, y_label, x0, x1, y1)
+    ml, mt, h = 80, 40, 270
+    sx = Scale(min(xs), max(xs), ml, W - 20)
+    sy = Scale(0, max(max(p[1] for p in pts), 1), h - 50, mt)
+    body = _y_axis(sy, ml, W - 20, y_label) + _x_axis(sx, h - 50, x_label)
     for i, (_name, s) in enumerate(series):
         c = PALETTE[i % len(PALETTE)]
         if len(s) == 1:
-            out.append(f'<circle cx="{sx(s[0][0]):.1f}" cy="{sy(s[0][1]):.1f}" r="3" fill="{c}"/>')
-        elif s:
+            body.append(f'<circle cx="{sx(s[0][0]):.1f}" cy="{sy(s[0][1]):.1f}" r="3" fill="{c}"/>')
+        else:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
-            out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{path}"/>')
+            body.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{path}"/>')
     for i, (x, label) in enumerate(marks):
         px = sx(x)
-        out.append(f'<line x1="{px:.1f}" y1="{MT}" x2="{px:.1f}" y2="{MT + ph}" stroke="#888" stroke-dasharray="4 3"/>')
-        # labels sit left of their line (clear of the legend), staggered so neighbours do not overlap
-        out.append(f'<text x="{px - 3:.1f}" y="{MT + 10 + 12 * i}" font-size="10" fill="#555" '
-                   f'text-anchor="end">{escape(label)}</text>')
-    out += _legend([n for n, _s in series])
-    out.append("</svg>")
-    return "\n".join(out)
+        body.append(f'<line x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{h - 50}" stroke="#888" stroke-dasharray="4 3"/>')
+        body.append(f'<text x="{px - 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555" text-anchor="end">'
+                    f'{escape(label)}</text>')
+    body += _legend([(n, PALETTE[i % len(PALETTE)]) for i, (n, _s) in enumerate(series)], ml, 32)
+    return _svg(title, h, body)
 
 
-def hbars(title: str, bars: list[tuple[str, float, bool]], x_label: str) -> str:
-    """Horizontal bars (label, value, ok); bars that are not ok are drawn hatched red."""
+def hbars(title: str, bars: list[tuple[str, float, bool]], x_label: str, bad_note: str = "did not settle") -> str:
+    """Horizontal bars (label, value, ok) on a ticked axis; bars that are not ok are drawn hatched red."""
     if not bars:
-        return _empty(title)
-    n = len(bars)
-    h = MT + MB + 18 * n
-    vmax = max(max(v for _l, v, _ok in bars), 1e-9)
-    pw = W - 260 - 40
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img" '
-           f'aria-label="{escape(title)}">',
-           '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-           '<rect width="6" height="6" fill="#f4c7c3"/><line x1="0" y1="0" x2="0" y2="6" stroke="#d62728" '
-           'stroke-width="3"/></pattern></defs>',
-           f'<text x="10" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
+        return empty(title)
+    ml, mt, row = 230, 28, 18
+    h = mt + row * len(bars) + 44
+    sx = Scale(0, max(max(v for _l, v, _ok in bars), 1e-9), ml, W - 70)
+    body = ['<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+            '<rect width="6" height="6" fill="#f4c7c3"/><line x1="0" y1="0" x2="0" y2="6" stroke="#d62728" '
+            'stroke-width="3"/></pattern></defs>']
+    body += _x_axis(sx, mt + row * len(bars) + 4, x_label, top=mt)
     for i, (label, v, ok) in enumerate(bars):
-        y = MT + i * 18
-        wbar = max(v / vmax * pw, 1)
-        fill = "#2ca02c" if ok else "url(#hatch)"
-        out.append(f'<text x="250" y="{y + 12}" font-size="11" text-anchor="end">{escape(label)}</text>')
-        out.append(f'<rect x="260" y="{y + 2}" width="{wbar:.1f}" height="13" fill="{fill}"/>')
-        out.append(f'<text x="{264 + wbar:.1f}" y="{y + 12}" font-size="10">{_num(v)} s{"" if ok else " (timed out)"}</text>')
-    out.append(f'<text x="260" y="{h - 10}" font-size="11">{escape(x_label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+        y = mt + i * row
+        wbar = max(sx(v) - ml, 1)
+        body.append(f'<text x="{ml - 6}" y="{y + 12}" font-size="11" text-anchor="end">{escape(label)}</text>')
+        body.append(f'<rect x="{ml}" y="{y + 2}" width="{wbar:.1f}" height="13" fill="{"#2ca02c" if ok else "url(#hatch)"}"/>')
+        body.append(f'<text x="{ml + wbar + 4:.1f}" y="{y + 12}" font-size="10">{fmt(v)}{"" if ok else " (" + bad_note + ")"}</text>')
+    return _svg(title, h, body)
 
 
-def _empty(title: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} 60" width="{W}" height="60" role="img" '
-            f'aria-label="{escape(title)}"><text x="10" y="18" font-size="13" font-weight="bold">{escape(title)}</text>'
-            f'<text x="10" y="42" font-size="12" fill="#666">no data recorded</text></svg>')
+def gantt(title: str, rows: list[tuple[str, float, float, str]], window_min: float, stop_min: float,
+          marks: Sequence[tuple[float, str]] = ()) -> str:
+    """Phases as bars over the window's minutes (label, start, end, status), with the stop minute,
+    the window's end and the restore reservation between them, plus labelled marks (an abort)."""
+    if not rows:
+        return empty(title)
+    ml, mt, row = 150, 44, 15
+    plot_bottom = mt + row * len(rows) + 4
+    h = plot_bottom + 56
+    sx = Scale(0, window_min, ml, W - 20, target=9)
+    body = [f'<rect x="{sx(stop_min):.1f}" y="{mt - 6}" width="{sx(window_min) - sx(stop_min):.1f}" '
+            f'height="{plot_bottom - mt + 6}" fill="#f3ecff"/>',
+            f'<text x="{(sx(stop_min) + sx(window_min)) / 2:.1f}" y="{mt - 9}" font-size="10" fill="#5b3f8c" '
+            f'text-anchor="middle">restore reservation</text>']
+    body += _x_axis(sx, plot_bottom, "window minute (min)", top=mt - 6)
+    for x, label, colour in ((stop_min, f"stop {fmt(stop_min)}", "#b8860b"), (window_min, f"end {fmt(window_min)}", "#444")):
+        body.append(f'<line x1="{sx(x):.1f}" y1="{mt - 24}" x2="{sx(x):.1f}" y2="{plot_bottom}" stroke="{colour}" '
+                    f'stroke-width="1.5" stroke-dasharray="5 3"/>')
+        body.append(f'<text x="{sx(x) - 3:.1f}" y="{mt - 16}" font-size="10" fill="{colour}" text-anchor="end">'
+                    f'{escape(label)}</text>')
+    for x, label in marks:
+        body.append(f'<line x1="{sx(x):.1f}" y1="{mt - 6}" x2="{sx(x):.1f}" y2="{plot_bottom}" stroke="#d62728" stroke-width="2"/>')
+        body.append(f'<text x="{sx(x) + 3:.1f}" y="{mt + 4}" font-size="10" fill="#d62728">{escape(label)}</text>')
+    for i, (label, start, end, status) in enumerate(rows):
+        y = mt + i * row
+        x0, x1 = sx(start), sx(max(end, start))
+        body.append(f'<text x="{ml - 6}" y="{y + 11}" font-size="10.5" text-anchor="end">{escape(label)}</text>')
+        body.append(f'<rect x="{x0:.1f}" y="{y + 2}" width="{max(x1 - x0, 1.5):.1f}" height="11" '
+                    f'fill="{STATUS_FILL.get(status, "#1f77b4")}"><title>{escape(label)}: minute {start:.1f} to '
+                    f'{end:.1f} ({escape(status)})</title></rect>')
+    body += _legend([(s, c) for s, c in STATUS_FILL.items()] + [("restore", "#1f77b4")], ml, h - 6)
+    return _svg(title, h, body)
+
+
+def columns_grid(title: str, panels: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
+                 per_row: int = 2) -> str:
+    """Small multiples: one column chart per panel (name, [(x, y)]), on a shared y scale, each with
+    its own x ticks; a panel whose values are all zero says so on its face."""
+    panels = [(n, s) for n, s in panels if s]
+    if not panels:
+        return empty(title)
+    pw, ph, ml = (W - 10) / per_row, 170, 62
+    ymax = max(max(y for _x, y in s) for _n, s in panels)
+    rows = math.ceil(len(panels) / per_row)
+    h = 26 + rows * ph
+    body: list[str] = []
+    for i, (name, s) in enumerate(panels):
+        ox, oy = 10 + (i % per_row) * pw, 26 + (i // per_row) * ph
+        xs = [x for x, _y in s]
+        sx = Scale(min(xs) - 0.5, max(xs) + 0.5, ox + ml, ox + pw - 12, tight=True)
+        sy = Scale(0, max(ymax, 1), oy + ph - 52, oy + 18, target=4)
+        body.append(f'<text x="{ox + ml}" y="{oy + 10}" font-size="11" font-weight="bold">{escape(name)}</text>')
+        body += _y_axis(sy, ox + ml, ox + pw - 12, y_label)
+        body += _x_axis(sx, oy + ph - 52, x_label)
+        bw = max(1.0, (sx.p1 - sx.p0) / max(1, (sx.hi - sx.lo)) * 0.8)
+        for x, y in s:
+            if y:
+                body.append(f'<rect x="{sx(x) - bw / 2:.1f}" y="{sy(y):.1f}" width="{bw:.1f}" '
+                            f'height="{sy(0) - sy(y):.1f}" fill="{PALETTE[0]}"/>')
+        if not any(y for _x, y in s):
+            body.append(f'<text x="{(sx.p0 + sx.p1) / 2:.1f}" y="{(sy.p0 + sy.p1) / 2:.1f}" font-size="12" '
+                        f'fill="#8c1d18" text-anchor="middle">0 on all {len(s)} requests</text>')
+    return _svg(title, h, body)
+
+
+def hbars_grid(title: str, panels: list[tuple[str, list[tuple[str, float, str]]]], x_label: str,
+               per_row: int = 2, max_value: float | None = None, value_fmt=fmt) -> str:
+    """Small multiples of horizontal bars: one panel per name, bars (label, value, note) on a
+    ticked x axis (shared when `max_value` is given, as for percentages)."""
+    panels = [(n, b) for n, b in panels if b]
+    if not panels:
+        return empty(title)
+    pw, ml, row = (W - 10) / per_row, 110, 15
+    nrows = max(len(b) for _n, b in panels)
+    ph = 30 + row * nrows + 44
+    h = 24 + math.ceil(len(panels) / per_row) * ph
+    body: list[str] = []
+    for i, (name, bars) in enumerate(panels):
+        ox, oy = 10 + (i % per_row) * pw, 24 + (i // per_row) * ph
+        top = oy + 22
+        sx = Scale(0, max_value if max_value is not None else max(max(v for _l, v, _n in bars), 1), ox + ml,
+                   ox + pw - 70, target=max(2, int((pw - ml - 70) / 55)))
+        body.append(f'<text x="{ox + 4}" y="{oy + 10}" font-size="11" font-weight="bold">{escape(name)}</text>')
+        body += _x_axis(sx, top + row * nrows + 2, x_label, top=top, unit_fmt=value_fmt)
+        for k, (label, v, note) in enumerate(bars):
+            y = top + k * row
+            body.append(f'<text x="{ox + ml - 5}" y="{y + 10}" font-size="10" text-anchor="end">{escape(label)}</text>')
+            body.append(f'<rect x="{sx.p0:.1f}" y="{y + 2}" width="{max(sx(v) - sx.p0, 0.8 if v else 0):.1f}" '
+                        f'height="10" fill="{PALETTE[0]}"/>')
+            if note:
+                body.append(f'<text x="{max(sx(v), sx.p0) + 3:.1f}" y="{y + 10}" font-size="9.5" fill="#333">{escape(note)}</text>')
+    return _svg(title, h, body)
+
+
+def ranges(title: str, panels: list[tuple[str, list[tuple[str, float | None, float | None]]]], x_label: str) -> str:
+    """Per panel, one row per label with its p50 (dot) and p90 (end of the line) on a shared axis."""
+    panels = [(n, [r for r in rs if r[1] is not None]) for n, rs in panels]
+    panels = [(n, rs) for n, rs in panels if rs]
+    if not panels:
+        return empty(title)
+    vmax = max(max((r[2] if r[2] is not None else r[1]) for r in rs) for _n, rs in panels)  # type: ignore[type-var]
+    pw, ml, row = (W - 10) / len(panels), 128, 14
+    nrows = max(len(rs) for _n, rs in panels)
+    h = 26 + 22 + row * nrows + 48
+    body: list[str] = []
+    for i, (name, rs) in enumerate(panels):
+        ox, top = 10 + i * pw, 48
+        sx = Scale(0, vmax, ox + ml, ox + pw - 14, target=4)
+        body.append(f'<text x="{ox + 4}" y="{top - 12}" font-size="11" font-weight="bold">{escape(name)}</text>')
+        body += _x_axis(sx, top + row * nrows + 2, x_label, top=top)
+        for k, (label, p50, p90) in enumerate(rs):
+            y = top + k * row + 7
+            body.append(f'<text x="{ox + ml - 5}" y="{y + 3.5}" font-size="10" text-anchor="end">{escape(label)}</text>')
+            if p90 is not None:
+                body.append(f'<line x1="{sx(p50):.1f}" y1="{y}" x2="{sx(p90):.1f}" y2="{y}" stroke="{PALETTE[0]}" stroke-width="2"/>'
+                            f'<line x1="{sx(p90):.1f}" y1="{y - 4}" x2="{sx(p90):.1f}" y2="{y + 4}" stroke="{PALETTE[0]}" stroke-width="2"/>')
+            body.append(f'<circle cx="{sx(p50):.1f}" cy="{y}" r="3.5" fill="{PALETTE[1]}"/>')
+    body += _legend([("p50", PALETTE[1]), ("p90 (bar end)", PALETTE[0])], 10 + ml, h - 4)
+    return _svg(title, h, body)

@@ -3,17 +3,35 @@ read from the one window fold (events.window_fold) that the report reads too."""
 
 from __future__ import annotations
 
+from events.base import Event
+from events.schema import ActionDone, ActionRequested
 from events.window_fold import WindowFold
 
 
 class WindowProgress(WindowFold):
     """`apply` each of the window's events in seq order; `as_dict` is the status reply's `window`."""
 
+    def __init__(self, window_id: str = "") -> None:
+        super().__init__(window_id)
+        self._validation: int | None = None  # the action id of the fixture validation, until it answers
+
+    def apply(self, seq: int, ev: Event, wall_ns: int | None = None) -> None:
+        super().apply(seq, ev, wall_ns)
+        # the fixture sizes give each phase its request total (done/total in the live view)
+        if isinstance(ev, ActionRequested) and ev.action == "validate_fixtures":
+            self._validation = ev.action_id
+        elif isinstance(ev, ActionDone) and ev.action_id == self._validation:
+            self._validation = None
+            fixtures = (ev.data or {}).get("fixtures") if ev.ok and isinstance(ev.data, dict) else None
+            for name, f in (fixtures or {}).items():
+                if isinstance(f, dict) and isinstance(f.get("sha256"), list):
+                    self.fixture_sizes[name] = len(f["sha256"])
+
     def as_dict(self) -> dict:
         return {"window_id": self.window_id, "plan": self.plan, "rehearsal": bool(self.rehearsal), "stage": self.stage,
-                "phase": self.phase, "phase_requests": self.phase_requests, "requests": self.requests,
+                "phase": self.phase, "phase_requests": self.phase_requests, "phase_total": self.phase_total,
+                "phase_estimated_end_minute": self.phase_estimated_end, "requests": self.requests,
                 "minute": self.minute, "stop_min": self.stop_min, "window_min": self.window_min,
                 "abort": self.abort, "cells": {p: c["status"] for p, c in self.cells.items()}, "outcome": self.outcome,
                 "verdict": (self.verdict or {}).get("hypothesis"), "restoration_failed": self.restoration_failed,
                 "alarms": list(self.alarms), "last_seq": self.last_seq}
-

@@ -18,6 +18,11 @@ SCHEMA = "flare-diag.report/1"
 HOST_COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
 GPU_COUNTERS = ("gpu_hits", "gpu_reused_tokens")
 SERIES_KEYS = HOST_COUNTERS + GPU_COUNTERS
+SNAPSHOTS = ("router", "monitoring", "gpu", "configuration")
+# gauges whose peak (or capacity) per phase is the seed's allocation-capacity-against-live-occupancy evidence
+OCCUPANCY_GAUGES = ("rows_used", "rows_capacity", "pages_used", "pages_capacity", "host_cache_records",
+                    "host_cache_bytes_used", "host_cache_bytes_capacity", "host_cache_tokens_used",
+                    "host_cache_tokens_capacity")
 
 
 class _Projection:
@@ -31,7 +36,11 @@ class _Projection:
                         # exact recipe bytes retained before take-down (role -> name, sha256, size, where)
                         "recipes": {},
                         "requests": [], "natural_failures": [], "drains": [],
-                        "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}}}
+                        "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}},
+                        # the router, monitoring, GPU and configuration as first seen, and as seen in the restore
+                        "snapshots": {"before": {}, "after": {}},
+                        "occupancy": []}
+        self.occupied: dict | None = None  # the open phase's peak gauges, from the scrapes taken during it
         self.actions: dict[int, tuple[str, dict]] = {}
         self.responses: dict[tuple[str, int], dict] = {}
         self.load_label = "incumbent before take-down"
@@ -61,6 +70,8 @@ class _Projection:
         if not ev.ok or not action:
             return
         if action == "scrape_metrics":
+            if self.occupied is not None:
+                self._occupy(ev.data)
             series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
             series["minute"].append(self.minute(ev.at_ns))
             if isinstance(ev.data, msgspec.Raw):
@@ -82,12 +93,51 @@ class _Projection:
             self.r["identity"]["incumbent_sha256_before"] = d.get("sha256")
             self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
                                                                "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
+        elif action == "snapshot" and args.get("what") in SNAPSHOTS:
+            when = "after" if self.fold.stage == "restore" else "before"
+            if when == "after" or args["what"] not in self.r["snapshots"]["before"]:
+                self.r["snapshots"][when][args["what"]] = {"minute": self.minute(ev.at_ns), "data": d}
         elif action == "read_identity":
             self._observed(self.load_label, env, d)
             if self.fold.stage == "restore":
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
+    def _occupy(self, data) -> None:
+        gauges = (_gauges.decode(data).gauges if isinstance(data, msgspec.Raw) else data.get("gauges")) or {}
+        occ = self.occupied
+        for k in OCCUPANCY_GAUGES:
+            v = gauges.get(k)
+            if v is None:
+                continue
+            if k.endswith("_capacity"):
+                occ[k] = v
+            else:
+                occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
+        occ["scrapes"] += 1
+
+    def phase_started(self, env: Envelope, ev) -> None:
+        self.fold.apply(env.seq, ev, env.wall_ns)
+        self.occupied = {"phase": ev.phase, "scrapes": 0}
+
+    def cell_recorded(self, env: Envelope, ev) -> None:
+        self.fold.apply(env.seq, ev, env.wall_ns)
+        if self.occupied is None or self.occupied["phase"] != ev.phase:
+            return
+        occ, self.occupied = self.occupied, None
+        if ev.requests == 0:  # an identity phase: nothing was stored
+            return
+        c = ev.counters or {}
+        occ["stores"] = {k.split(".", 1)[1]: v for k, v in c.items() if k.startswith("stores.")}
+        occ["evictions"] = {k.split(".", 1)[1]: v for k, v in c.items() if k.startswith("evictions.")}
+        occ["compactions"] = c.get("compactions")
+        self.r["occupancy"].append(occ)
+
     def _observed(self, label: str, env: Envelope, ident: dict) -> None:
+        gpus = ident.get("gpus")
+        if isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus):
+            # the plan names a GPU count and power limit; the identity carries the GPUs themselves
+            limits = sorted({g.get("power_limit_w") for g in gpus}, key=str)
+            ident = {**ident, "gpu_count": len(gpus), "gpu_power_limit_w": limits[0] if len(limits) == 1 else limits}
         exp = self.fold.expected_identity
         mism = [k for k in exp if k in ident and ident.get(k) != exp[k]]
         self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.fold.last_at_ns),
@@ -138,8 +188,11 @@ class _Projection:
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
              "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
-             "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256}
-        r["trace"].update(trace_evidence(r["cells"], r["requests"]))
+             "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
+             "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]}
+        scale = float(f.clock.get("time_scale") or 1.0)
+        r["trace"].update(trace_evidence(r["cells"], r["requests"], scale))
+        r["latency"] = phase_latency(r["requests"], scale)
         return r
 
 
@@ -151,16 +204,42 @@ def _pct(xs: list[float], q: float) -> float | None:
     return s[max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))]  # type: ignore[call-overload]
 
 
-TRACE_STATS = ("ttft_p50_ms", "ttft_p90_ms", "latency_p50_ms", "latency_p90_ms")
+TRACE_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
 
 
-def trace_evidence(cells: list[dict], requests: list[dict]) -> dict:
-    """Per trace arm, time to first token and total latency (p50, p90, wall milliseconds from the
-    send); per off/on pair, on minus off. Descriptive: a handful of requests per arm, no test."""
+def _seconds(q: dict, key: str, scale: float) -> float | None:
+    """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
+    v = q.get(key)
+    return None if v is None else v * scale / 1e9
+
+
+def _stats(qs: list[dict], scale: float) -> dict:
+    ttft = [t for t in (_seconds(q, "first_token_ns", scale) for q in qs) if t is not None]
+    lat = [t for t in (_seconds(q, "end_ns", scale) for q in qs) if t is not None]
+    def p(xs: list[float], q: float) -> float | None:
+        v = _pct(xs, q)
+        return None if v is None else round(v, 4)
+    return {"ttft_p50_s": p(ttft, 50), "ttft_p90_s": p(ttft, 90), "latency_p50_s": p(lat, 50), "latency_p90_s": p(lat, 90)}
+
+
+def _ok_by_phase(requests: list[dict]) -> dict[str, list[dict]]:
     by_phase: dict[str, list[dict]] = {}
     for q in requests:
-        if q["phase"].startswith("trace.") and q["outcome"] == "ok":
+        if q["outcome"] == "ok":
             by_phase.setdefault(q["phase"], []).append(q)
+    return by_phase
+
+
+def phase_latency(requests: list[dict], scale: float = 1.0) -> list[dict]:
+    """Per phase that answered: time to first token and total latency (p50, p90, window seconds
+    from each request's send; nearest rank). Descriptive."""
+    return [{"phase": ph, "requests": len(qs), **_stats(qs, scale)} for ph, qs in _ok_by_phase(requests).items()]
+
+
+def trace_evidence(cells: list[dict], requests: list[dict], scale: float = 1.0) -> dict:
+    """Per trace arm, time to first token and total latency (p50, p90, window seconds from the
+    send); per off/on pair, on minus off. Descriptive: a handful of requests per arm, no test."""
+    by_phase = _ok_by_phase([q for q in requests if q["phase"].startswith("trace.")])
     arms = []
     for c in cells:
         pid = c["phase"]
@@ -168,13 +247,9 @@ def trace_evidence(cells: list[dict], requests: list[dict]) -> dict:
         if not pid.startswith("trace.") or len(parts) != 4:
             continue  # the warm-up is not evidence
         qs = by_phase.get(pid, [])
-        ttft = [q["first_token_ns"] / 1e6 for q in qs if q.get("first_token_ns") is not None]
-        lat = [q["end_ns"] / 1e6 for q in qs if q.get("end_ns") is not None]
         arms.append({"phase": pid, "status": c["status"], "trace": parts[3], "concurrency": int(parts[1][1:]),
                      "repetition": int(parts[2][1:]), "requests": len(qs),
-                     "host_reused_tokens": (c["host"] or {}).get("reused_tokens"),
-                     "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90),
-                     "latency_p50_ms": _pct(lat, 50), "latency_p90_ms": _pct(lat, 90)})
+                     "host_reused_tokens": (c["host"] or {}).get("reused_tokens"), **_stats(qs, scale)})
     pairs = []
     for a in arms:
         if a["trace"] != "off":
@@ -185,16 +260,16 @@ def trace_evidence(cells: list[dict], requests: list[dict]) -> dict:
             continue
         both = a["status"] == on["status"] == "measured"
         pairs.append({"concurrency": a["concurrency"], "repetition": a["repetition"], "measured": both,
-                      **{f"{k}_on_minus_off": (round(on[k] - a[k], 3) if both and on[k] is not None and a[k] is not None
+                      **{f"{k}_on_minus_off": (round(on[k] - a[k], 4) if both and on[k] is not None and a[k] is not None
                                                else None) for k in TRACE_STATS}})
     return {"arms": arms, "pairs": pairs,
-            "note": "descriptive: wall-clock times from each request's send, a few requests per arm, no significance test"}
+            "note": "descriptive: window seconds from each request's send, a few requests per arm, no significance test"}
 
 
 _HANDLERS = {  # None: the window fold alone reads it
     "window_opened": None, "action_done": _Projection.action_done,
     "request_done": _Projection.request_done, "action_requested": _Projection.action_requested,
-    "time_marked": None, "phase_started": None, "cell_recorded": None,
+    "time_marked": None, "phase_started": _Projection.phase_started, "cell_recorded": _Projection.cell_recorded,
     "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,
     "abort_decided": None, "restore_started": None, "restoration_recorded": None, "verdict_reached": None,
     "alarm": None, "trace_order_frozen": None, "window_closed": None,
@@ -265,7 +340,12 @@ class _CountersView(msgspec.Struct):
     counters: _DeltaView = _DeltaView()
 
 
+class _GaugesView(msgspec.Struct):
+    gauges: dict[str, int | float | None] = {}
+
+
 _counters = msgspec.json.Decoder(_CountersView)
+_gauges = msgspec.json.Decoder(_GaugesView)
 _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": msgspec.json.Decoder(_DoneView),
           "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView)}
 

@@ -1,4 +1,8 @@
-"""report.html: one self-contained page (inline CSS and SVG, no script, nothing fetched)."""
+"""report.html: one self-contained page (inline CSS and SVG, no script, nothing fetched).
+
+The first screen answers "is my host back?" and "what did we learn?"; charts come before the
+evidence tables, and the per-request detail, collapsed, comes last.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,16 @@ from html import escape
 
 from events import charts
 from events.report import Segment, join_segments
-from events.report_md import (
-    CHECKS, REQUEST_COLUMNS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD, check, needs_attention, recipe_lines, request_rows,
-    schedule_rows, trace_arm_rows, trace_pair_rows, utc, val, clock_words,
+from events.report_view import (
+    CELL_HEAD, DRAIN_HEAD, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
+    caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
+    occupancy_rows, recipe_lines, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
+    trace_arm_rows, trace_pair_rows, utc, val,
 )
 
 CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:78em;color:#222;padding:0 1em}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+body{font:14px/1.45 system-ui,sans-serif;margin:1.2em auto;max-width:min(96vw,110em);color:#222;padding:0 1em}
+h1{font-size:1.4em;margin:.2em 0}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}h3{font-size:1.05em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .badge{display:inline-block;padding:1px 8px;border-radius:9px;font-weight:600;font-size:12px}
@@ -22,11 +28,16 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .st-invalid{background:#fff3cd;color:#7a5200;border:1px dashed #e0a000}
 .st-deferred{background:#e8eef7;color:#34495e;border:1px dotted #6b7c93}
 tr.st-failed td{background:#fff6f6}tr.st-invalid td{background:#fffbea}tr.st-deferred td{color:#567}
-.outcome-completed{color:#17602a}.outcome-partial{color:#8a5a00}.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
+.outcome{font-size:1.25em;margin:.3em 0}.outcome-completed{color:#17602a}.outcome-partial{color:#8a5a00}
+.outcome-aborted,.outcome-restore_failed{color:#8c1d18}
+.restored{font-size:1.1em;padding:.35em .7em;border-radius:4px;margin:.3em 0}
+.restored.ok{background:#dff3e0;border:1px solid #2ca02c}.restored.bad{background:#fbeaea;border:2px solid #8c1d18}
+.verdict{border-left:4px solid #1f77b4;padding:.2em .9em;margin:.6em 0;background:#f6f9fc}
 .attention{border:2px solid #8c1d18;background:#fbeaea;padding:.4em .8em;margin:1em 0}.attention ul{margin:.3em 0}
 table.requests td{text-align:right;font-variant-numeric:tabular-nums}table.requests td:first-child{text-align:left}
 .pass{color:#17602a}.fail{color:#8c1d18;font-weight:700}.na{color:#777}.mism{color:#8c1d18;font-weight:700}
-details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px}
+details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px}.meta{color:#555}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,56em),1fr));gap:0 2em}
 """
 
 
@@ -39,25 +50,80 @@ def _check(v: object) -> str:
     return f'<span class="{cls}">{escape(check(v))}</span>'
 
 
-def _table(head: list[str], rows: list[list[str]], num_from: int = 99) -> str:
+def _table(head: list[str] | tuple[str, ...], rows: list[list[str]], num_from: int = 99) -> str:
+    """A table of plain text cells (escaped here)."""
     h = "".join(f"<th>{escape(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= num_from else ""}>{c}</td>' for i, c in enumerate(r))
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= num_from else ""}>{escape(c)}</td>' for i, c in enumerate(r))
                    + "</tr>" for r in rows)
     return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _reuse_chart(r: dict) -> str:
-    series: dict[str, list[tuple[float, float]]] = {}
+def _figure(chart_id: str, svg: str, caption: str = "") -> str:
+    cap = f"<figcaption class=meta>{escape(caption)}</figcaption>" if caption else ""
+    return f'<figure id="{chart_id}" class=chart>{svg}{cap}</figure>'
+
+
+REPLAY_PREFIXES = ("A.", "B.")
+
+
+def gantt_chart(r: dict) -> str:
+    t = r.get("timing") or {}
+    rows = [(c["phase"], c["started_minute"], c.get("ended_minute") if c.get("ended_minute") is not None
+             else c["started_minute"], c["status"]) for c in r["cells"] if c.get("started_minute") is not None]
+    res = r.get("restoration") or {}
+    if res.get("started_minute") is not None and res.get("finished_minute") is not None:
+        rows.append(("restore", res["started_minute"], res["finished_minute"], "restore"))
+    a = r.get("abort")
+    marks = [(a["minute"], f"abort: {a['reason']}")] if a and a.get("minute") is not None else []
+    return charts.gantt("Phase timeline", rows, t.get("window_min") or 90, t.get("stop_min") or 70, marks)
+
+
+def reuse_chart(r: dict) -> str:
+    panels: dict[str, list[tuple[float, float]]] = {}
     for q in r.get("requests", []):
-        if q["phase"].startswith(("A.", "B.")):
+        if q["phase"].startswith(REPLAY_PREFIXES):
             v = (q.get("delta") or {}).get("host_reused_tokens")
             if v is not None:
-                series.setdefault(q["phase"], []).append((q["order_index"], v))
-    return charts.lines("Host reuse per request, in send order", list(series.items()), "order index",
-                        "host reused tokens")
+                panels.setdefault(q["phase"], []).append((q["order_index"], v))
+    return charts.columns_grid("Host reuse by replay order, one panel per phase", list(panels.items()),
+                               "replay order (request index)", "host reused (tokens)")
 
 
-def _counter_chart(r: dict) -> str:
+def occupancy_chart(r: dict) -> str:
+    panels = []
+    for k in ("rows", "pages"):
+        bars = []
+        for o in r.get("occupancy") or []:
+            used, cap = o.get(f"{k}_used_peak"), o.get(f"{k}_capacity")
+            if used is not None and cap:
+                bars.append((o["phase"], 100 * used / cap, f"{charts.fmt(used)} of {charts.fmt(cap)}"))
+        panels.append((f"{k} used at peak, of the {k} pool", bars))
+    return charts.hbars_grid("Host cache capacity against peak occupancy, per phase", panels,
+                             "peak used (% of capacity)", per_row=2, max_value=100, value_fmt=lambda v: f"{v:g}%")
+
+
+def churn_chart(r: dict) -> str:
+    occ = r.get("occupancy") or []
+    kinds = [("stores", k) for k in sorted({k for o in occ for k in (o.get("stores") or {})})]
+    kinds += [("evictions", k) for k in sorted({k for o in occ for k in (o.get("evictions") or {})})]
+    panels = [(f"{what}: {k}", [(o["phase"], float((o.get(what) or {}).get(k) or 0),
+                                 charts.fmt((o.get(what) or {}).get(k) or 0)) for o in occ]) for what, k in kinds]
+    if any(o.get("compactions") is not None for o in occ):
+        panels.append(("compactions", [(o["phase"], float(o.get("compactions") or 0), charts.fmt(o.get("compactions") or 0))
+                                       for o in occ]))
+    return charts.hbars_grid("Stores per checkpoint kind, evictions per pool and compactions, per phase", panels,
+                             "count per phase (events)", per_row=3)
+
+
+def latency_chart(r: dict) -> str:
+    lat = r.get("latency") or []
+    return charts.ranges("Time to first token and latency per phase (p50 dot, p90 bar end)",
+                         [("time to first token", [(x["phase"], x["ttft_p50_s"], x["ttft_p90_s"]) for x in lat]),
+                          ("latency", [(x["phase"], x["latency_p50_s"], x["latency_p90_s"]) for x in lat])],
+                         "window seconds from send (s)")
+
+
+def counter_chart(r: dict) -> str:
     cols = r.get("counters") or {}
     minutes = cols.get("minute", [])
     series = []
@@ -67,12 +133,21 @@ def _counter_chart(r: dict) -> str:
             series.append((k, s))
     t = r.get("timing") or {}
     marks = [(t[k], label) for k, label in (("stop_min", "stop"), ("window_min", "window end")) if t.get(k) is not None]
-    return charts.lines("Counters over the window", series, "window minute", "tokens (cumulative)", marks)
+    return charts.lines("Cumulative counters over the window", series, "window minute (min)", "cumulative (tokens)", marks)
 
 
-def _drain_chart(r: dict) -> str:
+def drain_chart(r: dict) -> str:
     return charts.hbars("Drain waits", [(d["purpose"], d["waited_s"], d["settled"]) for d in r.get("drains", [])],
-                        "window seconds waited (hatched: did not settle in time)")
+                        "waited (window s); hatched: did not settle in time")
+
+
+CHARTS = (("chart-timeline", gantt_chart, "Each phase from its start to its end; the shaded band is the restore reservation."),
+          ("chart-reuse", reuse_chart, "Host reused tokens of each request, in the order it was sent."),
+          ("chart-occupancy", occupancy_chart, "Allocation capacity against live occupancy: the seed's central distinction."),
+          ("chart-churn", churn_chart, "What the host cache stored, evicted and compacted while each phase ran."),
+          ("chart-latency", latency_chart, "Nearest-rank percentiles of the requests that answered."),
+          ("chart-counters", counter_chart, "The engine's own counters at each scrape."),
+          ("chart-drains", drain_chart, "How long each drain waited for the engine to settle."))
 
 
 def render_html(r: dict) -> str:
@@ -81,102 +156,136 @@ def render_html(r: dict) -> str:
 
 def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[Segment]:
     """report.html as newline-separated segments; a request table is one segment of many rows."""
-    v = r.get("verdict") or {}
+    p: list[Segment] = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+                        f"<meta name=viewport content=\"width=device-width,initial-scale=1\">"
+                        f"<title>flare-diag report {escape(r['window_id'])}</title><style>{CSS}</style></head><body>"]
+    p += _head(r) + _verdict(r) + _cells(r)
+    p.append("<h2>Charts</h2><div class=charts>"
+             + "".join(_figure(cid, make(r), cap) for cid, make, cap in CHARTS) + "</div>")
+    p += _evidence(r)
+    p += _detail(r, request_cells)
+    p.append("</body></html>\n")
+    return p
+
+
+def _head(r: dict) -> list[Segment]:
     timing = r.get("timing") or {}
     a = r.get("abort")
-    p: list[Segment] = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
-                    f"<title>flare-diag report {escape(r['window_id'])}</title><style>{CSS}</style></head><body>",
-                    f"<h1>Window {escape(r['window_id'])}</h1>",
-                    f"<p>Plan <b>{escape(val(r.get('plan')))}</b> (sha256 <code>{escape(val(r.get('plan_sha256')))}</code>)"
-                    f" on site <b>{escape(val(r.get('site')))}</b>"
-                    f"{' — <i>rehearsal against the simulator' + escape(clock_words(r)) + '</i>' if r.get('rehearsal') else ''}. "
-                    f"t0 {escape(utc(r.get('t0_wall')))}; stop at minute {escape(val(timing.get('stop_min')))}, "
-                    f"window ends at minute {escape(val(timing.get('window_min')))}.</p>",
-                    f"<p>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"
-                    + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> "
-                       f"({escape(a['detail'])})" if a else "") + "</p>"]
+    res = r.get("restoration") or {}
+    out: list[Segment] = [
+        f"<h1>Window {escape(r['window_id'])}</h1>",
+        f"<p id=outcome class=outcome>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"
+        + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> ({escape(a['detail'])})" if a else "")
+        + "</p>",
+        f"<p id=restoration-line class=\"restored {'ok' if res.get('verified') else 'bad'}\">{escape(restoration_line(r))}</p>"]
     attention = needs_attention(r)
     if attention:
-        p.append("<div class=attention><b>Needs attention</b><ul>" + "".join(f"<li>{escape(x)}</li>" for x in attention)
-                 + "</ul></div>")
-    p += ["<h2>Verdict</h2>",
-          f"<p><b>{escape(val(v.get('hypothesis')))}</b> — {escape(val(v.get('basis')))}</p>",
-          f"<p>Next causal experiment: {escape(val(v.get('next_experiment')))}</p>"]
-    if v.get("findings"):
-        p.append("<ul>" + "".join(f"<li>{escape(f)}</li>" for f in v["findings"]) + "</ul>")
+        out.append("<div class=attention><b>Needs attention</b><ul>" + "".join(f"<li>{escape(x)}</li>" for x in attention)
+                   + "</ul></div>")
+    out.append(f"<p class=meta>Plan <b>{escape(val(r.get('plan')))}</b> (sha256 <code>{escape(val(r.get('plan_sha256')))}</code>)"
+               f" on site <b>{escape(val(r.get('site')))}</b>"
+               f"{' — <i>rehearsal against the simulator' + escape(clock_words(r)) + '</i>' if r.get('rehearsal') else ''}. "
+               f"t0 {escape(utc(r.get('t0_wall')))}; stop at minute {escape(val(timing.get('stop_min')))}, "
+               f"window ends at minute {escape(val(timing.get('window_min')))}.</p>")
+    return out
 
-    p.append("<h2>Cells</h2><p>Status: " + " ".join(_badge(s) for s in ("measured", "failed", "invalid", "deferred"))
-             + "</p>")
+
+def _verdict(r: dict) -> list[Segment]:
+    v = r.get("verdict") or {}
+    cav = caveats(r)
+    return [f"<section id=verdict class=verdict><h2>Verdict: {escape(val(v.get('hypothesis')))}</h2>"
+            f"<p>{escape(val(v.get('basis')))}</p>"
+            + (("<p><b>Caveats</b></p><ul>" + "".join(f"<li>{escape(c)}</li>" for c in cav) + "</ul>") if cav else "")
+            + f"<p><b>Next step:</b> {escape(val(v.get('next_experiment')))}</p></section>"]
+
+
+def _cells(r: dict) -> list[Segment]:
     rows = []
-    for c in r["cells"]:
-        h, g = c.get("host") or {}, c.get("gpu") or {}
-        rows.append(f'<tr class="st-{escape(c["status"])}"><td>{escape(c["phase"])}</td><td>{_badge(c["status"])}</td>'
-                    f'<td>{escape(c["reason"])}</td><td class=num>{c["requests"]}</td>'
-                    + "".join(f"<td class=num>{escape(val(x))}</td>" for x in (
-                        h.get("lookups"), h.get("hits"), h.get("fetched_tokens"), h.get("reused_tokens"),
-                        g.get("hits"), g.get("reused_tokens")))
-                    + f'<td>{"yes" if c["comparable"] else "<b>not comparable</b>"}</td></tr>')
-    p.append("<table><thead><tr>" + "".join(f"<th>{x}</th>" for x in (
-        "phase", "status", "reason", "requests", "host lookups", "host hits", "host fetched", "host reused",
-        "GPU hits", "GPU reused", "comparable")) + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    for row in cell_rows(r):
+        status = row[1]
+        rows.append(f'<tr class="st-{escape(status)}"><td>{escape(row[0])}</td><td>{_badge(status)}</td>'
+                    f'<td>{escape(row[2])}</td>' + "".join(f"<td class=num>{escape(x)}</td>" for x in row[3:10])
+                    + f'<td>{"yes" if row[10] == "yes" else "<b>not comparable</b>"}</td></tr>')
+    return ["<h2>Cells</h2><table id=cells><thead><tr>" + "".join(f"<th>{escape(x)}</th>" for x in CELL_HEAD)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"]
 
-    p.append(f"<figure>{_reuse_chart(r)}</figure>")
 
-    nf = r.get("natural_failures") or []
-    p.append("<h2>Natural output failures</h2><p>Kept apart from aborts: the engine answered, the answer fell short.</p>")
-    p.append(_table(["phase", "order", "body", "kind"], [[escape(f["phase"]), str(f["order_index"]),
-                                                          str(f["body_index"]), escape(f["kind"])] for f in nf])
-             if nf else "<p>none</p>")
-
-    tr = r.get("trace") or {}
-    p.append(f"<h2>Trace arms</h2><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>")
-    if tr.get("arms"):
-        p.append(_table(TRACE_ARM_HEAD, [[escape(x) for x in row] for row in trace_arm_rows(tr)]))
-        p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
-        p.append(_table(TRACE_PAIR_HEAD, [[escape(x) for x in row] for row in trace_pair_rows(tr)]))
-    else:
-        p.append("<p>none run</p>")
-    sched = schedule_rows(r)
-    p.append("<h2>Schedule: estimate against actual</h2>")
-    p.append(_table(SCHEDULE_HEAD, [[escape(x) for x in row] for row in sched]) if sched else "<p>no phase started</p>")
-
+def _evidence(r: dict) -> list[Segment]:
+    p: list[Segment] = ["<h2>Evidence</h2>"]
     ident = r.get("identity") or {}
     obs = ident.get("observed", [])
-    p.append("<h2>Identity</h2>"
+    exp = ident.get("expected") or {}
+    p.append("<h3>Identity</h3>"
              f"<p>Incumbent recipe sha256 before: <code>{escape(val(ident.get('incumbent_sha256_before')))}</code>; "
              f"after restore: <code>{escape(val(ident.get('incumbent_sha256_after')))}</code>. "
              f"Candidate recipe: {escape(val(ident.get('candidate_recipe')))}.</p>"
              "<ul>" + "".join(f"<li>{escape(line[2:])}</li>" for line in recipe_lines(r)) + "</ul>")
-    exp = ident.get("expected") or {}
-    p.append(_table(["field", "expected"] + [o["label"] for o in obs], [
-        [escape(k), escape(val(exp[k]))] + [
-            (f'<span class=mism>{escape(val(o["identity"].get(k)))} ≠</span>' if k in o["mismatches"]
-             else escape(val(o["identity"].get(k)))) for o in obs]
-        for k in exp]))
-
+    head = "".join(f"<th>{escape(x)}</th>" for x in ["field", "expected"] + [o["label"] for o in obs])
+    body = "".join("<tr>" + f"<td>{escape(k)}</td><td>{escape(val(exp[k]))}</td>" + "".join(
+        (f'<td><span class=mism>{escape(val(o["identity"].get(k)))} ≠</span></td>' if k in o["mismatches"]
+         else f'<td>{escape(val(o["identity"].get(k)))}</td>') for o in obs) + "</tr>" for k in exp)
+    p.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    snaps = snapshot_rows(r)
+    p.append("<h3>Router, monitoring, GPU and configuration</h3>"
+             + (_table(["snapshot", "when", "minute", "what it showed"], snaps) if snaps else "<p>none recorded</p>"))
     res = r.get("restoration")
-    p.append("<h2>Restoration</h2>")
+    p.append("<h3 id=restoration>Restoration checks</h3>")
     if res:
         p.append(f"<p>Minutes {escape(val(res.get('started_minute')))} to {escape(val(res.get('finished_minute')))}; "
                  f"verified: {_check(res.get('verified'))}</p>")
-        p.append(_table(["check", "result"], [[k, _check(res.get(k))] for k in CHECKS]))
+        p.append("<table><thead><tr><th>check</th><th>result</th></tr></thead><tbody>"
+                 + "".join(f"<tr><td>{k}</td><td>{_check(res.get(k))}</td></tr>" for k in RESTORE_CHECKS) + "</tbody></table>")
     else:
         p.append("<p>not recorded (the window is still open)</p>")
-
-    p.append(f"<h2>Drain checks</h2><figure>{_drain_chart(r)}</figure>")
-    p.append(f"<h2>Counters</h2><figure>{_counter_chart(r)}</figure>")
-
-    p.append("<h2>Timeline</h2>")
-    p.append(_table(["minute", "event"], [[escape(val(t["minute"])), escape(t["event"])] for t in r["timeline"]]))
+    p.append("<h3>Drain checks</h3>" + (_table(DRAIN_HEAD, drain_rows(r), 2) if r.get("drains") else "<p>none</p>"))
+    occ = occupancy_rows(r)
+    p.append("<h3>Host cache: capacity against occupancy</h3><p class=meta>Peaks are the largest gauge readings scraped "
+             "while the phase ran; counts are the phase's counter deltas.</p>"
+             + (_table(OCCUPANCY_HEAD, occ, 1) if occ else "<p>not observed</p>"))
+    lat = latency_rows(r)
+    p.append("<h3>Time to first token and latency per phase</h3><p class=meta>Window seconds from each request's send; "
+             "nearest-rank percentiles; descriptive.</p>" + (_table(LATENCY_HEAD, lat, 1) if lat else "<p>no request answered</p>"))
+    tr = r.get("trace") or {}
+    p.append(f"<h3>Trace overhead</h3><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>")
+    if tr.get("arms"):
+        p.append(_table(TRACE_ARM_HEAD, trace_arm_rows(tr), 3))
+        p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
+        p.append(_table(TRACE_PAIR_HEAD, trace_pair_rows(tr), 2))
+    else:
+        p.append("<p>none run</p>")
+    sched = schedule_rows(r)
+    p.append("<h3>Schedule: estimate against actual</h3>" + (_table(SCHEDULE_HEAD, sched, 2) if sched else "<p>no phase started</p>"))
+    p.append(f"<details><summary>Timeline: {len(r['timeline'])} events</summary>"
+             + _table(["minute", "time (UTC)", "event"], [[val(t["minute"]), clock_at(r, t["minute"]), t["event"]]
+                                                        for t in r["timeline"]]) + "</details>")
     if r.get("alarms"):
-        p.append("<h2>Alarms</h2><ul>" + "".join(f"<li><b>{escape(x['kind'])}</b>: {escape(x['detail'])}</li>"
-                                                   for x in r["alarms"]) + "</ul>")
+        p.append("<h3>Alarms</h3><ul>" + "".join(f"<li><b>{escape(x['kind'])}</b>: {escape(x['detail'])}</li>"
+                                                  for x in r["alarms"]) + "</ul>")
+    it = r["integrity"]
+    p.append("<h3>Integrity</h3>"
+             f"<p>{it.get('events')} events, head seq {it.get('head_seq')}, hash <code>{escape(str(it.get('head_hash')))}</code>; "
+             f"chain {_check(it.get('chain_ok'))}, audit {_check(it.get('audit_ok'))}.</p>")
+    return p
 
-    p.append("<h2>Requests</h2>")
+
+def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segment]:
+    p: list[Segment] = ["<h2 id=detail>Per-request detail</h2>"]
+    nf = natural_failure_rows(r)
+    p.append("<h3>Natural output failures, per phase</h3><p class=meta>Kept apart from aborts: the engine answered, "
+             "the answer fell short.</p>")
+    if nf:
+        every = r.get("natural_failures") or []
+        p.append(_table(["phase", "failures (requests)", "kinds"], nf, 1)
+                 + f"<details><summary>every natural failure ({len(every)})</summary>"
+                 + _table(["phase", "order", "body", "kind"], [[f["phase"], str(f["order_index"]), str(f["body_index"]),
+                                                                f["kind"]] for f in every]) + "</details>")
+    else:
+        p.append("<p>none</p>")
+    p.append("<h3>Requests</h3>")
     by_phase: dict[str, list[tuple[str, ...]]] = {}
     for row in request_rows(r) if request_cells is None else request_cells:
         by_phase.setdefault(row[0], []).append(row)
-    head = "".join(f"<th>{escape(c)}</th>" for c in REQUEST_COLUMNS)
+    head = "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
     for phase, qs in by_phase.items():
         # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
         p.append([f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
@@ -186,10 +295,4 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
                   "</tbody></table></details>"])
     if not by_phase:
         p.append("<p>none</p>")
-
-    it = r["integrity"]
-    p.append("<h2>Integrity</h2>"
-             f"<p>{it.get('events')} events, head seq {it.get('head_seq')}, hash <code>{escape(str(it.get('head_hash')))}</code>; "
-             f"chain {_check(it.get('chain_ok'))}, audit {_check(it.get('audit_ok'))}.</p>")
-    p.append("</body></html>\n")
     return p

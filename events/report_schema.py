@@ -8,8 +8,10 @@ import msgspec
 
 Status = Literal["measured", "failed", "invalid", "deferred"]
 Hypothesis = Literal["not_reproduced", "row_checkpoint_churn", "key_or_checkpoint_eligibility", "inconclusive"]
+# contract section 4's reasons, and the departures' (docs/departures.md: engine_lost, store_failure)
 AbortReason = Literal["identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-                      "uncontrolled_growth", "operator", "daemon_restart", "preflight"]
+                      "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
+                      "preflight"]
 
 
 class _S(msgspec.Struct, forbid_unknown_fields=False):

@@ -22,13 +22,17 @@ class WindowFold:
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
-        self.clock: dict = {"kind": "wall", "sim_seed": None}
+        self.clock: dict = {"kind": "wall", "sim_seed": None, "time_scale": 1.0}
         self.candidate_recipe: str | None = None
         self.expected_identity: dict = {}
         self.timing: dict | None = None
         self.stage = "opening"  # opening | experiment | restore | closed
         self.phase: str | None = None
         self.phase_requests = 0
+        self.phase_estimated_end: float | None = None
+        self.phase_specs: dict[str, dict] = {}
+        self.trace_fixture: str | None = None
+        self.fixture_sizes: dict[str, int] = {}  # bodies per fixture, once the window has validated them
         self.requests = 0
         self.t0_ns: int | None = None
         self.t0_wall: int | None = None
@@ -86,7 +90,9 @@ class WindowFold:
         self.window_id = ev.window_id
         self.plan = str(ev.plan.get("name", ""))
         self.plan_sha256, self.site, self.rehearsal = ev.plan_sha256, ev.site, ev.rehearsal
-        self.clock = {"kind": ev.clock, "sim_seed": ev.sim_seed}
+        self.clock = {"kind": ev.clock, "sim_seed": ev.sim_seed, "time_scale": ev.time_scale}
+        self.phase_specs = {str(p.get("id")): p for p in ev.plan.get("phases") or [] if isinstance(p, dict)}
+        self.trace_fixture = (ev.plan.get("trace") or {}).get("fixture")
         self.candidate_recipe = ev.candidate_recipe
         self.expected_identity = dict(ev.plan.get("identity") or {})
         t = ev.plan.get("timing") or {}
@@ -101,8 +107,25 @@ class WindowFold:
         self._mark(ev.minute, ev.mark)
 
     def _phase_started(self, ev: PhaseStarted, _wall: int | None) -> None:
-        self.phase, self.phase_requests = ev.phase, 0
+        self.phase, self.phase_requests, self.phase_estimated_end = ev.phase, 0, ev.estimated_end_minute
         self._mark(ev.minute, f"phase {ev.phase} started")
+
+    @property
+    def phase_total(self) -> int | None:
+        """How many requests the current phase sends, once the fixture sizes are known (None: unknown)."""
+        if self.phase is None:
+            return None
+        spec = self.phase_specs.get(self.phase)
+        if spec is None:  # a trace arm (or its warm-up): one pass over the trace fixture
+            n = self.fixture_sizes.get(self.trace_fixture or "") if self.phase.startswith("trace.") else None
+            return n
+        if spec.get("kind") == "identity":
+            return 0
+        n = self.fixture_sizes.get(str(spec.get("fixture")))
+        if n is None:
+            return None
+        last = spec.get("select_last")
+        return (min(n, last) if last else n) * int(spec.get("passes") or 1)
 
     def count_request(self, _ev: object = None, _wall: int | None = None) -> None:
         """One request measured (a report reads these through a narrow view, and calls this)."""

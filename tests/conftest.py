@@ -17,3 +17,16 @@ def small_plan(tmp_path_factory) -> Path:
     p.write_text(text.replace('fixture = "c1-52"', 'fixture = "tok1024"')
                  .replace('name = "2026-10-22-cache-diagnosis"', 'name = "fault-matrix"'))
     return p
+
+
+@pytest.fixture(scope="session")
+def default_rehearsal(tmp_path_factory) -> tuple[int, dict, Path]:
+    """`flare-diag rehearse` as the README runs it (the shipped plan, the default scenario, seed 0),
+    in this process: (exit code, report.json, the out folder)."""
+    import json
+
+    from tests.simtools import flare_diag_here
+    out = tmp_path_factory.mktemp("default") / "out"
+    rc, stdout, stderr = flare_diag_here("rehearse", "--out", str(out))
+    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    return rc, json.loads((out / "report.json").read_text()), out

@@ -125,3 +125,53 @@ def test_windows_of_a_missing_log_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["windows", str(tmp_path / "nope.db")]) == 2
     err = capsys.readouterr().err
     assert "no such log file" in err and err.count("\n") == 1
+
+
+def test_rehearse_with_json_prints_json_lines_only_and_ends_with_the_result(tmp_path, small_plan):
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "daemon.cli", "rehearse", "--plan", str(small_plan), "--out", str(out),
+                        "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert lines[-1] == {"type": "result", "window_id": lines[0]["window_id"], "outcome": "completed",
+                         "verdict": lines[-1]["verdict"], "restoration_verified": True, "chain_ok": True, "audit_ok": True,
+                         "log": str(out / "log.db"), "exit_code": 0,
+                         "reports": {f: str(out / f"report.{f}") for f in ("json", "md", "html")}}
+    events = lines[:-1]
+    assert events[0]["type"] == "window_opened" and events[-1]["type"] == "window_closed"
+    assert len(events) == len(list(_log_seqs(out / "log.db")))  # every event of the log, once
+    assert "reports:" in p.stderr  # what people read goes to stderr
+
+
+def _log_seqs(db: Path):
+    from events.reader import LogReader
+    with LogReader(db) as r:
+        return [e.seq for e in r.iter()]
+
+
+def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_mark(small_plan):
+    import io
+
+    import msgspec
+    from rich.console import Console
+
+    from daemon.live import LiveView, panel
+    from daemon.windows import read_plan
+    from events.schema import ActionDone, ActionRequested, PhaseStarted, RequestMeasured, WindowOpened
+    _raw, plan = read_plan(small_plan)
+    view = LiveView(Console(file=io.StringIO(), width=120))
+    view.on_event(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
+                                  gpu_source="simulator", rehearsal=True, candidate_recipe="c"))
+    view.on_event(2, ActionRequested(action_id=1, action="validate_fixtures"))
+    view.on_event(3, ActionDone(at_ns=0, action_id=1, ok=True, data={"fixtures": {"tok1024": {"sha256": ["a"] * 8}}}))
+    view.on_event(4, PhaseStarted(phase="A.forward_prime", minute=1.0, estimated_end_minute=3.5))
+    for k in range(3):
+        view.on_event(5 + k, RequestMeasured(phase="A.forward_prime", order_index=k, body_index=k, body_sha256="a",
+                                             outcome="ok", natural_failure=None, delta={}))
+    text = io.StringIO()
+    Console(file=text, width=120).print(panel(view.progress, 0.0, 75.0))
+    shown = text.getvalue()
+    assert "A.forward_prime: 3/8 requests" in shown  # the phase's total from the fixture the window validated
+    assert "phase end at minute 3.5" in shown and "stop minute 70 in" in shown
+    assert "wall clock 0:01:15" in shown
+    assert "┃" in shown and "70 stop" in shown and "90 end" in shown  # the bar's marks

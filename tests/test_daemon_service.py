@@ -119,6 +119,24 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_watch_with_json_prints_every_event_of_the_window_as_a_json_line_until_it_closes(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.cli("abort", "--reason", "operator test").returncode == 0
+    w = daemon.cli("watch", "--json", timeout=120)
+    assert w.returncode == 1, w.stderr
+    lines = [json.loads(line) for line in w.stdout.splitlines()]  # nothing but JSON on stdout
+    assert {x["window_id"] for x in lines} <= {wid, ""}  # the window's events, and the daemon's own
+    assert [x["seq"] for x in lines] == sorted(x["seq"] for x in lines)
+    ours = [x for x in lines if x["window_id"] == wid]
+    first = next(x for x in ours if x["type"] != "control_command")  # who started it is logged first
+    assert first["type"] == "window_opened" and lines[-1]["type"] == "window_closed"
+    assert lines[-1]["progress"]["outcome"] == "aborted" and "window closed: aborted" in lines[-1]["text"]
+    started = next(x for x in lines if x["type"] == "phase_started" and x["event"]["phase"] == "A.forward_prime")
+    assert started["progress"]["phase_total"] == 52 and started["progress"]["phase_requests"] == 0
+
+
 def test_no_token_reaches_the_log_the_reports_or_the_service_log(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)

@@ -31,12 +31,6 @@ def _cells(r):
     return {c["phase"]: c for c in r["cells"]}
 
 
-@pytest.fixture(scope="module")
-def default_rehearsal(tmp_path_factory) -> tuple[int, dict, Path]:
-    """`flare-diag rehearse` as the README runs it: the shipped plan, the default scenario, seed 0."""
-    return rehearse(tmp_path_factory.mktemp("default"))
-
-
 def _gives_the_verdict(rc: int, r: dict, out: Path, hypothesis: str) -> None:
     assert r["outcome"] == "completed" and rc == 0, (r["abort"], r["restoration"], r["alarms"])
     assert r["verdict"]["hypothesis"] == hypothesis
@@ -67,7 +61,7 @@ def test_the_shipped_plan_rehearsed_in_virtual_time_measures_every_required_cell
     cells = _cells(r)
     assert all(cells[x]["status"] == "measured" for x in REQUIRED), [(x, cells[x]["status"]) for x in REQUIRED]
     assert (rc, r["outcome"]) == (0, "completed")
-    assert r["clock"] == {"kind": "virtual", "sim_seed": 0}
+    assert r["clock"] == {"kind": "virtual", "sim_seed": 0, "time_scale": 1.0}
 
 
 def test_identity_drift_during_a_trace_arm_aborts_with_identity_drift(tmp_path, small_plan):

@@ -14,7 +14,7 @@ import pytest
 
 from daemon.cli import main
 from daemon.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
-from events.report_html import render_html
+from events.report_html import CHARTS, render_html
 from events.report_md import render_md
 from events.report_schema import validate
 from tests.logtools import write_window
@@ -99,9 +99,9 @@ def test_unobservable_counters_show_as_not_applicable_never_as_zero(log):
 def test_every_request_is_a_row_of_the_md_and_html_request_tables_under_its_phase(log):
     r = build_report(log, "w-report")
     assert len(r["requests"]) > 10
-    md_rows = [x for x in render_md(r).split("## Requests")[1].splitlines() if x.startswith("| ") and "sha256" not in x]
+    md_rows = [x for x in render_md(r).split("### Requests")[1].splitlines() if x.startswith("| ") and "sha256" not in x]
     assert [x.split(" | ")[2] for x in md_rows] == [q["body_sha256"][:12] for q in r["requests"]]
-    html = render_html(r).split("<h2>Requests</h2>")[1]
+    html = render_html(r).split("<h3>Requests</h3>")[1]
     tables = re.findall(r"<summary>([^:<]+): (\d+) requests</summary>.*?<tbody>(.*?)</tbody>", html, re.S)
     got = [(phase, cells[2]) for phase, _n, body in tables
            for cells in (re.findall(r"<td>([^<]*)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", body))]
@@ -140,7 +140,84 @@ def test_html_is_self_contained(log):
     assert "<script" not in html and "<link" not in html and "@import" not in html
     assert not re.search(r"""(src|href)\s*=""", html)
     assert not [u for u in re.findall(r"url\(([^)]*)\)", html) if not u.startswith("#")]
-    assert html.count("<svg") == 3  # reuse per request, drain waits, counters over the window
+    assert html.count("<svg") == len(CHARTS)
+
+
+def _before_any_request_row(text: str, needle: str, first_row: str) -> None:
+    assert needle in text and first_row in text
+    assert text.index(needle) < text.index(first_row), needle
+
+
+def test_the_restoration_line_and_the_verdict_come_before_any_per_request_row_in_md(log):
+    r = build_report(log, "w-report")
+    md = render_md(r)
+    first_row = f"| {r['requests'][0]['phase']} | 0 | {r['requests'][0]['body_sha256'][:12]} |"
+    for needle in ("Restoration: verified", "## Verdict", f"**{r['verdict']['hypothesis']}**", "Next step:"):
+        _before_any_request_row(md, needle, first_row)
+
+
+def test_the_restoration_line_and_the_verdict_come_before_any_per_request_row_in_html(log):
+    r = build_report(log, "w-report")
+    html = render_html(r)
+    for needle in ("id=restoration-line", "Restoration: verified", "id=verdict", r["verdict"]["hypothesis"], "Next step:"):
+        _before_any_request_row(html, needle, "<table class=requests>")
+
+
+def test_every_chart_has_ticks_on_its_value_axes_and_axis_titles_that_name_their_units(default_rehearsal):
+    html = (default_rehearsal[2] / "report.html").read_text()
+    for cid, *_ in CHARTS:
+        svg = re.search(rf'<figure id="{cid}" class=chart>(.*?)</figure>', html, re.S).group(1)
+        ticks = re.findall(r'class="tick-[xy]"[^>]*>([^<]+)<', svg)
+        titles = re.findall(r'class="axis-[xy]"[^>]*>([^<]+)<', svg)
+        assert len(ticks) >= 2 and titles, cid
+        assert all(re.search(r"\((tokens|min|s|events|window s|% of capacity|request index)\)", t) or "window s" in t
+                   for t in titles), (cid, titles)
+        assert all(re.fullmatch(r"-?[\d.]+[kM%]?", t) for t in ticks), (cid, ticks)
+
+
+def test_repeated_findings_are_merged_into_one_line_naming_each_phase():
+    from events.report_view import merged_findings
+    got = merged_findings(["A.x: 8 host hits without a completed restore", "B.y: 52 lookups found nothing",
+                           "C.z: 8 host hits without a completed restore", "a sentence: with a colon"])
+    assert got == ["8 host hits without a completed restore — 2 phases: A.x, C.z", "B.y: 52 lookups found nothing",
+                   "a sentence: with a colon"]
+
+
+def test_natural_failures_are_counted_per_phase_and_kind_before_the_request_rows(log):
+    r = build_report(log, "w-report")
+    r["natural_failures"] = [{"phase": "A.p", "order_index": i, "body_index": i, "kind": k}
+                             for i, k in enumerate(["length", "length", "reasoning_only"])]
+    md = render_md(r)
+    assert "| A.p | 3 | length 2, reasoning_only 1 |" in md
+    assert md.index("| A.p | 3 |") < md.index("### Requests")
+    assert "every natural failure (3)" in render_html(r)
+
+
+def test_gpu_count_and_power_are_read_from_the_identity_the_window_saw(default_rehearsal):
+    _rc, r, _out = default_rehearsal
+    before = r["identity"]["observed"][0]
+    assert before["identity"]["gpu_count"] == r["identity"]["expected"]["gpu_count"]
+    assert before["identity"]["gpu_power_limit_w"] == r["identity"]["expected"]["gpu_power_limit_w"]
+    assert "gpu_count" not in before["mismatches"]
+
+
+def test_the_report_keeps_the_host_cache_occupancy_and_churn_of_each_replay_phase(default_rehearsal):
+    _rc, r, _out = default_rehearsal
+    occ = {o["phase"]: o for o in r["occupancy"]}
+    a = occ["A.reverse_replay"]
+    assert 0 < a["rows_used_peak"] <= a["rows_capacity"] and 0 < a["pages_used_peak"] <= a["pages_capacity"]
+    assert set(a["stores"]) == {"message_prefix", "full_prompt", "terminal"} and a["evictions"]["row"] > 0
+    assert a["compactions"] is not None
+    md = (_out / "report.md").read_text()
+    assert f"{a['rows_used_peak']} / {a['rows_capacity']}" in md
+
+
+def test_the_report_keeps_the_router_monitoring_gpu_and_configuration_snapshots(default_rehearsal):
+    _rc, r, out = default_rehearsal
+    assert set(r["snapshots"]["before"]) == {"router", "monitoring", "gpu", "configuration"}
+    assert {"router", "gpu", "monitoring"} <= set(r["snapshots"]["after"])
+    md = (out / "report.md").read_text()
+    assert "2 GPU(s), power limit 300 W" in md and "registered yes" in md
 
 
 def test_a_snapshot_is_never_overwritten_and_earlier_ones_stay_as_they_were(log, tmp_path):
@@ -203,10 +280,10 @@ def test_the_trace_report_pairs_off_and_on_arms_at_c1_and_c4_with_descriptive_di
     r = build_report(roomy_log, "w-report")
     pairs = r["trace"]["pairs"]
     assert {p["concurrency"] for p in pairs} == {1, 4} and len(pairs) == 6
-    assert all(p["measured"] and p["ttft_p50_ms_on_minus_off"] is not None for p in pairs)
+    assert all(p["measured"] and p["ttft_p50_s_on_minus_off"] is not None for p in pairs)
     assert "descriptive" in r["trace"]["note"]
     arms = r["trace"]["arms"]
-    assert len(arms) == 12 and all(a["latency_p90_ms"] >= a["latency_p50_ms"] for a in arms)
+    assert len(arms) == 12 and all(a["latency_p90_s"] >= a["latency_p50_s"] for a in arms)
     md = render_md(r)
     assert "on−off" in md and "| C4 | r3 |" in md
     assert "TTFT p50 on−off" in render_html(r)

@@ -1,0 +1,311 @@
+"""What report.md and report.html both say, in words and rows: the restoration line, the verdict's
+caveats, the evidence tables with their units, and per-phase summaries of the request detail."""
+
+from __future__ import annotations
+
+import time
+
+from events.window_fold import RESTORE_CHECKS, failed_checks
+
+# every count and time column names its unit
+CELL_HEAD = ["phase", "status", "reason", "requests", "host lookups (requests)", "host hits (requests)",
+             "host fetched (tokens)", "host reused (tokens)", "GPU hits (tokens)", "GPU reused (tokens)", "comparable"]
+
+
+def val(v: object) -> str:
+    """None means not observable or not applicable: say so, never print it as zero."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def num(v: float | None, places: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{places}f}"
+
+
+def utc(wall_ns: int | None) -> str:
+    return "—" if wall_ns is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall_ns // 1_000_000_000))
+
+
+def scale_of(r: dict) -> float:
+    return float((r.get("clock") or {}).get("time_scale") or 1.0)
+
+
+def is_virtual(r: dict) -> bool:
+    return (r.get("clock") or {}).get("kind") == "virtual"
+
+
+def clock_words(r: dict) -> str:
+    """How a rehearsal kept time, in words (minutes are the simulator's, or the wall clock's times a scale)."""
+    c = r.get("clock") or {}
+    if c.get("kind") == "virtual":
+        return f" in virtual time (seed {c.get('sim_seed')})"
+    s = scale_of(r)
+    return " on the wall clock" + (f" at x{s:g}" if s != 1 else "")
+
+
+def clock_at(r: dict, minute: float | None) -> str:
+    """The time of day (UTC) of a window minute: t0's wall time plus the minute, on the wall clock
+    (divided by a time scale); in virtual time the simulated time of day, said so."""
+    t0 = r.get("t0_wall")
+    if minute is None or t0 is None:
+        return "—"
+    secs = minute * 60 if is_virtual(r) else minute * 60 / scale_of(r)
+    stamp = time.strftime("%H:%M:%S", time.gmtime(t0 // 1_000_000_000 + int(secs)))
+    return stamp + (" (simulated)" if is_virtual(r) else "")
+
+
+def restoration_line(r: dict) -> str:
+    """"Is my host back?" in one line."""
+    res = r.get("restoration") or {}
+    if not res:
+        if r.get("outcome") is None:
+            return "Restoration: not yet recorded (the window is still open)."
+        return "Restoration: NOT recorded — the incumbent may not be serving; see Restoration."
+    span = f"minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}"
+    if res.get("verified"):
+        ident = r.get("identity") or {}
+        sha = ident.get("incumbent_sha256_after") or ident.get("incumbent_sha256_before")
+        readmit = {True: "primary readmitted", None: "no router to readmit to"}.get(res.get("readmitted"), "")
+        return (f"Restoration: verified ({span}): incumbent {str(sha)[:12]} back"
+                + (f", {readmit}" if readmit else "") + f", all {len(RESTORE_CHECKS)} checks pass or do not apply.")
+    return f"Restoration: NOT verified ({span}): {', '.join(failed_checks(res)) or 'see Restoration'} failed — the primary needs a person."
+
+
+def merged_findings(findings: list[str]) -> list[str]:
+    """Findings of the form "PHASE: what" that repeat the same `what` become one line naming every
+    phase; the rest stay as they are, in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for f in findings:
+        head, sep, what = f.partition(": ")
+        key = what if sep and " " not in head else f
+        groups.setdefault(key, []).append(head if sep and " " not in head else "")
+    out = []
+    for what, phases in groups.items():
+        named = [p for p in phases if p]
+        if not named:
+            out.append(what)
+        elif len(named) == 1:
+            out.append(f"{named[0]}: {what}")
+        else:
+            out.append(f"{what} — {len(named)} phases: {', '.join(named)}")
+    return out
+
+
+def caveats(r: dict) -> list[str]:
+    """What qualifies the verdict: the merged findings, cells not comparable, and a rehearsal's host."""
+    out = merged_findings((r.get("verdict") or {}).get("findings") or [])
+    # trace arms are never comparable to the replay arms, by design; other such cells are worth a caveat
+    nc = [c["phase"] for c in r.get("cells", [])
+          if c["status"] == "measured" and not c["comparable"] and not c["phase"].startswith("trace.")]
+    if nc:
+        out.append(f"not comparable to the full-prompt arms: {', '.join(nc)}")
+    if r.get("rehearsal"):
+        out.append("a rehearsal: the host is flaresim, a simulator; nothing here was measured on hardware")
+    return out
+
+
+def cell_rows(r: dict) -> list[list[str]]:
+    rows = []
+    for c in r["cells"]:
+        h, g = c.get("host") or {}, c.get("gpu") or {}
+        rows.append([c["phase"], c["status"], c["reason"], str(c["requests"]),
+                     *[val(x) for x in (h.get("lookups"), h.get("hits"), h.get("fetched_tokens"), h.get("reused_tokens"),
+                                        g.get("hits"), g.get("reused_tokens"))],
+                     "yes" if c["comparable"] else "no — not comparable"])
+    return rows
+
+
+SCHEDULE_HEAD = ["phase", "status", "started (min)", "started (UTC)", "estimated end (min)", "ended (min)",
+                 "end − estimate (min)"]
+
+
+def schedule_rows(r: dict) -> list[list[str]]:
+    """Each phase that started: where the estimate put its end, and where it really ended."""
+    rows = []
+    for c in r["cells"]:
+        if c.get("started_minute") is None:
+            continue
+        est, end = c.get("estimated_end_minute"), c.get("ended_minute")
+        rows.append([c["phase"], c["status"], num(c["started_minute"]), clock_at(r, c["started_minute"]), num(est),
+                     num(end), num(end - est if end is not None and est is not None else None)])
+    return rows
+
+
+OCCUPANCY_HEAD = ["phase", "rows used peak / capacity (rows)", "pages used peak / capacity (pages)",
+                  "records peak (records)", "stores per checkpoint kind (stores)", "evictions per pool (evictions)",
+                  "compactions (count)"]
+
+
+def _used(occ: dict, k: str) -> str:
+    used, cap = occ.get(f"{k}_used_peak"), occ.get(f"{k}_capacity")
+    if used is None:
+        return "n/a"
+    pct = f" ({used / cap:.0%})" if cap else ""
+    return f"{val(used)} / {val(cap)}{pct}"
+
+
+def _kinds(d: dict | None) -> str:
+    return ", ".join(f"{k} {val(v)}" for k, v in sorted((d or {}).items())) or "n/a"
+
+
+def occupancy_rows(r: dict) -> list[list[str]]:
+    return [[o["phase"], _used(o, "rows"), _used(o, "pages"), val(o.get("host_cache_records_peak")),
+             _kinds(o.get("stores")), _kinds(o.get("evictions")), val(o.get("compactions"))]
+            for o in r.get("occupancy") or []]
+
+
+LATENCY_HEAD = ["phase", "requests", "TTFT p50 (s)", "TTFT p90 (s)", "latency p50 (s)", "latency p90 (s)"]
+
+
+def latency_rows(r: dict) -> list[list[str]]:
+    return [[x["phase"], str(x["requests"]), num(x["ttft_p50_s"], 2), num(x["ttft_p90_s"], 2),
+             num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or []]
+
+
+TRACE_ARM_HEAD = ["arm", "trace", "status", "requests", "host reused (tokens)", "TTFT p50 (s)", "TTFT p90 (s)",
+                  "latency p50 (s)", "latency p90 (s)"]
+TRACE_PAIR_HEAD = ["concurrency", "repetition", "TTFT p50 on−off (s)", "TTFT p90 on−off (s)",
+                   "latency p50 on−off (s)", "latency p90 on−off (s)"]
+_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
+
+
+def trace_arm_rows(tr: dict) -> list[list[str]]:
+    return [[a["phase"], a["trace"], a["status"], str(a["requests"]), val(a["host_reused_tokens"]),
+             *[num(a.get(k), 2) for k in _STATS]] for a in tr.get("arms", [])]
+
+
+def trace_pair_rows(tr: dict) -> list[list[str]]:
+    return [[f"C{p['concurrency']}", f"r{p['repetition']}"]
+            + ([num(p.get(f"{k}_on_minus_off"), 3) for k in _STATS] if p["measured"] else ["pair not measured"] * 4)
+            for p in tr.get("pairs", [])]
+
+
+DRAIN_HEAD = ["purpose", "settled", "waited (window s)", "polls", "minute"]
+
+
+def drain_rows(r: dict) -> list[list[str]]:
+    return [[d["purpose"], val(d["settled"]), val(d["waited_s"]), str(d["polls"]), val(d["minute"])]
+            for d in r.get("drains", [])]
+
+
+def snapshot_rows(r: dict) -> list[list[str]]:
+    """The router, monitoring, GPU and configuration as first seen and as the restore saw them."""
+    snaps = r.get("snapshots") or {}
+    rows = []
+    for when, label in (("before", "before take-down"), ("after", "in the restore, before readmission")):
+        for what, s in (snaps.get(when) or {}).items():
+            rows.append([what, label, val(s.get("minute")), snapshot_words(what, s.get("data") or {})])
+    return rows
+
+
+def snapshot_words(what: str, d: dict) -> str:
+    """A snapshot in one line: the fields an operator checks, the rest by hash or count."""
+    if what == "gpu":
+        gpus = d.get("gpus") or []
+        power = sorted({str(g.get("power_limit_w")) for g in gpus})
+        mem = sum(g.get("memory_used_bytes") or 0 for g in gpus), sum(g.get("memory_total_bytes") or 0 for g in gpus)
+        return (f"{len(gpus)} GPU(s), power limit {'/'.join(power) or 'n/a'} W, memory used {mem[0] / 2**30:.1f} of "
+                f"{mem[1] / 2**30:.1f} GiB, {len(d.get('xid_events') or [])} Xid event(s)")
+    if what == "router":
+        b = d.get("backend") or {}
+        return (f"backend {b.get('id')} admitted {val(b.get('admitted'))}, in flight {val(b.get('inflight'))}; "
+                f"config sha256 {str(d.get('config_sha256'))[:12]}")
+    if what == "monitoring":
+        t = d.get("target") or {}
+        return f"target {t.get('id')} registered {val(t.get('registered'))}, healthy {val(t.get('healthy'))}"
+    if what == "configuration":
+        return f"site {d.get('site')} (sha256 {str(d.get('site_sha256'))[:12]}), plan sha256 {str(d.get('plan_sha256'))[:12]}"
+    return ", ".join(f"{k} {v}" for k, v in d.items())[:200]
+
+
+def natural_failure_rows(r: dict) -> list[list[str]]:
+    """Natural output failures collapsed per phase: the count of each kind."""
+    per: dict[str, dict[str, int]] = {}
+    for f in r.get("natural_failures") or []:
+        kinds = per.setdefault(f["phase"], {})
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    return [[ph, str(sum(k.values())), ", ".join(f"{kind} {n}" for kind, n in k.items())] for ph, k in per.items()]
+
+
+def check(v: object) -> str:
+    return {True: "pass", False: "FAIL", None: "not applicable"}.get(v, str(v))  # type: ignore[call-overload]
+
+
+def recipe_lines(r: dict) -> list[str]:
+    """The retained recipe bytes and the rollback preview, one line each."""
+    rec = r.get("recipes") or {}
+    out = []
+    for role in ("incumbent", "candidate"):
+        x = rec.get(role)
+        if x:
+            out.append(f"- {role} recipe {x['recipe']}: sha256 {x['sha256']}, {x['bytes']} bytes retained at "
+                       f"{x.get('path') or 'n/a (not written)'}")
+        else:
+            out.append(f"- {role} recipe: bytes not retained")
+    rb = rec.get("rollback")
+    out.append(f"- rollback: load {rb['recipe']} sha256 {rb['sha256']} previewed ({'; '.join(rb['preview']) or 'no steps'})"
+               if rb else "- rollback: not previewed")
+    return out
+
+
+def needs_attention(r: dict) -> list[str]:
+    """What a person must act on, for the top of every format: a restoration that did not verify
+    (with the checks that failed) and every alarm."""
+    res = r.get("restoration") or {}
+    out = []
+    if res and not res.get("verified"):
+        failed = failed_checks(res)
+        out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
+    out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    it = r.get("integrity") or {}
+    if it and not it.get("chain_ok"):  # nothing below can be trusted: say so first
+        out.insert(0, f"LOG INTEGRITY FAILED: the chain does not verify ({it.get('problem') or 'see Integrity'})")
+    if it and not it.get("audit_ok", True):
+        out.insert(0, f"LOG AUDIT FAILED: replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})")
+    return out
+
+
+REQUEST_COLUMNS = ("phase", "order", "body sha256", "prompt (tokens)", "completion (tokens)", "cached (tokens)",
+                   "finish", "visible", "first token (window s)", "end (window s)", "host lookups (requests)",
+                   "host hits (requests)", "host fetched (tokens)", "host reused (tokens)", "GPU reused (tokens)",
+                   "outcome")
+WALL_COLUMN = "end (wall s)"
+
+
+def request_columns(r: dict) -> tuple[str, ...]:
+    """A window whose clock runs faster than the wall's shows the wall time beside the window's."""
+    if is_virtual(r) or scale_of(r) == 1:
+        return REQUEST_COLUMNS
+    i = REQUEST_COLUMNS.index("end (window s)") + 1
+    return REQUEST_COLUMNS[:i] + (WALL_COLUMN,) + REQUEST_COLUMNS[i:]
+
+
+def request_row(q: dict, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
+    # called once per request per format: kept to plain lookups, it dominates long reports
+    g = q.get
+    d = g("delta") or {}
+    dg = d.get
+    cells = [g("prompt_tokens"), g("completion_tokens"), g("cached_tokens"), g("finish_reason")]
+    counts = [dg("host_lookups"), dg("host_hits"), dg("host_fetched_tokens"), dg("host_reused_tokens"),
+              dg("gpu_reused_tokens")]
+    ft, end = g("first_token_ns"), g("end_ns")
+    nf = g("natural_failure")
+    times = ["n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}"]
+    if wall:
+        times.append("n/a" if end is None else f"{end / 1e9:.3f}")
+    return (q["phase"], str(q["order_index"]), q["body_sha256"][:12],
+            *["n/a" if x is None else str(x) for x in cells],
+            "yes" if g("visible_output") else ("reasoning only" if g("reasoning_only") else "no"),
+            *times, *["n/a" if x is None else str(x) for x in counts],
+            q["outcome"] + (f" ({nf})" if nf else ""))
+
+
+def request_rows(r: dict) -> list[tuple[str, ...]]:
+    """Every request's table cells in report order (the phase first); md and html tables share them."""
+    scale, wall = scale_of(r), len(request_columns(r)) != len(REQUEST_COLUMNS)
+    return [request_row(q, scale, wall) for q in r.get("requests", [])]
