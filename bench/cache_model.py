@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fixtures.flaresim.engine import Incarnation  # noqa: E402
-from fixtures.flaresim.scenario import load_scenario  # noqa: E402
+from flare_diag.fixtures.flaresim.engine import Incarnation  # noqa: E402
+from flare_diag.fixtures.flaresim.scenario import load_scenario  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "fixtures" / "data" / "c1-52"
 

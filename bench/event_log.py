@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from events.base import encode_payload  # noqa: E402
-from events.reader import LogReader  # noqa: E402
-from events.schema import LogNote  # noqa: E402
-from events.sqlschema import DDL, INSERT  # noqa: E402
-from events.store import EventStore, _split_ddl  # noqa: E402
-from events.verify import verify_log  # noqa: E402
+from flare_diag.events.base import encode_payload  # noqa: E402
+from flare_diag.events.reader import LogReader  # noqa: E402
+from flare_diag.events.schema import LogNote  # noqa: E402
+from flare_diag.events.sqlschema import DDL, INSERT  # noqa: E402
+from flare_diag.events.store import EventStore, _split_ddl  # noqa: E402
+from flare_diag.events.verify import verify_log  # noqa: E402
 
 
 def _events(n: int) -> list[LogNote]:

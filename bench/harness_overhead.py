@@ -25,14 +25,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.rehearse import start_sim  # noqa: E402
-from daemon.runner import Runner  # noqa: E402
-from daemon.site import sim_site  # noqa: E402
-from daemon.target import Target  # noqa: E402
-from daemon.windows import load_fixtures  # noqa: E402
-from events.schema import ActionRequested  # noqa: E402
-from events.store import EventStore  # noqa: E402
-from policies.plan import decode_plan  # noqa: E402
+from flare_diag.daemon.rehearse import start_sim  # noqa: E402
+from flare_diag.daemon.runner import Runner  # noqa: E402
+from flare_diag.daemon.site import sim_site  # noqa: E402
+from flare_diag.daemon.target import Target  # noqa: E402
+from flare_diag.daemon.windows import load_fixtures  # noqa: E402
+from flare_diag.events.schema import ActionRequested  # noqa: E402
+from flare_diag.events.store import EventStore  # noqa: E402
+from flare_diag.policies.plan import decode_plan  # noqa: E402
 
 FIXTURE = "tok1024"
 PLAN = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"

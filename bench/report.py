@@ -24,16 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from events.fold import fold  # noqa: E402
-from events.reader import LogReader  # noqa: E402
-from daemon.publish import FORMATS, render_chunks  # noqa: E402
-from events.report_md import request_rows  # noqa: E402
-from events.report import PROJECTED_TYPES, project  # noqa: E402
-from events.schema import (  # noqa: E402
+from flare_diag.events.fold import fold  # noqa: E402
+from flare_diag.events.reader import LogReader  # noqa: E402
+from flare_diag.daemon.publish import FORMATS, render_chunks  # noqa: E402
+from flare_diag.events.report_md import request_rows  # noqa: E402
+from flare_diag.events.report import PROJECTED_TYPES, project  # noqa: E402
+from flare_diag.events.schema import (  # noqa: E402
     ActionDone, ActionRequested, CellRecorded, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, Tick,
     TimeMarked, WindowOpened,
 )
-from events.store import EventStore  # noqa: E402
+from flare_diag.events.store import EventStore  # noqa: E402
 
 WINDOW = "bench-window"
 PER_PHASE = 52

@@ -1,5 +1,5 @@
-"""`python -m daemon` runs the service."""
+"""`python -m flare_diag.daemon` runs the service."""
 
-from daemon.service import main
+from flare_diag.daemon.service import main
 
 raise SystemExit(main())

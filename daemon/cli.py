@@ -6,6 +6,7 @@ import argparse
 import sqlite3
 import sys
 from pathlib import Path
+from flare_diag.resources import resource
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
@@ -47,8 +48,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fixtures.flaresim.host import FAULT_KINDS  # the simulator's own list: named in help, checked by it
-    from fixtures.flaresim.scenario import list_scenarios
+    from flare_diag.fixtures.flaresim.host import FAULT_KINDS  # the simulator's own list: named in help, checked by it
+    from flare_diag.fixtures.flaresim.scenario import list_scenarios
     scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__)
     p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
@@ -70,6 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("db", type=Path, help="the event log (log.db)")
     for lp in (v, au):
         lp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    ar = lsub.add_parser("archive", help="move windows closed before a date into a dated archive log",
+                         description="Both logs verify on their own afterwards; the live log records the archive's "
+                                     "head hash. Run it between windows, with the daemon stopped.")
+    ar.add_argument("db", type=Path, help="the live event log (log.db)")
+    ar.add_argument("--before", required=True, metavar="YYYY-MM-DD",
+                    help="move the leading windows that closed before this day (UTC)")
+    ar.add_argument("--to", required=True, type=Path, metavar="DIR", help="the folder the archive log is written to")
+    ar.add_argument("--key", type=Path, default=None,
+                    help="the checkpoint signing key: both logs' checkpoints are signed with it (as the daemon signs)")
+    ar.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    bk = lsub.add_parser("backup", help="copy a log that may be in use (SQLite's online backup API) and verify the copy")
+    bk.add_argument("db", type=Path, help="the event log (log.db)")
+    bk.add_argument("dest", type=Path, help="the copy to write (never over an existing file); its checkpoint goes beside it")
 
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
     rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN,
@@ -149,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     wn.add_argument("--json", action="store_true", help="one JSON object per window, a line each")
     sock(wn)
 
+    ins = sub.add_parser("init-site", help="write an annotated site profile and token-file placeholders (mode 0600)",
+                         description="Writes DIR/NAME.toml for an engine KIND, and a placeholder token file (0600) for "
+                                     "each service it names; never overwrites a file. docs/site-profile.md describes every key.")
+    ins.add_argument("kind", choices=["flare", "vllm", "sglang", "llamacpp"], help="the engine the site serves")
+    ins.add_argument("dir", type=Path, help="the folder to write into (created if missing)")
+    ins.add_argument("--name", default=None, help="the profile's name, NAME.toml (default: KIND)")
+    sh = sub.add_parser("share", help="print where this installation keeps the systemd units, site templates, "
+                                      "engine build script and documents")
+    sh.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+
     site = sub.add_parser("site", help="check a live site without changing it")
     sitesub = site.add_subparsers(dest="site_cmd", required=True, parser_class=_Parser)
     sc = sitesub.add_parser("check", help="probe every endpoint a window would use; change nothing",
@@ -197,7 +221,7 @@ def _forecast_flags(sp: argparse.ArgumentParser) -> None:
 
 def load_plan(path: Path) -> tuple[bytes, object]:
     """The plan file's bytes and the checked plan, or UsageError naming it."""
-    from daemon.windows import InputError, read_plan
+    from flare_diag.daemon.windows import InputError, read_plan
     try:
         return read_plan(path)
     except InputError as exc:
@@ -205,8 +229,8 @@ def load_plan(path: Path) -> tuple[bytes, object]:
 
 
 def _calibration(path: Path | None):
-    from daemon.forecast import load_calibration
-    from daemon.windows import InputError
+    from flare_diag.daemon.forecast import load_calibration
+    from flare_diag.daemon.windows import InputError
     if path is None:
         return None
     try:
@@ -220,8 +244,8 @@ def _plan_forecast(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from daemon.forecast import schedule
-    from daemon.windows import InputError, WindowSetup, load_fixtures, setup_for_site
+    from flare_diag.daemon.forecast import schedule
+    from flare_diag.daemon.windows import InputError, WindowSetup, load_fixtures, setup_for_site
     plan_raw, plan = load_plan(args.plan)
     cal = _calibration(args.calibrate)
     try:
@@ -241,8 +265,8 @@ def _plan_forecast(args: argparse.Namespace) -> int:
 def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:
     import msgspec
 
-    from daemon.simulate import MAX_RUNS, simulate
-    from fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.daemon.simulate import MAX_RUNS, simulate
+    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
     if not 1 <= args.simulate <= MAX_RUNS:
         raise UsageError(f"--simulate {args.simulate}: expected a number of runs from 1 to {MAX_RUNS}")
     if not 0 <= args.seed < 2**63 - MAX_RUNS:
@@ -262,10 +286,10 @@ def _windows(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from daemon.windows_list import list_windows
+    from flare_diag.daemon.windows_list import list_windows
     db = args.db
     if db is None:  # the daemon's own log: where its status says it is
-        from daemon import client, control
+        from flare_diag.daemon import client, control
         try:
             c = client.Connection(client.socket_path(args.socket))
             try:
@@ -294,9 +318,37 @@ def _windows(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _init_site(args: argparse.Namespace) -> int:
+    from flare_diag.daemon.initsite import init_site
+    from flare_diag.daemon.windows import InputError
+    try:
+        profile, written, kept = init_site(args.kind, args.dir, args.name)
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {profile}: edit every REPLACE value and the URLs (docs/site-profile.md describes each key)")
+    for p in written:
+        print(f"wrote {p} (mode 0600): replace its placeholder with the service's token")
+    for p in kept:
+        print(f"kept {p}: it already exists")
+    print(f"then: flare-diag site check {profile} --plan PLAN")
+    return EXIT_OK
+
+
+def _share(args: argparse.Namespace) -> int:
+    from flare_diag.daemon.initsite import shared_files
+    files = shared_files()
+    if args.json:
+        import json
+        print(json.dumps(files))
+    else:
+        for k, v in files.items():
+            print(f"{k}: {v}")
+    return EXIT_OK
+
+
 def _plan_check(path: Path, as_json: bool = False) -> int:
     _raw, plan = load_plan(path)
-    from policies.planner import all_phases
+    from flare_diag.policies.planner import all_phases
     phases = all_phases(plan)
     if as_json:
         import json
@@ -307,7 +359,7 @@ def _plan_check(path: Path, as_json: bool = False) -> int:
     return EXIT_OK
 
 
-DEFAULT_PLAN = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+DEFAULT_PLAN = resource("flare_diag.fixtures", "plans", "2026-10-22-cache-diagnosis.toml")
 
 
 def _out_dir(out: Path | None) -> Path:
@@ -318,9 +370,18 @@ def _out_dir(out: Path | None) -> Path:
     return out
 
 
+def _need_simulator(cmd: str) -> None:
+    """`rehearse` and `sim serve` serve flaresim, whose HTTP stack is the `sim` extra."""
+    import importlib.util
+    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"{cmd}: the simulator needs {' and '.join(missing)}, which this install lacks; "
+                         "install the sim extra: pip install 'flare-diag[sim]'")
+
+
 def _window(args: argparse.Namespace) -> int:
-    from daemon.rehearse import parse_fault, rehearse, resume_window, run_window
-    from daemon.windows import InputError, setup_for_site
+    from flare_diag.daemon.rehearse import parse_fault, rehearse, resume_window, run_window
+    from flare_diag.daemon.windows import InputError, setup_for_site
     if args.cmd == "run":
         if args.resume is not None:
             if args.plan or args.site or args.out:
@@ -337,7 +398,8 @@ def _window(args: argparse.Namespace) -> int:
     events_out = sys.stdout if args.json else None
     try:
         if args.cmd == "rehearse":
-            from fixtures.flaresim.scenario import ScenarioError, load_scenario
+            _need_simulator("rehearse")
+            from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
             try:
                 load_scenario(args.scenario)
             except ScenarioError as exc:
@@ -361,7 +423,7 @@ def _window(args: argparse.Namespace) -> int:
 def _resume(out: Path, resume_window, as_json: bool = False) -> int:
     import asyncio
 
-    from daemon.windows import InputError
+    from flare_diag.daemon.windows import InputError
     console = _console(stderr=as_json)
     try:
         report = asyncio.run(resume_window(out, console, sys.stdout if as_json else None))
@@ -374,7 +436,7 @@ def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
     it = report["integrity"]
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
                   f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {'ok' if it['audit_ok'] else 'DIVERGED'})")
-    from daemon.client import exit_for
+    from flare_diag.daemon.client import exit_for
     code = exit_for(report.get("outcome"))
     if code == EXIT_OK and not (it["chain_ok"] and it["audit_ok"]):
         code = EXIT_FAILED
@@ -393,9 +455,9 @@ def _site_check(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from daemon.site import SiteError, load_site
-    from daemon.sitecheck import check_site, render
-    from daemon.target import Target
+    from flare_diag.daemon.site import SiteError, load_site
+    from flare_diag.daemon.sitecheck import check_site, render
+    from flare_diag.daemon.target import Target
     plan = load_plan(args.plan)[1] if args.plan is not None else None
     try:
         site = load_site(args.site)
@@ -416,13 +478,14 @@ def _site_check(args: argparse.Namespace) -> int:
 
 def _sim(args: argparse.Namespace) -> int:
     # The simulator is a fixture: the CLI starts it, the daemon never imports it for its own work.
-    from fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
     try:
         load_scenario(args.scenario)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     if args.sim_cmd == "serve":
-        from fixtures.flaresim.serve import main as serve
+        _need_simulator("sim serve")
+        from flare_diag.fixtures.flaresim.serve import main as serve
         import secrets
         token = args.token
         if token is None:  # made here, and printed: a client needs it
@@ -430,7 +493,7 @@ def _sim(args: argparse.Namespace) -> int:
             print(f"flaresim bearer token: {token}", flush=True)
         return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale),
                       "--seed", str(args.seed), "--token", token])
-    from fixtures.flaresim.replay import replay
+    from flare_diag.fixtures.flaresim.replay import replay
     try:
         replay(args.fixture, args.order, args.scenario)
     except FileNotFoundError as exc:
@@ -439,7 +502,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from daemon import client
+    from flare_diag.daemon import client
     path = client.socket_path(args.socket)
     console = _console(stderr=True)
     try:
@@ -447,12 +510,17 @@ def _client(args: argparse.Namespace) -> int:
             return client.status(path, _console(), args.json)
         if args.cmd == "start":
             import msgspec
-            plan_raw, _plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
+            plan_raw, plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
             if not 0 < args.time_scale < float("inf"):
                 raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
             cal = _calibration(args.calibrate)
+            # fixtures beside the plan are the caller's: named to the daemon so that a refusal can say
+            # where they are and why it cannot read them, never opened by it
+            beside = {f.name: str((args.plan.parent / f.name).resolve()) for f in plan.fixtures  # type: ignore[attr-defined]
+                      if (args.plan.parent / f.name / "manifest.json").is_file()}
             return client.start(path, plan_raw, str(args.plan), args.site, args.time_scale, console,
-                                calibration=msgspec.to_builtins(cal) if cal else None, accept_partial=args.accept_partial)
+                                calibration=msgspec.to_builtins(cal) if cal else None, accept_partial=args.accept_partial,
+                                caller_fixtures=beside)
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
@@ -477,9 +545,9 @@ def _report(args: argparse.Namespace) -> int:
         if args.target.endswith((".db", ".sqlite")) or "/" in args.target:
             raise UsageError(f"{args.target}: no such log file")
         return _client(args)
-    from daemon.publish import build_report, publish_snapshot, render
-    from events.reader import LogReader
-    from events.sqlschema import NotAnEventLog
+    from flare_diag.daemon.publish import build_report, publish_snapshot, render
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.sqlschema import NotAnEventLog
     try:
         with LogReader(path) as r:
             windows = r.window_ids()
@@ -490,7 +558,7 @@ def _report(args: argparse.Namespace) -> int:
     window = args.window or windows[-1]
     if window not in windows:
         raise UsageError(f"--window {window}: not in {path} (it has {', '.join(windows)})")
-    from events.base import BadEventError, UnknownEventError
+    from flare_diag.events.base import BadEventError, UnknownEventError
     try:
         report = build_report(path, window)
     except BadEventError as exc:
@@ -512,7 +580,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from daemon.compare import CompareError, compare
+    from flare_diag.daemon.compare import CompareError, compare
     if args.db is None or not args.db.is_file():
         raise UsageError(f"report compare: expected the log file after 'compare' (got {args.db})")
     if not args.windows or not args.baseline:
@@ -553,14 +621,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from events.base import BadEventError
+    from flare_diag.events.base import BadEventError
     try:
         if args.cmd == "report":
             return _report(args)
         if args.cmd in ("status", "start", "abort", "watch"):
             return _client(args)
         if args.cmd == "log":
-            from daemon.cli_log import run_log
+            from flare_diag.daemon.cli_log import run_log
             return run_log(args)
         if args.cmd in ("rehearse", "run"):
             return _window(args)
@@ -570,6 +638,10 @@ def _main(args: argparse.Namespace) -> int:
             return _site_check(args)
         if args.cmd == "windows":
             return _windows(args)
+        if args.cmd == "init-site":
+            return _init_site(args)
+        if args.cmd == "share":
+            return _share(args)
         if args.cmd == "plan":
             return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
     except UsageError as exc:
@@ -591,4 +663,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as `python -m`: this file is __main__, so go through the imported module, whose UsageError
+    # is the one the subcommands' modules raise
+    from flare_diag.daemon.cli import main as _main
+    sys.exit(_main())

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-import events.schema  # noqa: F401  (registers every event type)
-from daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
-from events.base import UnknownEventError
-from events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
-from events.export import export_lines
-from events.reader import LogReader
-from events.sqlschema import NotAnEventLog
-from events.verify import verify_log
+import flare_diag.events.schema  # noqa: F401  (registers every event type)
+from flare_diag.daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
+from flare_diag.events.base import UnknownEventError
+from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
+from flare_diag.events.export import export_lines
+from flare_diag.events.reader import LogReader
+from flare_diag.events.sqlschema import NotAnEventLog
+from flare_diag.events.verify import verify_log
 
 
 def _open(db) -> LogReader:
@@ -30,7 +30,37 @@ def run_log(args: argparse.Namespace) -> int:
         return _export(args)
     if args.log_cmd == "audit":
         return _audit(args)
+    if args.log_cmd == "archive":
+        return _archive(args)
+    if args.log_cmd == "backup":
+        from flare_diag.events.archive import ArchiveError, backup_log
+        try:
+            seq, h = backup_log(args.db, args.dest)
+        except (ArchiveError, NotAnEventLog) as exc:
+            raise UsageError(str(exc)) from None
+        print(f"ok: {args.dest} holds {args.db} up to seq {seq} (hash {h}), verified")
+        return EXIT_OK
     return EXIT_BAD_INPUT
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from flare_diag.events.archive import ArchiveError, archive_log
+    from flare_diag.events.store import LogBusy
+    key = _key(args.key) if args.key else None
+    try:
+        done = archive_log(args.db, args.before, args.to, key)
+    except (ArchiveError, LogBusy, NotAnEventLog) as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        import msgspec
+        print(json.dumps(msgspec.to_builtins(done) if done else {"archive": None, "windows": []}))
+        return EXIT_OK
+    if done is None:
+        print(f"{args.db}: no window closed before {args.before}; nothing archived")
+        return EXIT_OK
+    print(f"archived {len(done.windows)} window(s), seq {done.first_seq}-{done.last_seq} ({done.events} events) "
+          f"to {done.archive}; head hash {done.head_hash} recorded in {args.db}")
+    return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -74,7 +104,7 @@ def _anchor(spec: str):
     import json
     from pathlib import Path
 
-    from events.checkpoint import Checkpoint
+    from flare_diag.events.checkpoint import Checkpoint
     seq, h = None, None
     if ":" in spec and not Path(spec).exists():
         a, _, b = spec.partition(":")
@@ -117,7 +147,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def audit_reader(reader: LogReader):
-    from policies.audit import audit
+    from flare_diag.policies.audit import audit
     return audit((env.seq, env.window_id, env.event()) for env in reader.iter())
 
 

@@ -12,10 +12,10 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from daemon import control
-from daemon.live import LiveView
-from events.base import decode_payload
-from events.schema import WindowClosed
+from flare_diag.daemon import control
+from flare_diag.daemon.live import LiveView
+from flare_diag.events.base import decode_payload
+from flare_diag.events.schema import WindowClosed
 
 ENV_SOCKET = "FLARE_DIAG_SOCKET"
 
@@ -37,7 +37,7 @@ def socket_path(arg: Path | None) -> Path:
         return arg
     if os.environ.get(ENV_SOCKET):
         return Path(os.environ[ENV_SOCKET])
-    from daemon.service import default_socket
+    from flare_diag.daemon.service import default_socket
     return default_socket()
 
 
@@ -114,13 +114,14 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
 
 
 def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: float, console: Console,
-          calibration: dict | None = None, accept_partial: bool = False) -> int:
+          calibration: dict | None = None, accept_partial: bool = False, caller_fixtures: dict | None = None) -> int:
     """The plan (and any calibration) go as content the caller read; the site is a name the daemon's
     operator installed."""
     c = Connection(path)
     try:
         rep = c.call(control.Start(plan_toml=plan_toml.decode("utf-8", "replace"), plan_label=plan_label, site=site,
-                                   time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial))
+                                   time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial,
+                                   caller_fixtures=caller_fixtures or {}))
     finally:
         c.close()
     console.print(f"started window {rep['window_id']}" + (" (rehearsal)" if rep.get("rehearsal") else ""))

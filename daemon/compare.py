@@ -6,8 +6,8 @@ import hashlib
 import statistics
 from pathlib import Path
 
-from daemon.publish import build_report
-from policies.acceptance import Acceptance, Run, accept
+from flare_diag.daemon.publish import build_report
+from flare_diag.policies.acceptance import Acceptance, Run, accept
 
 
 class CompareError(ValueError):
@@ -44,7 +44,7 @@ def run_of(report: dict) -> Run:
 
 
 def compare(db: Path, windows: list[str], baseline: list[str]) -> tuple[Acceptance, dict[str, Run]]:
-    from events.reader import LogReader
+    from flare_diag.events.reader import LogReader
     with LogReader(db) as r:
         known = set(r.window_ids())
     missing = [w for w in (*windows, *baseline) if w not in known]

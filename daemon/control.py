@@ -27,6 +27,9 @@ class Start(msgspec.Struct, tag_field="cmd", tag="start", forbid_unknown_fields=
     time_scale: float = 1.0
     calibration: dict = {}     # computed by the client from an earlier log it can read
     accept_partial: bool = False
+    # fixture name -> the folder the caller found it in beside the plan (for messages only; never
+    # opened: the daemon reads fixtures from its own sites directory and its built-ins)
+    caller_fixtures: dict[str, str] = {}
 
 
 class Abort(msgspec.Struct, tag_field="cmd", tag="abort", forbid_unknown_fields=True):

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import msgspec
+from flare_diag.resources import resource
 
-BUILTIN = Path(__file__).resolve().parent.parent / "fixtures" / "data"
+BUILTIN = resource("flare_diag.fixtures", "data")
 
 
 class FixtureError(ValueError):

@@ -7,12 +7,12 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from daemon.errors import classify_exception
-from daemon.target import Target
-from daemon.windows import InputError, WindowSetup
-from events.reader import LogReader, NotAnEventLog
-from policies.calibration import CalibrationError, calibrate
-from policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
+from flare_diag.daemon.errors import classify_exception
+from flare_diag.daemon.target import Target
+from flare_diag.daemon.windows import InputError, WindowSetup
+from flare_diag.events.reader import LogReader, NotAnEventLog
+from flare_diag.policies.calibration import CalibrationError, calibrate
+from flare_diag.policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
 
 PROBE_REQUESTS = 4  # the first warms the connection and the host's tokenizer, and is not counted
 

@@ -14,10 +14,10 @@ from rich.markup import render
 from rich.table import Table
 from rich.text import Text
 
-from events.base import Event
-from events.progress import WindowProgress
-from events.window_fold import failed_checks
-from events.schema import (
+from flare_diag.events.base import Event
+from flare_diag.events.progress import WindowProgress
+from flare_diag.events.window_fold import failed_checks
+from flare_diag.events.schema import (
     AbortDecided, Alarm, CellRecorded, PhaseStarted, RestorationRecorded, TimeMarked, VerdictReached, WindowClosed,
 )
 

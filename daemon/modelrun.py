@@ -22,17 +22,17 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.samples import Sample
 
-from daemon import metrics
-from daemon.errors import ActionFailed, classify_response
-from daemon.fixture import Fixture
-from daemon.runner import WATCH_EVERY_S
-from daemon.site import sim_site
-from daemon.target import PREFLIGHT_BODY
-from events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
-from events.window_fold import WindowFold
-from policies.plan import Plan
-from policies.planner import Calibration
-from policies.window import WindowPolicy
+from flare_diag.daemon import metrics
+from flare_diag.daemon.errors import ActionFailed, classify_response
+from flare_diag.daemon.fixture import Fixture
+from flare_diag.daemon.runner import WATCH_EVERY_S
+from flare_diag.daemon.site import sim_site
+from flare_diag.daemon.target import PREFLIGHT_BODY
+from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
+from flare_diag.events.window_fold import WindowFold
+from flare_diag.policies.plan import Plan
+from flare_diag.policies.planner import Calibration
+from flare_diag.policies.window import WindowPolicy
 
 S = 1_000_000_000
 _PARSED: dict[bytes, dict] = {}
@@ -60,8 +60,8 @@ class ModelRun:
 
     def __init__(self, plan_raw: bytes, plan: Plan, scenario, fixtures: dict[str, Fixture], seed: int,
                  calibration: Calibration | None = None) -> None:
-        from fixtures.flaresim.app import CHUNK_TOKENS  # the simulator, as a rehearsal serves it
-        from fixtures.flaresim.host import Host
+        from flare_diag.fixtures.flaresim.app import CHUNK_TOKENS  # the simulator, as a rehearsal serves it
+        from flare_diag.fixtures.flaresim.host import Host
         self._chunk = CHUNK_TOKENS
         self.plan_raw, self.plan, self.fixtures, self.seed = plan_raw, plan, fixtures, seed
         self.calibration = calibration
@@ -94,7 +94,7 @@ class ModelRun:
                         self._answer(a, self._failed(a.d, "cancelled", "cancelled by the policy", cancelled=True))
 
     def run(self) -> ModelResult:
-        from daemon.windows import WindowSetup
+        from flare_diag.daemon.windows import WindowSetup
         setup = WindowSetup(self.plan_raw, self.plan, self.site, self.fixtures, rehearsal=True,
                             calibration=self.calibration, clock="virtual", sim_seed=self.seed)
         self._feed(setup.opened(f"model-{self.seed}"))
@@ -350,7 +350,7 @@ class ModelRun:
 def scraped(host) -> dict:
     """What `Target.scrape_metrics` reads from flaresim's /metrics, taken from the families the
     exposition is written from (daemon.metrics.shape on both paths; only the text is skipped)."""
-    from fixtures.flaresim.metrics import families
+    from flare_diag.fixtures.flaresim.metrics import families
     fams = families(host)
     parsed: dict[str, list] = {}
     for name, kind, _help, samples in fams or ():  # a host with nothing loaded exposes no family

@@ -7,12 +7,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from events.checkpoint import BadCheckpoint, default_path, read_checkpoint
-from events.reader import LogReader
-from events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
-from events.report_html import html_segments
-from events.report_md import md_lines, request_rows
-from events.verify import verify_log
+from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
+from flare_diag.events.reader import LogReader
+from flare_diag.events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
+from flare_diag.events.report_html import html_segments
+from flare_diag.events.report_md import md_lines, request_rows
+from flare_diag.events.verify import verify_log
 
 FORMATS = ("json", "md", "html")
 
@@ -23,7 +23,7 @@ class SnapshotError(RuntimeError):
 
 def build_report(db: Path, window_id: str) -> dict:
     """The report of one window, with the integrity of the whole log it came from."""
-    from daemon.cli_log import audit_reader
+    from flare_diag.daemon.cli_log import audit_reader
     with LogReader(db) as reader:
         try:
             cp = read_checkpoint(default_path(db))

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import msgspec
 
-from daemon.site import SiteError, load_site, site_from_bytes
-from daemon.windows import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
-from events.reader import LogReader
-from events.schema import Input, WindowOpened
-from policies.plan import PlanError, plan_from_builtins
-from policies.planner import Calibration
+from flare_diag.daemon.site import SiteError, load_site, site_from_bytes
+from flare_diag.daemon.windows import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import Input, WindowOpened
+from flare_diag.policies.plan import PlanError, plan_from_builtins
+from flare_diag.policies.planner import Calibration
 
 @dataclass
 class Unfinished:

@@ -18,19 +18,19 @@ import httpx
 import msgspec
 from rich.console import Console
 
-from daemon import virtualtime
-from daemon.forecast import planned
-from daemon.inprocess import serve_in_process
-from daemon.live import LiveView
-from daemon.runner import Runner
-from daemon.sitecheck import checked_target
-from daemon.site import Site, sim_site
-from daemon.target import Target
-from daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
-from daemon.publish import write_reports
-from events.store import EventStore
-from policies.plan import Plan
-from policies.planner import Calibration
+from flare_diag.daemon import virtualtime
+from flare_diag.daemon.forecast import planned
+from flare_diag.daemon.inprocess import serve_in_process
+from flare_diag.daemon.live import LiveView
+from flare_diag.daemon.runner import Runner
+from flare_diag.daemon.sitecheck import checked_target
+from flare_diag.daemon.site import Site, sim_site
+from flare_diag.daemon.target import Target
+from flare_diag.daemon.windows import InputError, WindowSetup, load_fixtures, new_window_id
+from flare_diag.daemon.publish import write_reports
+from flare_diag.events.store import EventStore
+from flare_diag.policies.plan import Plan
+from flare_diag.policies.planner import Calibration
 
 SIM_TOKEN_BYTES = 16
 
@@ -44,7 +44,7 @@ def parse_fault(spec: str) -> dict:
     params allowed; `load`: as the n-th manager load from now completes).
 
     Checked whole before the simulator starts, so a bad spec starts nothing."""
-    from fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, STRING_PARAMS, describe  # the simulator owns its faults
+    from flare_diag.fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, STRING_PARAMS, describe  # the simulator owns its faults
     first, *params = spec.split(",")
     kind, _, at = first.partition("@")
     if kind not in FAULT_KINDS:
@@ -87,10 +87,9 @@ def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.
     """flaresim as a child process; returns once it listens, with its base URL."""
     # stderr goes to a file, not a pipe nobody drains: a chatty simulator must never block on it
     err = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "fixtures.flaresim.serve", "--port", "0", "--scenario", scenario,
+    proc = subprocess.Popen([sys.executable, "-m", "flare_diag.fixtures.flaresim.serve", "--port", "0", "--scenario", scenario,
                              "--time-scale", str(time_scale), "--token", token],
-                            stdout=subprocess.PIPE, stderr=err, text=True,
-                            cwd=str(Path(__file__).resolve().parent.parent))
+                            stdout=subprocess.PIPE, stderr=err, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
     if "listening on" not in line:
         proc.kill()
@@ -159,7 +158,7 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
 async def resume_window(out: Path, console: Console, events_out: TextIO | None = None) -> dict:
     """Picks up the window a foreground `run` left open in `out` (killed, or its machine lost), as the
     daemon does after a restart: the recorded inputs replayed, then straight to restore."""
-    from daemon.recovery import setup_for_recovery, unfinished_windows
+    from flare_diag.daemon.recovery import setup_for_recovery, unfinished_windows
     db = out / "log.db"
     if not db.is_file():
         raise InputError(f"{out}: no log.db; expected the --out folder of a foreground `run`")
@@ -246,9 +245,9 @@ async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, se
     """flaresim served in this process on the running loop's clock (virtual on a VirtualTimeLoop), and
     the site that reaches it: (its Host, the Site). The one place the daemon imports the simulator to
     serve it, as a rehearsal's host."""
-    from fixtures.flaresim.app import build_app
-    from fixtures.flaresim.host import Host
-    from fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.fixtures.flaresim.app import build_app
+    from flare_diag.fixtures.flaresim.host import Host
+    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
     try:
         sc = load_scenario(scenario)
     except ScenarioError as exc:

@@ -17,14 +17,14 @@ import anyio.abc
 import time
 from collections.abc import Callable
 
-from daemon.errors import ActionFailed, classify_exception
-from daemon.target import Target
-from events.schema import (
+from flare_diag.daemon.errors import ActionFailed, classify_exception
+from flare_diag.daemon.target import Target
+from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
     RequestDone, Tick, WatchFailed, WatchObserved, WindowOpened,
 )
-from events.store import EventStore, StoreWriteError
-from policies.window import WindowPolicy
+from flare_diag.events.store import EventStore, StoreWriteError
+from flare_diag.policies.window import WindowPolicy
 
 WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
 CATCH_UP_EVERY_S = 1.0  # real seconds between attempts to append what a failing log did not take

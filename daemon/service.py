@@ -21,22 +21,22 @@ import anyio.abc
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from daemon import control
-from daemon.control import Abort, BadCommand, Report, Start, Status, Watch
-from daemon.forecast import planned
-from daemon.logs import configure
-from daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
-from daemon.publish import FORMATS, build_report, publish_snapshot, render
-from daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
-from daemon.runner import Runner
-from daemon.sitecheck import checked_target
-from daemon.target import Target
-from daemon.windows import InputError, WindowSetup, new_window_id, setup_for_start
-from events.envelope import Envelope
-from events.progress import WindowProgress
-from events.reader import LogReader
-from events.schema import AbortDecided, ControlCommand, LogNote
-from events.store import EventStore, StoreWriteError
+from flare_diag.daemon import control
+from flare_diag.daemon.control import Abort, BadCommand, Report, Start, Status, Watch
+from flare_diag.daemon.forecast import planned
+from flare_diag.daemon.logs import configure
+from flare_diag.daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
+from flare_diag.daemon.publish import FORMATS, build_report, publish_snapshot, render
+from flare_diag.daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
+from flare_diag.daemon.runner import Runner
+from flare_diag.daemon.sitecheck import checked_target
+from flare_diag.daemon.target import Target
+from flare_diag.daemon.windows import InputError, WindowSetup, new_window_id, setup_for_start
+from flare_diag.events.envelope import Envelope
+from flare_diag.events.progress import WindowProgress
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import AbortDecided, ControlCommand, LogNote
+from flare_diag.events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
@@ -446,7 +446,7 @@ class Service:
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
         try:
             setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
-                                  self.sites_dir, cmd.time_scale)
+                                  self.sites_dir, cmd.time_scale, cmd.caller_fixtures)
             if cmd.calibration:
                 setup.calibration = _calibration(cmd.calibration)
             setup.accept_partial = cmd.accept_partial
@@ -569,7 +569,7 @@ def _label(plan_label: str) -> str:
 
 
 def _calibration(raw: dict):
-    from policies.planner import Calibration
+    from flare_diag.policies.planner import Calibration
     try:
         return msgspec.convert(raw, Calibration)
     except msgspec.ValidationError as exc:
@@ -594,9 +594,9 @@ def checkpoint_key() -> bytes | None:
 def log_problem_at_start(db: Path, key: bytes | None) -> str | None:
     """Why the daemon must not append to this log, or None: a chain that does not verify, a
     checkpoint that is missing, unreadable, unsigned or wrongly signed (when a key is configured)."""
-    from events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
-    from events.sqlschema import NotAnEventLog
-    from events.verify import verify_log
+    from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
+    from flare_diag.events.sqlschema import NotAnEventLog
+    from flare_diag.events.verify import verify_log
     if not db.exists():
         return None
     try:
@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     log = configure(a.log_level)
     metrics = None
     if a.metrics_address is not None:
-        from daemon.exporter import ServiceMetrics, parse_address
+        from flare_diag.daemon.exporter import ServiceMetrics, parse_address
         try:
             host, port = parse_address(a.metrics_address)
         except ValueError as exc:

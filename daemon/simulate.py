@@ -14,9 +14,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import msgspec
 
-from daemon.fixture import Fixture
-from policies.plan import Plan
-from policies.planner import Calibration
+from flare_diag.daemon.fixture import Fixture
+from flare_diag.policies.plan import Plan
+from flare_diag.policies.planner import Calibration
 
 MAX_RUNS = 10_000
 QUANTILES = (("p10", 10), ("p50", 50), ("p90", 90))
@@ -69,8 +69,8 @@ def _quantile(xs: list[float], q: int) -> float:
 
 def _runs(plan_raw: bytes, plan: Plan, scenario: str, fixtures: dict[str, Fixture], seeds: list[int],
           calibration: Calibration | None) -> list[dict]:
-    from daemon.modelrun import ModelRun
-    from fixtures.flaresim.scenario import load_scenario
+    from flare_diag.daemon.modelrun import ModelRun
+    from flare_diag.fixtures.flaresim.scenario import load_scenario
     sc = load_scenario(scenario)
     out = []
     for seed in seeds:

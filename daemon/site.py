@@ -84,6 +84,10 @@ class SiteError(ValueError):
     pass
 
 
+# what `flare-diag init-site` writes into a token file until the operator puts the real token there
+PLACEHOLDER_TOKEN = "REPLACE-WITH-THE-SERVICE-TOKEN"
+
+
 def load_site(path: Path) -> Site:
     try:
         data = path.read_bytes()
@@ -129,13 +133,16 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: expected a text token") from None
         if not tokens[name]:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: is empty; expected the service's token")
+        if tokens[name] == PLACEHOLDER_TOKEN:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: still holds init-site's placeholder; "
+                            "write the service's token in it")
         if mode & 0o004:
             warnings.append(f"{name}.token_file {svc.token_file!r} is readable by every user of this host "
                             f"(chmod o-r, or install it as a systemd credential)")
         token_files[name] = str(tf)
     if prof.engine is not None:
         _check_engine(path, prof.engine)
-    from daemon.metrics import selector
+    from flare_diag.daemon.metrics import selector
     for family, spec in prof.metrics.items():
         try:
             selector(spec)

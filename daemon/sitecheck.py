@@ -13,11 +13,11 @@ from pathlib import Path
 
 import httpx
 
-from daemon.errors import ActionFailed, classify_exception
-from daemon.target import Target
-from daemon.windows import InputError, WindowSetup
-from policies.plan import Plan, expected_identity
-from policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
+from flare_diag.daemon.errors import ActionFailed, classify_exception
+from flare_diag.daemon.target import Target
+from flare_diag.daemon.windows import InputError, WindowSetup
+from flare_diag.policies.plan import Plan, expected_identity
+from flare_diag.policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
 OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE = "observable", "not observable", "not applicable"
 

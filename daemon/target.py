@@ -13,10 +13,10 @@ import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
-from daemon import metrics
-from daemon.errors import ActionFailed, classify_response
-from daemon.fixture import Fixture
-from daemon.site import Site
+from flare_diag.daemon import metrics
+from flare_diag.daemon.errors import ActionFailed, classify_response
+from flare_diag.daemon.fixture import Fixture
+from flare_diag.daemon.site import Site
 
 RESPONSE_CAP = 4096
 # A pooled connection the host closed while it sat idle fails before any byte of an answer comes
@@ -28,7 +28,7 @@ PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "cont
 
 
 def local_engine(site: Site):
-    from daemon.localengine import LocalEngine, LocalRecipe
+    from flare_diag.daemon.localengine import LocalEngine, LocalRecipe
     e = site.profile.engine
     base = site.base_dir
     binary = Path(os.path.expandvars(e.binary))
@@ -57,7 +57,7 @@ class Target:
                                        transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         self.engine = local_engine(site) if site.profile.engine is not None else None
-        from daemon.engine_profiles import metric_names
+        from flare_diag.daemon.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
     async def close(self) -> None:
@@ -163,7 +163,7 @@ class Target:
         if g.source == "sim":
             return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
-        from daemon.nvml import XidWatcher, read_gpus
+        from flare_diag.daemon.nvml import XidWatcher, read_gpus
         if self._xids is None:
             self._xids = XidWatcher()
             await asyncio.to_thread(self._xids.start)

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import msgspec
 
-from daemon.fixture import Fixture, FixtureError, find_fixture, load_fixture
-from daemon.nvml import available as nvml_unavailable
-from daemon.site import Site, SiteError, load_site
-from events.schema import WindowOpened
-from policies.plan import Plan, PlanError, decode_plan
-from policies.planner import Calibration
+from flare_diag.daemon.fixture import Fixture, FixtureError, find_fixture, load_fixture
+from flare_diag.daemon.nvml import available as nvml_unavailable
+from flare_diag.daemon.site import Site, SiteError, load_site
+from flare_diag.events.schema import WindowOpened
+from flare_diag.policies.plan import Plan, PlanError, decode_plan
+from flare_diag.policies.planner import Calibration
+from flare_diag.resources import resource
 
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = resource("flare_diag.policies")
 
 
 @functools.cache
@@ -114,13 +115,24 @@ def site_in(sites_dir: Path, name: str) -> Path:
 
 
 def setup_for_start(plan_raw: bytes, plan_label: str, site_name: str, sites_dir: Path,
-                    time_scale: float = 1.0) -> WindowSetup:
+                    time_scale: float = 1.0, caller_fixtures: dict[str, str] | None = None) -> WindowSetup:
     """A window started over the control socket: the plan as the caller sent it, the site and its
-    fixtures from the operator's sites directory (or built in)."""
+    fixtures from the operator's sites directory (or built in). A fixture the daemon cannot find
+    that the caller has beside the plan is refused naming the caller's folder and why."""
     try:
         plan = decode_plan(plan_raw, plan_label or "plan")
     except PlanError as exc:
         raise InputError(str(exc)) from None
+    for f in plan.fixtures:
+        theirs = (caller_fixtures or {}).get(f.name)
+        if theirs is None:
+            continue
+        try:
+            find_fixture(f.name, [sites_dir.resolve()])
+        except FixtureError:
+            raise InputError(f"fixture {f.name!r}: the plan's copy is at {theirs[:300]}, a folder the daemon does not "
+                             f"read (it reads fixtures only from its sites directory {sites_dir} and its built-ins, and "
+                             f"under systemd ProtectHome hides /home); install the fixture as {sites_dir}/{f.name}") from None
     setup = _setup(plan_raw, plan, site_in(sites_dir, site_name), [sites_dir.resolve()], time_scale,
                    plan_label or "plan")
     setup.plan_path = plan_label

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import msgspec
 
-from events.reader import LogReader
-from events.schema import RestorationRecorded, VerdictReached, WindowClosed, WindowOpened
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import RestorationRecorded, VerdictReached, WindowClosed, WindowOpened
 
 TYPES = ["window_opened", "window_closed", "verdict_reached", "restoration_recorded"]
 

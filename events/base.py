@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Union
 
 import msgspec
 
-from events.upcast import upcast
+from flare_diag.events.upcast import upcast
 
 
 class Event(msgspec.Struct, tag_field="type", frozen=True, kw_only=True, forbid_unknown_fields=False, gc=False):

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-from events.base import decode_payload
-from events.reader import LogReader
+from flare_diag.events.base import decode_payload
+from flare_diag.events.reader import LogReader
 
 
 def export_lines(reader: LogReader) -> Iterator[bytes]:

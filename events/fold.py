@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, Callable, Iterable
 from typing import TypeVar
 
-from events.envelope import Envelope
+from flare_diag.events.envelope import Envelope
 
 S = TypeVar("S")
 

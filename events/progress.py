@@ -3,9 +3,9 @@ read from the one window fold (events.window_fold) that the report reads too."""
 
 from __future__ import annotations
 
-from events.base import Event
-from events.schema import ActionDone, ActionRequested
-from events.window_fold import WindowFold
+from flare_diag.events.base import Event
+from flare_diag.events.schema import ActionDone, ActionRequested
+from flare_diag.events.window_fold import WindowFold
 
 
 class WindowProgress(WindowFold):

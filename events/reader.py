@@ -7,10 +7,10 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import events.schema  # noqa: F401  (a reader decodes every registered event type)
-from events.envelope import Envelope
-from events.sqlschema import NotAnEventLog, check_format
-from events.store import row_envelope, select_sql
+import flare_diag.events.schema  # noqa: F401  (a reader decodes every registered event type)
+from flare_diag.events.envelope import Envelope
+from flare_diag.events.sqlschema import NotAnEventLog, check_format
+from flare_diag.events.store import row_envelope, select_sql
 
 
 class LogReader:
@@ -58,6 +58,12 @@ class LogReader:
             "SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload, prev_hash, hash"
             " FROM events ORDER BY seq"
         )
+
+    def chain_base(self) -> tuple[int, bytes] | None:
+        """Where the chain starts when earlier rows were archived: (seq, hash) of the row before
+        the first (events/archive.py), or None from genesis."""
+        from flare_diag.events.archive import chain_base
+        return chain_base(self.conn)
 
     def window_ids(self) -> list[str]:
         return [r[0] for r in self.conn.execute(

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Iterator
 import msgspec
 import msgspec.structs
 
-from events.envelope import Envelope
-from events.window_fold import WindowFold
+from flare_diag.events.envelope import Envelope
+from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
 HOST_COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from html import escape
 
-from events import charts
-from events.report import Segment, join_segments
-from events.report_view import (
+from flare_diag.events import charts
+from flare_diag.events.report import Segment, join_segments
+from flare_diag.events.report_view import (
     CELL_HEAD, DRAIN_HEAD, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,

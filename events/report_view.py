@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from events.window_fold import RESTORE_CHECKS, failed_checks
+from flare_diag.events.window_fold import RESTORE_CHECKS, failed_checks
 
 # every count and time column names its unit
 CELL_HEAD = ["phase", "status", "reason", "requests", "host lookups (requests)", "host hits (requests)",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.base import Event, register
+from flare_diag.events.base import Event, register
 
 
 @register
@@ -141,6 +141,19 @@ class LogUnwritable(Input, tag="log_unwritable"):
     and everything from the first unwritten event is appended again once the log takes it."""
 
     detail: str
+
+
+@register
+class LogArchived(Event, tag="log_archived"):
+    """Rows up to `last_seq` (whose hash is `head_hash`) moved to the archive log `archive`: the
+    live log's chain goes on from there (events/archive.py)."""
+
+    archive: str
+    first_seq: int
+    last_seq: int
+    head_hash: str
+    windows: list[str]
+    events: int
 
 
 @register

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -18,11 +20,11 @@ import aiosqlite
 import anyio
 import msgspec
 
-from events.base import Event, _encoder
-from events.chain import DOMAIN_TAG, GENESIS, _fixed
-from events.checkpoint import default_path, write_checkpoint
-from events.envelope import COLUMNS, Envelope
-from events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
+from flare_diag.events.base import Event, _encoder
+from flare_diag.events.chain import DOMAIN_TAG, GENESIS, _fixed
+from flare_diag.events.checkpoint import default_path, write_checkpoint
+from flare_diag.events.envelope import COLUMNS, Envelope
+from flare_diag.events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
 
 T = TypeVar("T")
 _log = logging.getLogger("flare_diag.store")
@@ -113,6 +115,7 @@ class EventStore:
         self._listeners: list[Callable[[list[tuple]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
         self.checkpoint_key: bytes | None = None  # signs each checkpoint (HMAC) when set
+        self._lock_fd: int | None = None  # the writer lock, held from open to close
         self._failed: StoreWriteError | None = None  # the commit failure that stopped writes (fail-stop)
         self._loop = asyncio.get_running_loop()
         # the writer and its in-flight commit live in the store's own task group, entered by `open`
@@ -122,13 +125,24 @@ class EventStore:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, checkpoint_path: str | os.PathLike[str] | None = None,
-                   clock: Clock = system_clock, max_batch: int = 65_536, durable: bool = True) -> EventStore:
+                   clock: Clock = system_clock, max_batch: int = 65_536, durable: bool = True,
+                   lock: bool = True) -> EventStore:
         """`durable`: each commit waits for the disk (synchronous=FULL); False keeps the log consistent
         on a crash of the process but not of the machine (synchronous=NORMAL, WAL): for a rehearsal,
-        whose simulated host ends with the process anyway."""
+        whose simulated host ends with the process anyway.
+
+        `lock`: hold the log's writer lock (`LOG.lock`) while open, so that no second writer (a
+        second daemon, `log archive`) can fork the chain; False only for a caller that holds it."""
         path = Path(path)
         cp = Path(checkpoint_path) if checkpoint_path is not None else default_path(path)
-        conn = await _on_thread(aiosqlite.connect(path, isolation_level=None))
+        lock_fd = _take_writer_lock(path) if lock else None
+        if lock and lock_fd is None:
+            raise LogBusy(f"{path}: another process is writing this log (a daemon, a window or `log archive`)")
+        try:
+            conn = await _on_thread(aiosqlite.connect(path, isolation_level=None))
+        except BaseException:
+            _release(lock_fd)
+            raise
         try:
             await _on_thread(conn.execute("PRAGMA journal_mode=WAL"))
             await _on_thread(conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}"))
@@ -151,11 +165,13 @@ class EventStore:
             rows = await _on_thread(conn.execute_fetchall("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"))
         except BaseException as exc:
             await _on_thread(conn.close())
+            _release(lock_fd)
             if isinstance(exc, aiosqlite.DatabaseError):
                 raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
             raise
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
         store = cls(conn, path, cp, clock, seq, head, max_batch)
+        store._lock_fd = lock_fd
         await store._tg.__aenter__()
         store._tg.start_soon(store._write_loop, name="event-store-writer")
         return store
@@ -419,7 +435,10 @@ class EventStore:
         try:
             await self._tg.__aexit__(None, None, None)  # the writer ends at _STOP, after the last commit
         finally:
-            await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced
+            try:
+                await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced
+            finally:
+                _release(self._lock_fd)
 
     async def __aenter__(self) -> EventStore:
         return self
@@ -531,8 +550,47 @@ def row_envelope(r: Sequence) -> Envelope:
     try:
         return Envelope(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), bytes(r[8]), bytes(r[9]))
     except TypeError:  # a NULL or a number where bytes belong: not a row this store wrote
-        from events.base import BadEventError
+        from flare_diag.events.base import BadEventError
         raise BadEventError(f"seq {r[0]}: a column holds a value of the wrong type (row damaged or forged)") from None
+
+
+class LogBusy(RuntimeError):
+    """Another process holds the log's writer lock."""
+
+
+def _lock_path(db: Path) -> Path:
+    return Path(f"{os.fspath(db)}.lock")
+
+
+def _take_writer_lock(db: Path) -> int | None:
+    """The fd holding LOG.lock exclusively, or None when another process holds it. An advisory
+    flock: released by the kernel when its holder exits, however it exits."""
+    fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # closing the only descriptor drops the flock
+
+
+@contextlib.contextmanager
+def writer_lock(db: Path):
+    """Holds the log's writer lock for a synchronous tool; yields False when another process has it."""
+    fd = _take_writer_lock(db)
+    try:
+        yield fd is not None
+    finally:
+        _release(fd)
+
+
+def split_ddl(ddl: str) -> list[str]:
+    return _split_ddl(ddl)
 
 
 def _split_ddl(ddl: str) -> list[str]:

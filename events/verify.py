@@ -8,9 +8,18 @@ from pathlib import Path
 
 import msgspec
 
-from events.chain import DOMAIN_TAG, GENESIS, _fixed
-from events.checkpoint import Checkpoint
-from events.reader import LogReader
+from flare_diag.events.chain import DOMAIN_TAG, GENESIS, _fixed
+from flare_diag.events.checkpoint import Checkpoint
+from flare_diag.events.reader import LogReader
+
+
+def archived_records(payloads) -> set[tuple[int, str]]:
+    """(last_seq, head_hash) of each log_archived payload."""
+    out = set()
+    for p in payloads:
+        d = msgspec.json.decode(p)
+        out.add((int(d["last_seq"]), str(d["head_hash"])))
+    return out
 
 
 class VerifyResult(msgspec.Struct, frozen=True):
@@ -39,8 +48,10 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
     sha = hashlib.sha256
     pack = _fixed.pack
     join = b"".join
-    prev = GENESIS
-    expect = 1
+    base = reader.chain_base()
+    prev = GENESIS if base is None else base[1]
+    expect = 1 if base is None else base[0] + 1
+    handed_over: set[tuple[int, str]] = set()  # (last_seq, head_hash) of each log_archived event seen
     n = 0
     cp_hash = bytes.fromhex(checkpoint.hash) if checkpoint else None
     cp_seen = False
@@ -67,6 +78,8 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
                 return bad(seq, f"seq {seq}: a column holds a value of the wrong type (row damaged or forged)")
             if calc != h:
                 return bad(seq, f"seq {seq}: stored hash does not match its contents (event edited)")
+            if type_ == "log_archived":
+                handed_over |= archived_records([payload])
             if cp_hash is not None and seq == checkpoint.seq:  # type: ignore[union-attr]
                 cp_seen = True
                 if h != cp_hash:
@@ -74,6 +87,17 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
             prev = h
             expect += 1
             n += 1
+    if base is not None and (base[0], base[1].hex()) not in handed_over:
+        return VerifyResult(False, n, expect - 1, prev.hex(), base[0] + 1,
+                            f"the log starts after seq {base[0]} but no log_archived event in it hands those rows "
+                            "over to an archive (rows deleted)")
+    if checkpoint is not None and base is not None and checkpoint.seq <= base[0]:
+        if checkpoint.seq == base[0] and checkpoint.hash == base[1].hex():
+            cp_seen = True  # the checkpoint predates the archive and names its head
+        else:
+            return VerifyResult(False, n, expect - 1, prev.hex(), expect,
+                                f"the checkpoint records seq {checkpoint.seq}, which was archived; expected seq "
+                                f"{base[0]} or later")
     if checkpoint is not None and not cp_seen and checkpoint.seq > 0:
         return VerifyResult(False, n, expect - 1, prev.hex(), expect,
                             f"truncated: checkpoint records seq {checkpoint.seq} but the log ends at seq {expect - 1}")

@@ -5,8 +5,8 @@ Minutes are the window clock's (`events.schema.window_minute`): the same roundin
 
 from __future__ import annotations
 
-from events.base import Event
-from events.schema import (
+from flare_diag.events.base import Event
+from flare_diag.events.schema import (
     AbortDecided, Alarm, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
 )

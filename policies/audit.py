@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from events.base import Event
-from events.schema import Decision, Input, WindowOpened
-from policies.window import WindowPolicy
+from flare_diag.events.base import Event
+from flare_diag.events.schema import Decision, Input, WindowOpened
+from flare_diag.policies.window import WindowPolicy
 
 
 class Divergence(msgspec.Struct, frozen=True):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from events.base import Event
-from events.schema import ActionDone, ActionRequested, Input, WindowOpened
-from events.schema import NS_PER_S
-from policies.planner import Calibration
-from policies.window import WindowPolicy
+from flare_diag.events.base import Event
+from flare_diag.events.schema import ActionDone, ActionRequested, Input, WindowOpened
+from flare_diag.events.schema import NS_PER_S
+from flare_diag.policies.planner import Calibration
+from flare_diag.policies.window import WindowPolicy
 
 
 class CalibrationError(ValueError):

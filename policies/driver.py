@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from events.schema import ActionRequested, Decision, Input
+from flare_diag.events.schema import ActionRequested, Decision, Input
 
 Proc = Generator[Any, Any, None]
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, TYPE_CHECKING
 
-from events.schema import NS_PER_S, Alarm, ArmStarted, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
-from policies import guards, rules
-from policies.driver import Act, Interrupt, Proc, Sleep
-from policies.plan import PhaseSpec, expected_identity, trace_arm_order
-from policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
-from policies.state import Incumbent, Running
+from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
+from flare_diag.policies import guards, rules
+from flare_diag.policies.driver import Act, Interrupt, Proc, Sleep
+from flare_diag.policies.plan import PhaseSpec, expected_identity, trace_arm_order
+from flare_diag.policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
+from flare_diag.policies.state import Incumbent, Running
 
 if TYPE_CHECKING:
-    from policies.window import WindowPolicy
+    from flare_diag.policies.window import WindowPolicy
 
 OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used", "host_cache_tokens_used")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies import rules
-from policies.plan import Growth
+from flare_diag.policies import rules
+from flare_diag.policies.plan import Growth
 
 Abort = tuple[str, str] | None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from policies.plan import Plan, PhaseSpec, trace_arm_order
+from flare_diag.policies.plan import Plan, PhaseSpec, trace_arm_order
 PRIOR_ROUNDS = 2.0  # the starting pace and overhead weigh as much as this many observed rounds
 PRIOR_SPREAD_S = 5.0  # whose work differs from the mean by this much
 LEARN_ROUNDS = 8  # rounds before a calibration tells pace from overhead

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, TYPE_CHECKING
 
-from events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
-from policies import rules
-from policies.driver import Proc, Quiet
-from policies.interpret import findings, verdict
+from flare_diag.events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
+from flare_diag.policies import rules
+from flare_diag.policies.driver import Proc, Quiet
+from flare_diag.policies.interpret import findings, verdict
 
 if TYPE_CHECKING:
-    from policies.window import WindowPolicy
+    from flare_diag.policies.window import WindowPolicy
 
 
 def restore(w: WindowPolicy) -> Proc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.schema import CellRecorded
+from flare_diag.events.schema import CellRecorded
 
 
 # One phase's result (contract section 4) with where it sat on the window's timeline: the ledger

@@ -14,18 +14,18 @@ from typing import Any
 
 import msgspec
 
-from events.schema import (
+from flare_diag.events.schema import (
     ActionDone, AbortDecided, Alarm, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort,
     NS_PER_MIN, NS_PER_S, RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
     window_minute,
 )
-from policies import guards, rules
-from policies.driver import Driver, Interrupt, Sleep
-from policies.experiment import experiment
-from policies.plan import Plan, plan_from_builtins
-from policies.planner import Calibration, Estimator, all_phases, arms
-from policies.restore import restore
-from policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
+from flare_diag.policies import guards, rules
+from flare_diag.policies.driver import Driver, Interrupt, Sleep
+from flare_diag.policies.experiment import experiment
+from flare_diag.policies.plan import Plan, plan_from_builtins
+from flare_diag.policies.planner import Calibration, Estimator, all_phases, arms
+from flare_diag.policies.restore import restore
+from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
 
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",

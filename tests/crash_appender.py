@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from events.schema import LogNote
-from events.store import EventStore
+from flare_diag.events.schema import LogNote
+from flare_diag.events.store import EventStore
 
 
 async def main(path: str) -> None:

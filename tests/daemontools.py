@@ -30,7 +30,7 @@ class Sim:
     """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
 
     def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE) -> None:
-        from daemon.rehearse import start_sim
+        from flare_diag.daemon.rehearse import start_sim
         self.token = secrets.token_hex(16)
         self.proc, self.url = start_sim(scenario, time_scale, self.token)
         (tmp / "sim.token").write_text(self.token)
@@ -64,7 +64,7 @@ class Daemon:
 
     def start(self, timeout: float = 30) -> Daemon:
         self._out = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "daemon", "--socket", str(self.socket), "--state-dir",
+        self.proc = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon", "--socket", str(self.socket), "--state-dir",
                                       str(self.state), "--sites-dir", str(self.sites), *self.args], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
                                      preexec_fn=self._limits if self.max_files else None)
         deadline = time.monotonic() + timeout
@@ -94,7 +94,7 @@ class Daemon:
         return out
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "daemon.cli", *args, "--socket", str(self.socket)], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args, "--socket", str(self.socket)], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
 
     def status(self) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from events.schema import LogNote
-from events.store import EventStore
+from flare_diag.events.schema import LogNote
+from flare_diag.events.store import EventStore
 
 
 async def write_notes(path: Path, n: int, window_id: str = "w1") -> EventStore:
@@ -26,14 +26,15 @@ def tamper(path: Path, *statements: str) -> None:
     conn.close()
 
 
-async def write_window(path: Path, window_id: str = "w-report", hook=None, **world_kw) -> None:
-    """A whole window driven by the in-memory World, every input and decision appended as the runner does."""
-    from policies.window import WindowPolicy
+async def write_window(path: Path, window_id: str = "w-report", hook=None, clock=None, **world_kw) -> None:
+    """A whole window driven by the in-memory World, every input and decision appended as the runner
+    does (`clock`: the store's (mono_ns, wall_ns) clock, to date the window)."""
+    from flare_diag.policies.window import WindowPolicy
     from tests.policy_world import World, drive, plan_builtins
 
     plan = world_kw.pop("plan", None) or plan_builtins()
     history = drive(WindowPolicy(), World(plan, **world_kw), hook=hook, window_id=window_id)
-    async with await EventStore.open(path) as store:
+    async with await (EventStore.open(path) if clock is None else EventStore.open(path, clock=clock)) as store:
         for inp, ds in history:
             store.submit_many([inp, *ds], window_id=window_id)
         await store.flush()
@@ -43,8 +44,8 @@ def forge(path: Path, mutate) -> tuple[int, bytes]:
     """What a forger with write access to the state folder can do: rewrite rows (`mutate(row dict)`
     returns it changed), recompute the whole chain, and write a matching, unsigned checkpoint.
     Returns the new head (seq, hash)."""
-    from events.chain import GENESIS, event_hash
-    from events.checkpoint import default_path, write_checkpoint
+    from flare_diag.events.chain import GENESIS, event_hash
+    from flare_diag.events.checkpoint import default_path, write_checkpoint
     conn = sqlite3.connect(path)
     cols = ["seq", "mono_ns", "wall_ns", "type", "schema_v", "window_id", "causation_seq", "payload"]
     rows = [dict(zip(cols, r)) for r in conn.execute(f"SELECT {', '.join(cols)} FROM events ORDER BY seq")]

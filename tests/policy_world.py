@@ -11,11 +11,11 @@ from pathlib import Path
 
 import msgspec
 
-from events.schema import (
+from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, Decision, Input, RequestDone, Tick, WatchObserved, WindowOpened,
 )
-from policies.plan import decode_plan
-from policies.window import WindowPolicy
+from flare_diag.policies.plan import decode_plan
+from flare_diag.policies.window import WindowPolicy
 
 PLAN_PATH = Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
 S = 1_000_000_000

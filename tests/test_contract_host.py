@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from events.reader import LogReader
-from daemon.forecast import PROBE_REQUESTS
+from flare_diag.events.reader import LogReader
+from flare_diag.daemon.forecast import PROBE_REQUESTS
 from tests.contract_tools import PLAN, ROOT, ContractHost
 
 SCALE = "60"
@@ -22,7 +22,7 @@ MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/
 
 
 def flare_diag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daemon.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -6,11 +6,11 @@ import asyncio
 import io
 import signal
 
-from daemon import control
-from daemon.client import Connection
-from daemon.logs import configure
-from daemon.notify import Notifier
-from daemon.service import Service
+from flare_diag.daemon import control
+from flare_diag.daemon.client import Connection
+from flare_diag.daemon.logs import configure
+from flare_diag.daemon.notify import Notifier
+from flare_diag.daemon.service import Service
 from tests.daemontools import PLAN, SCALE, Sim
 
 
@@ -23,7 +23,7 @@ async def _until(pred, timeout: float = 120.0) -> None:
 
 
 async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_path, monkeypatch):
-    import policies.window as pw
+    import flare_diag.policies.window as pw
     real = pw.WindowPolicy.receive
     raised: list[str] = []
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase
-from events.reader import LogReader
+from flare_diag.events.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,7 +80,7 @@ def test_malformed_unknown_and_oversized_commands_get_error_replies_and_change_n
     replies = _raw(daemon, b'not json\n{"cmd": "launch_missiles"}\n{"cmd": "start", "plan": 3}\n{"cmd": "status"}\n')
     assert [r["ok"] for r in replies] == [False, False, False, True]
     assert all("bad command" in r["error"] for r in replies[:3])
-    from daemon.control import MAX_LINE
+    from flare_diag.daemon.control import MAX_LINE
     too_long = _raw(daemon, b'{"cmd": "status", "x": "' + b"a" * (MAX_LINE + 10) + b'"}\n')
     assert too_long == [{"ok": False, "error": f"command line longer than {MAX_LINE} bytes"}]
     st = daemon.status()
@@ -94,6 +94,22 @@ def test_start_with_a_bad_plan_is_refused_with_exit_2_and_starts_nothing(daemon,
     p = daemon.cli("start", str(bad), "--site", sim.site.stem)
     assert p.returncode == 2 and "stop_min" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert daemon.status()["state"] == "idle"
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+
+
+def test_start_of_a_plan_whose_fixture_lies_beside_it_where_the_daemon_does_not_read_is_one_line_exit_2(daemon, sim, tmp_path):
+    import shutil
+    daemon.start()
+    home = tmp_path / "home" / "alice" / "plans"  # a folder the daemon never reads (ProtectHome under systemd)
+    shutil.copytree(ROOT / "fixtures" / "data" / "tok1024", home / "alice-fx")
+    plan = home / "plan.toml"
+    plan.write_text(PLAN.read_text().replace('name = "tok1024"', 'name = "alice-fx"').replace('"tok1024"', '"alice-fx"'))
+    head = daemon.status()["log"]["head_seq"]
+    p = daemon.cli("start", str(plan), "--site", sim.site.stem)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "alice-fx" in p.stderr and str(home / "alice-fx") in p.stderr and "does not read" in p.stderr
+    st = daemon.status()
+    assert st["state"] == "idle" and st["log"]["head_seq"] == head  # nothing started, nothing logged
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
@@ -150,7 +166,7 @@ def test_no_token_reaches_the_log_the_reports_or_the_service_log(daemon, sim):
 
 
 def test_every_decision_names_the_input_that_caused_it(daemon, sim):
-    from events.schema import Decision, Input
+    from flare_diag.events.schema import Decision, Input
     daemon.start()
     _start(daemon, sim)
     daemon.wait_for(in_phase, what="a phase with requests")
@@ -262,7 +278,7 @@ class NotifyReader(SocketThread):
 def test_a_restore_that_does_not_verify_leaves_the_primary_out_and_the_daemon_says_so(sim, tmp_path):
     import httpx
 
-    from daemon.forecast import PROBE_REQUESTS
+    from flare_diag.daemon.forecast import PROBE_REQUESTS
     n = PROBE_REQUESTS + 3  # the forecast's probe of a rehearsal site sends its requests first
     for f in ({"kind": "auth", "at": {"request": n}}, {"kind": "load_failure", "at": {"request": n}}):
         httpx.post(f"{sim.url}/sim/v1/faults", json=f, headers={"Authorization": f"Bearer {sim.token}"}).raise_for_status()
@@ -327,7 +343,7 @@ def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
 
 
 def test_without_flags_the_service_uses_systemds_runtime_and_state_directories(monkeypatch, tmp_path):
-    from daemon.service import default_socket, default_state_dir
+    from flare_diag.daemon.service import default_socket, default_state_dir
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'other'}")
     assert default_socket() == tmp_path / "run" / "control.sock"
@@ -429,6 +445,6 @@ def test_the_daemons_metrics_follow_a_window_from_idle_through_its_phases_to_its
 
 
 def test_a_bad_metrics_address_is_one_line_and_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "daemon", "--socket", str(tmp_path / "s"), "--state-dir", str(tmp_path / "st"),
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon", "--socket", str(tmp_path / "s"), "--state-dir", str(tmp_path / "st"),
                         "--metrics-address", "nowhere"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "HOST:PORT" in p.stderr

@@ -7,12 +7,12 @@ import sqlite3
 
 import pytest
 
-from events.chain import GENESIS
-from events.checkpoint import default_path, read_checkpoint
-from events.reader import LogReader
-from events.schema import LogNote
-from events.store import EventStore
-from events.verify import verify_log
+from flare_diag.events.chain import GENESIS
+from flare_diag.events.checkpoint import default_path, read_checkpoint
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import LogNote
+from flare_diag.events.store import EventStore
+from flare_diag.events.verify import verify_log
 
 
 async def test_append_returns_envelope_with_next_seq_and_chained_hash(tmp_path):
@@ -123,14 +123,14 @@ async def test_opening_a_non_log_file_is_refused(tmp_path):
 
 
 async def test_stored_hash_matches_the_reference_chain_function(tmp_path):
-    from events.chain import event_hash
+    from flare_diag.events.chain import event_hash
     async with await EventStore.open(tmp_path / "log.db") as store:
         a = await store.append(LogNote(text="ref"), window_id="w", causation_seq=None)
     assert a.hash == event_hash(GENESIS, a.seq, a.type, a.schema_v, a.mono_ns, a.wall_ns, a.window_id, None, a.payload)
 
 
 async def test_failed_commit_rejects_every_submission_of_its_group(tmp_path):
-    from events.store import StoreWriteError
+    from flare_diag.events.store import StoreWriteError
 
     async with await EventStore.open(tmp_path / "log.db") as store:
         await store.append(LogNote(text="kept"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from events.reader import LogReader
+from flare_diag.events.reader import LogReader
 from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fixtures.flaresim.engine import Incarnation
-from fixtures.flaresim.scenario import load_scenario
+from flare_diag.fixtures.flaresim.engine import Incarnation
+from flare_diag.fixtures.flaresim.scenario import load_scenario
 from tests.simtools import bodies, parsed
 
 B, P = bodies(), parsed()

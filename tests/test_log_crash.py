@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from events.checkpoint import default_path, read_checkpoint
-from events.reader import LogReader
-from events.verify import verify_log
+from flare_diag.events.checkpoint import default_path, read_checkpoint
+from flare_diag.events.reader import LogReader
+from flare_diag.events.verify import verify_log
 
 ROOT = Path(__file__).resolve().parent.parent
 

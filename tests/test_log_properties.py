@@ -9,10 +9,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events.reader import LogReader
-from events.schema import LogNote
-from events.store import EventStore
-from events.verify import verify_log
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import LogNote
+from flare_diag.events.store import EventStore
+from flare_diag.events.verify import verify_log
 
 batches = st.lists(
     st.tuples(

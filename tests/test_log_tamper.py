@@ -10,10 +10,10 @@ import sqlite3
 import msgspec
 import pytest
 
-from daemon.cli import main
-from daemon.publish import build_report
-from events.checkpoint import default_path
-from events.store import EventStore
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.publish import build_report
+from flare_diag.events.checkpoint import default_path
+from flare_diag.events.store import EventStore
 from tests.logtools import forge, write_window
 
 YEAR_NS = 365 * 86_400 * 10**9
@@ -61,7 +61,7 @@ def test_the_relabel_forgery_is_caught_by_a_signed_checkpoint(tmp_path, capsys):
     async def signed():
         store = await EventStore.open(db)
         store.checkpoint_key = KEY
-        from events.schema import LogNote
+        from flare_diag.events.schema import LogNote
         await store.append_many([LogNote(text=f"n{i}") for i in range(5)], window_id="w")
         await store.close()
     import asyncio

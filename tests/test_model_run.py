@@ -10,15 +10,15 @@ import httpx
 import pytest
 from rich.console import Console
 
-from daemon import metrics
-from daemon.cli import main
-from daemon.modelrun import ModelRun, scraped
-from daemon.rehearse import rehearse
-from daemon.windows import load_fixtures
-from fixtures.flaresim.host import Host
-from fixtures.flaresim.metrics import render
-from fixtures.flaresim.scenario import load_scenario
-from policies.plan import decode_plan
+from flare_diag.daemon import metrics
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.modelrun import ModelRun, scraped
+from flare_diag.daemon.rehearse import rehearse
+from flare_diag.daemon.windows import load_fixtures
+from flare_diag.fixtures.flaresim.host import Host
+from flare_diag.fixtures.flaresim.metrics import render
+from flare_diag.fixtures.flaresim.scenario import load_scenario
+from flare_diag.policies.plan import decode_plan
 from tests.simtools import client, parsed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_plan_forecast_simulate_refuses_bad_flags_with_exit_2(small_plan, capsys
 
 
 def test_an_in_process_host_refuses_a_request_once_its_block_has_ended():
-    from daemon.inprocess import InProcessTransport
+    from flare_diag.daemon.inprocess import InProcessTransport
 
     async def app(scope, receive, send):  # pragma: no cover - never reached
         raise AssertionError

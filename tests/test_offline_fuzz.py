@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.cli import main
-from daemon.rehearse import parse_fault
-from daemon.windows import InputError
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.rehearse import parse_fault
+from flare_diag.daemon.windows import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -167,8 +167,8 @@ PARAM = st.builds(lambda k, v: f",{k}={v}",
                              "gpu_memory", "request_hang", "meteor", "counter_reset_failure", "xid_unsupported"]),
        moment=MOMENT, params=st.lists(PARAM, max_size=3))
 def test_every_fault_spec_is_refused_up_front_or_accepted_and_fires(kind, moment, params):
-    from fixtures.flaresim.host import Host
-    from fixtures.flaresim.scenario import load_scenario
+    from flare_diag.fixtures.flaresim.host import Host
+    from flare_diag.fixtures.flaresim.scenario import load_scenario
     spec = kind + moment + "".join(params)
     try:
         f = parse_fault(spec)
@@ -196,8 +196,8 @@ def test_every_plan_that_checks_runs_a_rehearsal_to_a_closed_window(window, stop
                                                                     drain_timeout, action_timeout, load_s, overhead,
                                                                     decode, passes, concurrency, repetitions,
                                                                     max_tokens, request_s):
-    from policies.plan import PlanError, plan_from_builtins
-    from policies.window import WindowPolicy
+    from flare_diag.policies.plan import PlanError, plan_from_builtins
+    from flare_diag.policies.window import WindowPolicy
     from tests.policy_world import World, drive, plan_builtins
     plan = plan_builtins()
     stop = window * stop_share

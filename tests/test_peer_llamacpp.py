@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.localengine import STOP_GRACE_S
-from events.reader import LogReader
+from flare_diag.daemon.localengine import STOP_GRACE_S
+from flare_diag.events.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "fixtures" / "engines" / "llamacpp"
@@ -34,7 +34,7 @@ def llama_server() -> Path:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from fixtures.engines.llamacpp.make_model import write
+    from flare_diag.fixtures.engines.llamacpp.make_model import write
     return write(tmp_path_factory.mktemp("model") / "model.gguf")
 
 
@@ -60,7 +60,7 @@ def write_peer_site(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tup
 def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int, dict, Path]:
     plan, site = write_peer_site(tmp, binary, model, cache_mib)
     out = tmp / "out"
-    p = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
     return p.returncode, json.loads((out / "report.json").read_text()), out
@@ -175,7 +175,7 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
 
 def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_engine(tmp_path, llama_server, model):
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
-    p = subprocess.run([sys.executable, "-m", "daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     check = json.loads(p.stdout)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import msgspec
 
-from daemon.cli import main
-from daemon.fixture import BUILTIN, load_fixture
-from events.schema import ActionDone
-from policies.calibration import calibrate
-from policies.plan import decode_plan
-from policies.planner import BodyWork, Calibration, Estimator, arms, forecast, work_from
-from policies.window import WindowPolicy
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.fixture import BUILTIN, load_fixture
+from flare_diag.events.schema import ActionDone
+from flare_diag.policies.calibration import calibrate
+from flare_diag.policies.plan import decode_plan
+from flare_diag.policies.planner import BodyWork, Calibration, Estimator, arms, forecast, work_from
+from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import World, drive, plan_builtins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def test_a_calibrated_forecast_replaces_the_rate_model_s_guess():
 def test_calibration_survives_the_window_opened_event_and_the_policy_starts_from_it():
     cal = Calibration(source="earlier", pace=3.0, overhead_s=0.0)
     pol = WindowPolicy()
-    from events.schema import WindowOpened
+    from flare_diag.events.schema import WindowOpened
     pol.receive(WindowOpened(at_ns=0, window_id="w", plan=plan_builtins(), plan_sha256="p", site="s", gpu_source="sim",
                              rehearsal=True, candidate_recipe="c", calibration=msgspec.to_builtins(cal)))
     pol.receive(ActionDone(at_ns=1, action_id=1, ok=True, data={"fixtures": {}}))
@@ -159,7 +159,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     host = ContractHost(tmp_path)
     try:
         out = tmp_path / "out"
-        r = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
+        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "do not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert not (out / "log.db").exists()

@@ -8,12 +8,12 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events.schema import (
+from flare_diag.events.schema import (
     AbortDecided, ActionDone, ActionRequested, CellRecorded, DaemonRestarted, Decision, OperatorAbort,
     RequestDone, RestorationRecorded, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed,
 )
-from policies.audit import audit
-from policies.window import WindowPolicy
+from flare_diag.policies.audit import audit
+from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import S, World, drive, plan_builtins
 
 PLAN = plan_builtins()
@@ -187,7 +187,7 @@ REQUIRED = ["A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "
 
 @given(st.dictionaries(st.sampled_from(REQUIRED + ["B.small_control"]), st.tuples(_status, _reuse)))
 def test_the_verdict_never_nominates_churn_without_the_measured_control_and_names_every_unmeasured_required_cell(spec):
-    from policies.interpret import verdict
+    from flare_diag.policies.interpret import verdict
     cells = {p: {"status": s, "reason": "r", "host": {"reused_tokens": u}} for p, (s, u) in spec.items() if s}
     hyp, basis, _next = verdict(cells, REQUIRED)
     fwd = cells.get("B.forward_replay")
@@ -221,7 +221,7 @@ costed = settings(max_examples=40, deadline=None, suppress_health_check=[HealthC
 @costed
 @given(COSTS)
 def test_an_arm_starts_only_when_its_required_phases_fit_by_the_estimate_at_that_moment(params):
-    from events.schema import ArmStarted, PhaseStarted
+    from flare_diag.events.schema import ArmStarted, PhaseStarted
     hist = costed_run(params)
     started: set[str] = set()
     for d in (d for _i, ds in hist for d in ds):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
-from events.schema import (
+from flare_diag.events.schema import (
     AbortDecided, ActionRequested, Alarm, CellRecorded, OperatorAbort, RequestDone, RestorationRecorded,
     RestoreStarted, TimeMarked, TraceOrderFrozen, VerdictReached, WatchObserved, WindowClosed,
 )
-from policies.window import WindowPolicy
+from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import S, World, decisions, drive, plan_builtins
 
 
@@ -497,7 +497,7 @@ def test_a_closing_drain_that_crosses_the_stop_minute_does_not_invalidate_a_fini
 # --- arms, estimates and trace pairs (issue 12) ------------------------------------------------
 
 def test_trace_arms_run_as_whole_off_on_pairs_in_the_frozen_order():
-    from events.schema import PhaseStarted
+    from flare_diag.events.schema import PhaseStarted
     _w, h = run(roomy := World(plan_builtins(window_min=200, stop_min=170)))
     frozen = decisions(h, TraceOrderFrozen)[0].order
     ran = [d.phase for d in decisions(h, PhaseStarted) if d.phase in frozen]
@@ -517,7 +517,7 @@ def test_a_trace_pair_that_does_not_fit_ends_the_frozen_order_and_no_pair_is_lef
 
 
 def test_the_trace_warm_up_runs_before_the_first_trace_arm_so_none_meets_a_cold_cache():
-    from events.schema import PhaseStarted
+    from flare_diag.events.schema import PhaseStarted
     _w, h = run(World(plan_builtins(window_min=200, stop_min=170)))
     order = [d.phase for d in decisions(h, PhaseStarted)]
     assert order.index("trace.warmup") + 1 == order.index("trace.C1.r1.off")
@@ -534,7 +534,7 @@ def test_only_the_small_control_carries_the_non_fresh_caveat():
 
 
 def test_each_phase_estimate_is_revised_from_the_requests_before_it():
-    from events.schema import PhaseStarted
+    from flare_diag.events.schema import PhaseStarted
     # the rate model says about 16 s a request; the host takes 8: B's estimate follows A's actuals
     _w, h = run(World(plan_builtins(), request_s=8))
     c = cells(h)

@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from daemon.cli import main
-from events.reader import LogReader
+from flare_diag.daemon.cli import main
+from flare_diag.events.reader import LogReader
 from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,10 +138,10 @@ def test_two_default_rehearsals_one_beside_a_cpu_hog_decide_alike_and_report_byt
 
 
 def test_the_seed_reaches_the_simulator_and_draws_its_service_times(tmp_path, small_plan):
-    from daemon.modelrun import ModelRun
-    from daemon.windows import load_fixtures
-    from fixtures.flaresim.scenario import load_scenario
-    from policies.plan import decode_plan
+    from flare_diag.daemon.modelrun import ModelRun
+    from flare_diag.daemon.windows import load_fixtures
+    from flare_diag.fixtures.flaresim.scenario import load_scenario
+    from flare_diag.policies.plan import decode_plan
     _rc, r, _out = rehearse(tmp_path, "--plan", str(small_plan), "--seed", "7")
     assert r["clock"]["sim_seed"] == 7
     plan = decode_plan(small_plan.read_bytes())

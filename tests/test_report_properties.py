@@ -9,11 +9,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events.envelope import Envelope
-from events.report import project, render_json
-from events.report_html import render_html
-from events.report_md import render_md
-from events.report_schema import validate
+from flare_diag.events.envelope import Envelope
+from flare_diag.events.report import project, render_json
+from flare_diag.events.report_html import render_html
+from flare_diag.events.report_md import render_md
+from flare_diag.events.report_schema import validate
 from tests.logtools import write_window
 
 _ENVS: list[Envelope] = []
@@ -21,7 +21,7 @@ _ENVS: list[Envelope] = []
 
 def _window_envelopes() -> list[Envelope]:
     if not _ENVS:  # one World-driven window, written once through the real store, shared by all examples
-        from events.reader import LogReader
+        from flare_diag.events.reader import LogReader
         with tempfile.TemporaryDirectory() as d:
             db = Path(d) / "log.db"
             asyncio.run(write_window(db))
@@ -62,7 +62,7 @@ def test_report_json_in_pieces_is_the_bytes_of_one_encoding_whatever_the_report_
     # spanning several pieces: joined, the pieces are exactly msgspec's encoding of the whole.
     import msgspec
 
-    import events.report as rep_mod
+    import flare_diag.events.report as rep_mod
     if requests is not None:
         report = {**report, "requests": requests}
     saved, rep_mod.ROWS_PER_CHUNK = rep_mod.ROWS_PER_CHUNK, chunk
@@ -76,7 +76,7 @@ def test_report_json_in_pieces_is_the_bytes_of_one_encoding_whatever_the_report_
 @given(segments=st.lists(st.text() | st.lists(st.text(), max_size=9), max_size=12),
        chunk=st.integers(min_value=1, max_value=4))
 def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments, chunk):
-    import events.report as rep_mod
+    import flare_diag.events.report as rep_mod
     saved, rep_mod.ROWS_PER_CHUNK = rep_mod.ROWS_PER_CHUNK, chunk
     try:
         assert b"".join(rep_mod.text_chunks(segments)) == rep_mod.join_segments(segments).encode()

@@ -12,11 +12,11 @@ import stat
 import msgspec
 import pytest
 
-from daemon.cli import main
-from daemon.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
-from events.report_html import CHARTS, render_html
-from events.report_md import render_md
-from events.report_schema import validate
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
+from flare_diag.events.report_html import CHARTS, render_html
+from flare_diag.events.report_md import render_md
+from flare_diag.events.report_schema import validate
 from tests.logtools import write_window
 
 
@@ -29,7 +29,7 @@ def log(tmp_path_factory):
 
 
 def _aborting_hook(world, history):
-    from events.schema import OperatorAbort
+    from flare_diag.events.schema import OperatorAbort
     sent = sum(1 for _i, ds in history for d in ds if type(d).__name__ == "RequestMeasured")
     if sent == 5 and not any(type(i).__name__ == "OperatorAbort" for i, _ds in history):
         return OperatorAbort(at_ns=world.now, reason="test")
@@ -176,7 +176,7 @@ def test_every_chart_has_ticks_on_its_value_axes_and_axis_titles_that_name_their
 
 
 def test_repeated_findings_are_merged_into_one_line_naming_each_phase():
-    from events.report_view import merged_findings
+    from flare_diag.events.report_view import merged_findings
     got = merged_findings(["A.x: 8 host hits without a completed restore", "B.y: 52 lookups found nothing",
                            "C.z: 8 host hits without a completed restore", "a sentence: with a colon"])
     assert got == ["8 host hits without a completed restore — 2 phases: A.x, C.z", "B.y: 52 lookups found nothing",
@@ -298,8 +298,8 @@ def test_each_started_phase_shows_its_estimate_next_to_its_actual_end(roomy_log)
 
 
 async def test_status_the_live_view_and_the_report_read_the_same_fold_of_the_log(log):
-    from events.progress import WindowProgress
-    from events.reader import LogReader
+    from flare_diag.events.progress import WindowProgress
+    from flare_diag.events.reader import LogReader
     r = build_report(log, "w-report")
     p = WindowProgress()
     with LogReader(log) as reader:

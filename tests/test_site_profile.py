@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.site import SiteError, load_site
+from flare_diag.daemon.site import SiteError, load_site
 
 PROFILE = """
 [serving]

@@ -3,9 +3,9 @@ written, and a commit that fails while a window runs."""
 
 from __future__ import annotations
 
-from events.schema import LogNote
-from daemon import virtualtime
-from events.store import EventStore, StoreWriteError
+from flare_diag.events.schema import LogNote
+from flare_diag.daemon import virtualtime
+from flare_diag.events.store import EventStore, StoreWriteError
 from tests.simtools import served
 
 
@@ -40,10 +40,10 @@ def _window_with_failing_writes(tmp_path, fail, plan_path) -> tuple[object, str]
 
 
 async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
-    from daemon.runner import Runner
-    from daemon.target import Target
-    from daemon.windows import WindowSetup, load_fixtures
-    from policies.plan import decode_plan
+    from flare_diag.daemon.runner import Runner
+    from flare_diag.daemon.target import Target
+    from flare_diag.daemon.windows import WindowSetup, load_fixtures
+    from flare_diag.policies.plan import decode_plan
     raw = plan_path.read_bytes()
     plan = decode_plan(raw)
     async with served() as (host, site):
@@ -71,8 +71,8 @@ async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
 
 
 def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch, small_plan):
-    from events.reader import LogReader
-    from events.verify import verify_log
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.verify import verify_log
     outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: 60 <= n < 63, small_plan)
     assert outcome == "aborted" and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
@@ -98,9 +98,9 @@ def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_
 
 
 def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_its_restore(tmp_path, monkeypatch, small_plan):
-    import events.store as store_mod
-    from events.reader import LogReader
-    from events.verify import verify_log
+    import flare_diag.events.store as store_mod
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.verify import verify_log
     real = store_mod.write_checkpoint
     calls = {"n": 0}
 
@@ -119,8 +119,8 @@ def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_
 
 
 def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runner_returns(tmp_path, monkeypatch, small_plan):
-    from events.reader import LogReader
-    from events.verify import verify_log
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.verify import verify_log
     failed = []
 
     def the_close_once(_n, rows):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from events.base import Event, UnknownEventError, decode_payload, register
-from events.upcast import register_upcaster
+from flare_diag.events.base import Event, UnknownEventError, decode_payload, register
+from flare_diag.events.upcast import register_upcaster
 
 
 @register

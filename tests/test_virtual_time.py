@@ -8,9 +8,9 @@ import time
 import aiosqlite
 import pytest
 
-from daemon import virtualtime
-from events.schema import LogNote
-from events.store import EventStore, _on_thread
+from flare_diag.daemon import virtualtime
+from flare_diag.events.schema import LogNote
+from flare_diag.events.store import EventStore, _on_thread
 
 
 def test_an_hour_of_sleep_takes_no_real_time():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.nvml import available as nvml_unavailable
+from flare_diag.daemon.cli import main
+from flare_diag.daemon.nvml import available as nvml_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTION_PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -51,6 +51,6 @@ def test_a_production_plan_without_nvml_exits_2_saying_why_and_starts_nothing(tm
 
 
 def test_a_plan_that_is_not_production_may_run_on_a_site_without_a_gpu(tmp_path):
-    from daemon.windows import setup_for_site
+    from flare_diag.daemon.windows import setup_for_site
     setup = setup_for_site(PEER_PLAN, _site(tmp_path, 'source = "none"'))
     assert not setup.plan.production and not setup.rehearsal

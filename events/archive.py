@@ -1,0 +1,212 @@
+"""Moving closed windows out of a live log into a dated archive log, without breaking either chain.
+
+The archive is an exact prefix of the live chain: the same rows, the same hashes. It records where
+its chain starts (`chain_base` in its meta table: the seq and hash just before its first row, or
+none when it starts at genesis), so it verifies on its own. The live log first appends a
+`log_archived` event naming the archive's last seq and head hash (so the hand-over is itself in the
+chain, under the live log's checkpoint), then drops the archived rows and records the same base.
+A verifier of the live log accepts a chain that starts after genesis only with both: the base in
+the meta table and a `log_archived` event in the chain that names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import msgspec
+
+from flare_diag.events.checkpoint import default_path, write_checkpoint
+from flare_diag.events.schema import LogArchived
+from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
+from flare_diag.events.store import EventStore, split_ddl, writer_lock
+
+BASE_KEY = "chain_base:"  # meta key prefix: chain_base:<seq> = hex hash of that seq (the row before the first)
+COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"
+
+
+class ArchiveError(ValueError):
+    """The log cannot be archived as asked (one line, for the operator)."""
+
+
+class Archived(msgspec.Struct, frozen=True):
+    archive: str
+    windows: list[str]
+    first_seq: int
+    last_seq: int
+    head_hash: str
+    events: int
+
+
+class _Window(msgspec.Struct):
+    window_id: str
+    first_seq: int
+    last_seq: int
+    closed_wall_ns: int | None
+
+
+def chain_base(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+    """Where a log's chain starts when earlier rows were archived: (seq, hash) of the row before its first."""
+    rows = conn.execute("SELECT key, value FROM meta WHERE key LIKE ?", (BASE_KEY + "%",)).fetchall()
+    if not rows:
+        return None
+    key, value = max(rows, key=lambda r: int(r[0][len(BASE_KEY):]))
+    return int(key[len(BASE_KEY):]), bytes.fromhex(value)
+
+
+def _windows(conn: sqlite3.Connection) -> list[_Window]:
+    rows = conn.execute(
+        "SELECT window_id, MIN(seq), MAX(seq), MAX(CASE WHEN type = 'window_closed' THEN wall_ns END)"
+        " FROM events WHERE window_id != '' GROUP BY window_id ORDER BY MIN(seq)").fetchall()
+    return [_Window(*r) for r in rows]
+
+
+def _cut(windows: list[_Window], before_ns: int) -> list[_Window]:
+    """The leading windows that closed before the date; the first one that did not ends the run
+    (an archive is a prefix of the chain)."""
+    out: list[_Window] = []
+    for w in windows:
+        if w.closed_wall_ns is None or w.closed_wall_ns >= before_ns:
+            break
+        if out and w.first_seq <= out[-1].last_seq:  # interleaved with the one before: not a clean prefix
+            break
+        out.append(w)
+    return out
+
+
+def archive_log(db: Path, before: str, to: Path, key: bytes | None = None) -> Archived | None:
+    """Moves the windows that closed before `before` (YYYY-MM-DD, UTC) into a new archive log in `to`;
+    None when there is nothing to move. Holds the log's writer lock throughout."""
+    try:
+        before_ns = calendar.timegm(time.strptime(before, "%Y-%m-%d")) * 10**9
+    except ValueError:
+        raise ArchiveError(f"--before {before!r}: expected a date, YYYY-MM-DD (UTC)") from None
+    if not db.is_file():
+        raise ArchiveError(f"{db}: no such event log file")
+    with writer_lock(db) as locked:
+        if not locked:
+            raise ArchiveError(f"{db}: another process is writing this log (the daemon, or a window); archive between "
+                               "windows with the daemon stopped")
+        conn = sqlite3.connect(db, isolation_level=None)
+        try:
+            return _archive(conn, db, before_ns, to, key)
+        finally:
+            conn.close()
+
+
+def _archive(conn: sqlite3.Connection, db: Path, before_ns: int, to: Path, key: bytes | None) -> Archived | None:
+    moved = _cut(_windows(conn), before_ns)
+    if not moved:
+        return None
+    base = chain_base(conn)
+    first = (base[0] if base else 0) + 1
+    # the daemon's own events after the last moved window go with it, up to the next window: among
+    # them an earlier archive's hand-over, which this archive then needs to verify on its own
+    rest = [w.first_seq for w in _windows(conn) if w.first_seq > moved[-1].last_seq]
+    last = (min(rest) - 1) if rest else conn.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    head = conn.execute("SELECT hash FROM events WHERE seq = ?", (last,)).fetchone()
+    if head is None or conn.execute("SELECT MIN(seq) FROM events").fetchone()[0] != first:
+        raise ArchiveError(f"{db}: the log does not start where its recorded base says (seq {first}); verify it first")
+    day = time.strftime("%Y%m%d", time.gmtime(moved[-1].closed_wall_ns // 10**9))  # type: ignore[operator]
+    target = to / f"{db.stem}-archive-{day}-seq{first}-{last}.db"
+    if target.exists():
+        raise ArchiveError(f"{target}: already exists")
+    to.mkdir(parents=True, exist_ok=True)
+    n = _write_archive(conn, target, first, last, base, key)
+    done = Archived(archive=str(target), windows=[w.window_id for w in moved], first_seq=first, last_seq=last,
+                    head_hash=bytes(head[0]).hex(), events=n)
+    # the hand-over goes into the live chain before a row leaves it
+    asyncio.run(_record(db, done, key))
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DROP TRIGGER events_no_delete")
+        conn.execute("DELETE FROM events WHERE seq <= ?", (last,))
+        conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (f"{BASE_KEY}{last}", done.head_hash))
+        conn.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+                     " BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("VACUUM")  # the moved rows' pages go back to the file system
+    return done
+
+
+def backup_log(db: Path, dest: Path) -> tuple[int, str]:
+    """A consistent copy of a log that may be in use, through SQLite's online backup API, with the
+    checkpoint as it was before the copy began (it may lag the copy, never lead it); the copy is
+    verified before it is kept. Returns the copy's (head seq, head hash)."""
+    from flare_diag.events.checkpoint import read_checkpoint
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.verify import verify_log
+    if not db.is_file():
+        raise ArchiveError(f"{db}: no such event log file")
+    if dest.exists():
+        raise ArchiveError(f"{dest}: already exists; a backup never overwrites a file")
+    cp_src = default_path(db)
+    cp = read_checkpoint(cp_src)
+    tmp = dest.with_name(dest.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    src = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        out = sqlite3.connect(tmp)
+        try:
+            src.backup(out)
+            out.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+        finally:
+            out.close()
+    finally:
+        src.close()
+    with LogReader(tmp) as r:
+        res = verify_log(r, cp)
+    if not res.ok:
+        tmp.unlink()
+        raise ArchiveError(f"{db}: the copy does not verify ({res.problem}); nothing kept")
+    os.replace(tmp, dest)
+    if cp is not None:
+        default_path(dest).write_bytes(cp_src.read_bytes())
+    return res.head_seq, res.head_hash
+
+
+def _write_archive(conn: sqlite3.Connection, target: Path, first: int, last: int, base: tuple[int, bytes] | None,
+                   key: bytes | None) -> int:
+    tmp = target.with_name(target.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    out = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        out.execute("PRAGMA journal_mode=DELETE")
+        out.execute("BEGIN")
+        for stmt in split_ddl(DDL):
+            out.execute(stmt)
+        meta = [("format", FORMAT), ("store_version", str(STORE_VERSION))]
+        if base is not None:
+            meta.append((f"{BASE_KEY}{base[0]}", base[1].hex()))
+        out.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta)
+        cur = conn.execute(f"SELECT {COLUMNS} FROM events WHERE seq BETWEEN ? AND ? ORDER BY seq", (first, last))
+        n = 0
+        while rows := cur.fetchmany(8192):
+            out.executemany(f"INSERT INTO events ({COLUMNS}) VALUES ({','.join('?' * 10)})", rows)
+            n += len(rows)
+        out.execute("COMMIT")
+        head = out.execute("SELECT hash FROM events WHERE seq = ?", (last,)).fetchone()[0]
+    finally:
+        out.close()
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    write_checkpoint(default_path(target), last, bytes(head), key)
+    return n
+
+
+async def _record(db: Path, done: Archived, key: bytes | None) -> None:
+    store = await EventStore.open(db, lock=False)  # the caller holds the writer lock
+    store.checkpoint_key = key
+    try:
+        await store.append(LogArchived(archive=done.archive, first_seq=done.first_seq, last_seq=done.last_seq,
+                                       head_hash=done.head_hash, windows=done.windows, events=done.events))
+    finally:
+        await store.close()

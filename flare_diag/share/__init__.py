@@ -1,0 +1,1 @@
+"""What an operator installs besides the code: the systemd units (`systemd`) and the documentation (`docs`)."""

@@ -1,0 +1,156 @@
+"""flare-diag as operators install it: a wheel that collides with no other distribution and ships
+what an operator needs, annotated site templates, and units that systemd accepts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from flare_diag.daemon.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip install .` would install, built from this checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return next(out.glob("flare_diag-*.whl"))
+
+
+def test_the_wheel_installs_one_top_level_package_named_flare_diag(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"flare_diag"}
+
+
+def test_the_wheel_ships_the_units_the_site_templates_the_build_script_and_the_docs(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {"flare_diag/share/systemd/flare-diagd.service", "flare_diag/share/systemd/flare-diag.sysusers.conf",
+               "flare_diag/share/systemd/flare-diag.tmpfiles.conf", "flare_diag/share/docs/operations.md",
+               "flare_diag/share/docs/site-profile.md", "flare_diag/fixtures/engines/llamacpp/build.sh",
+               *(f"flare_diag/daemon/templates/{k}.toml" for k in ("flare", "vllm", "sglang", "llamacpp"))}
+    assert shipped <= names, shipped - names
+    docs = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith("flare_diag/share/docs/") and n.endswith(".md")} == docs
+
+
+def test_the_wheel_leaves_the_simulators_http_stack_to_the_sim_extra(wheel):
+    meta = zipfile.ZipFile(wheel).read(next(n for n in zipfile.ZipFile(wheel).namelist()
+                                            if n.endswith(".dist-info/METADATA"))).decode()
+    plain = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not [d for d in plain if "starlette" in d or "uvicorn" in d], plain
+    assert re.search(r"Requires-Dist: starlette.*extra == .sim", meta)
+
+
+def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_rehearse_works(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{wheel}[sim]", "python-daemon", "fixtures"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    probe = ("import daemon, daemon.daemon, fixtures, flare_diag.daemon.cli, flare_diag.fixtures.flaresim.host;"
+             "print(daemon.daemon.DaemonContext.__name__, fixtures.Fixture.__name__)")
+    p = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.split() == ["DaemonContext", "Fixture"], p.stderr[-2000:]
+    p = subprocess.run([str(venv / "bin" / "flare-diag"), "rehearse", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_init_site_writes_a_profile_and_0600_token_placeholders_and_never_overwrites(tmp_path, capsys):
+    assert main(["init-site", "vllm", str(tmp_path / "sites"), "--name", "gpu7"]) == 0
+    profile = tmp_path / "sites" / "gpu7.toml"
+    assert profile.is_file() and "metrics_profile = \"vllm\"" in profile.read_text()
+    tokens = sorted((tmp_path / "sites").glob("*.token"))
+    assert [t.name for t in tokens] == ["manager.token", "monitoring.token", "router.token", "serving.token"]
+    assert all(t.stat().st_mode & 0o777 == 0o600 for t in tokens)
+    capsys.readouterr()
+    assert main(["init-site", "vllm", str(tmp_path / "sites"), "--name", "gpu7"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_a_profile_whose_token_file_still_holds_the_placeholder_is_refused_naming_it(tmp_path, capsys):
+    assert main(["init-site", "flare", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["site", "check", str(tmp_path / "flare.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "serving.token" in err and "placeholder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_init_site_writes_a_profile_that_site_check_accepts_against_flaresim(tmp_path, capsys):
+    from tests.daemontools import Sim
+    sim = Sim(tmp_path)
+    try:
+        assert main(["init-site", "flare", str(tmp_path / "sites")]) == 0
+        profile = tmp_path / "sites" / "flare.toml"
+        text = profile.read_text()
+        # what an operator edits: the URLs, the candidate's name, the tokens; a simulator's GPUs
+        for port, where in (("8000", ""), ("8001", ""), ("8002", "/routed"), ("8003", "")):
+            text = text.replace(f"http://127.0.0.1:{port}", sim.url + where)
+        text = text.replace("REPLACE-candidate-recipe-name", "glm-candidate")
+        text = text.replace('source = "nvml"', f'source = "sim"\nurl = "{sim.url}"\ntoken_file = "serving.token"')
+        profile.write_text(text)
+        for t in (tmp_path / "sites").glob("*.token"):
+            t.write_text(sim.token + "\n")
+        capsys.readouterr()
+        rc = main(["site", "check", str(profile), "--plan", str(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")])
+        assert rc == 0, capsys.readouterr().out
+    finally:
+        sim.stop()
+
+
+def test_share_prints_where_the_shipped_files_are(capsys):
+    assert main(["share", "--json"]) == 0
+    import json
+    where = json.loads(capsys.readouterr().out)
+    assert (Path(where["systemd"]) / "flare-diagd.service").is_file()
+    assert (Path(where["docs"]) / "site-profile.md").is_file()
+    assert Path(where["engine_build_script"]).is_file()
+
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+def _unit_for_here(tmp_path: Path) -> Path:
+    """The shipped unit with ExecStart pointing at this environment's flare-diagd (verify checks it exists)."""
+    here = Path(sys.executable).parent / "flare-diagd"
+    unit = tmp_path / "flare-diagd.service"
+    unit.write_text((ROOT / "systemd" / "flare-diagd.service").read_text().replace("/usr/bin/flare-diagd", str(here)))
+    return unit
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd is not installed here")
+def test_systemd_analyze_verify_accepts_the_shipped_unit(tmp_path):
+    p = subprocess.run([SYSTEMD_ANALYZE, "verify", str(_unit_for_here(tmp_path))], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    problems = [line for line in (p.stdout + p.stderr).splitlines() if "flare-diagd.service" in line]
+    assert problems == []
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd is not installed here")
+def test_systemd_sysusers_reads_the_shipped_sysusers_file():
+    p = subprocess.run(["systemd-sysusers", "--dry-run", str(ROOT / "systemd" / "flare-diag.sysusers.conf")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "Failed" not in p.stderr, p.stderr
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd is not installed here")
+def test_the_shipped_units_security_exposure_is_at_most_2_5(tmp_path):
+    p = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=true", str(_unit_for_here(tmp_path))],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(r"Overall exposure level for flare-diagd.service: ([\d.]+)", p.stdout + p.stderr)
+    assert m, p.stdout[-2000:] + p.stderr[-2000:]
+    assert float(m.group(1)) <= 2.5
