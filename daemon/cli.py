@@ -163,6 +163,32 @@ def build_parser() -> argparse.ArgumentParser:
     wn.add_argument("--json", action="store_true", help="one JSON object per window, a line each")
     sock(wn)
 
+    rp2 = sub.add_parser("reproduce", help="a window's requests (or a trace) through the host-cache model: agreement "
+                                           "with what the window observed, and policies side by side",
+                         description="reproduce LOG [--window ID] [--scenario S] [--policies P,...]  |  "
+                                     "reproduce --trace FILE --capacity-blocks N [--capacity-blocks M ...]. "
+                                     "Exit 0: the model reproduces the window's per-request host reuse (log), or the trace ran; "
+                                     "1: it does not reproduce it; 2: bad input.")
+    rp2.add_argument("log", nargs="?", type=Path, default=None, help="a window's event log (log.db)")
+    rp2.add_argument("--window", default=None, help="the window (default: the log's last)")
+    rp2.add_argument("--scenario", default="flare-47581cca",
+                     help=f"the model's key rules, block size and checkpoint eligibility: {scenarios}")
+    rp2.add_argument("--policies", default=None, metavar="P,...",
+                     help="eviction policies to run on the same requests: lru_leaf, marconi, protect_full_prompt, "
+                          "block_lru (the block-level baseline); default: none for a log, all four for a trace")
+    rp2.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
+                     help="a request agrees when predicted and observed host reuse differ by at most this")
+    rp2.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                     help="a Mooncake-format trace (JSON lines: input_length, output_length, hash_ids) instead of a log")
+    rp2.add_argument("--capacity-blocks", type=int, action="append", default=[], metavar="N",
+                     help="with --trace: the page pool in blocks, repeatable (one run per capacity)")
+    rp2.add_argument("--capacity-rows", type=int, default=None, metavar="R",
+                     help="with --trace: the row pool (default: in the scenario's proportion to pages)")
+    rp2.add_argument("--limit", type=int, default=None, metavar="K", help="with --trace: its first K requests only")
+    rp2.add_argument("--out", type=Path, default=None, metavar="DIR",
+                     help="with a log: also write reproduce.json and reproduce.html (table and charts) into DIR")
+    rp2.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+
     ins = sub.add_parser("init-site", help="write an annotated site profile and token-file placeholders (mode 0600)",
                          description="Writes DIR/NAME.toml for an engine KIND, and a placeholder token file (0600) for "
                                      "each service it names; never overwrites a file. docs/site-profile.md describes every key.")
@@ -316,6 +342,50 @@ def _windows(args: argparse.Namespace) -> int:
     if not rows and not args.json:
         print(f"{db}: no window")
     return EXIT_OK
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from flare_diag.daemon.reproduce import (
+        BASELINE, POLICIES, ReproduceError, parse_policies, render_html, render_trace, render_window, reproduce_trace,
+        reproduce_window,
+    )
+    from flare_diag.events.sqlschema import NotAnEventLog
+    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.fixtures.flaresim.trace import TraceError
+    if (args.log is None) == (args.trace is None):
+        raise UsageError("reproduce: expected a log (LOG) or --trace FILE, one of them")
+    try:
+        sc = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        if args.trace is not None:
+            if not args.capacity_blocks or any(c <= 0 for c in args.capacity_blocks):
+                raise UsageError("reproduce --trace: expected --capacity-blocks N (a positive number of blocks), once or more")
+            if not args.trace.is_file():
+                raise UsageError(f"--trace {args.trace}: no such file")
+            if args.capacity_rows is not None and args.capacity_rows <= 0:
+                raise UsageError(f"--capacity-rows {args.capacity_rows}: expected a positive number of rows")
+            trep = reproduce_trace(args.trace, args.capacity_blocks, sc, parse_policies(args.policies, [*POLICIES, BASELINE]),
+                                   args.capacity_rows, args.limit)
+            print(msgspec.json.encode(trep).decode() if args.json else "\n".join(render_trace(trep)))
+            return EXIT_OK
+        if args.capacity_blocks or args.capacity_rows or args.limit:
+            raise UsageError("reproduce LOG: --capacity-blocks, --capacity-rows and --limit go with --trace")
+        if not args.log.is_file():
+            raise UsageError(f"{args.log}: no such log file")
+        rep = reproduce_window(args.log, args.window, sc, parse_policies(args.policies, []), args.tolerance)
+    except (ReproduceError, TraceError, NotAnEventLog) as exc:
+        raise UsageError(str(exc)) from None
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "reproduce.json").write_bytes(msgspec.json.encode(rep) + b"\n")
+        (args.out / "reproduce.html").write_text(render_html(rep))
+    print(msgspec.json.encode({**msgspec.to_builtins(rep), "reproduces": rep.reproduces}).decode() if args.json
+          else "\n".join(render_window(rep)))
+    return EXIT_OK if rep.reproduces else EXIT_FAILED
 
 
 def _init_site(args: argparse.Namespace) -> int:
@@ -638,6 +708,8 @@ def _main(args: argparse.Namespace) -> int:
             return _site_check(args)
         if args.cmd == "windows":
             return _windows(args)
+        if args.cmd == "reproduce":
+            return _reproduce(args)
         if args.cmd == "init-site":
             return _init_site(args)
         if args.cmd == "share":
@@ -665,5 +737,5 @@ def _one_line(exc: BaseException) -> str:
 if __name__ == "__main__":
     # run as `python -m`: this file is __main__, so go through the imported module, whose UsageError
     # is the one the subcommands' modules raise
-    from flare_diag.daemon.cli import main as _main
-    sys.exit(_main())
+    from flare_diag.daemon.cli import main as imported_main
+    sys.exit(imported_main())

@@ -70,8 +70,14 @@ def _reused(r: dict, phase: str) -> int | None:
     return next(c["host"]["reused_tokens"] for c in r["cells"] if c["phase"] == phase)
 
 
-def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(tmp_path, llama_server, model):
-    rc, r, out = run_peer(tmp_path, llama_server, model, cache_mib=4)
+@pytest.fixture(scope="module")
+def small_cache_window(tmp_path_factory, llama_server, model) -> tuple[int, dict, Path]:
+    """One window against llama-server with a 4 MiB host-RAM prompt cache: (exit code, report, out)."""
+    return run_peer(tmp_path_factory.mktemp("small-cache"), llama_server, model, cache_mib=4)
+
+
+def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(small_cache_window):
+    rc, r, out = small_cache_window
     assert (rc, r["outcome"]) == (0, "completed"), r["cells"]
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
     assert {c["status"] for c in r["cells"]} == {"measured"}
@@ -87,6 +93,20 @@ def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(tmp_path, lla
     assert r["restoration"]["containment"] is None and r["restoration"]["routed_preflight"] is None
     with LogReader(out / "log.db") as reader:
         assert reader.count() == r["integrity"]["events"]
+
+
+def test_the_reproducer_on_the_peer_engines_log_states_its_agreement_whatever_it_is(small_cache_window):
+    _rc, r, out = small_cache_window
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "reproduce", str(out / "log.db"), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode in (0, 1), p.stderr  # 1: the model does not reproduce this engine, and says so
+    rep = json.loads(p.stdout)
+    observed = [q for q in r["requests"] if q["delta"].get("host_reused_tokens") is not None]
+    assert rep["compared"] == len(observed) > 0 and rep["observed_total"] == sum(q["delta"]["host_reused_tokens"] for q in observed)
+    assert rep["reproduces"] == (rep["agreed"] == rep["compared"]) and (p.returncode == 0) == rep["reproduces"]
+    assert "scenario" in rep["geometry_source"]  # llama.cpp exposes no row or page pools: the scenario's, said so
+    print(f"reproducer on llama.cpp: {rep['agreed']}/{rep['compared']} requests agree; host reused predicted "
+          f"{rep['predicted_total']}, observed {rep['observed_total']}")
 
 
 def test_peer_engine_with_a_cache_that_holds_the_working_set_does_not_reproduce_through_flare_diagd(

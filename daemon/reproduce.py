@@ -1,0 +1,363 @@
+"""`flare-diag reproduce`: a window's exact request sequence, or a block-level trace, through the
+host-cache model (the seed's CPU reproducer); agreement with what the window observed, and the
+cache's eviction policies side by side on the same requests. Descriptive: no speedup is projected
+onto hardware."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import msgspec
+
+from flare_diag.daemon.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, WindowOpened
+from flare_diag.fixtures.flaresim.engine import Incarnation
+from flare_diag.fixtures.flaresim.scenario import Scenario
+from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, read_trace, run_block_lru, run_host_cache
+
+POLICIES = ("lru_leaf", "marconi", "protect_full_prompt")
+BASELINE = "block_lru"  # pages only, plain LRU over blocks: what a GPU prefix cache does
+MAX_DIVERGENCES_SHOWN = 20
+
+
+class ReproduceError(ValueError):
+    """The log or trace cannot be reproduced as asked (one line)."""
+
+
+class Sent(msgspec.Struct, frozen=True):
+    phase: str
+    order_index: int
+    body_sha256: str
+    observed: int | None  # the window's per-request host reused tokens; None where it was not observed
+
+
+class Segment(msgspec.Struct):
+    incarnation: str
+    requests: list[Sent] = []
+
+
+class Divergence(msgspec.Struct, frozen=True):
+    phase: str
+    order_index: int
+    body_sha256: str
+    predicted: int
+    observed: int
+
+
+class PolicyResult(msgspec.Struct):
+    policy: str
+    reused_tokens: int = 0
+    stores: dict[str, int] = {}
+    evictions: dict[str, int] = {}
+    compactions: int = 0
+    rows_used_peak: int = 0
+    rows_capacity: int | None = None
+    pages_used_peak: int = 0
+    pages_capacity: int | None = None
+
+
+class Reproduction(msgspec.Struct):
+    window_id: str
+    scenario: str
+    rows_capacity: int
+    pages_capacity: int
+    geometry_source: str
+    incarnations: int
+    replayed: int
+    compared: int
+    agreed: int
+    tolerance: int
+    predicted_total: int
+    observed_total: int
+    divergences: list[Divergence]
+    policies: list[PolicyResult]
+    note: str = ("descriptive: the model's counts on the window's own requests, the input to a follow-on "
+                 "policy window, not a projection of speed on hardware")
+
+    @property
+    def reproduces(self) -> bool:
+        return self.compared > 0 and self.agreed == self.compared
+
+
+def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list[Segment], dict]:
+    """What the window sent, in order, per incarnation it loaded; and the host-cache gauges it saw."""
+    with LogReader(db) as r:
+        ids = r.window_ids()
+        if not ids:
+            raise ReproduceError(f"{db}: no window in this log")
+        wid = window_id or ids[-1]
+        if wid not in ids:
+            raise ReproduceError(f"{db}: no window {wid!r} (windows: {', '.join(ids[-5:])})")
+        opened, segments, gauges = None, [], {}
+        loads: dict[int, str] = {}
+        scrapes: set[int] = set()
+        for env in r.iter(window_id=wid):
+            ev = env.event()
+            if isinstance(ev, WindowOpened):
+                opened = ev
+            elif isinstance(ev, ActionRequested) and ev.action == "load":
+                loads[ev.action_id] = str(ev.args.get("label") or ev.args.get("recipe"))
+            elif isinstance(ev, ActionRequested) and ev.action == "scrape_metrics" and not gauges:
+                scrapes.add(ev.action_id)
+            elif isinstance(ev, ActionDone) and ev.action_id in loads:
+                label = loads.pop(ev.action_id)
+                if ev.ok:
+                    segments.append(Segment(label, []))
+            elif isinstance(ev, ActionDone) and ev.action_id in scrapes:
+                g = (ev.data or {}).get("gauges") or {} if ev.ok else {}
+                if g.get("rows_capacity") is not None or g.get("pages_capacity") is not None:
+                    gauges = {k: g.get(k) for k in ("rows_capacity", "pages_capacity")}
+                    scrapes.clear()
+            elif isinstance(ev, RequestMeasured) and ev.outcome == "ok" and segments:
+                obs = (ev.delta or {}).get("host_reused_tokens")
+                segments[-1].requests.append(Sent(ev.phase, ev.order_index, ev.body_sha256,
+                                                  None if obs is None else int(obs)))
+    if opened is None:
+        raise ReproduceError(f"{db}: window {wid!r} has no window_opened event")
+    return opened, segments, gauges
+
+
+def _bodies(opened: WindowOpened) -> dict[str, bytes]:
+    """The fixtures' bodies by sha256, found where the window found them (or built in)."""
+    dirs = [Path(d) for d in opened.fixture_dirs]
+    out: dict[str, bytes] = {}
+    for f in opened.plan.get("fixtures") or []:
+        name = f.get("name") if isinstance(f, dict) else None
+        if not name:
+            continue
+        try:
+            fx = load_fixture(find_fixture(name, dirs))
+        except FixtureError as exc:
+            raise ReproduceError(f"fixture {name!r}: {exc} (searched {', '.join(map(str, dirs + [BUILTIN]))})") from None
+        out.update(zip(fx.sha256, fx.bodies))
+    return out
+
+
+def _replay(segments: list[Segment], bodies: dict[str, bytes], sc: Scenario, rows: int, pages: int
+            ) -> tuple[list[int], PolicyResult]:
+    """Every request through fresh model incarnations, as the window loaded them: the host reuse the
+    model predicts for each, and the cache's counters summed over the incarnations."""
+    predicted: list[int] = []
+    res = PolicyResult(sc.eviction, rows_capacity=rows, pages_capacity=pages, stores={}, evictions={})
+    for seg in segments:
+        inc = Incarnation(sc, seg.incarnation, seg.incarnation, "-", rows_capacity=rows, pages_capacity=pages)
+        for s in seg.requests:
+            body = bodies[s.body_sha256]
+            p = inc.run_inline(body, json.loads(body))
+            predicted.append(p.lookup.reused)
+            res.rows_used_peak = max(res.rows_used_peak, inc.cache.rows_used)
+            res.pages_used_peak = max(res.pages_used_peak, inc.cache.pages_used)
+        c = inc.cache.c
+        res.reused_tokens += c.reused_tokens
+        for k, v in c.stores.items():
+            res.stores[k] = res.stores.get(k, 0) + v
+        for k, v in c.evictions.items():
+            res.evictions[k] = res.evictions.get(k, 0) + v
+        res.compactions += c.compactions
+    return predicted, res
+
+
+def _block_baseline(segments: list[Segment], bodies: dict[str, bytes], sc: Scenario, pages: int) -> PolicyResult:
+    """The block-level baseline on the window's requests: each incarnation's prompt blocks in one LRU list."""
+    from flare_diag.fixtures.flaresim.engine import render_prompt
+    from flare_diag.fixtures.flaresim.cache import TokenSeq
+    res = PolicyResult(BASELINE, pages_capacity=pages)
+    for seg in segments:
+        lru: OrderedDict[bytes, None] = OrderedDict()
+        for s in seg.requests:
+            tokens, _prefix = render_prompt(json.loads(bodies[s.body_sha256]).get("messages") or [])
+            keys = TokenSeq(tokens, sc.block_tokens).chain
+            hit = 0
+            for k in keys:
+                if k not in lru:
+                    break
+                hit += 1
+            for k in keys:
+                lru[k] = None
+                lru.move_to_end(k)
+            while len(lru) > pages:
+                lru.popitem(last=False)
+            res.reused_tokens += hit * sc.block_tokens
+            res.pages_used_peak = max(res.pages_used_peak, len(lru))
+    return res
+
+
+def reproduce_window(db: Path, window_id: str | None, sc: Scenario, policies: list[str], tolerance: int = 0
+                     ) -> Reproduction:
+    opened, segments, gauges = window_sequence(db, window_id)
+    bodies = _bodies(opened)
+    missing = {s.body_sha256 for seg in segments for s in seg.requests} - set(bodies)
+    if missing:
+        raise ReproduceError(f"{len(missing)} body hash(es) the window sent are in none of its fixtures "
+                             f"(first {sorted(missing)[0][:12]})")
+    rows = gauges.get("rows_capacity")
+    pages = gauges.get("pages_capacity")
+    source = "the window's gauges"
+    if rows is None or pages is None:  # an engine that does not expose its pools: the scenario's
+        rows, pages, source = rows or sc.rows_capacity, pages or sc.pages_capacity, f"scenario {sc.name} (the window's engine exposes no pool gauges)"
+    rows, pages = int(rows), int(pages)
+    predicted, own = _replay(segments, bodies, sc, rows, pages)
+    sent = [s for seg in segments for s in seg.requests]
+    divergences, compared, agreed, obs_total, pred_total = [], 0, 0, 0, 0
+    for s, p in zip(sent, predicted):
+        if s.observed is None:
+            continue
+        compared += 1
+        obs_total += s.observed
+        pred_total += p
+        if abs(p - s.observed) <= tolerance:
+            agreed += 1
+        else:
+            divergences.append(Divergence(s.phase, s.order_index, s.body_sha256, p, s.observed))
+    results = []
+    for pol in policies:
+        if pol == BASELINE:
+            results.append(_block_baseline(segments, bodies, sc, pages))
+        elif pol == sc.eviction:
+            results.append(own)
+        else:
+            results.append(_replay(segments, bodies, msgspec.structs.replace(sc, eviction=pol), rows, pages)[1])
+    return Reproduction(opened.window_id, sc.name, rows, pages, source, len(segments), len(sent), compared, agreed,
+                        tolerance, pred_total, obs_total, divergences, results)
+
+
+class TraceResult(msgspec.Struct):
+    capacity_blocks: int
+    capacity_rows: int
+    policy: str
+    reused_tokens: int
+    reused_share: float
+    stores: dict[str, int] = {}
+    evictions: dict[str, int] = {}
+    compactions: int = 0
+    rows_used_peak: int = 0
+    pages_used_peak: int = 0
+
+
+class TraceReproduction(msgspec.Struct):
+    trace: str
+    requests: int
+    input_tokens: int
+    block_tokens: int
+    scenario: str
+    results: list[TraceResult]
+    note: str = "descriptive: the model's reuse on this trace's requests at each capacity, not a speedup on hardware"
+
+
+def rows_for(sc: Scenario, capacity_blocks: int) -> int:
+    """Continuation rows in the scenario's proportion to pages (Flare 47581cca: 52 rows to 5,720 pages)."""
+    return max(1, round(capacity_blocks * sc.rows_capacity / sc.pages_capacity))
+
+
+def reproduce_trace(path: Path, capacities: list[int], sc: Scenario, policies: list[str], rows: int | None = None,
+                    limit: int | None = None, block: int = MOONCAKE_BLOCK) -> TraceReproduction:
+    results: list[TraceResult] = []
+    total = None
+    for cap in capacities:
+        r_cap = rows if rows is not None else rows_for(sc, cap)
+        for pol in policies:
+            if pol == BASELINE:
+                st = run_block_lru(read_trace(path, limit), cap, block)
+                results.append(TraceResult(cap, 0, pol, st.reused_tokens, st.reused_tokens / max(st.input_tokens, 1),
+                                           pages_used_peak=st.pages_used_peak))
+            else:
+                cache, st = run_host_cache(read_trace(path, limit), msgspec.structs.replace(sc, eviction=pol),
+                                           r_cap, cap, block)
+                c = cache.c
+                results.append(TraceResult(cap, r_cap, pol, st.reused_tokens, st.reused_tokens / max(st.input_tokens, 1),
+                                           dict(c.stores), dict(c.evictions), c.compactions, st.rows_used_peak,
+                                           st.pages_used_peak))
+            total = total or (st.requests, st.input_tokens)
+    n, tokens = total or (0, 0)
+    return TraceReproduction(str(path), n, tokens, block, sc.name, results)
+
+
+def parse_policies(spec: str | None, default: list[str]) -> list[str]:
+    if not spec:
+        return default
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    bad = [p for p in names if p not in (*POLICIES, BASELINE)]
+    if bad or not names:
+        raise ReproduceError(f"--policies {spec!r}: expected a comma-separated list of {', '.join((*POLICIES, BASELINE))}")
+    return names
+
+
+def render_window(rep: Reproduction) -> list[str]:
+    pct = 100 * rep.agreed / rep.compared if rep.compared else 0.0
+    out = [f"window {rep.window_id}: scenario {rep.scenario}, rows {rep.rows_capacity} and pages {rep.pages_capacity} "
+           f"from {rep.geometry_source}",
+           f"replayed {rep.replayed} requests on {rep.incarnations} fresh incarnation(s); {rep.compared} carry the window's "
+           f"own per-request host reuse"]
+    if rep.compared == 0:
+        out.append("NOT REPRODUCED: the window observed no per-request host reuse to compare with")
+    else:
+        verdict = "reproduces the window" if rep.reproduces else "DOES NOT reproduce the window"
+        out.append(f"agreement: {rep.agreed}/{rep.compared} requests within {rep.tolerance} tokens ({pct:.1f}%); "
+                   f"host reused tokens predicted {rep.predicted_total}, observed {rep.observed_total}: the model {verdict}")
+    for d in rep.divergences[:MAX_DIVERGENCES_SHOWN]:
+        out.append(f"  diverges: {d.phase} #{d.order_index} (body {d.body_sha256[:12]}): predicted {d.predicted}, "
+                   f"observed {d.observed}")
+    if len(rep.divergences) > MAX_DIVERGENCES_SHOWN:
+        out.append(f"  ... and {len(rep.divergences) - MAX_DIVERGENCES_SHOWN} more (--json lists them all)")
+    if rep.policies:
+        out.append("")
+        out.append(f"policies on the same requests ({rep.note}):")
+        out += _policy_table(rep.policies)
+    return out
+
+
+def _policy_table(results: list[PolicyResult]) -> list[str]:
+    head = ["policy", "reused (tokens)", "stores message_prefix/full_prompt/terminal", "evictions row/page",
+            "compactions", "rows used peak / capacity", "pages used peak / capacity"]
+    rows = []
+    for p in results:
+        st = "/".join(str(p.stores.get(k, 0)) for k in ("message_prefix", "full_prompt", "terminal")) if p.stores else "n/a"
+        ev = f"{p.evictions.get('row', 0)}/{p.evictions.get('page', 0)}" if p.evictions else "n/a"
+        rows.append([p.policy, str(p.reused_tokens), st, ev, str(p.compactions) if p.policy != BASELINE else "n/a",
+                     f"{p.rows_used_peak} / {p.rows_capacity}" if p.rows_capacity else "n/a",
+                     f"{p.pages_used_peak} / {p.pages_capacity}"])
+    return _table(head, rows)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return [line(head), *(line(r) for r in rows)]
+
+
+def render_trace(rep: TraceReproduction) -> list[str]:
+    out = [f"trace {rep.trace}: {rep.requests} requests, {rep.input_tokens} prompt tokens, blocks of {rep.block_tokens} "
+           f"tokens; scenario {rep.scenario} ({rep.note})"]
+    caps = sorted({r.capacity_blocks for r in rep.results})
+    pols = list(dict.fromkeys(r.policy for r in rep.results))
+    rows = []
+    for cap in caps:
+        by = {r.policy: r for r in rep.results if r.capacity_blocks == cap}
+        r_rows = next((r.capacity_rows for r in by.values() if r.capacity_rows), 0)
+        rows.append([str(cap), str(r_rows)] + [f"{by[p].reused_tokens} ({100 * by[p].reused_share:.1f}%)" for p in pols])
+    out += _table(["capacity (blocks)", "rows"] + [f"{p} reused (tokens)" for p in pols], rows)
+    return out
+
+
+def render_html(rep: Reproduction) -> str:
+    """The policies side by side as a self-contained page (a table and two charts)."""
+    from html import escape
+
+    from flare_diag.events import charts
+    reused = charts.hbars_grid("Host reused tokens per policy, on the window's own requests",
+                               [("reused tokens", [(p.policy, float(p.reused_tokens), charts.fmt(p.reused_tokens))
+                                                   for p in rep.policies])], "host reused (tokens)", per_row=1)
+    churn = charts.hbars_grid("Row evictions, page evictions and compactions per policy",
+                              [(what, [(p.policy, float(v), charts.fmt(v)) for p in rep.policies
+                                       for v in [(p.evictions.get(k, 0) if k else p.compactions)]])
+                               for what, k in (("row evictions", "row"), ("page evictions", "page"), ("compactions", None))],
+                              "count (events)", per_row=3)
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>reproduce "
+            f"{escape(rep.window_id)}</title><style>body{{font:14px system-ui,sans-serif;margin:1em auto;max-width:70em}}"
+            "td,th{border:1px solid #ccc;padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
+            f"<h1>Reproducer: window {escape(rep.window_id)}</h1><p>{escape(render_window(rep)[2])}</p>"
+            f"<p>{escape(rep.note)}</p><figure id=chart-reused>{reused}</figure><figure id=chart-churn>{churn}</figure>"
+            f"<pre>{escape(chr(10).join(_policy_table(rep.policies)))}</pre></body></html>\n")
