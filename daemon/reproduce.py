@@ -6,7 +6,6 @@ onto hardware."""
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from pathlib import Path
 
 import msgspec
@@ -16,7 +15,7 @@ from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, WindowOpened
 from flare_diag.fixtures.flaresim.engine import Incarnation
 from flare_diag.fixtures.flaresim.scenario import Scenario
-from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, read_trace, run_block_lru, run_host_cache
+from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, BlockLRU, read_trace, run_block_lru, run_host_cache
 
 POLICIES = ("lru_leaf", "marconi", "protect_full_prompt")
 BASELINE = "block_lru"  # pages only, plain LRU over blocks: what a GPU prefix cache does
@@ -166,22 +165,11 @@ def _block_baseline(segments: list[Segment], bodies: dict[str, bytes], sc: Scena
     from flare_diag.fixtures.flaresim.cache import TokenSeq
     res = PolicyResult(BASELINE, pages_capacity=pages)
     for seg in segments:
-        lru: OrderedDict[bytes, None] = OrderedDict()
+        cache = BlockLRU(pages)  # a fresh incarnation's cache is empty
         for s in seg.requests:
             tokens, _prefix = render_prompt(json.loads(bodies[s.body_sha256]).get("messages") or [])
-            keys = TokenSeq(tokens, sc.block_tokens).chain
-            hit = 0
-            for k in keys:
-                if k not in lru:
-                    break
-                hit += 1
-            for k in keys:
-                lru[k] = None
-                lru.move_to_end(k)
-            while len(lru) > pages:
-                lru.popitem(last=False)
-            res.reused_tokens += hit * sc.block_tokens
-            res.pages_used_peak = max(res.pages_used_peak, len(lru))
+            res.reused_tokens += cache.request(TokenSeq(tokens, sc.block_tokens).chain) * sc.block_tokens
+            res.pages_used_peak = max(res.pages_used_peak, len(cache.lru))
     return res
 
 
