@@ -11,9 +11,9 @@ from html import escape
 from flare_diag.events import charts
 from flare_diag.events.report import Segment, join_segments
 from flare_diag.events.report_view import (
-    CELL_HEAD, DRAIN_HEAD, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
+    CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
-    occupancy_rows, recipe_lines, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
+    occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val,
 )
 
@@ -196,7 +196,9 @@ def _verdict(r: dict) -> list[Segment]:
     return [f"<section id=verdict class=verdict><h2>Verdict: {escape(val(v.get('hypothesis')))}</h2>"
             f"<p>{escape(val(v.get('basis')))}</p>"
             + (("<p><b>Caveats</b></p><ul>" + "".join(f"<li>{escape(c)}</li>" for c in cav) + "</ul>") if cav else "")
-            + f"<p><b>Next step:</b> {escape(val(v.get('next_experiment')))}</p></section>"]
+            + f"<p><b>Next step:</b> {escape(val(v.get('next_experiment')))}</p>"
+            + (f"<p><b>Reproduce it:</b> <code>{escape(cmd)}</code> {escape(REPRODUCER_WORDS)}.</p>"
+               if (cmd := reproducer_command(r)) else "") + "</section>"]
 
 
 def _cells(r: dict) -> list[Segment]:

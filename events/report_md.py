@@ -7,9 +7,9 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 from __future__ import annotations
 
 from flare_diag.events.report_view import (
-    CELL_HEAD, DRAIN_HEAD, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
+    CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
-    occupancy_rows, recipe_lines, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
+    occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val,
 )
 
@@ -54,6 +54,9 @@ def _verdict(r: dict) -> list[str]:
     if cav:
         out += ["Caveats:", ""] + [f"- {c}" for c in cav] + [""]
     out += [f"Next step: {val(v.get('next_experiment'))}"]
+    cmd = reproducer_command(r)
+    if cmd:
+        out += ["", f"Reproduce it: `{cmd}` {REPRODUCER_WORDS}."]
     return out
 
 

@@ -109,6 +109,16 @@ def caveats(r: dict) -> list[str]:
     return out
 
 
+REPRODUCER_WORDS = "runs the CPU reproducer on this window's own requests and its policies side by side (docs/reproducer.md)"
+
+
+def reproducer_command(r: dict) -> str | None:
+    """After a churn verdict, the seed's next step as a command."""
+    if (r.get("verdict") or {}).get("hypothesis") != "row_checkpoint_churn":
+        return None
+    return f"flare-diag reproduce LOG --window {r['window_id']} --policies lru_leaf,marconi,protect_full_prompt,block_lru"
+
+
 def cell_rows(r: dict) -> list[list[str]]:
     rows = []
     for c in r["cells"]:

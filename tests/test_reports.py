@@ -309,3 +309,18 @@ async def test_status_the_live_view_and_the_report_read_the_same_fold_of_the_log
     assert st["outcome"] == r["outcome"] and st["verdict"] == r["verdict"]["hypothesis"]
     assert st["cells"] == {c["phase"]: c["status"] for c in r["cells"]}
     assert st["minute"] == r["timeline"][-1]["minute"]  # the window-closed minute, rounded the same way
+
+
+def test_a_churn_verdict_names_the_reproducer_command_for_its_window(default_rehearsal):
+    _rc, r, out = default_rehearsal
+    assert r["verdict"]["hypothesis"] == "row_checkpoint_churn"
+    cmd = f"flare-diag reproduce LOG --window {r['window_id']} --policies"
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert cmd in md and md.index(cmd) < md.index("## Cells")
+    assert cmd in html and html.index(cmd) < html.index("id=cells")
+
+
+def test_other_verdicts_do_not_name_the_reproducer(log):
+    r = build_report(log, "w-report")
+    r["verdict"] = {**r["verdict"], "hypothesis": "not_reproduced"}
+    assert "flare-diag reproduce" not in render_md(r) and "flare-diag reproduce" not in render_html(r)
