@@ -19,6 +19,7 @@ def _console(stderr: bool = False):
     c = Console(stderr=stderr)
     if not c.is_terminal:
         c.soft_wrap = True
+        c.width = 1000  # a table's cells then keep their lines whole as well (rich sizes tables to the width)
     return c
 
 

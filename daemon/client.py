@@ -98,8 +98,11 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
         if not w:
             continue
         t.add_row(label, f"{w['window_id']} ({'rehearsal' if w['rehearsal'] else 'live'})")
-        t.add_row("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({w['phase_requests']} requests)" if w["phase"] else ""))
-        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']})")
+        done = f"{w['phase_requests']}/{w['phase_total']}" if w.get("phase_total") else str(w["phase_requests"])
+        t.add_row("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({done} requests)" if w["phase"] else ""))
+        end = w.get("phase_estimated_end_minute")
+        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']}"
+                  + (f"; phase estimated to end at minute {end:.1f}" if w["phase"] and end is not None else "") + ")")
         t.add_row("  requests", str(w["requests"]))
         if w["abort"]:
             t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")

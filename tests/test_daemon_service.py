@@ -153,6 +153,18 @@ def test_watch_with_json_prints_every_event_of_the_window_as_a_json_line_until_i
     assert started["progress"]["phase_total"] == 52 and started["progress"]["phase_requests"] == 0
 
 
+def test_status_shows_the_phases_requests_done_of_total_and_its_estimated_end(daemon, sim):
+    import re
+    daemon.start()
+    _start(daemon, sim)
+    st = daemon.wait_for(in_phase, what="a phase with requests")
+    assert st["window"]["phase_total"] == 52 and st["window"]["phase_estimated_end_minute"] is not None
+    p = daemon.cli("status")
+    assert p.returncode == 0 and re.search(r"phase A\.\w+ \(\d+/52 requests\)", p.stdout), p.stdout
+    assert "phase estimated to end at minute" in p.stdout
+    daemon.cli("abort", "--reason", "test over")
+
+
 def test_no_token_reaches_the_log_the_reports_or_the_service_log(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)

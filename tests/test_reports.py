@@ -324,3 +324,12 @@ def test_other_verdicts_do_not_name_the_reproducer(log):
     r = build_report(log, "w-report")
     r["verdict"] = {**r["verdict"], "hypothesis": "not_reproduced"}
     assert "flare-diag reproduce" not in render_md(r) and "flare-diag reproduce" not in render_html(r)
+
+
+def test_a_reuse_panel_of_a_long_phase_draws_a_bounded_number_of_columns_and_misses_no_reuse():
+    from flare_diag.events.charts import MAX_POINTS, columns_grid
+    reused_at = set(range(0, 100_000, 997))
+    svg = columns_grid("reuse", [("A.long", [(i, 5.0 if i in reused_at else 0.0) for i in range(100_000)])],
+                       "replay order (request index)", "host reused (tokens)")
+    assert 0 < svg.count("<rect") <= MAX_POINTS
+    assert svg.count("<rect") >= len(reused_at) * 0.99  # each reuse lands in a column of its own (one bucket may hold two)
