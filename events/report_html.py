@@ -239,7 +239,12 @@ def _evidence(r: dict) -> list[Segment]:
                  + "".join(f"<tr><td>{k}</td><td>{_check(res.get(k))}</td></tr>" for k in RESTORE_CHECKS) + "</tbody></table>")
     else:
         p.append("<p>not recorded (the window is still open)</p>")
-    p.append("<h3>Drain checks</h3>" + (_table(DRAIN_HEAD, drain_rows(r), 2) if r.get("drains") else "<p>none</p>"))
+    drains = r.get("drains") or []
+    unsettled = [d for d in drains if not d["settled"]]
+    summary = (f"{len(drains)} drains, {'all settled' if not unsettled else f'{len(unsettled)} did NOT settle'}, "
+               f"longest wait {max((d['waited_s'] for d in drains), default=0):g} window s")
+    p.append("<h3>Drain checks</h3>" + (f"<details{' open' if unsettled else ''}><summary>{escape(summary)}</summary>"
+                                        + _table(DRAIN_HEAD, drain_rows(r), 2) + "</details>" if drains else "<p>none</p>"))
     occ = occupancy_rows(r)
     p.append("<h3>Host cache: capacity against occupancy</h3><p class=meta>Peaks are the largest gauge readings scraped "
              "while the phase ran; counts are the phase's counter deltas.</p>"

@@ -333,3 +333,11 @@ def test_a_reuse_panel_of_a_long_phase_draws_a_bounded_number_of_columns_and_mis
                        "replay order (request index)", "host reused (tokens)")
     assert 0 < svg.count("<rect") <= MAX_POINTS
     assert svg.count("<rect") >= len(reused_at) * 0.99  # each reuse lands in a column of its own (one bucket may hold two)
+
+
+def test_drain_checks_are_summarised_and_shown_open_when_one_did_not_settle(log):
+    r = build_report(log, "w-report")
+    assert r["drains"] and all(d["settled"] for d in r["drains"])
+    assert "<details><summary>" + f"{len(r['drains'])} drains, all settled" in render_html(r)
+    r["drains"][0] = {**r["drains"][0], "settled": False}
+    assert "<details open><summary>" + f"{len(r['drains'])} drains, 1 did NOT settle" in render_html(r)
