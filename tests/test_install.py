@@ -69,6 +69,21 @@ def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_r
     assert (tmp_path / "out" / "report.html").is_file()
 
 
+def test_a_production_install_has_no_simulator_stack_and_rehearse_says_which_extra_to_install(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; "
+                        "print(u.find_spec('starlette'), u.find_spec('uvicorn'))"], capture_output=True, text=True)
+    assert p.stdout.split() == ["None", "None"]
+    p = subprocess.run([str(venv / "bin" / "flare-diag"), "rehearse", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and "flare-diag[sim]" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_init_site_writes_a_profile_and_0600_token_placeholders_and_never_overwrites(tmp_path, capsys):
     assert main(["init-site", "vllm", str(tmp_path / "sites"), "--name", "gpu7"]) == 0
     profile = tmp_path / "sites" / "gpu7.toml"
