@@ -74,14 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
         lp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     ar = lsub.add_parser("archive", help="move windows closed before a date into a dated archive log",
                          description="Both logs verify on their own afterwards; the live log records the archive's "
-                                     "head hash. Run it between windows, with the daemon stopped.")
-    ar.add_argument("db", type=Path, help="the live event log (log.db)")
+                                     "head hash. Without DB the daemon archives its own log into its state directory "
+                                     "(between windows); with DB the log must not be in use by another process.")
+    ar.add_argument("db", nargs="?", type=Path, default=None,
+                    help="the event log (log.db); default: the daemon's, archived by the daemon itself")
     ar.add_argument("--before", required=True, metavar="YYYY-MM-DD",
                     help="move the leading windows that closed before this day (UTC)")
-    ar.add_argument("--to", required=True, type=Path, metavar="DIR", help="the folder the archive log is written to")
+    ar.add_argument("--to", type=Path, default=None, metavar="DIR",
+                    help="with DB: the folder the archive log is written to (the daemon uses $STATE_DIRECTORY/archive)")
     ar.add_argument("--key", type=Path, default=None,
                     help="the checkpoint signing key: both logs' checkpoints are signed with it (as the daemon signs)")
     ar.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    ar.add_argument("--socket", type=Path, default=None,
+                    help="without DB: the daemon's control socket (default: $FLARE_DIAG_SOCKET, else /run/flare-diagd/control.sock)")
     bk = lsub.add_parser("backup", help="copy a log that may be in use (SQLite's online backup API) and verify the copy")
     bk.add_argument("db", type=Path, help="the event log (log.db)")
     bk.add_argument("dest", type=Path, help="the copy to write (never over an existing file); its checkpoint goes beside it")

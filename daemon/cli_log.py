@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import flare_diag.events.schema  # noqa: F401  (registers every event type)
 from flare_diag.daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
@@ -44,13 +45,40 @@ def run_log(args: argparse.Namespace) -> int:
 
 
 def _archive(args: argparse.Namespace) -> int:
-    from flare_diag.events.archive import ArchiveError, archive_log
+    from flare_diag.events.archive import Archived, ArchiveError, archive_log
     from flare_diag.events.store import LogBusy
-    key = _key(args.key) if args.key else None
-    try:
-        done = archive_log(args.db, args.before, args.to, key)
-    except (ArchiveError, LogBusy, NotAnEventLog) as exc:
-        raise UsageError(str(exc)) from None
+    if args.db is None:
+        if args.to is not None or args.key is not None:
+            raise UsageError("log archive without DB: the daemon archives into its own state directory with its own key; "
+                             "expected no --to or --key")
+        import msgspec
+
+        from flare_diag.daemon import client, control
+        try:
+            c = client.Connection(client.socket_path(args.socket), timeout=600)
+        except client.DaemonUnreachable as exc:
+            print(f"flare-diag: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        try:
+            rep = c.call(control.Archive(before=args.before))
+        except client.Refused as exc:
+            if exc.code == "busy":
+                from flare_diag.daemon.cli import EXIT_BUSY
+                print(f"flare-diag: busy: the daemon refused archive: {exc}", file=sys.stderr)
+                return EXIT_BUSY
+            raise UsageError(f"the daemon refused archive: {exc}") from None
+        finally:
+            c.close()
+        done = msgspec.convert({k: v for k, v in rep.items() if k != "ok"}, Archived) if rep.get("archive") else None
+        args.db = Path("the daemon's log")
+    else:
+        if args.to is None:
+            raise UsageError("log archive DB: expected --to DIR (the folder the archive log is written to)")
+        key = _key(args.key) if args.key else None
+        try:
+            done = archive_log(args.db, args.before, args.to, key)
+        except (ArchiveError, LogBusy, NotAnEventLog) as exc:
+            raise UsageError(str(exc)) from None
     if args.json:
         import msgspec
         print(json.dumps(msgspec.to_builtins(done) if done else {"archive": None, "windows": []}))

@@ -45,7 +45,14 @@ class Report(msgspec.Struct, tag_field="cmd", tag="report", forbid_unknown_field
     format: Literal["json", "md", "html"] = "json"
 
 
-Command = Union[Status, Start, Abort, Watch, Report]
+class Archive(msgspec.Struct, tag_field="cmd", tag="archive", forbid_unknown_fields=True):
+    """Move the windows closed before `before` (YYYY-MM-DD, UTC) out of the daemon's log into a dated
+    archive log under its state directory (no caller-named path: the daemon writes only its own folders)."""
+
+    before: str
+
+
+Command = Union[Status, Start, Abort, Watch, Report, Archive]
 _decoder = msgspec.json.Decoder(Command)
 _encoder = msgspec.json.Encoder()
 

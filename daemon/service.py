@@ -22,7 +22,7 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from flare_diag.daemon import control
-from flare_diag.daemon.control import Abort, BadCommand, Report, Start, Status, Watch
+from flare_diag.daemon.control import Abort, Archive, BadCommand, Report, Start, Status, Watch
 from flare_diag.daemon.forecast import planned
 from flare_diag.daemon.logs import configure
 from flare_diag.daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
@@ -423,7 +423,30 @@ class Service:
             report = await _thread(build_report, self.db, cmd.window_id)
             return control.reply(window_id=cmd.window_id, format=cmd.format,
                                  content=render(report, cmd.format).decode())
+        if isinstance(cmd, Archive):
+            return await self._archive(cmd, uid, pid)
         return control.error("unknown command")
+
+    async def _archive(self, cmd: Archive, uid: int, pid: int) -> bytes:
+        """Archives the daemon's own log between windows: the archive is written from a read of the
+        log, the hand-over is appended through the daemon's store (the chain keeps one writer), and
+        only then are the archived rows dropped."""
+        from flare_diag.events.archive import ArchiveError, drop_archived, hand_over, parse_day, prepare_archive
+        if self.window is not None or self.stopping:
+            return control.error("a window is running; archive between windows", code="busy")
+        try:
+            before_ns = parse_day(cmd.before)
+            done = await _thread(prepare_archive, self.db, before_ns, self.state_dir / "archive", self.store.checkpoint_key)
+        except ArchiveError as exc:
+            return control.error(str(exc))
+        if done is None:
+            return control.reply(archive=None, windows=[])
+        await self.store.append(hand_over(done))
+        await self.store.append(ControlCommand(cmd="archive", uid=uid, pid=pid, ok=True,
+                                               detail=f"{len(done.windows)} window(s) before {cmd.before} to {done.archive}"))
+        await _thread(drop_archived, self.db, done)
+        self.log.info("log archived", archive=done.archive, windows=done.windows, last_seq=done.last_seq, uid=uid, pid=pid)
+        return control.reply(**msgspec.to_builtins(done))
 
     def _status(self) -> dict:
         w = self.window

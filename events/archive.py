@@ -78,62 +78,92 @@ def _cut(windows: list[_Window], before_ns: int) -> list[_Window]:
     return out
 
 
-def archive_log(db: Path, before: str, to: Path, key: bytes | None = None) -> Archived | None:
-    """Moves the windows that closed before `before` (YYYY-MM-DD, UTC) into a new archive log in `to`;
-    None when there is nothing to move. Holds the log's writer lock throughout."""
+def parse_day(before: str) -> int:
+    """YYYY-MM-DD (UTC) as the wall-clock ns of its first instant."""
     try:
-        before_ns = calendar.timegm(time.strptime(before, "%Y-%m-%d")) * 10**9
+        return calendar.timegm(time.strptime(before, "%Y-%m-%d")) * 10**9
     except ValueError:
         raise ArchiveError(f"--before {before!r}: expected a date, YYYY-MM-DD (UTC)") from None
+
+
+def archive_log(db: Path, before: str, to: Path, key: bytes | None = None) -> Archived | None:
+    """Moves the windows that closed before `before` (YYYY-MM-DD, UTC) into a new archive log in `to`;
+    None when there is nothing to move. Holds the log's writer lock throughout (a running daemon
+    archives its own log instead: `prepare_archive`, its store's append, `drop_archived`)."""
+    before_ns = parse_day(before)
     if not db.is_file():
         raise ArchiveError(f"{db}: no such event log file")
     with writer_lock(db) as locked:
         if not locked:
-            raise ArchiveError(f"{db}: another process is writing this log (the daemon, or a window); archive between "
-                               "windows with the daemon stopped")
-        conn = sqlite3.connect(db, isolation_level=None)
-        try:
-            return _archive(conn, db, before_ns, to, key)
-        finally:
-            conn.close()
+            raise ArchiveError(f"{db}: another process is writing this log (a window, or the daemon: then run "
+                               "`flare-diag log archive --before DATE` without DB, and the daemon archives its own log)")
+        done = prepare_archive(db, before_ns, to, key)
+        if done is None:
+            return None
+        asyncio.run(_record(db, done, key))  # the hand-over goes into the live chain before a row leaves it
+        drop_archived(db, done, vacuum=True)
+        return done
 
 
-def _archive(conn: sqlite3.Connection, db: Path, before_ns: int, to: Path, key: bytes | None) -> Archived | None:
-    moved = _cut(_windows(conn), before_ns)
-    if not moved:
-        return None
-    base = chain_base(conn)
-    first = (base[0] if base else 0) + 1
-    # the daemon's own events after the last moved window go with it, up to the next window: among
-    # them an earlier archive's hand-over, which this archive then needs to verify on its own
-    rest = [w.first_seq for w in _windows(conn) if w.first_seq > moved[-1].last_seq]
-    last = (min(rest) - 1) if rest else conn.execute("SELECT MAX(seq) FROM events").fetchone()[0]
-    head = conn.execute("SELECT hash FROM events WHERE seq = ?", (last,)).fetchone()
-    if head is None or conn.execute("SELECT MIN(seq) FROM events").fetchone()[0] != first:
-        raise ArchiveError(f"{db}: the log does not start where its recorded base says (seq {first}); verify it first")
-    day = time.strftime("%Y%m%d", time.gmtime(moved[-1].closed_wall_ns // 10**9))  # type: ignore[operator]
-    target = to / f"{db.stem}-archive-{day}-seq{first}-{last}.db"
-    if target.exists():
-        raise ArchiveError(f"{target}: already exists")
-    to.mkdir(parents=True, exist_ok=True)
-    n = _write_archive(conn, target, first, last, base, key)
-    done = Archived(archive=str(target), windows=[w.window_id for w in moved], first_seq=first, last_seq=last,
-                    head_hash=bytes(head[0]).hex(), events=n)
-    # the hand-over goes into the live chain before a row leaves it
-    asyncio.run(_record(db, done, key))
-    conn.execute("BEGIN IMMEDIATE")
+def prepare_archive(db: Path, before_ns: int, to: Path, key: bytes | None) -> Archived | None:
+    """Writes the archive log of the leading windows closed before `before_ns` (verified, with its
+    checkpoint) and says what it holds; the live log is not changed. The caller holds the writer
+    lock, or is the log's writer."""
+    conn = sqlite3.connect(db, isolation_level=None)
     try:
-        conn.execute("DROP TRIGGER events_no_delete")
-        conn.execute("DELETE FROM events WHERE seq <= ?", (last,))
-        conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (f"{BASE_KEY}{last}", done.head_hash))
-        conn.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
-                     " BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("VACUUM")  # the moved rows' pages go back to the file system
-    return done
+        moved = _cut(_windows(conn), before_ns)
+        if not moved:
+            return None
+        base = chain_base(conn)
+        first = (base[0] if base else 0) + 1
+        # the daemon's own events after the last moved window go with it, up to the next window: among
+        # them an earlier archive's hand-over, which this archive then needs to verify on its own
+        rest = [w.first_seq for w in _windows(conn) if w.first_seq > moved[-1].last_seq]
+        last = (min(rest) - 1) if rest else conn.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+        head = conn.execute("SELECT hash FROM events WHERE seq = ?", (last,)).fetchone()
+        if head is None or conn.execute("SELECT MIN(seq) FROM events").fetchone()[0] != first:
+            raise ArchiveError(f"{db}: the log does not start where its recorded base says (seq {first}); verify it first")
+        day = time.strftime("%Y%m%d", time.gmtime(moved[-1].closed_wall_ns // 10**9))  # type: ignore[operator]
+        target = to / f"{db.stem}-archive-{day}-seq{first}-{last}.db"
+        if target.exists():
+            raise ArchiveError(f"{target}: already exists")
+        try:
+            to.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ArchiveError(f"{to}: cannot create the archive folder ({exc.strerror})") from None
+        n = _write_archive(conn, target, first, last, base, key)
+        return Archived(archive=str(target), windows=[w.window_id for w in moved], first_seq=first, last_seq=last,
+                        head_hash=bytes(head[0]).hex(), events=n)
+    finally:
+        conn.close()
+
+
+def hand_over(done: Archived) -> LogArchived:
+    """The event the live log appends before it drops the archived rows."""
+    return LogArchived(archive=done.archive, first_seq=done.first_seq, last_seq=done.last_seq,
+                       head_hash=done.head_hash, windows=done.windows, events=done.events)
+
+
+def drop_archived(db: Path, done: Archived, vacuum: bool = False) -> None:
+    """Drops the archived rows from the live log and records where its chain now starts, in one
+    transaction; only after its `log_archived` event is committed."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DROP TRIGGER events_no_delete")
+            conn.execute("DELETE FROM events WHERE seq <= ?", (done.last_seq,))
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (f"{BASE_KEY}{done.last_seq}", done.head_hash))
+            conn.execute("CREATE TRIGGER events_no_delete BEFORE DELETE ON events"
+                         " BEGIN SELECT RAISE(ABORT, 'flare-diag event log is append-only'); END")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if vacuum:  # offline only: the moved rows' pages go back to the file system
+            conn.execute("VACUUM")
+    finally:
+        conn.close()
 
 
 def backup_log(db: Path, dest: Path) -> tuple[int, str]:
@@ -206,7 +236,6 @@ async def _record(db: Path, done: Archived, key: bytes | None) -> None:
     store = await EventStore.open(db, lock=False)  # the caller holds the writer lock
     store.checkpoint_key = key
     try:
-        await store.append(LogArchived(archive=done.archive, first_seq=done.first_seq, last_seq=done.last_seq,
-                                       head_hash=done.head_hash, windows=done.windows, events=done.events))
+        await store.append(hand_over(done))
     finally:
         await store.close()

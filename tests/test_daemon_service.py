@@ -165,6 +165,35 @@ def test_status_shows_the_phases_requests_done_of_total_and_its_estimated_end(da
     daemon.cli("abort", "--reason", "test over")
 
 
+def test_the_daemon_archives_its_own_log_only_between_windows_and_both_logs_verify(daemon, sim, capsys):
+    import time
+    from flare_diag.daemon.cli import main as cli_main
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    tomorrow = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 86400))
+    busy = daemon.cli("log", "archive", "--before", tomorrow)
+    assert busy.returncode == 4 and "between windows" in busy.stderr
+    assert daemon.cli("abort", "--reason", "test over").returncode == 0
+    assert daemon.cli("watch", timeout=120).returncode == 1
+    p = daemon.cli("log", "archive", "--before", tomorrow, "--json")
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    archive = Path(rep["archive"])
+    assert rep["windows"] == [wid] and archive.parent == daemon.state / "archive"
+    assert cli_main(["log", "verify", str(archive)]) == 0 and cli_main(["log", "verify", str(daemon.state / "log.db")]) == 0
+    assert cli_main(["report", str(archive), "--window", wid, "--format", "json"]) == 0
+    capsys.readouterr()
+    daemon.kill(signal.SIGTERM)
+    daemon.start()  # its start-up check verifies the log from the archived base
+    assert daemon.status()["state"] == "idle"
+    wid2 = _start(daemon, sim)  # the live chain goes on from the archived prefix
+    assert daemon.cli("abort", "--reason", "test over").returncode == 0
+    assert daemon.cli("watch", timeout=120).returncode == 1
+    assert cli_main(["log", "verify", str(daemon.state / "log.db")]) == 0
+    assert daemon.cli("report", wid2, "--format", "json").returncode == 0
+
+
 def test_no_token_reaches_the_log_the_reports_or_the_service_log(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)
