@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 import msgspec
 import msgspec.structs
 
+from flare_diag.events.base import BadEventError
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.window_fold import WindowFold
 
@@ -55,7 +56,13 @@ class _Projection:
         handler, light, is_input = entry
         # The events a long window is made of are read through narrow views (only the fields this
         # report uses); an event of an older schema version goes through its upcaster instead.
-        ev = light.decode(env.payload) if light is not None and env.schema_v == 1 else env.event()
+        if light is not None and env.schema_v == 1:
+            try:
+                ev = light.decode(env.payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # as env.event() says it, for a full decode
+                raise BadEventError(f"seq {env.seq} ({env.type}): its stored bytes do not decode ({exc})") from None
+        else:
+            ev = env.event()
         if is_input:
             self.fold.saw_input(ev.at_ns)
         if handler is None:
@@ -103,7 +110,10 @@ class _Projection:
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
     def _occupy(self, data) -> None:
-        gauges = (_gauges.decode(data).gauges if isinstance(data, msgspec.Raw) else data.get("gauges")) or {}
+        try:
+            gauges = (_gauges.decode(data).gauges if isinstance(data, msgspec.Raw) else data.get("gauges")) or {}
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise BadEventError(f"a scrape's stored bytes do not decode ({exc})") from None
         occ = self.occupied
         for k in OCCUPANCY_GAUGES:
             v = gauges.get(k)

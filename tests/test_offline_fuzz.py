@@ -218,3 +218,19 @@ def test_every_plan_that_checks_runs_a_rehearsal_to_a_closed_window(window, stop
     h = drive(WindowPolicy(), World(plan, request_s=request_s), max_steps=200_000)
     closes = [d for _i, ds in h for d in ds if type(d).__name__ == "WindowClosed"]
     assert len(closes) == 1 and closes[0].outcome in ("completed", "partial", "aborted", "restore_failed")
+
+
+@pytest.mark.parametrize("event_type", ["request_measured", "action_done", "cell_recorded"])
+def test_a_report_of_a_log_whose_event_bytes_do_not_decode_is_one_line(tmp_path, capsys, good_log, event_type):
+    db = _fresh(tmp_path) / "log.db"
+    db.write_bytes(good_log.data)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TRIGGER IF EXISTS events_no_update")
+    seq = conn.execute("SELECT MIN(seq) FROM events WHERE type = ?", (event_type,)).fetchone()[0]
+    conn.execute("UPDATE events SET payload = CAST(? AS BLOB) WHERE seq = ?",
+                 (b'{"type": "' + event_type.encode() + b'", "at_ns": "soon"', seq))
+    conn.commit()
+    conn.close()
+    rc = main(["report", str(db), "--window", "w-fuzz"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "Traceback" not in err and err.count("\n") == 0 and "does not verify" in err, err
