@@ -273,18 +273,20 @@ def parse_policies(spec: str | None, default: list[str]) -> list[str]:
     return names
 
 
+def agreement_line(rep: Reproduction) -> str:
+    if rep.compared == 0:
+        return "NOT REPRODUCED: the window observed no per-request host reuse to compare with"
+    pct = 100 * rep.agreed / rep.compared
+    verdict = "reproduces the window" if rep.reproduces else "DOES NOT reproduce the window"
+    return (f"agreement: {rep.agreed}/{rep.compared} requests within {rep.tolerance} tokens ({pct:.1f}%); "
+            f"host reused tokens predicted {rep.predicted_total}, observed {rep.observed_total}: the model {verdict}")
+
+
 def render_window(rep: Reproduction) -> list[str]:
-    pct = 100 * rep.agreed / rep.compared if rep.compared else 0.0
     out = [f"window {rep.window_id}: scenario {rep.scenario}, rows {rep.rows_capacity} and pages {rep.pages_capacity} "
            f"from {rep.geometry_source}",
            f"replayed {rep.replayed} requests on {rep.incarnations} fresh incarnation(s); {rep.compared} carry the window's "
-           f"own per-request host reuse"]
-    if rep.compared == 0:
-        out.append("NOT REPRODUCED: the window observed no per-request host reuse to compare with")
-    else:
-        verdict = "reproduces the window" if rep.reproduces else "DOES NOT reproduce the window"
-        out.append(f"agreement: {rep.agreed}/{rep.compared} requests within {rep.tolerance} tokens ({pct:.1f}%); "
-                   f"host reused tokens predicted {rep.predicted_total}, observed {rep.observed_total}: the model {verdict}")
+           f"own per-request host reuse", agreement_line(rep)]
     for d in rep.divergences[:MAX_DIVERGENCES_SHOWN]:
         out.append(f"  diverges: {d.phase} #{d.order_index} (body {d.body_sha256[:12]}): predicted {d.predicted}, "
                    f"observed {d.observed}")
@@ -346,6 +348,6 @@ def render_html(rep: Reproduction) -> str:
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>reproduce "
             f"{escape(rep.window_id)}</title><style>body{{font:14px system-ui,sans-serif;margin:1em auto;max-width:70em}}"
             "td,th{border:1px solid #ccc;padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
-            f"<h1>Reproducer: window {escape(rep.window_id)}</h1><p>{escape(render_window(rep)[2])}</p>"
+            f"<h1>Reproducer: window {escape(rep.window_id)}</h1><p>{escape(agreement_line(rep))}</p>"
             f"<p>{escape(rep.note)}</p><figure id=chart-reused>{reused}</figure><figure id=chart-churn>{churn}</figure>"
             f"<pre>{escape(chr(10).join(_policy_table(rep.policies)))}</pre></body></html>\n")
