@@ -299,17 +299,20 @@ def render_window(rep: Reproduction) -> list[str]:
     return out
 
 
+_POLICY_HEAD = ["policy", "reused (tokens)", "stores message_prefix/full_prompt/terminal", "evictions row/page",
+                "compactions", "rows used peak / capacity", "pages used peak / capacity"]
+
+
+def _policy_row(p: PolicyResult) -> list[str]:
+    st = "/".join(str(p.stores.get(k, 0)) for k in ("message_prefix", "full_prompt", "terminal")) if p.stores else "n/a"
+    ev = f"{p.evictions.get('row', 0)}/{p.evictions.get('page', 0)}" if p.evictions else "n/a"
+    return [p.policy, str(p.reused_tokens), st, ev, str(p.compactions) if p.policy != BASELINE else "n/a",
+            f"{p.rows_used_peak} / {p.rows_capacity}" if p.rows_capacity else "n/a",
+            f"{p.pages_used_peak} / {p.pages_capacity}"]
+
+
 def _policy_table(results: list[PolicyResult]) -> list[str]:
-    head = ["policy", "reused (tokens)", "stores message_prefix/full_prompt/terminal", "evictions row/page",
-            "compactions", "rows used peak / capacity", "pages used peak / capacity"]
-    rows = []
-    for p in results:
-        st = "/".join(str(p.stores.get(k, 0)) for k in ("message_prefix", "full_prompt", "terminal")) if p.stores else "n/a"
-        ev = f"{p.evictions.get('row', 0)}/{p.evictions.get('page', 0)}" if p.evictions else "n/a"
-        rows.append([p.policy, str(p.reused_tokens), st, ev, str(p.compactions) if p.policy != BASELINE else "n/a",
-                     f"{p.rows_used_peak} / {p.rows_capacity}" if p.rows_capacity else "n/a",
-                     f"{p.pages_used_peak} / {p.pages_capacity}"])
-    return _table(head, rows)
+    return _table(_POLICY_HEAD, [_policy_row(p) for p in results])
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -333,21 +336,26 @@ def render_trace(rep: TraceReproduction) -> list[str]:
 
 
 def render_html(rep: Reproduction) -> str:
-    """The policies side by side as a self-contained page (a table and two charts)."""
+    """The policies side by side as a self-contained page (two charts and the table)."""
     from html import escape
 
     from flare_diag.events import charts
     reused = charts.hbars_grid("Host reused tokens per policy, on the window's own requests",
                                [("reused tokens", [(p.policy, float(p.reused_tokens), charts.fmt(p.reused_tokens))
                                                    for p in rep.policies])], "host reused (tokens)", per_row=1)
+    cached = [p for p in rep.policies if p.policy != BASELINE]  # the baseline has no rows and counts no evictions
     churn = charts.hbars_grid("Row evictions, page evictions and compactions per policy",
-                              [(what, [(p.policy, float(v), charts.fmt(v)) for p in rep.policies
+                              [(what, [(p.policy, float(v), charts.fmt(v)) for p in cached
                                        for v in [(p.evictions.get(k, 0) if k else p.compactions)]])
                                for what, k in (("row evictions", "row"), ("page evictions", "page"), ("compactions", None))],
                               "count (events)", per_row=3)
+    head, rows = _POLICY_HEAD, [_policy_row(p) for p in rep.policies]
+    table = ("<table><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"
+             + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</tbody></table>")
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>reproduce "
             f"{escape(rep.window_id)}</title><style>body{{font:14px system-ui,sans-serif;margin:1em auto;max-width:70em}}"
-            "td,th{border:1px solid #ccc;padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
+            "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th{text-align:left}"
+            "table{border-collapse:collapse}</style></head><body>"
             f"<h1>Reproducer: window {escape(rep.window_id)}</h1><p>{escape(agreement_line(rep))}</p>"
             f"<p>{escape(rep.note)}</p><figure id=chart-reused>{reused}</figure><figure id=chart-churn>{churn}</figure>"
-            f"<pre>{escape(chr(10).join(_policy_table(rep.policies)))}</pre></body></html>\n")
+            f"{table}</body></html>\n")

@@ -92,3 +92,28 @@ def test_every_chart_renders_with_ticks_between_the_cells_and_the_per_request_de
 def test_per_request_rows_are_collapsed_until_opened(opened_report):
     seen = opened_report[3]
     assert seen["request tables"] > 0 and seen["request rows shown"] is False
+
+
+def test_the_reproducers_page_renders_its_charts_with_no_error_or_request(default_rehearsal, tmp_path):
+    from flare_diag.daemon.cli import main
+    sync_playwright = _browser_or_skip()
+    out = default_rehearsal[2]
+    assert main(["reproduce", str(out / "log.db"), "--policies", "lru_leaf,marconi,protect_full_prompt,block_lru",
+                 "--out", str(tmp_path)]) == 0
+    page_path = tmp_path / "reproduce.html"
+    requests, problems = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(page_path.as_uri())
+            boxes = [page.locator(sel).bounding_box() for sel in ("#chart-reused", "#chart-churn")]
+            ticks = page.locator(".tick-x").count()
+            page.screenshot(path=str(ARTIFACTS / "reproduce.png"), full_page=True)
+        finally:
+            browser.close()
+    assert requests == [page_path.as_uri()] and problems == []
+    assert all(b is not None and b["width"] > 300 and b["height"] > 40 for b in boxes) and ticks >= 4
