@@ -106,6 +106,10 @@ SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def site_in(sites_dir: Path, name: str) -> Path:
     """The profile a site name stands for: `NAME.toml` in the operator's sites directory, nothing else."""
     if not SITE_NAME.fullmatch(name) or name.endswith(".toml"):
+        if "/" in name or name.endswith(".toml"):  # the same words whatever the path: nothing about the caller's files
+            raise InputError(f"site {name[:80]!r}: expected the name of a site profile in the daemon's sites directory, "
+                             f"not a path: the daemon reads profiles only from {sites_dir} (so that no caller can point "
+                             f"its tokens elsewhere); install the profile there as NAME.toml and pass --site NAME")
         raise InputError(f"site {name[:80]!r}: expected the name of a site profile in the daemon's sites "
                          f"directory (letters, digits, '.', '_', '-'; not a path)")
     path = sites_dir / f"{name}.toml"

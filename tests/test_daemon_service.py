@@ -113,6 +113,14 @@ def test_start_of_a_plan_whose_fixture_lies_beside_it_where_the_daemon_does_not_
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_start_with_a_site_path_is_one_line_saying_where_the_daemon_reads_profiles_exit_2(daemon, tmp_path):
+    daemon.start()
+    p = daemon.cli("start", str(PLAN), "--site", str(tmp_path / "home" / "alice" / "site.toml"))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "not a path" in p.stderr and f"reads profiles only from {daemon.sites}" in p.stderr
+    assert daemon.status()["state"] == "idle"
+
+
 def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)
