@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --trace: the row pool (default: in the scenario's proportion to pages)")
     rp2.add_argument("--limit", type=int, default=None, metavar="K", help="with --trace: its first K requests only")
     rp2.add_argument("--out", type=Path, default=None, metavar="DIR",
-                     help="with a log: also write reproduce.json and reproduce.html (table and charts) into DIR")
+                     help="also write reproduce.json and reproduce.html (a table and charts) into DIR")
     rp2.add_argument("--json", action="store_true", help="one JSON object instead of lines")
 
     ins = sub.add_parser("init-site", help="write an annotated site profile and token-file placeholders (mode 0600)",
@@ -354,8 +354,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     import msgspec
 
     from flare_diag.daemon.reproduce import (
-        BASELINE, POLICIES, ReproduceError, parse_policies, render_html, render_trace, render_window, reproduce_trace,
-        reproduce_window,
+        BASELINE, POLICIES, ReproduceError, parse_policies, render_html, render_trace, render_trace_html, render_window,
+        reproduce_trace, reproduce_window,
     )
     from flare_diag.events.sqlschema import NotAnEventLog
     from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
@@ -376,6 +376,10 @@ def _reproduce(args: argparse.Namespace) -> int:
                 raise UsageError(f"--capacity-rows {args.capacity_rows}: expected a positive number of rows")
             trep = reproduce_trace(args.trace, args.capacity_blocks, sc, parse_policies(args.policies, [*POLICIES, BASELINE]),
                                    args.capacity_rows, args.limit)
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "reproduce.json").write_bytes(msgspec.json.encode(trep) + b"\n")
+                (args.out / "reproduce.html").write_text(render_trace_html(trep))
             print(msgspec.json.encode(trep).decode() if args.json else "\n".join(render_trace(trep)))
             return EXIT_OK
         if args.capacity_blocks or args.capacity_rows or args.limit:

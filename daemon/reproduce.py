@@ -6,6 +6,7 @@ onto hardware."""
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,8 @@ from flare_diag.fixtures.flaresim.engine import Incarnation
 from flare_diag.fixtures.flaresim.scenario import Scenario
 from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, BlockLRU, read_trace, run_block_lru, run_host_cache
 
-POLICIES = ("lru_leaf", "marconi", "protect_full_prompt")
+# every strategy the model knows (the scenario's `eviction`), so a strategy added there is offered here too
+POLICIES: tuple[str, ...] = typing.get_args(typing.get_type_hints(Scenario)["eviction"])
 BASELINE = "block_lru"  # pages only, plain LRU over blocks: what a GPU prefix cache does
 MAX_DIVERGENCES_SHOWN = 20
 
@@ -359,3 +361,23 @@ def render_html(rep: Reproduction) -> str:
             f"<h1>Reproducer: window {escape(rep.window_id)}</h1><p>{escape(agreement_line(rep))}</p>"
             f"<p>{escape(rep.note)}</p><figure id=chart-reused>{reused}</figure><figure id=chart-churn>{churn}</figure>"
             f"{table}</body></html>\n")
+
+
+def render_trace_html(rep: TraceReproduction) -> str:
+    """Reuse against capacity, one line per policy, and the table, as a self-contained page."""
+    from html import escape
+
+    from flare_diag.events import charts
+    pols = list(dict.fromkeys(r.policy for r in rep.results))
+    series = [(p, [(float(r.capacity_blocks), 100 * r.reused_share) for r in rep.results if r.policy == p]) for p in pols]
+    chart = charts.lines("Prompt tokens reused, by policy and capacity", series, "capacity (blocks)",
+                         "reused (% of prompt tokens)")
+    rows = "".join(f"<tr><td>{escape(r.policy)}</td><td>{r.capacity_blocks}</td><td>{r.capacity_rows or 'n/a'}</td>"
+                   f"<td>{r.reused_tokens}</td><td>{100 * r.reused_share:.2f}</td></tr>" for r in rep.results)
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>reproduce trace</title><style>"
+            "body{font:14px system-ui,sans-serif;margin:1em auto;max-width:70em}td,th{border:1px solid #ccc;"
+            "padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
+            f"<h1>Reproducer: {escape(Path(rep.trace).name)}</h1><p>{escape(render_trace(rep)[0])}</p>"
+            f"<figure id=chart-capacity>{chart}</figure><table><thead><tr><th>policy</th><th>capacity (blocks)</th>"
+            f"<th>rows</th><th>reused (tokens)</th><th>reused (% of prompt tokens)</th></tr></thead><tbody>{rows}"
+            "</tbody></table></body></html>\n")

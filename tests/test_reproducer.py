@@ -117,3 +117,12 @@ def test_the_models_memory_is_bounded_by_the_cache_not_by_the_trace():
     assert st.requests == 20000 and cache.rows_used <= 64 and cache.pages_used <= 2000
     live = len(cache.records)
     assert len(cache._leaves) + len(cache._ancestors) <= 4 * live + 64 and len(cache.index) <= live
+
+
+def test_reproduce_trace_with_out_writes_the_json_and_a_page_with_its_capacity_chart(tmp_path, capsys):
+    rc, rep = _reproduce(capsys, "--trace", str(SLICE), "--capacity-blocks", "500", "--capacity-blocks", "4000",
+                         "--limit", "200", "--out", str(tmp_path))
+    assert rc == 0 and rep["requests"] == 200
+    assert json.loads((tmp_path / "reproduce.json").read_text()) == rep
+    page = (tmp_path / "reproduce.html").read_text()
+    assert "id=chart-capacity" in page and 'class="tick-x"' in page and "<script" not in page
