@@ -24,7 +24,7 @@ from flare_diag.events.base import encode_payload  # noqa: E402
 from flare_diag.events.reader import LogReader  # noqa: E402
 from flare_diag.events.schema import LogNote  # noqa: E402
 from flare_diag.events.sqlschema import DDL, INSERT  # noqa: E402
-from flare_diag.events.store import EventStore, _split_ddl  # noqa: E402
+from flare_diag.events.store import EventStore, split_ddl  # noqa: E402
 from flare_diag.events.verify import verify_log  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def _raw_executemany(path: Path, rows: list[tuple]) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    for stmt in _split_ddl(DDL):
+    for stmt in split_ddl(DDL):
         conn.execute(stmt)
     t0 = time.perf_counter()
     conn.execute("BEGIN IMMEDIATE")

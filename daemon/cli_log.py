@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import flare_diag.events.schema  # noqa: F401  (registers every event type)
 from flare_diag.daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
@@ -70,8 +69,9 @@ def _archive(args: argparse.Namespace) -> int:
         finally:
             c.close()
         done = msgspec.convert({k: v for k, v in rep.items() if k != "ok"}, Archived) if rep.get("archive") else None
-        args.db = Path("the daemon's log")
+        log = "the daemon's log"
     else:
+        log = str(args.db)
         if args.to is None:
             raise UsageError("log archive DB: expected --to DIR (the folder the archive log is written to)")
         key = _key(args.key) if args.key else None
@@ -84,10 +84,10 @@ def _archive(args: argparse.Namespace) -> int:
         print(json.dumps(msgspec.to_builtins(done) if done else {"archive": None, "windows": []}))
         return EXIT_OK
     if done is None:
-        print(f"{args.db}: no window closed before {args.before}; nothing archived")
+        print(f"{log}: no window closed before {args.before}; nothing archived")
         return EXIT_OK
     print(f"archived {len(done.windows)} window(s), seq {done.first_seq}-{done.last_seq} ({done.events} events) "
-          f"to {done.archive}; head hash {done.head_hash} recorded in {args.db}")
+          f"to {done.archive}; head hash {done.head_hash} recorded in {log}")
     return EXIT_OK
 
 

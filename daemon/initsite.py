@@ -8,12 +8,11 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.site import PLACEHOLDER_TOKEN, SiteProfile
+from flare_diag.daemon.site import PLACEHOLDER_TOKEN, TOKEN_SERVICES, SiteProfile
 from flare_diag.daemon.windows import InputError
 from flare_diag.resources import resource
 
 KINDS = ("flare", "vllm", "sglang", "llamacpp")
-SERVICES = ("serving", "manager", "router", "monitoring", "gpu")
 
 
 def template(kind: str) -> str:
@@ -37,7 +36,7 @@ def init_site(kind: str, folder: Path, name: str | None = None) -> tuple[Path, l
         raise InputError(f"{profile}: cannot write ({exc.strerror})") from None
     prof = msgspec.toml.decode(text.encode(), type=SiteProfile)
     written, kept = [], []
-    for svc in SERVICES:
+    for svc in TOKEN_SERVICES:
         s = getattr(prof, svc)
         tf = getattr(s, "token_file", None) if s is not None else None
         if not tf or tf.startswith("credential:"):

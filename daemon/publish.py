@@ -11,7 +11,8 @@ from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_check
 from flare_diag.events.reader import LogReader
 from flare_diag.events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
 from flare_diag.events.report_html import html_segments
-from flare_diag.events.report_md import md_lines, request_rows
+from flare_diag.events.report_md import md_lines
+from flare_diag.events.report_view import request_rows
 from flare_diag.events.verify import verify_log
 
 FORMATS = ("json", "md", "html")

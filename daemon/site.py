@@ -84,6 +84,8 @@ class SiteError(ValueError):
     pass
 
 
+# the profile's sections that may name a token file
+TOKEN_SERVICES = ("serving", "manager", "router", "monitoring", "gpu")
 # what `flare-diag init-site` writes into a token file until the operator puts the real token there
 PLACEHOLDER_TOKEN = "REPLACE-WITH-THE-SERVICE-TOKEN"
 
@@ -116,7 +118,7 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
     tokens, token_files = {}, {}
     warnings: list[str] = []
-    for name in ("serving", "manager", "router", "monitoring", "gpu"):
+    for name in TOKEN_SERVICES:
         svc = getattr(prof, name)
         if svc is None or svc.token_file is None:
             continue
@@ -196,5 +198,5 @@ def sim_site(base_url: str, token: str, candidate: str = "glm-candidate", transp
         router=Service(url=f"{base_url}/routed", backend="primary"),
         monitoring=Service(url=base_url, target="primary"), gpu=Gpu(source="sim", url=base_url))
     data = msgspec.json.encode(prof)
-    return Site(prof, {k: token for k in ("serving", "manager", "router", "monitoring", "gpu")}, "flaresim",
+    return Site(prof, {k: token for k in TOKEN_SERVICES}, "flaresim",
                 hashlib.sha256(data).hexdigest(), transport=transport)

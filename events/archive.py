@@ -1,4 +1,5 @@
-"""Moving closed windows out of a live log into a dated archive log, without breaking either chain.
+"""A log's lifecycle: closed windows moved out into a dated archive log without breaking either
+chain, and consistent backups of a log in use.
 
 The archive is an exact prefix of the live chain: the same rows, the same hashes. It records where
 its chain starts (`chain_base` in its meta table: the seq and hash just before its first row, or

@@ -14,7 +14,6 @@ from flare_diag.events.report_view import (
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
-__all__ = ["md_lines", "render_md", "request_rows"]
 
 
 def render_md(r: dict) -> str:

@@ -68,10 +68,11 @@ def restoration_line(r: dict) -> str:
         return "Restoration: NOT recorded — the incumbent may not be serving; see Restoration."
     span = f"minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}"
     if res.get("verified"):
-        ident = r.get("identity") or {}
-        sha = ident.get("incumbent_sha256_after") or ident.get("incumbent_sha256_before")
-        readmit = {True: "primary readmitted", None: "no router to readmit to"}.get(res.get("readmitted"), "")
-        return (f"Restoration: verified ({span}): incumbent {str(sha)[:12]} back"
+        sha = (r.get("identity") or {}).get("incumbent_sha256_after")  # what the restore read back, nothing older
+        readmit = {True: "primary readmitted", None: "nothing to readmit (no router, or never quiesced)"}.get(
+            res.get("readmitted"), "")
+        back = f"incumbent {str(sha)[:12]} back" if sha else "incumbent recipe hash matched"
+        return (f"Restoration: verified ({span}): {back}"
                 + (f", {readmit}" if readmit else "") + f", all {len(RESTORE_CHECKS)} checks pass or do not apply.")
     return f"Restoration: NOT verified ({span}): {', '.join(failed_checks(res)) or 'see Restoration'} failed — the primary needs a person."
 
@@ -105,7 +106,7 @@ def caveats(r: dict) -> list[str]:
     if nc:
         out.append(f"not comparable to the full-prompt arms: {', '.join(nc)}")
     if r.get("rehearsal"):
-        out.append("a rehearsal: the host is flaresim, a simulator; nothing here was measured on hardware")
+        out.append("a rehearsal: the host is simulated; nothing here was measured on hardware")
     return out
 
 

@@ -147,7 +147,7 @@ class EventStore:
             await _on_thread(conn.execute("PRAGMA journal_mode=WAL"))
             await _on_thread(conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}"))
             await _on_thread(conn.execute("BEGIN IMMEDIATE"))
-            for stmt in _split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
+            for stmt in split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
                 await _on_thread(conn.execute(stmt))
             meta = dict(await _on_thread(conn.execute_fetchall("SELECT key, value FROM meta")))
             if not meta:
@@ -590,10 +590,6 @@ def writer_lock(db: Path):
 
 
 def split_ddl(ddl: str) -> list[str]:
-    return _split_ddl(ddl)
-
-
-def _split_ddl(ddl: str) -> list[str]:
     """Splits the DDL into statements, keeping trigger bodies whole."""
     out, cur = [], []
     for line in ddl.strip().splitlines():

@@ -112,7 +112,9 @@ class WindowFold:
 
     @property
     def phase_total(self) -> int | None:
-        """How many requests the current phase sends, once the fixture sizes are known (None: unknown)."""
+        """How many requests the current phase sends, once the fixture sizes are known (None: unknown).
+        The count rule is policies.planner.phase_requests' (a fold below the policies cannot import it;
+        tests/test_planner.py holds the two equal on every phase of the shipped plan)."""
         if self.phase is None:
             return None
         spec = self.phase_specs.get(self.phase)

@@ -21,7 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def wheel(tmp_path_factory) -> Path:
     """The wheel `pip install .` would install, built from this checkout."""
     out = tmp_path_factory.mktemp("wheel")
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+    # from a copy without build outputs: setuptools builds in the source folder, and a stale build/
+    # there would put files into the wheel that the checkout no longer has
+    src = tmp_path_factory.mktemp("src") / "flare-diag"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                            ".hypothesis", ".pytest_cache", "test-artifacts", "out"))
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return next(out.glob("flare_diag-*.whl"))

@@ -168,3 +168,22 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
         assert not [x for x in host.requests() if any(m in x.get("path", "") for m in MUTATING[:-1])]
     finally:
         host.stop()
+
+
+def test_the_live_views_phase_totals_are_the_counts_the_planner_sends():
+    from flare_diag.daemon.windows import read_plan
+    from flare_diag.events.progress import WindowProgress
+    from flare_diag.events.schema import WindowOpened
+    from flare_diag.policies.planner import all_phases, phase_requests
+    _raw, plan = read_plan(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")
+    sizes = {f.name: len(load_fixture(BUILTIN / f.name).bodies) for f in plan.fixtures}
+    p = WindowProgress("w")
+    p.apply(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
+                            gpu_source="sim", rehearsal=True, candidate_recipe="c"))
+    p.fixture_sizes.update(sizes)
+    phases = all_phases(plan)
+    assert any(ph.id.startswith("trace.") for ph in phases) and any(ph.kind == "identity" for ph in phases)
+    for ph in phases:
+        p.phase = ph.id
+        sent = 0 if ph.kind == "identity" else len(phase_requests(ph, sizes[ph.fixture]))
+        assert p.phase_total == sent, ph.id
