@@ -497,7 +497,23 @@ def _window(args: argparse.Namespace) -> int:
             report = asyncio.run(run_window(setup, out, console, events_out=events_out))
     except InputError as exc:
         raise UsageError(str(exc)) from None
+    except BaseExceptionGroup as group:  # refused inside the in-process simulator's task group
+        refused = _first_input_error(group)
+        if refused is None:
+            raise
+        raise UsageError(str(refused)) from None
     return _reported(report, out, console, args.json)
+
+
+def _first_input_error(group: BaseExceptionGroup) -> BaseException | None:
+    """The refusal a task group wrapped (a rehearsal's forecast or fixture check), if that is what ended it."""
+    from flare_diag.daemon.windows import InputError
+    only, rest = group.split(InputError)
+    if only is None or rest is not None:
+        return None
+    while isinstance(only, BaseExceptionGroup):
+        only = only.exceptions[0]
+    return only
 
 
 def _resume(out: Path, resume_window, as_json: bool = False) -> int:

@@ -39,6 +39,47 @@ class Fixture(msgspec.Struct):
                 "prompt_tokens": self.prompt_tokens}
 
 
+# the sampling fields a body, the plan and the manifest must agree on (contract section 2, amended
+# 2026-12-01); reasoning effort "omitted" in a plan means the bodies carry none (an engine without it)
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "reasoning_effort", "stream")
+OMITTED = "omitted"
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal as sampling values: 1 and 1.0 are the same temperature; True is not the number 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return a == b
+
+
+def sampling_mismatch(fx: Fixture, want: dict) -> str | None:
+    """The first body whose sampling differs from `want` (the plan's, for this fixture) or from the
+    manifest's, as 'body N (sha256 …): field = X, the plan's [sampling] says Y', or None."""
+    manifest = fx.sampling or {}
+    for f in SAMPLING_FIELDS:
+        if f in manifest and f in want and not _same(manifest[f], want[f]) and not (f == "reasoning_effort" and want[f] == OMITTED):
+            return f"manifest sampling.{f} = {manifest[f]!r}, the plan's [sampling] says {want[f]!r}"
+    for i, raw in enumerate(fx.bodies):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return f"body {i} (sha256 {fx.sha256[i][:12]}): not a JSON object"
+        if not isinstance(body, dict):
+            return f"body {i} (sha256 {fx.sha256[i][:12]}): not a JSON object"
+        for f in SAMPLING_FIELDS:
+            got = body.get(f, body.get("max_completion_tokens") if f == "max_tokens" else None)
+            if f == "reasoning_effort" and want.get(f) == OMITTED:
+                if got is not None:
+                    return f"body {i} (sha256 {fx.sha256[i][:12]}): {f} = {got!r}, the plan's [sampling] says none"
+                continue
+            for label, ref in (("the plan's [sampling]", want), ("its manifest", manifest)):
+                if f in ref and not _same(got, ref[f]):
+                    return f"body {i} (sha256 {fx.sha256[i][:12]}): {f} = {got!r}, {label} says {ref[f]!r}"
+    return None
+
+
 def find_fixture(name: str, search: list[Path]) -> Path:
     for base in [*search, BUILTIN]:
         p = base / name

@@ -11,6 +11,7 @@ from flare_diag.daemon.errors import classify_exception
 from flare_diag.daemon.target import Target
 from flare_diag.daemon.windows import InputError, WindowSetup
 from flare_diag.events.reader import LogReader, NotAnEventLog
+from flare_diag.events.schema import ProbeRequest
 from flare_diag.policies.calibration import CalibrationError, calibrate
 from flare_diag.policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
 
@@ -63,43 +64,63 @@ def refuse_unfit(sched: Schedule, plan_path: str, accept_partial: bool) -> None:
                      f" see `flare-diag plan forecast`, or pass --accept-partial to run it anyway")
 
 
-async def probe(target: Target, setup: WindowSetup) -> Calibration | None:
-    """A rehearsal's pace and overhead: a few of the plan's own bodies sent to the simulator before the window
-    opens, each round timed on the window clock (real time times the scale) against the rate model
-    with the tokens each body really used. A rehearsal's harness adds real seconds that the time
-    scale multiplies; this is how its forecast sees them. Never sent to a real site."""
-    assert setup.rehearsal, "probe requests are for the simulator only"
+def probe_budget(setup: WindowSetup) -> int:
+    """How many bodies the forecast may send before the window opens: a paced rehearsal probes its own
+    in-process simulator; a site only when its profile opts in ([forecast] probe_requests), and never
+    more than the plan allows (rates.probe_requests). In virtual time the harness adds no seconds to
+    measure, so nothing is probed."""
+    if setup.clock == "virtual":
+        return 0
+    wanted = PROBE_REQUESTS if setup.inprocess_sim else setup.site.profile.forecast.probe_requests
+    return min(wanted, setup.plan.rates.probe_requests)
+
+
+async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) -> Calibration | None:
+    """Pace and overhead from a few of the plan's own bodies sent before the window opens, each round
+    timed on the window clock (real time times the scale) against the rate model with the tokens each
+    body really used. Every request sent is appended to `sent` (the caller logs them)."""
+    n = probe_budget(setup)
     est = estimator(setup)
     ph = next((p for p in setup.plan.phases if p.kind == "replay" and p.fixture in setup.fixtures), None)
-    if ph is None:
+    if ph is None or n < 2:  # the first request warms up and is not counted: one alone measures nothing
         return None
     fixture = setup.fixtures[ph.fixture]  # type: ignore[index]
-    for k, i in enumerate(phase_requests(ph, len(fixture.bodies))[:PROBE_REQUESTS]):
+    for k, i in enumerate(phase_requests(ph, len(fixture.bodies))[:n]):
         t0 = anyio.current_time()
         try:
             data = await target.send_request({"phase": "probe", "fixture": ph.fixture, "order_index": i, "body_index": i,
                                               "body_sha256": fixture.sha256[i]})
-            await target.scrape_metrics({})
-        except Exception as exc:  # a simulator that cannot answer a probe will not carry a window
+        except Exception as exc:  # a host that cannot answer a probe will not carry a window
             f = classify_exception(exc, "send_request")
+            sent.append(ProbeRequest(site=setup.site.name, fixture=ph.fixture or "", body_index=i,
+                                     body_sha256=fixture.sha256[i], outcome="error", error=f"{f.error}: {f.detail}",
+                                     elapsed_s=round(anyio.current_time() - t0, 6)))
             raise InputError(f"{setup.site.name}: the forecast's probe request failed ({f.error}: {f.detail}); "
                              f"nothing was changed") from None
+        sent.append(ProbeRequest(site=setup.site.name, fixture=ph.fixture or "", body_index=i,
+                                 body_sha256=fixture.sha256[i], outcome="ok", prompt_tokens=data.get("prompt_tokens"),
+                                 completion_tokens=data.get("completion_tokens"),
+                                 elapsed_s=round(anyio.current_time() - t0, 6)))
+        await target.scrape_metrics({})
         actual = (anyio.current_time() - t0) * setup.time_scale
         if k == 0:
             continue
         est.observe_round(ph.fixture, [i], actual, {i: data.get("completion_tokens")}, {i: data.get("prompt_tokens")})  # type: ignore[arg-type]
     # only the pace and overhead carry over: the incumbent's tokens are not the candidate's
-    learned = est.learned(f"rehearsal probe of {est.rounds} requests at x{setup.time_scale:g}", setup.time_scale)
+    learned = est.learned(f"probe of {est.rounds} requests at x{setup.time_scale:g}", setup.time_scale)
     return Calibration(source=learned.source, pace=learned.pace, overhead_s=learned.overhead_s, rounds=learned.rounds,
                        time_scale=setup.time_scale)
 
+
 async def planned(setup: WindowSetup, target: Target) -> Schedule:
-    """The forecast a window starts from, after the site check and before quiesce. A rehearsal's
-    pace comes from its probe. Refuses (InputError) a plan whose required cells do not fit unless
-    the operator accepted a partial window; `setup.calibration` is what the window will start from."""
+    """The forecast a window starts from, after the site check and before quiesce: the plan's rates,
+    `--calibrate`, and a probe's pace where one is allowed (`probe_budget`). Refuses (InputError) a plan
+    whose required cells do not fit unless the operator accepted a partial window;
+    `setup.calibration` is what the window will start from, `setup.probes` what the probe sent (each
+    is logged by the caller, whether the window then opens or not)."""
     cal = setup.calibration
-    if setup.rehearsal and setup.clock != "virtual":  # in virtual time the harness adds no seconds to measure
-        cal = merged(cal, await probe(target, setup))
+    if probe_budget(setup):
+        cal = merged(cal, await probe(target, setup, setup.probes))
     setup.calibration = cal
     sched = schedule(setup, cal)
     refuse_unfit(sched, setup.plan_path or setup.plan.name, setup.accept_partial)

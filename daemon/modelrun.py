@@ -118,7 +118,7 @@ class ModelRun:
         xids = self.host.xid_events
         new = xids[self._seen_xids:] if self._seen_xids is not None else []
         self._seen_xids = len(xids)
-        self._feed(WatchObserved(at_ns=self.now, source="gpu", data={"xid_events": new, "gpus": self.host.gpus}))
+        self._feed(WatchObserved(at_ns=self.now, source="gpu", data={"xid_events": new, "gpus": self.host.gpu_list()}))
         if not self.policy.closed:
             self._feed(WatchObserved(at_ns=self.now, source="router", data=self._router()))
         self._at(self.now + int(WATCH_EVERY_S * S), self._watch)
@@ -188,7 +188,7 @@ class ModelRun:
         elif what == "monitoring":
             self._ok(a, {"target": {**self.host.monitoring, "healthy": bool(self.host.engine)}})
         elif what == "gpu":
-            self._ok(a, {"gpus": self.host.gpus, "xid_events": self.host.xid_events})
+            self._ok(a, {"gpus": self.host.gpu_list(), "xid_events": self.host.xid_events})
         elif what == "configuration":
             self._ok(a, {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": _sha(self.plan_raw)})
         else:

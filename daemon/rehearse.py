@@ -111,6 +111,13 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
         sched = await planned(setup, target)
     except BaseException:
         await target.close()
+        if setup.probes:  # the window will not open, but what the probe sent is logged all the same
+            out.mkdir(parents=True, exist_ok=True)
+            store = await EventStore.open(out / "log.db", durable=not setup.rehearsal)
+            try:
+                await store.append_many(setup.probes)
+            finally:
+                await store.close()
         raise
     for w in setup.site.warnings:
         console.print(f"[yellow]warning:[/] {setup.site.name}: {w}")
@@ -143,6 +150,13 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     except BaseException:
         await target.close()
         raise
+    if setup.probes:  # the forecast's requests, sent before the window opened: in its log, before it
+        try:
+            await store.append_many(setup.probes, window_id=window_id)
+        except BaseException:
+            await target.close()
+            await store.close()
+            raise
     runner = Runner(store, target, window_id, setup.time_scale)
     view = LiveView(console, window_id, events_out)
     store.subscribe(lambda envs: [view.on_event(e.seq, e.event(), e.window_id) for e in envs])
@@ -272,6 +286,6 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
         setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, []), time_scale or 1.0, rehearsal=True,
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
-                            clock="virtual" if virtual else "wall", sim_seed=seed)
+                            clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True)
         return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport),
                                 events_out)

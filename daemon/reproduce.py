@@ -13,7 +13,7 @@ import msgspec
 
 from flare_diag.daemon.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, WindowOpened
+from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, VerdictReached, WindowOpened
 from flare_diag.fixtures.flaresim.engine import Incarnation
 from flare_diag.fixtures.flaresim.scenario import Scenario
 from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, BlockLRU, read_trace, run_block_lru, run_host_cache
@@ -77,14 +77,16 @@ class Reproduction(msgspec.Struct):
     policies: list[PolicyResult]
     note: str = ("descriptive: the model's counts on the window's own requests, the input to a follow-on "
                  "policy window, not a projection of speed on hardware")
+    hint: str = ""  # what the window's own verdict says about reading the agreement
 
     @property
     def reproduces(self) -> bool:
         return self.compared > 0 and self.agreed == self.compared
 
 
-def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list[Segment], dict]:
-    """What the window sent, in order, per incarnation it loaded; and the host-cache gauges it saw."""
+def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list[Segment], dict, str | None]:
+    """What the window sent, in order, per incarnation it loaded; the host-cache gauges it saw; and
+    the hypothesis its verdict named (None: no verdict yet)."""
     with LogReader(db) as r:
         ids = r.window_ids()
         if not ids:
@@ -92,13 +94,15 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
         wid = window_id or ids[-1]
         if wid not in ids:
             raise ReproduceError(f"{db}: no window {wid!r} (windows: {', '.join(ids[-5:])})")
-        opened, segments, gauges = None, [], {}
+        opened, segments, gauges, hypothesis = None, [], {}, None
         loads: dict[int, str] = {}
         scrapes: set[int] = set()
         for env in r.iter(window_id=wid):
             ev = env.event()
             if isinstance(ev, WindowOpened):
                 opened = ev
+            elif isinstance(ev, VerdictReached):
+                hypothesis = ev.hypothesis
             elif isinstance(ev, ActionRequested) and ev.action == "load":
                 loads[ev.action_id] = str(ev.args.get("label") or ev.args.get("recipe"))
             elif isinstance(ev, ActionRequested) and ev.action == "scrape_metrics" and not gauges:
@@ -118,7 +122,7 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
                                                   None if obs is None else int(obs)))
     if opened is None:
         raise ReproduceError(f"{db}: window {wid!r} has no window_opened event")
-    return opened, segments, gauges
+    return opened, segments, gauges, hypothesis
 
 
 def _bodies(opened: WindowOpened) -> dict[str, bytes]:
@@ -177,7 +181,7 @@ def _block_baseline(segments: list[Segment], bodies: dict[str, bytes], sc: Scena
 
 def reproduce_window(db: Path, window_id: str | None, sc: Scenario, policies: list[str], tolerance: int = 0
                      ) -> Reproduction:
-    opened, segments, gauges = window_sequence(db, window_id)
+    opened, segments, gauges, hypothesis = window_sequence(db, window_id)
     bodies = _bodies(opened)
     missing = {s.body_sha256 for seg in segments for s in seg.requests} - set(bodies)
     if missing:
@@ -210,8 +214,15 @@ def reproduce_window(db: Path, window_id: str | None, sc: Scenario, policies: li
             results.append(own)
         else:
             results.append(_replay(segments, bodies, msgspec.structs.replace(sc, eviction=pol), rows, pages)[1])
+    hint = ""
+    if hypothesis == "restore_path":
+        hint = (f"the window's verdict is restore_path: its lookups found checkpoints that no restore completed. "
+                f"A model agrees only if it restores nothing either (scenario restore_completes = false, e.g. "
+                f"--scenario restore-stalled); scenario {sc.name} "
+                + ("does" if not sc.restore_completes else "restores what it finds, so its reuse is what the same "
+                   "hits would give through a working restore path"))
     return Reproduction(opened.window_id, sc.name, rows, pages, source, len(segments), len(sent), compared, agreed,
-                        tolerance, pred_total, obs_total, divergences, results)
+                        tolerance, pred_total, obs_total, divergences, results, hint=hint)
 
 
 class TraceResult(msgspec.Struct):
@@ -288,7 +299,7 @@ def render_window(rep: Reproduction) -> list[str]:
     out = [f"window {rep.window_id}: scenario {rep.scenario}, rows {rep.rows_capacity} and pages {rep.pages_capacity} "
            f"from {rep.geometry_source}",
            f"replayed {rep.replayed} requests on {rep.incarnations} fresh incarnation(s); {rep.compared} carry the window's "
-           f"own per-request host reuse", agreement_line(rep)]
+           f"own per-request host reuse", agreement_line(rep)] + ([f"note: {rep.hint}"] if rep.hint else [])
     for d in rep.divergences[:MAX_DIVERGENCES_SHOWN]:
         out.append(f"  diverges: {d.phase} #{d.order_index} (body {d.body_sha256[:12]}): predicted {d.predicted}, "
                    f"observed {d.observed}")

@@ -258,6 +258,7 @@ class Runner:
                 tg.start_soon(self._watch_gpu)
             if self.target.p.router is not None:
                 tg.start_soon(self._watch_router)
+            tg.start_soon(self._watch_identity)
 
     def _poll_deadline_s(self) -> float:
         t = self.policy.plan.timing if self.policy.plan is not None else None
@@ -290,6 +291,20 @@ class Runner:
                 self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("router", exc))
+
+    async def _watch_identity(self) -> None:
+        """The serving identity between a phase's own reads (a read, no generation): at C4 a round of
+        requests can last many seconds, and a drift inside it must not wait for the round's end."""
+        while True:
+            await anyio.sleep(WATCH_EVERY_S / self.scale)
+            polled = self.now()
+            try:
+                with anyio.fail_after(self._poll_deadline_s()):
+                    ident = await self.target.read_identity({})
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="identity",
+                                                     data={"identity": ident, "polled_at_ns": polled}))
+            except Exception as exc:
+                self._send.send_nowait(self._watch_failed("identity", exc))
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")

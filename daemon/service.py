@@ -482,6 +482,8 @@ class Service:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await target.close()
+                    if setup.probes:  # refused after its probe: what the probe sent is logged all the same
+                        await self.store.append_many(setup.probes)
                 raise
         except InputError as exc:
             # to the journal only: a refused command changes nothing, and a socket-group member must
@@ -492,6 +494,8 @@ class Service:
             await target.close()
             return control.error("another window started, or the daemon is stopping; no window starts")
         window_id = new_window_id(setup.plan)
+        if setup.probes:  # the forecast's requests, sent before the window opened
+            await self.store.append_many(setup.probes, window_id=window_id)
         w = self._new_window(window_id, setup, target)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)

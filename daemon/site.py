@@ -41,6 +41,14 @@ class Engine(msgspec.Struct, forbid_unknown_fields=True):
     log_dir: str = "engine-logs"
 
 
+class Forecast(msgspec.Struct, forbid_unknown_fields=True):
+    """Pace probing: off unless the site opts in. When on, the forecast sends at most this many of
+    the plan's own bodies (never more than the plan's `rates.probe_requests`) to the incumbent
+    before the window opens, and every one is written to the event log."""
+
+    probe_requests: int = 0
+
+
 class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
     serving: Service
     manager: Service | None = None
@@ -50,6 +58,7 @@ class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
     gpu: Gpu = msgspec.field(default_factory=Gpu)
     metrics_profile: Literal["flare", "llamacpp", "vllm", "sglang"] = "flare"
     metrics: dict[str, str] = {}  # contract family -> engine selector, on top of metrics_profile
+    forecast: Forecast = msgspec.field(default_factory=Forecast)
 
 
 class Site(msgspec.Struct):
@@ -114,6 +123,8 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         for name in (prof.engine.incumbent, prof.engine.candidate_recipe):
             if name not in prof.engine.recipes:
                 raise SiteError(f"{path}: engine: no recipe {name!r} in [engine.recipes]")
+    if not 0 <= prof.forecast.probe_requests <= 16:
+        raise SiteError(f"{path}: forecast.probe_requests = {prof.forecast.probe_requests}: expected 0 (no probe) to 16")
     if prof.gpu.source == "sim" and not prof.gpu.url:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
     tokens, token_files = {}, {}

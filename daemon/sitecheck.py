@@ -21,9 +21,6 @@ from flare_diag.policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
 OBSERVABLE, NOT_OBSERVABLE, NOT_APPLICABLE = "observable", "not observable", "not applicable"
 
-# The scheduler gauges a drain cannot be judged without; the others (retiring, host transfers) are
-# checked where the engine exposes them.
-REQUIRED_DRAIN = ("requests_active", "requests_pending")
 COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_hits",
             "gpu_reused_tokens", "stores", "evictions", "compactions", "prompt_tokens", "generation_tokens")
 OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "host_cache_bytes_capacity", "rows_used", "rows_capacity",
@@ -172,12 +169,17 @@ class _Probe:
             required = c == "host_reused_tokens" and replay  # the verdict cannot be reached without it
             self.add(f"counter.{c}", OBSERVABLE if have else NOT_OBSERVABLE,
                      "exposed" if have else "this engine does not expose it; reported as not observable", required)
+        # The seed's drain rule reads every one of these gauges; one the host does not expose is never
+        # taken for zero: the plan must accept a weaker drain by name (drain.accept_unobserved).
+        accepted = set(self.plan.drain.accept_unobserved) if self.plan else set()
         for g in DRAIN_GAUGES:
             have = gauges.get(g) is not None
-            required = g in REQUIRED_DRAIN
             self.add(f"drain.{g}", OBSERVABLE if have else NOT_OBSERVABLE,
-                     f"now {_num(gauges[g])}" if have else ("a drain cannot be judged without it" if required
-                                                         else "not exposed; drains check what is"), required)
+                     f"now {_num(gauges[g])}" if have else
+                     ("not exposed; the plan accepts a drain judged without it (drain.accept_unobserved), and every "
+                      "cell names it" if g in accepted else
+                      "not exposed: the seed's drain rule cannot be held here; a plan may accept a weaker drain "
+                      "with drain.accept_unobserved"), required=g not in accepted)
         for g in OCCUPANCY:
             have = gauges.get(g) is not None
             self.add(f"gauge.{g}", OBSERVABLE if have else NOT_OBSERVABLE,

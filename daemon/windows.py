@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.fixture import Fixture, FixtureError, find_fixture, load_fixture
+from flare_diag.daemon.fixture import sampling_mismatch, Fixture, FixtureError, find_fixture, load_fixture
 from flare_diag.daemon.nvml import available as nvml_unavailable
 from flare_diag.daemon.site import Site, SiteError, load_site
 from flare_diag.events.schema import WindowOpened
@@ -58,6 +58,8 @@ class WindowSetup:
     expected_incumbent: str = ""  # after a window that did not restore: the incumbent it recorded
     clock: str = "wall"  # "virtual" in a rehearsal on the simulator's time (daemon/virtualtime.py)
     sim_seed: int | None = None
+    inprocess_sim: bool = False  # a rehearsal's own simulator, served in this process
+    probes: list = field(default_factory=list)  # ProbeRequest events the forecast sent, for the log
 
     @property
     def plan_sha256(self) -> str:
@@ -94,10 +96,28 @@ def read_plan(path: Path) -> tuple[bytes, Plan]:
 
 
 def load_fixtures(plan: Plan, search: list[Path]) -> dict[str, Fixture]:
+    """The plan's fixtures, each verified against its manifest and, body by body, against the plan's
+    sampling (contract section 2): a body that differs is refused before anything changes."""
     try:
-        return {f.name: load_fixture(find_fixture(f.name, search)) for f in plan.fixtures}
+        fixtures = {f.name: load_fixture(find_fixture(f.name, search)) for f in plan.fixtures}
     except FixtureError as exc:
         raise InputError(str(exc)) from None
+    for ref in plan.fixtures:
+        want = plan_sampling(plan, ref.name)
+        why = sampling_mismatch(fixtures[ref.name], want)
+        if why:
+            raise InputError(f"fixture {ref.name}: {why}; every body must ask the plan's sampling (contract section 2)")
+    return fixtures
+
+
+def plan_sampling(plan: Plan, fixture: str) -> dict:
+    """The sampling every body of `fixture` must ask: the plan's, with the fixture's own max_tokens
+    where the plan states one for it (the trace fixture's short generations)."""
+    sp = msgspec.to_builtins(plan.sampling)
+    ref = next((f for f in plan.fixtures if f.name == fixture), None)
+    if ref is not None and ref.max_tokens is not None:
+        sp["max_tokens"] = ref.max_tokens
+    return sp
 
 
 SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

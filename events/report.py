@@ -123,6 +123,7 @@ class _Projection:
                 occ[k] = v
             else:
                 occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
+                occ[f"{k}_last"] = v  # the latest reading: after the closing drain, what the phase left
         occ["scrapes"] += 1
 
     def phase_started(self, env: Envelope, ev) -> None:
@@ -203,6 +204,9 @@ class _Projection:
         scale = float(f.clock.get("time_scale") or 1.0)
         r["trace"].update(trace_evidence(r["cells"], r["requests"], scale))
         r["latency"] = phase_latency(r["requests"], scale)
+        r["costs"] = phase_costs(r["requests"], scale)
+        so = f.starting_observation
+        r["starting_observation"] = starting_observation(so, f.cells, r["occupancy"]) if so else None
         return r
 
 
@@ -244,6 +248,81 @@ def phase_latency(requests: list[dict], scale: float = 1.0) -> list[dict]:
     """Per phase that answered: time to first token and total latency (p50, p90, window seconds
     from each request's send; nearest rank). Descriptive."""
     return [{"phase": ph, "requests": len(qs), **_stats(qs, scale)} for ph, qs in _ok_by_phase(requests).items()]
+
+
+COST_KEYS = ("queue_wait_s", "ttft_s", "decode_ms_per_token", "output_tokens_per_s")
+
+
+def _request_costs(q: dict, scale: float) -> dict:
+    """One request's costs, separated as the seed asks: waiting for the host (send to first byte),
+    prefill (to first token), decode (per output token after the first), and its output rate."""
+    fb, ft, lt, end = (_seconds(q, k, scale) for k in ("first_byte_ns", "first_token_ns", "last_token_ns", "end_ns"))
+    n = q.get("completion_tokens")
+    decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]
+    rate = n / end if n is not None and end else None
+    return {"queue_wait_s": fb, "ttft_s": ft, "decode_ms_per_token": decode, "output_tokens_per_s": rate}
+
+
+def phase_costs(requests: list[dict], scale: float = 1.0) -> list[dict]:
+    """Per phase (trace arms included): queue wait, TTFT, decode ms per output token and output tokens
+    per second, p50 and p90 (nearest rank) of the requests that answered. Host-to-GPU transfer time
+    is not part of the contract's metrics, so it is reported as not exposed. Descriptive."""
+    out = []
+    for ph, qs in _ok_by_phase(requests).items():
+        per = [_request_costs(q, scale) for q in qs]
+        row: dict = {"phase": ph, "requests": len(qs)}
+        for k in COST_KEYS:
+            xs = [c[k] for c in per if c[k] is not None]
+            for pct in (50, 90):
+                v = _pct(xs, pct)
+                row[f"{k}_p{pct}"] = None if v is None else round(v, 4)
+        row["host_transfer_s"] = None  # not exposed by the contract's /metrics
+        out.append(row)
+    return out
+
+
+STARTING_FIELDS = ("stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens")
+
+
+def starting_observation(so: dict, cells: dict, occupancy: list[dict]) -> dict:
+    """The plan's starting observation against what its phase measured, line by line: reproduced only
+    when every stated line was observed and matches (counts exactly, bytes and rates within the
+    plan's tolerance)."""
+    phase = so.get("phase") or "A.forward_prime"
+    cell = cells.get(phase) or {}
+    occ = next((o for o in occupancy if o.get("phase") == phase), {})
+    n = cell.get("requests") or 0
+    stores = occ.get("stores") or {}
+    seen = {
+        "stores_per_request": (sum(v for v in stores.values() if v is not None) / n) if stores and n else None,
+        "records": occ.get("host_cache_records_last"),
+        "bytes_used": occ.get("host_cache_bytes_used_last"),
+        "bytes_capacity": occ.get("host_cache_bytes_capacity"),
+        "restored_tokens": (cell.get("host") or {}).get("fetched_tokens"),
+    }
+    tol = float(so.get("tolerance") or 0)
+    lines = []
+    for k in STARTING_FIELDS:
+        want = so.get(k)
+        if want is None:
+            continue
+        got = seen[k]
+        if got is None or cell.get("status") != "measured":
+            same = None
+        elif k in ("records", "restored_tokens"):
+            same = got == want
+        else:
+            same = abs(got - want) <= tol * max(abs(want), 1)
+        lines.append({"field": k, "expected": want, "observed": None if got is None else round(got, 4), "same": same})
+    if cell.get("status") != "measured":
+        status = "not_measured"
+    elif lines and all(x["same"] for x in lines):
+        status = "reproduced"
+    elif any(x["same"] is False for x in lines):
+        status = "not_reproduced"
+    else:
+        status = "not_observable"
+    return {"phase": phase, "status": status, "lines": lines}
 
 
 def trace_evidence(cells: list[dict], requests: list[dict], scale: float = 1.0) -> dict:

@@ -11,6 +11,7 @@ from html import escape
 from flare_diag.events import charts
 from flare_diag.events.report import Segment, join_segments
 from flare_diag.events.report_view import (
+    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
@@ -249,6 +250,13 @@ def _evidence(r: dict) -> list[Segment]:
     p.append("<h3>Host cache: capacity against occupancy</h3><p class=meta>Peaks are the largest gauge readings scraped "
              "while the phase ran; counts are the phase's counter deltas.</p>"
              + (_table(OCCUPANCY_HEAD, occ, 1) if occ else "<p>not observed</p>"))
+    start = starting_line(r)
+    if start:
+        p.append(f"<h3 id=starting-observation>Starting observation</h3><p>{escape(start)}</p>"
+                 + _table(STARTING_HEAD, starting_rows(r), 1))
+    costs = cost_rows(r)
+    p.append(f"<h3 id=costs>Costs per phase: queue, prefill, decode, output</h3><p class=meta>{escape(COST_WORDS)}</p>"
+             + (_table(COST_HEAD, costs, 1) if costs else "<p>no request answered</p>"))
     lat = latency_rows(r)
     p.append("<h3>Time to first token and latency per phase</h3><p class=meta>Window seconds from each request's send; "
              "nearest-rank percentiles; descriptive.</p>" + (_table(LATENCY_HEAD, lat, 1) if lat else "<p>no request answered</p>"))

@@ -7,6 +7,7 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 from __future__ import annotations
 
 from flare_diag.events.report_view import (
+    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
@@ -91,6 +92,12 @@ def _evidence(r: dict) -> list[str]:
     out += ["", "### Host cache: capacity against occupancy", "",
             "Peaks are the largest gauge readings scraped while the phase ran; counts are the phase's counter deltas.", ""]
     out += md_table(OCCUPANCY_HEAD, occ) if occ else ["- not observed (no phase scraped the host cache's gauges)"]
+    start = starting_line(r)
+    if start:
+        out += ["", "### Starting observation", "", start, ""] + md_table(STARTING_HEAD, starting_rows(r))
+    costs = cost_rows(r)
+    out += ["", "### Costs per phase: queue, prefill, decode, output", "", COST_WORDS, ""]
+    out += md_table(COST_HEAD, costs) if costs else ["- no request answered"]
     lat = latency_rows(r)
     out += ["", "### Time to first token and latency per phase", "",
             "Window seconds from each request's send; nearest-rank percentiles; descriptive.", ""]

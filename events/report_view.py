@@ -114,8 +114,9 @@ REPRODUCER_WORDS = "runs the CPU reproducer on this window's own requests and it
 
 
 def reproducer_command(r: dict) -> str | None:
-    """After a churn verdict, the seed's next step as a command."""
-    if (r.get("verdict") or {}).get("hypothesis") != "row_checkpoint_churn":
+    """After a churn or restore-path verdict, the seed's next step as a command: the reproducer replays
+    the window's own requests (a restore path that never completes shows as hits the model restores)."""
+    if (r.get("verdict") or {}).get("hypothesis") not in ("row_checkpoint_churn", "restore_path"):
         return None
     return f"flare-diag reproduce LOG --window {r['window_id']} --policies lru_leaf,marconi,protect_full_prompt,block_lru"
 
@@ -176,6 +177,43 @@ LATENCY_HEAD = ["phase", "requests", "TTFT p50 (s)", "TTFT p90 (s)", "latency p5
 def latency_rows(r: dict) -> list[list[str]]:
     return [[x["phase"], str(x["requests"]), num(x["ttft_p50_s"], 2), num(x["ttft_p90_s"], 2),
              num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or []]
+
+
+COST_HEAD = ["phase", "requests", "queue wait p50 (s)", "queue wait p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
+             "decode p50 (ms/token)", "decode p90 (ms/token)", "output p50 (tokens/s)", "output p90 (tokens/s)",
+             "host transfer (s)"]
+
+
+def cost_rows(r: dict) -> list[list[str]]:
+    return [[x["phase"], str(x["requests"]), num(x["queue_wait_s_p50"], 3), num(x["queue_wait_s_p90"], 3),
+             num(x["ttft_s_p50"], 2), num(x["ttft_s_p90"], 2), num(x["decode_ms_per_token_p50"], 2),
+             num(x["decode_ms_per_token_p90"], 2), num(x["output_tokens_per_s_p50"], 1),
+             num(x["output_tokens_per_s_p90"], 1), "not exposed" if x.get("host_transfer_s") is None
+             else num(x["host_transfer_s"], 3)] for x in r.get("costs") or []]
+
+
+COST_WORDS = ("Window seconds from each request's send, separated as the seed asks: queue wait (send to first byte), "
+              "time to first token (prefill), decode per output token after the first, and output tokens per second "
+              "over the whole request; nearest-rank percentiles; descriptive. Host-to-GPU transfer time is not part "
+              "of the contract's metrics.")
+STARTING_HEAD = ["line", "the plan's starting observation", "observed", "same"]
+STARTING_WORDS = {"reproduced": "REPRODUCED", "not_reproduced": "NOT reproduced", "not_measured": "not measured",
+                  "not_observable": "not observable on this host"}
+
+
+def starting_line(r: dict) -> str | None:
+    so = r.get("starting_observation")
+    if not so:
+        return None
+    return (f"The starting observation, against {so['phase']}: {STARTING_WORDS.get(so['status'], so['status'])}"
+            + (f" ({', '.join(x['field'] for x in so['lines'] if x['same'] is False)} differ)"
+               if so["status"] == "not_reproduced" else ""))
+
+
+def starting_rows(r: dict) -> list[list[str]]:
+    so = r.get("starting_observation") or {}
+    return [[x["field"], val(x["expected"]), val(x["observed"]),
+             "yes" if x["same"] else "no" if x["same"] is False else "not observed"] for x in so.get("lines") or []]
 
 
 TRACE_ARM_HEAD = ["arm", "trace", "status", "requests", "host reused (tokens)", "TTFT p50 (s)", "TTFT p90 (s)",

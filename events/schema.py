@@ -112,7 +112,7 @@ class RequestDone(Input, tag="request_done"):
 
 @register
 class WatchObserved(Input, tag="watch_observed"):
-    """An unsolicited observation from a watcher (source: gpu | router)."""
+    """An unsolicited observation from a watcher (source: gpu | router | identity)."""
 
     source: str
     data: dict
@@ -120,7 +120,7 @@ class WatchObserved(Input, tag="watch_observed"):
 
 @register
 class WatchFailed(Input, tag="watch_failed"):
-    """A watcher's poll that got no answer (source: gpu | router); silence past the plan's
+    """A watcher's poll that got no answer (source: gpu | router | identity); silence past the plan's
     `timing.watch_lost_s` aborts with `watch_lost`."""
 
     source: str
@@ -154,6 +154,22 @@ class LogArchived(Event, tag="log_archived"):
     head_hash: str
     windows: list[str]
     events: int
+
+
+@register
+class ProbeRequest(Event, tag="probe_request"):
+    """A generation sent outside any window: the forecast's pace probe, before a window opens (opt-in
+    per site). Logged like every other request the daemon sends; no decision reads it."""
+
+    site: str
+    fixture: str
+    body_index: int
+    body_sha256: str
+    outcome: str  # ok | error
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    elapsed_s: float | None = None
+    error: str | None = None
 
 
 @register
@@ -258,6 +274,14 @@ class CellRecorded(Decision, tag="cell_recorded"):
     started_minute: float | None = None
     estimated_end_minute: float | None = None
     ended_minute: float | None = None
+    # chained validity (contract 4, amended 2026-12-01): the phase whose state a replay reads, the
+    # incarnation the phase ran on, and whether the identity read at its close was the one verified
+    # for that incarnation (None: not read, e.g. a phase that never ran)
+    prime: str | None = None
+    incarnation_id: str | None = None
+    identity_held: bool | None = None
+    hit_requests: list[int] = []  # order indices whose own counter delta showed a host hit (C1)
+    drain_unseen: list[str] = []  # drain gauges the host does not expose, accepted by the plan
 
 
 @register

@@ -19,6 +19,7 @@ class WindowFold:
     def __init__(self, window_id: str = "") -> None:
         self.window_id = window_id
         self.plan = ""
+        self.starting_observation: dict | None = None  # what the plan sets out to reproduce
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
@@ -95,6 +96,8 @@ class WindowFold:
         self.trace_fixture = (ev.plan.get("trace") or {}).get("fixture")
         self.candidate_recipe = ev.candidate_recipe
         self.expected_identity = dict(ev.plan.get("identity") or {})
+        so = ev.plan.get("starting_observation")
+        self.starting_observation = dict(so) if isinstance(so, dict) else None
         t = ev.plan.get("timing") or {}
         self.timing = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
                        "restore_reserve_min": t.get("restore_reserve_min")}
@@ -139,7 +142,10 @@ class WindowFold:
         self.cells[ev.phase] = {"phase": ev.phase, "status": ev.status, "reason": ev.reason, "requests": ev.requests,
                                 "host": ev.host, "gpu": ev.gpu, "comparable": ev.comparable,
                                 "natural_failures": ev.natural_failures, "started_minute": ev.started_minute,
-                                "estimated_end_minute": ev.estimated_end_minute, "ended_minute": ev.ended_minute}
+                                "estimated_end_minute": ev.estimated_end_minute, "ended_minute": ev.ended_minute,
+                                "prime": ev.prime, "incarnation_id": ev.incarnation_id,
+                                "identity_held": ev.identity_held, "hit_requests": list(ev.hit_requests),
+                                "drain_unseen": list(ev.drain_unseen)}
         if ev.phase == self.phase:
             self.phase = None
 

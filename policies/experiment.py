@@ -8,6 +8,7 @@ from typing import Any, TYPE_CHECKING
 from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
 from flare_diag.policies import guards, rules
 from flare_diag.policies.driver import Act, Interrupt, Proc, Sleep
+from flare_diag.policies.interpret import PRIMES
 from flare_diag.policies.plan import PhaseSpec, expected_identity, trace_arm_order
 from flare_diag.policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
 from flare_diag.policies.state import Incumbent, Running
@@ -232,9 +233,15 @@ def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {ident.get('recipe_sha256')}")
     if w.candidate_id is not None and ident.get("incarnation") != w.candidate_id:
         mism.append(f"incarnation: expected {w.candidate_id}, found {ident.get('incarnation')}")
+    inc_gpus = (w.incumbent.identity if w.incumbent else {}).get("gpus")
+    if inc_gpus is not None and ident.get("gpus") is not None:
+        # the seed: "same two GPUs at 300 W" as the incumbent ran on
+        mism += [f"against the incumbent's {m}" for m in rules.gpu_changes(inc_gpus, ident["gpus"])]
     if mism:
         w._abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
     w.ref_labels = {k: ident.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
+    # what every later read of this incarnation's identity is held to, phase by phase
+    w.verified_identity[ph.incarnation] = {k: v for k, v in ident.items() if k != "trace_enabled"}
     reason = "identity verified without generation"
     if ph.fresh:
         m = yield from w._act("scrape_metrics", {})
@@ -253,7 +260,20 @@ def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
             return
         reason += ("; counters reset and empty host cache verified" if observable else
                    "; counters reset verified; host cache occupancy not observable on this target")
-    w._cell(ph.id, "measured", reason, requests=0)
+    w._cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
+
+
+def hold_identity(w: WindowPolicy, ph: PhaseSpec, observed: dict, when: str) -> None:
+    """Aborts `identity_drift` when an identity read inside a phase differs from the identity
+    verified for its incarnation (contract 4, amended 2026-12-01)."""
+    verified = w.verified_identity.get(ph.incarnation)
+    if verified is None:
+        return
+    changes = rules.identity_changes(verified, observed)
+    if changes:
+        w.drifted = True
+        w._abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
+                                          f"{ph.incarnation}: " + "; ".join(changes))
 
 
 def drain(w: WindowPolicy, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
@@ -274,7 +294,9 @@ def _drain_polls(w: WindowPolicy, timeout_s: float, router: bool, polls: list[in
         calls = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
         res = yield from w._act_all(calls)
         m = res[0]
-        ok = m.ok and rules.drained(m.data.get("gauges", {}))
+        ok = m.ok and rules.drained(m.data.get("gauges", {}), w.plan.drain.accept_unobserved)
+        if m.ok:
+            w.drain_unseen.update(rules.unseen_drain_gauges(m.data.get("gauges", {})))
         if router and len(res) > 1 and res[1].ok:
             ok = ok and not (res[1].data.get("backend") or {}).get("inflight")
         if ok:
@@ -309,6 +331,17 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
     fixture = ph.fixture or ""
     shas = w.fixtures.get(fixture, {}).get("sha256", [])
     reqs = phase_requests(ph, len(w.est.work.get(fixture, [])))
+    prime = ph.prime or PRIMES.get(ph.id)
+    if prime is not None:
+        pc = w.ledger.cells.get(prime)
+        if pc is None or pc.status != "measured" or pc.identity_held is False or pc.incarnation_id != w.candidate_id:
+            why = (f"{pc.status}: {pc.reason}" if pc is not None and pc.status != "measured" else
+                   "its identity drifted" if pc is not None and pc.identity_held is False else
+                   f"it ran on incarnation {pc.incarnation_id}, not {w.candidate_id}" if pc is not None else "not run")
+            # a replay reads the state its own prime left: without it there is nothing to replay against
+            w._cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
+                    prime=prime, incarnation_id=w.candidate_id)
+            return
     if ph.trace is not None:
         res = yield from w._act("set_trace", {"enabled": ph.trace})
         if not res.ok or res.data.get("trace_enabled") != ph.trace:
@@ -318,6 +351,8 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         if mism:
             w._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
     started, est_end = w.phase_marks.get(ph.id, (None, None))
+    w.drain_unseen = set()
+    w.current_since_ns = w.now
     w.current = Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
                         estimated_end_minute=est_end)
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
@@ -328,6 +363,7 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         return
     before = dict(w.last_counters or {})
     prev = before
+    hit_requests: list[int] = []
     failures: list[str] = []
     natural = 0
     k = 0
@@ -343,12 +379,21 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
                                            "body_sha256": shas[bi] if bi < len(shas) else ""}, True)
                for j, bi in enumerate(batch)]
         results = yield Act(ids)
+        # the phase's last requests have finished: what follows (its reads, its closing drain) is
+        # judged as the closing of a finished phase, even across the stop minute
+        w.draining_after = k + len(batch) >= len(reqs)
         delta: dict = {}
         if ph.concurrency == 1:
-            m = yield from w._act("scrape_metrics", {})
+            # between requests at C1: the counters, and the identity (a read, no generation), so that
+            # a drift is caught within one request
+            m, ident = yield from w._act_all([("scrape_metrics", {}), ("read_identity", {})])
             if m.ok:
                 delta = rules.counter_delta(prev, m.data.get("counters", {}))
                 prev = m.data.get("counters", {})
+                if delta.get("host_hits"):
+                    hit_requests.append(k)
+            if ident.ok:
+                hold_identity(w, ph, ident.data, f"after request #{k}")
         done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
         w.est.observe_round(fixture, batch, (w.now - sent) / NS_PER_S,
                             {rd.body_index: rd.completion_tokens for rd in done},
@@ -380,13 +425,29 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         check_projection(w, ph, k)
     w.draining_after = True
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"after {ph.id}")
-    w.draining_after = False
-    w.current = None
     after = w.last_counters if settled else prev
+    # the identity after the phase's closing drain (still inside its bound past the stop minute): a
+    # phase is held to the identity its incarnation was verified on
+    closing = yield from w._act("read_identity", {})
+    w.draining_after = False
+    held = None
+    if closing.ok and ph.incarnation in w.verified_identity:
+        changes = rules.identity_changes(w.verified_identity[ph.incarnation], closing.data)
+        held = not changes
+    w.current = None
     delta = rules.counter_delta(before, after or {})
     host, gpu = rules.host_gpu(delta)
-    common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural)
-    if not settled:
+    common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural,
+                  prime=prime, incarnation_id=w.candidate_id, identity_held=held, hit_requests=hit_requests,
+                  drain_unseen=sorted(w.drain_unseen))
+    if held is False:
+        w._cell(ph.id, "invalid", "its closing identity differs from the one verified for incarnation "
+                f"{ph.incarnation}: " + "; ".join(changes), **common)
+        w._abort_inside("identity_drift", f"{ph.id}: identity after the closing drain: " + "; ".join(changes))
+    if not closing.ok:
+        w._cell(ph.id, "invalid", f"its closing identity could not be read ({closing.detail or closing.error}), so the "
+                f"identity it was measured on is not known", **common)
+    elif not settled:
         w._cell(ph.id, "invalid", f"drain after the phase did not settle within {plan.timing.drain_timeout_s:g} s", **common)
     elif failures:
         w._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
@@ -395,4 +456,7 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         if w.stop_marked:
             why += (f"; its closing drain settled at minute {w._minute():.2f}, after the stop minute "
                     f"{plan.timing.stop_min:g} (all its requests had finished before it)")
+        if w.drain_unseen:
+            why += (f"; drains judged without {', '.join(sorted(w.drain_unseen))} (not exposed by this host; the plan "
+                    f"accepts the weaker drain)")
         w._cell(ph.id, "measured", why + _phase_caveat(w, ph), **common)

@@ -68,6 +68,23 @@ def gpu_watch(data: Mapping, growth: Growth) -> Abort:
     return ("uncontrolled_growth", breach) if breach else None
 
 
+def gpu_identity(data: Mapping, snapshot: Mapping | None) -> Abort:
+    """The GPU watch's UUIDs and power limits against the GPU snapshot taken before the take-down."""
+    gpus = data.get("gpus")
+    if not snapshot or not gpus or any("power_limit_w" not in g for g in gpus):
+        return None  # a watch that does not carry them says nothing about them
+    changes = rules.gpu_changes(snapshot.get("gpus") or [], gpus)
+    return ("identity_drift", "GPU watch: " + "; ".join(changes)) if changes else None
+
+
+def identity_watch(data: Mapping, verified: Mapping | None, phase: str) -> Abort:
+    """An identity read by the watch, held to the identity verified for the running incarnation."""
+    if verified is None:
+        return None
+    changes = rules.identity_changes(verified, data)
+    return ("identity_drift", f"{phase}: identity watch: " + "; ".join(changes)) if changes else None
+
+
 def gpu_rules_disabled(data: Mapping) -> str | None:
     """What the GPU watch reports it cannot watch, as the rules that no longer fire, or None."""
     parts = []

@@ -15,6 +15,11 @@ NEXT_EXPERIMENT = {
         "policy tests need independent correctness and three matched repeats at fixed bytes (>=5% primary "
         "benefit, <=3% protected regression)."
     ),
+    "restore_path": (
+        "Host lookups found checkpoints in A.reverse_replay but no restore completed (0 tokens fetched): inspect the "
+        "restore/transfer path on those requests (host transfer in-flight/waiting gauges, restore errors, transfer "
+        "timeouts), not the keys; the keys matched."
+    ),
     "key_or_checkpoint_eligibility": (
         "Reverse replay did not restore: inspect key and checkpoint eligibility first (rendered message-prefix "
         "keys, checkpoint positions against prompt lengths, which of the three checkpoints survive) before "
@@ -27,11 +32,36 @@ NEXT_EXPERIMENT = {
 }
 
 
-def _reused(cell: Mapping | None) -> int | None:
-    if not cell or cell.get("status") != "measured":
+# Contract section 4 (amended 2026-12-01): a replay reads the state its own prime left, so it is
+# usable only when that prime is measured on the same incarnation. A cell may name its prime
+# itself (`prime`); these are the 2026-10-22 plan's.
+PRIMES = {"A.reverse_replay": "A.forward_prime", "B.forward_replay": "B.forward_prime"}
+
+
+def unusable(cells: Mapping[str, Mapping], phase: str) -> str | None:
+    """Why `phase`'s cell cannot feed the verdict, or None when it can: not measured, measured on an
+    identity that drifted by its close, or a replay whose prime is not measured on its incarnation."""
+    cell = cells.get(phase)
+    if not cell:
+        return "not run"
+    if cell.get("status") != "measured":
+        return f"{cell.get('status')}: {cell.get('reason') or 'no reason recorded'}"
+    if cell.get("identity_held") is False:
+        return "its closing identity differed from the identity verified for its incarnation"
+    prime = cell.get("prime") or PRIMES.get(phase)
+    if prime:
+        pc = cells.get(prime)
+        if not pc or pc.get("status") != "measured" or pc.get("identity_held") is False:
+            return f"its prime {prime} was not measured"
+        if pc.get("incarnation_id") != cell.get("incarnation_id"):
+            return f"its prime {prime} ran on another incarnation ({pc.get('incarnation_id')}, not {cell.get('incarnation_id')})"
+    return None
+
+
+def _reused(cells: Mapping[str, Mapping], phase: str) -> int | None:
+    if unusable(cells, phase):
         return None
-    host = cell.get("host") or {}
-    return host.get("reused_tokens")
+    return ((cells[phase].get("host") or {}).get("reused_tokens"))
 
 
 RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward replay of the same bodies, "
@@ -54,29 +84,37 @@ def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = ()) -> tuple
 
 
 def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
-    rev = cells.get("A.reverse_replay")
-    if not rev or rev.get("status") != "measured":
-        why = rev.get("reason") if rev else "not run"
-        return ("inconclusive", f"A.reverse_replay was not measured ({rev.get('status') if rev else 'absent'}: {why})",
-                NEXT_EXPERIMENT["inconclusive"])
-    if (rev.get("host") or {}).get("reused_tokens") is None:
+    why_rev = unusable(cells, "A.reverse_replay")
+    if why_rev:
+        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})", NEXT_EXPERIMENT["inconclusive"])
+    rev = cells["A.reverse_replay"]
+    rev_host = rev.get("host") or {}
+    if rev_host.get("reused_tokens") is None:
         return ("inconclusive", "A.reverse_replay was measured but host reused tokens are not observable on this target",
                 NEXT_EXPERIMENT["inconclusive"])
-    fwd_reused = _reused(cells.get("B.forward_replay"))
+    fwd_reused = _reused(cells, "B.forward_replay")
     if fwd_reused is not None and fwd_reused > 0:
         return ("not_reproduced", f"B.forward_replay measured with {fwd_reused} host reused tokens",
                 NEXT_EXPERIMENT["not_reproduced"])
-    rev_reused = _reused(rev) or 0
-    small_reused = _reused(cells.get("B.small_control"))
+    rev_reused = rev_host["reused_tokens"]
+    small_reused = _reused(cells, "B.small_control")
     if rev_reused > 0 or small_reused:
         seen = (f"A.reverse_replay reused {rev_reused} host tokens" if rev_reused > 0 else
                 f"B.small_control reused {small_reused} host tokens while A.reverse_replay reused 0")
         if fwd_reused is None:
             # one diagnostic pair per order is needed to nominate a cause (contract 4, amended)
-            return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured",
+            why_fwd = unusable(cells, "B.forward_replay")
+            return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured ({why_fwd})",
                     RUN_B_ARM)
         return "row_checkpoint_churn", f"{seen}; B.forward_replay reused 0", NEXT_EXPERIMENT["row_checkpoint_churn"]
-    parts = ["A.reverse_replay reused 0 host tokens"]
+    hits, fetched = rev_host.get("hits"), rev_host.get("fetched_tokens")
+    if hits and fetched == 0:
+        # lookups found checkpoints but no restore completed: the keys matched, the restore did not
+        where = rev.get("hit_requests") or []
+        which = f" (order indices {', '.join(map(str, where[:12]))}{', ...' if len(where) > 12 else ''})" if where else ""
+        return ("restore_path", f"A.reverse_replay: {hits} host hits{which}, 0 tokens fetched, 0 reused",
+                NEXT_EXPERIMENT["restore_path"])
+    parts = [f"A.reverse_replay reused 0 host tokens ({hits if hits is not None else 'unobservable'} hits)"]
     if small_reused is not None:
         parts.append("B.small_control reused 0")
     return "key_or_checkpoint_eligibility", "; ".join(parts), NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]

@@ -36,6 +36,7 @@ class Sampling(msgspec.Struct, forbid_unknown_fields=True):
     temperature: float
     top_p: float
     reasoning_effort: str = "max"
+    stream: bool = True  # the window measures TTFT and usage from the stream
 
 
 class Timing(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,6 +78,9 @@ class Rates(msgspec.Struct, forbid_unknown_fields=True):
     request_overhead_s: float = 0.3  # per request: connection, scheduling, the counter scrape after it
     load_s: float = 90.0  # loading one incarnation
     chars_per_token: float = 4.0  # prompt tokens from message characters, where a fixture does not state them
+    # the most bodies a forecast may send to the incumbent to measure pace, where the site opts in
+    # (site profile [forecast]); each is logged. 0: never
+    probe_requests: int = 4
 
 
 class Growth(msgspec.Struct, forbid_unknown_fields=True):
@@ -91,8 +95,36 @@ class Growth(msgspec.Struct, forbid_unknown_fields=True):
     queue_excess_observations: int = 3  # consecutive scrapes over that excess
 
 
+DRAIN_GAUGES = ("requests_active", "requests_pending", "requests_retiring",
+                "host_transfers_inflight", "host_transfers_waiting")
+
+
+class Drain(msgspec.Struct, forbid_unknown_fields=True):
+    """The seed's drain rule holds only where every drain gauge is exposed. A plan may accept,
+    by name, gauges the site does not expose: the drain is then judged without them, a weaker
+    condition every cell names."""
+
+    accept_unobserved: list[str] = []
+
+
+class StartingObservation(msgspec.Struct, forbid_unknown_fields=True):
+    """What the window sets out to reproduce (the seed's 52-prompt observation), compared with
+    the phase it names after that phase's closing drain. A field left out is not compared."""
+
+    phase: str = "A.forward_prime"
+    stores_per_request: float | None = None
+    records: int | None = None
+    bytes_used: int | None = None
+    bytes_capacity: int | None = None
+    restored_tokens: int | None = None
+    tolerance: float = 0.02  # relative difference still called the same (bytes, stores per request)
+
+
 class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
     name: str
+    # where this fixture's bodies ask another max_tokens than [sampling] (the seed's 1024-token trace
+    # fixture): every other sampling field is the plan's
+    max_tokens: int | None = None
 
 
 PhaseKind = Literal["identity", "replay"]
@@ -112,6 +144,9 @@ class PhaseSpec(msgspec.Struct, forbid_unknown_fields=True):
     fresh: bool = False  # first phase of a new incarnation: verify counter reset and empty host cache
     trace: bool | None = None
     requires_measured: list[str] = []
+    # the phase whose state this replay reads (contract 4, amended 2026-12-01): the replay runs only
+    # when its prime is measured on the same incarnation, and is `invalid` otherwise
+    prime: str | None = None
 
 
 class TraceArms(msgspec.Struct, forbid_unknown_fields=True):
@@ -138,6 +173,8 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     growth: Growth = msgspec.field(default_factory=Growth)
     trace: TraceArms | None = None
     conditional: list[ConditionalStage] = []
+    drain: Drain = msgspec.field(default_factory=Drain)
+    starting_observation: StartingObservation | None = None
     production: bool = True
     description: str = ""
 
@@ -220,9 +257,13 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         _within(source, f"rates.{f}", getattr(plan.rates, f), 1e-6, 1e9)
     _within(source, "rates.request_overhead_s", plan.rates.request_overhead_s, 0, 3600)
     _within(source, "rates.load_s", plan.rates.load_s, 0, 86_400)
+    _within(source, "rates.probe_requests", plan.rates.probe_requests, 0, 16)
     sp = plan.sampling
     _within(source, "sampling.max_tokens", sp.max_tokens, 1, 1_000_000)
     _within(source, "sampling.temperature", sp.temperature, 0, 2)
+    for i, f in enumerate(plan.fixtures):
+        if f.max_tokens is not None:
+            _within(source, f"fixtures[{i}].max_tokens", f.max_tokens, 1, 1_000_000)
     _within(source, "fixtures (count)", len(plan.fixtures), 1, 64)
     _within(source, "phases (count)", len(plan.phases), 1, 1000)
     for i, ph in enumerate(plan.phases):
@@ -282,6 +323,23 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         for dep in ph.requires_measured:
             if dep not in seen:
                 raise PlanError(f"{where}.requires_measured names {dep!r}, which is not an earlier phase")
+        if ph.prime is not None:
+            prime = next((q for q in plan.phases[:i] if q.id == ph.prime), None)
+            if prime is None or prime.kind != "replay" or prime.incarnation != ph.incarnation:
+                raise PlanError(f"{where}.prime = {ph.prime!r}: expected an earlier replay phase of incarnation "
+                                f"{ph.incarnation!r}")
+    for g in plan.drain.accept_unobserved:
+        if g not in DRAIN_GAUGES:
+            raise PlanError(f"{source}: drain.accept_unobserved names {g!r}: expected one of {', '.join(DRAIN_GAUGES)}")
+    so = plan.starting_observation
+    if so is not None:
+        if so.phase not in seen:
+            raise PlanError(f"{source}: starting_observation.phase = {so.phase!r}: expected one of the plan's phases")
+        _within(source, "starting_observation.tolerance", so.tolerance, 0, 1)
+        for f in ("stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens"):
+            v = getattr(so, f)
+            if v is not None:
+                _within(source, f"starting_observation.{f}", v, 0, 2**62)
     if plan.trace is not None:
         if plan.trace.fixture not in fixtures:
             raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {sorted(fixtures)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
@@ -66,8 +66,38 @@ def label_drift(reference: Mapping, labels: Mapping) -> list[str]:
             for k in sorted(reference) if k in labels and labels.get(k) != reference[k]]
 
 
-def drained(gauges: Mapping[str, float | None]) -> bool:
-    return all(not gauges.get(g) for g in DRAIN_GAUGES)
+def unseen_drain_gauges(gauges: Mapping[str, float | None]) -> list[str]:
+    """Drain gauges this observation does not carry: never read as zero."""
+    return [g for g in DRAIN_GAUGES if gauges.get(g) is None]
+
+
+def drained(gauges: Mapping[str, float | None], accept_unobserved: Collection[str] = ()) -> bool:
+    """Every drain gauge at zero; a gauge the host does not expose holds the drain unsettled unless
+    the plan accepted a drain judged without it."""
+    return all(gauges.get(g) == 0 if gauges.get(g) is not None else g in accept_unobserved for g in DRAIN_GAUGES)
+
+
+def identity_changes(verified: Mapping, observed: Mapping) -> list[str]:
+    """Every identity field (GPU UUIDs and power limits included) that differs from the identity
+    verified for the incarnation, as 'field: was X, now Y'. The trace switch is the one field a
+    window changes itself, so it is not compared here."""
+    out = []
+    for f in (*IDENTITY_FIELDS, "recipe_sha256", "incarnation"):
+        if f in verified and observed.get(f) != verified[f]:
+            out.append(f"{f}: was {verified[f]!r}, now {observed.get(f)!r}")
+    if "gpus" in verified:
+        out += gpu_changes(verified["gpus"] or [], observed.get("gpus") or [])
+    return out
+
+
+def gpu_changes(reference: list[Mapping], observed: list[Mapping]) -> list[str]:
+    """The GPUs' UUIDs and power limits against a reference list ("the same two GPUs at 300 W")."""
+    ref = [(g.get("uuid"), g.get("power_limit_w")) for g in reference]
+    now = [(g.get("uuid"), g.get("power_limit_w")) for g in observed]
+    if sorted(u for u, _ in ref) != sorted(u for u, _ in now):
+        return [f"GPUs: were {sorted(str(u) for u, _ in ref)}, now {sorted(str(u) for u, _ in now)}"]
+    limits = dict(ref)
+    return [f"GPU {u}: power limit was {limits[u]} W, now {w} W" for u, w in now if limits.get(u) != w]
 
 
 def growth_breach(gauges: Mapping[str, float | None], bounds: Mapping, expected_host_bytes: int | None) -> str | None:

@@ -81,6 +81,10 @@ class WindowPolicy(Driver):
         self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
         self.restore_faults: list[str] = []  # Xid, OOM or containment breaches seen during the restore
         self.xids_known = 0  # Xid events in the GPU view the window has already judged
+        self.verified_identity: dict[str, dict] = {}  # incarnation label -> the identity its identity phase verified
+        self.current_since_ns = 0  # window time the running phase began
+        self.drifted = False  # an identity read inside a phase differed: the open cell's identity did not hold
+        self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
 
     # --- the interface -----------------------------------------------------------------------
 
@@ -282,9 +286,20 @@ class WindowPolicy(Driver):
             return
         hit = None
         if inp.source == "gpu":
-            hit = guards.gpu_watch(inp.data, self.plan.growth)
+            hit = guards.gpu_watch(inp.data, self.plan.growth) or \
+                guards.gpu_identity(inp.data, self.snapshots.get("gpu"))
         elif inp.source == "router" and self.quiesced:
             hit = guards.router_watch(inp.data, self.snapshots.get("router"))
+        elif inp.source == "identity" and self.current is not None and \
+                inp.data.get("polled_at_ns", -1) >= self.current_since_ns:
+            # between the phase's own reads (at C4 a round can last many seconds): held to the identity
+            # verified for the incarnation the phase runs on; a poll sent before the phase began (it
+            # may have crossed a load) says nothing about it
+            label = next((p.incarnation for p in self.all_phases if p.id == self.current.id), None)
+            hit = guards.identity_watch(inp.data.get("identity") or {}, self.verified_identity.get(label or ""),
+                                        self.current.id)
+            if hit:
+                self.drifted = True
         if hit:
             self._abort_from_outside(*hit)
 
@@ -347,7 +362,9 @@ class WindowPolicy(Driver):
             c = self.current
             why = (f"cut at the stop minute after {c.done} of {c.total} requests" if cause == "stop_minute"
                    else f"window aborted ({self.abort.reason if self.abort else cause}) after {c.done} of {c.total} requests")
-            self._cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable)
+            drifted = self.drifted or bool(self.abort and self.abort.reason == "identity_drift")
+            self._cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable, incarnation_id=self.candidate_id,
+                       identity_held=False if drifted else None)
             self.current = None
         if cause == "completed":
             why = "not started"

@@ -3,7 +3,12 @@
 Each of the five services (serving, manager, router, monitoring, GPU view) listens on a port of its
 own, which flaresim (one base URL) never exercises. Replies carry exactly the contract's fields. The
 host cache is the simplest one that shows reuse: an LRU of full-prompt checkpoints, `cache_entries`
-long, emptied with the counters on every new incarnation. With fewer entries than a fixture has
+long, emptied with the counters on every new incarnation.
+
+Faults a config may ask for: `drift` ({"after": N, "field": F, "value": V}: once an incarnation has
+served N chat requests, its identity shows F as V; F may also be `gpu_uuid` or `gpu_power_limit_w`,
+the second GPU's, which the GPU view shows too), and `restore_never_completes` (a lookup that finds
+its entry counts a hit, but nothing is fetched or reused: the restore path is broken, not the keys). With fewer entries than a fixture has
 bodies, a forward replay after a forward prime finds nothing (LRU's sequential-scan pathology) while
 a reverse replay finds the newest entries: churn. With enough entries, everything is found.
 
@@ -46,6 +51,23 @@ class State:
         self.c = {"lookups": 0, "hits": 0, "fetched": 0, "reused": 0, "stores": 0, "evictions": 0,
                   "gpu_queries": 0, "prompt": 0, "generation": 0, "stop": 0, "length": 0}
         self.active = 0
+        self.served = 0  # chat requests this incarnation has answered
+
+    def drifted(self) -> dict:
+        """The identity fields a `drift` fault has changed by now (empty before it is due)."""
+        d = self.cfg.get("drift")
+        if not d or self.served < d["after"] or self.loaded == self.cfg["incumbent"]:
+            return {}
+        return {d["field"]: d["value"]}
+
+    def gpus(self) -> list[dict]:
+        d = self.drifted()
+        gpus = [dict(g) for g in self.cfg["gpus"]]
+        if "gpu_uuid" in d:
+            gpus[1]["uuid"] = d["gpu_uuid"]
+        if "gpu_power_limit_w" in d:
+            gpus[1]["power_limit_w"] = d["gpu_power_limit_w"]
+        return gpus
 
     def sha(self, name: str) -> str:
         return hashlib.sha256(self.recipes[name]).hexdigest()
@@ -149,9 +171,10 @@ def identity(state: State) -> dict:
             "tensor_parallel": b["tensor_parallel"], "draft_tokens": b["draft_tokens"],
             "host_cache_bytes": b["host_cache_bytes"], "disk_cache_enabled": False, "capture_enabled": False,
             "trace_enabled": state.trace,
-            "gpus": [{"uuid": g["uuid"], "power_limit_w": g["power_limit_w"]} for g in cfg["gpus"]],
+            "gpus": [{"uuid": g["uuid"], "power_limit_w": g["power_limit_w"]} for g in state.gpus()],
             "recipe": name, "recipe_sha256": state.sha(name) if name else None,
-            "incarnation": f"c{state.incarnation}" if name else None}
+            "incarnation": f"c{state.incarnation}" if name else None,
+            **{k: v for k, v in state.drifted().items() if not k.startswith("gpu_")}}
 
 
 def r_health(h, _raw) -> None:
@@ -197,10 +220,11 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         reused = 0
         if key in st.cache:
             st.cache.move_to_end(key)
-            reused = st.cache[key]
             c["hits"] += 1
-            c["fetched"] += reused
-            c["reused"] += reused
+            if not st.cfg.get("restore_never_completes"):
+                reused = st.cache[key]
+                c["fetched"] += reused
+                c["reused"] += reused
         else:
             st.cache[key] = prompt
             c["stores"] += 1
@@ -238,6 +262,8 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
     finally:
         with st.lock:
             st.active -= 1
+            if not routed:
+                st.served += 1
 
 
 def r_metrics(h, _raw) -> None:
@@ -382,7 +408,7 @@ def r_targets(h, _raw) -> None:
 
 
 def r_gpu(h, _raw) -> None:
-    h.send_json({"gpus": h.server.state.cfg["gpus"], "xid_events": []})
+    h.send_json({"gpus": h.server.state.gpus(), "xid_events": []})
 
 
 ROUTES = {

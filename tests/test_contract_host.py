@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from flare_diag.events.reader import LogReader
-from flare_diag.daemon.forecast import PROBE_REQUESTS
 from tests.contract_tools import PLAN, ROOT, ContractHost
 
 SCALE = "60"
@@ -120,12 +119,42 @@ def test_idle_keepalive_closes_between_phases_abort_nothing_and_send_no_request_
     sent = [e for e in events if type(e).__name__ == "ActionRequested" and e.action == "send_request"]
     direct = [e for e in events if type(e).__name__ == "ActionRequested" and e.action == "preflight"
               and e.args.get("path") == "direct"]
-    # a site whose GPUs are simulated is a rehearsal: its forecast probed a few bodies before the
-    # window opened, and the window's opening records how many
-    opened = next(e for e in events if type(e).__name__ == "WindowOpened")
-    probe = opened.calibration.get("rounds", 0) + 1  # the probe's first request warms up and is not counted
-    assert probe == PROBE_REQUESTS and "probe" in opened.calibration["source"]
-    assert len(chats) == len(sent) + len(direct) + probe
+    # every generation the host served is one the log holds: the window's requests and its preflights
+    assert len(chats) == len(sent) + len(direct)
+
+
+def _count_generations(host: ContractHost, log: Path) -> tuple[int, int, list]:
+    chats = [x for x in host.requests() if x.get("path") == "/v1/chat/completions" and not x.get("dropped")]
+    with LogReader(log) as reader:
+        events = [e.event() for e in reader.iter()]
+    sends = [e for e in events if type(e).__name__ == "ActionRequested" and e.action in ("send_request", "preflight")]
+    probes = [e for e in events if type(e).__name__ == "ProbeRequest"]
+    return len(chats), len(sends) + len(probes), probes
+
+
+def test_run_sends_no_generation_that_is_not_in_the_log(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        rc, _r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+        served, logged, probes = _count_generations(host, tmp_path / "out" / "log.db")
+    finally:
+        host.stop()
+    assert rc == 0 and served == logged and not probes  # no pace probe unless the site opts in
+
+
+def test_a_site_that_opts_in_to_pace_probing_gets_at_most_the_plans_probes_each_logged(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    with open(host.site, "a") as f:
+        f.write("[forecast]\nprobe_requests = 16\n")
+    plan = _without_trace(small_plan, tmp_path)
+    plan.write_text(plan.read_text().replace("load_s = 60 ", "load_s = 60\nprobe_requests = 3 "))
+    try:
+        rc, r = run_window(host, tmp_path / "out", plan)
+        served, logged, probes = _count_generations(host, tmp_path / "out" / "log.db")
+    finally:
+        host.stop()
+    assert rc == 0 and served == logged and len(probes) == 3, (served, logged, len(probes))
+    assert all(p.outcome == "ok" and p.body_sha256 for p in probes)
 
 
 def test_site_check_passes_on_the_contract_host(churning_host):
@@ -182,4 +211,110 @@ def test_run_on_a_site_that_lacks_a_required_capability_exits_2_and_changes_noth
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "drain.requests_active" in p.stderr
     assert not [x for x in seen if any(m in x.get("path", "") for m in MUTATING)]
+    assert not (tmp_path / "out" / "log.db").exists()
+
+
+# --- identity held, restore_path, drain rule (issue 25) ---------------------------------------
+
+DRIFTS = {"tensor_parallel": 1, "draft_tokens": 3, "host_cache_bytes": 16 << 30, "capture_enabled": True,
+          "gpu_uuid": "GPU-0dd0000", "gpu_power_limit_w": 250}
+
+
+@pytest.mark.parametrize("field", list(DRIFTS))
+def test_each_identity_field_drifted_mid_phase_on_a_contract_host_aborts_within_one_request(tmp_path, small_plan, field):
+    host = ContractHost(tmp_path / "host", cache_entries=4, drift={"after": 3, "field": field, "value": DRIFTS[field]})
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+    finally:
+        host.stop()
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "identity_drift"), (r["abort"], r["restoration"])
+    prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert prime["status"] == "invalid" and prime["identity_held"] is False
+    assert len([q for q in r["requests"] if q["phase"] == "A.forward_prime"]) <= 4  # drifted after 3: caught at 3, or 4
+    assert r["verdict"]["hypothesis"] == "inconclusive"
+    assert r["restoration"]["verified"]
+
+
+def test_a_contract_host_whose_hits_never_restore_gives_restore_path(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=4, restore_never_completes=True)
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+    finally:
+        host.stop()
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
+    assert r["verdict"]["hypothesis"] == "restore_path", r["verdict"]
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["host"]["hits"] > 0 and rev["host"]["fetched_tokens"] == 0
+
+
+def test_a_contract_host_that_finds_nothing_gives_key_or_checkpoint_eligibility(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=0)
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+    finally:
+        host.stop()
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
+    assert r["verdict"]["hypothesis"] == "key_or_checkpoint_eligibility", r["verdict"]
+
+
+def test_site_check_says_the_drain_rule_cannot_be_held_without_the_retiring_gauge(tmp_path):
+    host = ContractHost(tmp_path / "host", omit_metrics=["flare_requests_retiring"])
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+        r = flare_diag("run", "--plan", str(PLAN), "--site", str(host.site), "--out", str(tmp_path / "out"))
+        seen = host.requests()
+    finally:
+        host.stop()
+    assert p.returncode == 1
+    by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
+    assert by_name["drain.requests_retiring"]["missing"]
+    assert "drain rule cannot be held" in by_name["drain.requests_retiring"]["reason"]
+    assert r.returncode == 2 and "drain.requests_retiring" in r.stderr and r.stderr.count("\n") == 1
+    assert not [x for x in seen if any(m in x.get("path", "") for m in MUTATING)]
+
+
+def test_a_plan_that_accepts_a_weaker_drain_runs_and_every_cell_names_the_unseen_gauge(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=4, omit_metrics=["flare_requests_retiring"])
+    plan = _without_trace(small_plan, tmp_path)
+    plan.write_text(plan.read_text() + '\n[drain]\naccept_unobserved = ["requests_retiring"]\n')
+    try:
+        rc, r = run_window(host, tmp_path / "out", plan)
+    finally:
+        host.stop()
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
+    replays = [c for c in r["cells"] if c["status"] == "measured" and c["requests"]]
+    assert replays and all(c["drain_unseen"] == ["requests_retiring"] and "requests_retiring" in c["reason"]
+                           for c in replays)
+
+
+def _fixture_with(tmp: Path, name: str, change: dict, body: int = 7) -> Path:
+    """A copy of the built-in fixture `name` beside a copy of the plan, one body's sampling changed
+    (and its manifest hash updated, so that only the sampling is wrong)."""
+    import hashlib
+    src = ROOT / "fixtures" / "data" / name
+    dst = tmp / name
+    dst.mkdir(parents=True)
+    bodies = (src / "bodies.jsonl").read_bytes().split(b"\n")
+    bodies = [b for b in bodies if b]
+    d = json.loads(bodies[body])
+    d.update(change)
+    bodies[body] = json.dumps(d, separators=(",", ":")).encode()
+    (dst / "bodies.jsonl").write_bytes(b"\n".join(bodies) + b"\n")
+    m = json.loads((src / "manifest.json").read_text())
+    m["sha256"] = [hashlib.sha256(b).hexdigest() for b in bodies]
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+@pytest.mark.parametrize("change", [{"temperature": 0}, {"max_tokens": 64}, {"top_p": 1.0}, {"reasoning_effort": "low"},
+                                    {"stream": False}])
+def test_a_fixture_with_one_bodys_sampling_changed_is_refused_before_quiesce(tmp_path, churning_host, change):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.read_text())
+    _fixture_with(tmp_path, "c1-52", change)
+    p = flare_diag("run", "--plan", str(plan), "--site", str(churning_host.site), "--out", str(tmp_path / "out"))
+    field = next(iter(change))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "fixture c1-52: body 7 (sha256" in p.stderr and f"{field} = {change[field]!r}" in p.stderr
+    assert not churning_host.requests(), "the host was touched"
     assert not (tmp_path / "out" / "log.db").exists()

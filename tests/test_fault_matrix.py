@@ -159,3 +159,19 @@ def test_an_action_hung_at_the_stop_minute_is_cancelled_and_the_restore_finishes
     hung = [e.action_id for e in evs if type(e).__name__ == "ActionRequested" and e.action == action]
     cancels = [i for e in evs if type(e).__name__ == "CancelRequested" for i in e.action_ids]
     assert set(cancels) & set(hung), "the hung action was not cancelled by the restore"
+
+
+DRIFT_FIELDS = ("tensor_parallel", "draft_tokens", "host_cache_bytes", "capture_enabled", "gpu_uuid", "gpu_power_limit_w")
+
+
+@pytest.mark.parametrize("field", DRIFT_FIELDS)
+def test_each_identity_field_drifted_mid_phase_aborts_within_one_request_and_names_no_cause(small_plan, tmp_path, field):
+    # the metrics' build labels stay as they were: only the identity endpoint (and the GPU view) shows it
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", f"identity_drift@request=4,field={field}")
+    seqs = aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
+    assert r["abort"]["reason"] == "identity_drift", r["abort"]
+    sent = [ev for _s, ev in seqs if type(ev).__name__ == "ActionRequested" and ev.action == "send_request"]
+    assert len(sent) <= 5  # the drift arrived with request 4; at most the one after it was sent
+    prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert prime["status"] == "invalid" and prime["identity_held"] is False
+    assert r["verdict"]["hypothesis"] == "inconclusive"

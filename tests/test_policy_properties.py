@@ -241,3 +241,30 @@ def test_no_experimental_request_is_sent_at_or_after_the_stop_minute_whatever_th
     for inp, ds in hist:
         if any(isinstance(d, ActionRequested) and d.experimental for d in ds):
             assert inp.at_ns < t0 + int(params["stop_min"] * 60 * S)
+
+
+# --- chained validity and identity held (contract 4, amended 2026-12-01) ---------------------
+
+_CELL = st.fixed_dictionaries({
+    "status": st.sampled_from(["measured", "failed", "invalid", "deferred"]),
+    "incarnation_id": st.sampled_from(["i1", "i2"]),
+    "identity_held": st.sampled_from([True, False, None]),
+    "host": st.fixed_dictionaries({"lookups": st.integers(0, 5), "hits": st.integers(0, 5),
+                                   "fetched_tokens": st.integers(0, 5), "reused_tokens": st.integers(0, 5)}),
+})
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(REQUIRED + ["B.small_control"]), _CELL))
+def test_the_verdict_never_reads_a_replay_whose_prime_is_not_measured_nor_a_drifted_cell(cells):
+    from flare_diag.policies.interpret import unusable, verdict
+    # whatever an unusable cell holds, the verdict is the one it gives with that cell left out
+    usable = {p: c for p, c in cells.items() if not unusable(cells, p)}
+    masked = {p: (c if p in usable else {"status": "invalid", "reason": "r"}) for p, c in cells.items()}
+    scrambled = {p: (c if p in usable else {**c, "host": {"lookups": 9, "hits": 9, "fetched_tokens": 9,
+                                                          "reused_tokens": 9}}) for p, c in cells.items()}
+    hyp = verdict(cells)[0]
+    assert hyp == verdict(masked)[0] == verdict(scrambled)[0]
+    if hyp not in ("inconclusive",):
+        assert "A.reverse_replay" in usable and "A.forward_prime" in usable
+        assert cells["A.reverse_replay"]["identity_held"] is not False

@@ -89,13 +89,77 @@ def test_findings_separate_hits_without_completed_restores():
     assert any("without a completed restore" in f for f in findings(cells))
 
 
+def _m(reused: int, inc: str = "A", hits: int = 0, fetched: int | None = None) -> dict:
+    return {"status": "measured", "incarnation_id": inc, "identity_held": True,
+            "host": {"lookups": 52, "hits": hits, "fetched_tokens": reused if fetched is None else fetched,
+                     "reused_tokens": reused}}
+
+
+def _primed(**replays: dict) -> dict:
+    """Replay cells with their primes measured on the same incarnation."""
+    cells = {"A.forward_prime": _m(0, "A"), "B.forward_prime": _m(0, "B")}
+    return {**cells, **{k.replace("_", ".", 1): v for k, v in replays.items()}}
+
+
 def test_verdict_follows_the_contract_order():
-    m = lambda r: {"status": "measured", "host": {"reused_tokens": r}}  # noqa: E731
     assert verdict({})[0] == "inconclusive"
-    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(5)})[0] == "not_reproduced"
-    assert verdict({"A.reverse_replay": m(5), "B.forward_replay": m(0)})[0] == "row_checkpoint_churn"
-    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(0), "B.small_control": m(3)})[0] == "row_checkpoint_churn"
-    assert verdict({"A.reverse_replay": m(0), "B.forward_replay": m(0)})[0] == "key_or_checkpoint_eligibility"
+    assert verdict(_primed(A_reverse_replay=_m(0), B_forward_replay=_m(5, "B")))[0] == "not_reproduced"
+    assert verdict(_primed(A_reverse_replay=_m(5), B_forward_replay=_m(0, "B")))[0] == "row_checkpoint_churn"
+    assert verdict(_primed(A_reverse_replay=_m(0), B_forward_replay=_m(0, "B"),
+                           B_small_control=_m(3, "B")))[0] == "row_checkpoint_churn"
+    assert verdict(_primed(A_reverse_replay=_m(0), B_forward_replay=_m(0, "B")))[0] == "key_or_checkpoint_eligibility"
+
+
+def test_a_reverse_replay_whose_prime_was_not_measured_nominates_nothing():
+    cells = _primed(A_reverse_replay=_m(5), B_forward_replay=_m(0, "B"))
+    cells["A.forward_prime"] = {"status": "invalid", "reason": "drain after the phase did not settle within 10 s"}
+    hyp, basis, _ = verdict(cells)
+    assert hyp == "inconclusive" and "its prime A.forward_prime was not measured" in basis
+
+
+def test_a_replay_whose_prime_ran_on_another_incarnation_is_not_used():
+    cells = _primed(A_reverse_replay=_m(5), B_forward_replay=_m(0, "B"))
+    cells["B.forward_replay"]["incarnation_id"] = "B2"
+    hyp, basis, _ = verdict(cells)
+    assert hyp == "inconclusive" and "another incarnation" in basis
+
+
+def test_a_cell_whose_closing_identity_differed_is_not_used():
+    cells = _primed(A_reverse_replay=_m(5), B_forward_replay=_m(0, "B"))
+    cells["A.reverse_replay"]["identity_held"] = False
+    assert verdict(cells)[0] == "inconclusive"
+
+
+def test_hits_that_never_restore_are_the_restore_path():
+    cells = _primed(A_reverse_replay=_m(0, hits=11, fetched=0), B_forward_replay=_m(0, "B"))
+    cells["A.reverse_replay"]["hit_requests"] = [3, 4, 9]
+    hyp, basis, nxt = verdict(cells)
+    assert hyp == "restore_path" and "11 host hits" in basis and "3, 4, 9" in basis
+    assert "restore/transfer path" in nxt and "not the keys" in nxt
+
+
+def test_no_hits_at_all_is_key_or_checkpoint_eligibility():
+    cells = _primed(A_reverse_replay=_m(0, hits=0, fetched=0), B_forward_replay=_m(0, "B"))
+    assert verdict(cells)[0] == "key_or_checkpoint_eligibility"
+
+
+def test_a_missing_drain_gauge_is_never_read_as_zero():
+    z = {g: 0 for g in rules.DRAIN_GAUGES}
+    without = {k: v for k, v in z.items() if k != "requests_retiring"}
+    assert not rules.drained(without)
+    assert rules.drained(without, accept_unobserved=["requests_retiring"])
+    assert rules.unseen_drain_gauges(without) == ["requests_retiring"]
+
+
+def test_identity_changes_name_every_field_gpu_uuids_and_power_limits():
+    v = {"tensor_parallel": 2, "incarnation": "i1", "gpus": [{"uuid": "G0", "power_limit_w": 300},
+                                                            {"uuid": "G1", "power_limit_w": 300}]}
+    assert rules.identity_changes(v, {**v, "trace_enabled": True}) == []
+    assert rules.identity_changes(v, {**v, "tensor_parallel": 1}) == ["tensor_parallel: was 2, now 1"]
+    lowered = {**v, "gpus": [{"uuid": "G0", "power_limit_w": 300}, {"uuid": "G1", "power_limit_w": 250}]}
+    assert rules.identity_changes(v, lowered) == ["GPU G1: power limit was 300 W, now 250 W"]
+    moved = {**v, "gpus": [{"uuid": "G0", "power_limit_w": 300}, {"uuid": "G7", "power_limit_w": 300}]}
+    assert "GPUs: were" in rules.identity_changes(v, moved)[0]
 
 
 def _runs(primary, protected=1.0, correct=True, n=3, sha="f"):

@@ -722,3 +722,77 @@ def test_the_backend_seen_admitted_while_its_readmit_is_in_flight_is_no_breach()
     rest = decisions(h, RestorationRecorded)[0]
     assert rest.verified and rest.checks["no_fault_during_restore"] is True
     assert not [a for a in decisions(h, Alarm) if a.kind == "fault_during_restore"]
+
+
+# --- identity held through every phase, chained validity (issue 25) ---------------------------
+
+def _drift_after(phase: str, n: int, change: dict):
+    def hook(world, hist):
+        sent = sum(1 for i, _ds in hist if isinstance(i, RequestDone) and i.phase == phase)
+        if sent >= n and not world.identity_override:
+            world.identity_override = dict(change)
+            world.drift_at_request = sent
+        return None
+    return hook
+
+
+def test_an_identity_field_drifting_mid_phase_at_c1_aborts_within_one_request():
+    for change in ({"tensor_parallel": 1}, {"draft_tokens": 3}, {"host_cache_bytes": 2**34}, {"capture_enabled": True},
+                   {"gpus": [{"uuid": "GPU-0", "power_limit_w": 300}, {"uuid": "GPU-1", "power_limit_w": 250}]},
+                   {"gpus": [{"uuid": "GPU-0", "power_limit_w": 300}, {"uuid": "GPU-9", "power_limit_w": 300}]}):
+        w, h = run(hook=_drift_after("A.forward_prime", 10, change))
+        ab = decisions(h, AbortDecided)
+        assert ab and ab[0].reason == "identity_drift", change
+        sent = [a for a in actions(h) if a.action == "send_request" and a.args["phase"] == "A.forward_prime"]
+        assert len(sent) <= w.drift_at_request + 1, change
+        c = cells(h)
+        assert c["A.forward_prime"].status == "invalid" and c["A.forward_prime"].identity_held is False
+        assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+
+
+def test_a_candidate_on_other_gpus_than_the_incumbent_is_identity_drift():
+    def hook(world, hist):
+        if world.incarnations >= 1 and not world.identity_override:
+            world.identity_override = {"gpus": [{"uuid": "GPU-7", "power_limit_w": 300},
+                                                {"uuid": "GPU-1", "power_limit_w": 300}]}
+        return None
+    _w, h = run(hook=hook)
+    ab = decisions(h, AbortDecided)
+    assert ab[0].reason == "identity_drift" and "incumbent" in ab[0].detail
+
+
+def test_a_replay_whose_prime_drain_did_not_settle_is_invalid_and_never_sent():
+    def hook(world, hist):
+        done = sum(1 for i, _ds in hist if isinstance(i, RequestDone) and i.phase == "A.forward_prime")
+        world.drain_stuck = done == 52 and not any(
+            isinstance(d, CellRecorded) and d.phase == "A.forward_prime" for _i, ds in hist for d in ds)
+        return None
+    _w, h = run(hook=hook)
+    c = cells(h)
+    assert c["A.forward_prime"].status == "invalid"
+    assert c["A.reverse_replay"].status == "invalid" and "its prime A.forward_prime was not measured" in c["A.reverse_replay"].reason
+    assert not [a for a in actions(h) if a.action == "send_request" and a.args["phase"] == "A.reverse_replay"]
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+
+
+def test_an_identity_watch_answer_that_differs_mid_phase_aborts_identity_drift():
+    state = {"fired": False}
+
+    def hook(world, hist):
+        sent = sum(1 for i, _ds in hist if isinstance(i, RequestDone) and i.phase == "B.forward_prime")
+        if sent == 5 and not state["fired"]:
+            state["fired"] = True
+            ident = {**world.identity(), "tensor_parallel": 1}
+            return WatchObserved(at_ns=world.now, source="identity", data={"identity": ident, "polled_at_ns": world.now})
+        return None
+    _w, h = run(hook=hook)
+    ab = decisions(h, AbortDecided)
+    assert ab[0].reason == "identity_drift" and "identity watch" in ab[0].detail
+    assert cells(h)["B.forward_prime"].identity_held is False
+
+
+def test_a_cell_records_its_prime_its_incarnation_and_that_its_identity_held():
+    _w, h = run()
+    c = cells(h)["A.reverse_replay"]
+    assert c.prime == "A.forward_prime" and c.identity_held is True
+    assert c.incarnation_id == cells(h)["A.forward_prime"].incarnation_id is not None

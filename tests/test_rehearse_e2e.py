@@ -153,3 +153,45 @@ def test_the_seed_reaches_the_simulator_and_draws_its_service_times(tmp_path, sm
     # the model's draws for seed 7 are the rehearsal's (keyed by the work), seed 0's are not
     assert all(abs(modelled(7)[p] - m) <= 0.01 for p, m in ended.items() if m is not None)
     assert modelled(0)["A.forward_prime"] != ended["A.forward_prime"]
+
+
+def test_a_host_whose_hits_never_restore_gives_restore_path(tmp_path, small_plan):
+    rc, r, _out = rehearse(tmp_path, "--scenario", "restore-stalled", "--plan", str(small_plan))
+    assert rc == 0 and r["outcome"] == "completed", r["cells"]
+    v = r["verdict"]
+    assert v["hypothesis"] == "restore_path", v
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["host"]["hits"] > 0 and rev["host"]["fetched_tokens"] == 0 and rev["hit_requests"]
+    assert "restore/transfer path" in v["next_experiment"]
+    # the reproducer knows the verdict: a model that restores what it finds is not the host's
+    from flare_diag.daemon.reproduce import reproduce_window
+    from flare_diag.fixtures.flaresim.scenario import load_scenario
+    working = reproduce_window(_out / "log.db", None, load_scenario("churn"), [])
+    assert "restore_path" in working.hint and "working restore path" in working.hint
+    stalled = reproduce_window(_out / "log.db", None, load_scenario("restore-stalled"), [])
+    assert stalled.reproduces
+
+
+def test_a_rehearsal_refused_by_its_forecast_is_one_line_and_exit_2(tmp_path, capsys):
+    slow = tmp_path / "slow.toml"
+    slow.write_text(PLAN.read_text().replace("decode_tokens_per_s = 110", "decode_tokens_per_s = 20"))
+    rc = main(["rehearse", "--plan", str(slow), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "do not fit" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out" / "log.db").exists()
+
+
+def test_a_rehearsal_reports_its_costs_and_the_starting_observation(default_rehearsal):
+    _rc, r, _out = default_rehearsal
+    costs = {c["phase"]: c for c in r["costs"]}
+    prime = costs["A.forward_prime"]
+    assert prime["requests"] == 52 and prime["ttft_s_p50"] > 0 and prime["decode_ms_per_token_p50"] > 0
+    assert prime["queue_wait_s_p50"] is not None and prime["output_tokens_per_s_p90"] > 0
+    assert prime["host_transfer_s"] is None  # not in the contract's metrics
+    assert any(p.startswith("trace.") for p in costs)  # per trace arm too
+    so = r["starting_observation"]
+    assert so["phase"] == "A.forward_prime" and {x["field"] for x in so["lines"]} == {
+        "stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens"}
+    # the default scenario is calibrated on the seed's observation: three stores a request, 52 records,
+    # 8.73 of 32 GiB, nothing restored
+    assert so["status"] == "reproduced", so

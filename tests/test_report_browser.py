@@ -60,6 +60,10 @@ def opened_report(default_rehearsal):
             seen["ticks"] = {cid: page.locator(f"#{cid} .tick-x, #{cid} .tick-y").count() for cid, *_ in CHARTS}
             seen["request rows shown"] = page.locator("table.requests tr").first.is_visible()
             seen["request tables"] = page.locator("details > table.requests").count()
+            for sec in ("costs", "starting-observation"):
+                seen[f"#{sec}"] = page.locator(f"#{sec}").bounding_box()
+                seen[f"{sec} table"] = page.locator(f"#{sec} ~ table").first.inner_text()
+            seen["starting text"] = page.locator("#starting-observation + p").inner_text()
         finally:
             browser.close()
     return page_path, requests, problems, seen
@@ -117,3 +121,18 @@ def test_the_reproducers_page_renders_its_charts_with_no_error_or_request(defaul
             browser.close()
     assert requests == [page_path.as_uri()] and problems == []
     assert all(b is not None and b["width"] > 300 and b["height"] > 40 for b in boxes) and ticks >= 4
+
+
+def test_the_cost_decomposition_and_the_starting_observation_are_shown_in_the_evidence(opened_report):
+    seen = opened_report[3]
+    for sec in ("#costs", "#starting-observation"):
+        box = seen[sec]
+        assert box is not None and box["height"] > 0, sec
+        assert seen["#cells"]["y"] < box["y"] < seen["#detail"]["y"], sec
+    costs = seen["costs table"]
+    for col in ("queue wait p50 (s)", "TTFT p50 (s)", "decode p50 (ms/token)", "output p50 (tokens/s)", "host transfer (s)"):
+        assert col in costs, col
+    assert "A.forward_prime" in costs and "trace.C4.r1.on" in costs and "not exposed" in costs
+    assert "A.forward_prime: REPRODUCED" in seen["starting text"]
+    for line in ("stores_per_request", "records", "bytes_used", "restored_tokens"):
+        assert line in seen["starting-observation table"], line
