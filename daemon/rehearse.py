@@ -44,11 +44,17 @@ def parse_fault(spec: str) -> dict:
     params allowed; `load`: as the n-th manager load from now completes).
 
     Checked whole before the simulator starts, so a bad spec starts nothing."""
-    from flare_diag.fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, STRING_PARAMS, describe  # the simulator owns its faults
+    from flare_diag.fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, REQUEST_FAULTS, STRING_PARAMS, describe  # the simulator owns its faults
     first, *params = spec.split(",")
     kind, _, at = first.partition("@")
     if kind not in FAULT_KINDS:
         raise InputError(f"--fault {spec!r}: kind: expected one of {', '.join(FAULT_KINDS)}")
+    if "@" in first and not at:
+        raise InputError(f"--fault {spec!r}: @: expected a moment after it, one of "
+                         f"{', '.join('@' + m for m in MOMENTS)} ({FAULT_SPEC})")
+    if at.partition("=")[0] == "load" and kind in REQUEST_FAULTS:
+        raise InputError(f"--fault {spec!r}: {kind} is met by a request, so it fires at @request, @after_request or "
+                         f"@after_s, never @load ({FAULT_SPEC})")
     if at and at.partition("=")[0] not in MOMENTS:
         raise InputError(f"--fault {spec!r}: @{at.partition('=')[0]}: expected a moment, one of "
                          f"{', '.join('@' + m for m in MOMENTS)} ({FAULT_SPEC})")

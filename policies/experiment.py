@@ -263,17 +263,24 @@ def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
     w._cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
 
 
-def hold_identity(w: WindowPolicy, ph: PhaseSpec, observed: dict, when: str) -> None:
+def hold_identity(w: WindowPolicy, ph: PhaseSpec, observed: dict, when: str) -> Proc:
     """Aborts `identity_drift` when an identity read inside a phase differs from the identity
-    verified for its incarnation (contract 4, amended 2026-12-01)."""
+    verified for its incarnation (contract 4, amended 2026-12-01); an identity with no incarnation
+    at all is an engine that is gone, asked once through /health (`engine_lost`)."""
     verified = w.verified_identity.get(ph.incarnation)
     if verified is None:
         return
     changes = rules.identity_changes(verified, observed)
-    if changes:
-        w.drifted = True
-        w._abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
-                                          f"{ph.incarnation}: " + "; ".join(changes))
+    if not changes:
+        return
+    if observed.get("incarnation") is None:
+        h = yield from w._act("health", {})
+        if not (h.ok and h.data.get("status") == 200):
+            w._abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
+                                           f"answered {h.data.get('status') if h.ok else h.error}")
+    w.drifted = True
+    w._abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
+                                      f"{ph.incarnation}: " + "; ".join(changes))
 
 
 def drain(w: WindowPolicy, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
@@ -393,7 +400,7 @@ def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
                 if delta.get("host_hits"):
                     hit_requests.append(k)
             if ident.ok:
-                hold_identity(w, ph, ident.data, f"after request #{k}")
+                yield from hold_identity(w, ph, ident.data, f"after request #{k}")
         done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
         w.est.observe_round(fixture, batch, (w.now - sent) / NS_PER_S,
                             {rd.body_index: rd.completion_tokens for rd in done},

@@ -2,15 +2,74 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any, TYPE_CHECKING
 
 from flare_diag.events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
-from flare_diag.policies import rules
+from flare_diag.policies import guards, rules
 from flare_diag.policies.driver import Proc, Quiet
 from flare_diag.policies.interpret import findings, verdict
 
 if TYPE_CHECKING:
     from flare_diag.policies.window import WindowPolicy
+
+
+def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]:
+    """Right before the primary is readmitted: every rule that aborts an experiment, applied to the
+    restored incumbent. The router (the quiesced backend still out, nothing in flight), the GPUs (no
+    new Xid, memory under its bound, the same UUIDs and power limits), the engine (idle: every drain
+    gauge at zero; within its growth bounds, resident memory not grown past the bound since the
+    restore's first observation) and the identity (the incumbent's as read before the take-down).
+    Each breach, as a sentence; any one keeps the primary out."""
+    plan = w.plan
+    router, gpu, m, ident = yield from w._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"}),
+                                                   ("scrape_metrics", {}), ("read_identity", {})])
+    out = []
+    if w.snapshots.get("router") is not None and not (w.abort and w.abort.reason == "containment"):
+        if not router.ok:
+            out.append(f"containment: the router could not be read before readmit ({router.detail or router.error})")
+        else:
+            hit = guards.router_watch(router.data, w.snapshots.get("router"))
+            if hit:
+                out.append(f"{hit[0]}: before readmit: {hit[1]}")
+    if w.snapshots.get("gpu") is not None:
+        if not gpu.ok:
+            out.append(f"gpu_fault: the GPU view could not be read before readmit ({gpu.detail or gpu.error})")
+        else:
+            new = (gpu.data.get("xid_events") or [])[w.xids_known:]
+            if new:
+                w.xids_known += len(new)
+                out.append(f"gpu_fault: before readmit: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
+            hit = guards.gpu_watch({**gpu.data, "xid_events": []}, plan.growth) or \
+                guards.gpu_identity(gpu.data, w.snapshots.get("gpu"))
+            if hit:
+                out.append(f"{hit[0]}: before readmit: {hit[1]}")
+    if not m.ok:
+        out.append(f"uncontrolled_growth: the engine's metrics could not be read before readmit ({m.detail or m.error})")
+    else:
+        gauges = m.data.get("gauges") or {}
+        hit = guards.action_observation(m.data, None, True, plan.growth, plan.identity.host_cache_bytes)
+        if hit:
+            out.append(f"{hit[0]}: before readmit: {hit[1]}")
+        busy = [f"{g} = {gauges[g]:g}" for g in rules.DRAIN_GAUGES if gauges.get(g)]
+        if busy:
+            out.append(f"uncontrolled_growth: before readmit the incumbent is not idle ({', '.join(busy)}) with no "
+                       f"request of the window in flight")
+        resident, first = gauges.get("resident_bytes"), w.restore_resident
+        if resident is not None and first is not None and resident - first > plan.growth.max_resident_growth_bytes:
+            out.append(f"uncontrolled_growth: before readmit the incumbent's resident memory grew "
+                       f"{(resident - first) / 2**30:.1f} GiB since it loaded, beyond the bound "
+                       f"{plan.growth.max_resident_growth_bytes / 2**30:.1f} GiB")
+    if not ident.ok:
+        out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")
+    elif identity:
+        # the restored incumbent is a new incarnation of the same recipe: all else is held
+        changes = rules.identity_changes({k: v for k, v in identity.items() if k not in ("trace_enabled", "incarnation")},
+                                         ident.data)
+        if changes:
+            out.append("identity_drift: before readmit the incumbent's identity differs from before the take-down: "
+                       + "; ".join(changes))
+    return out
 
 
 def restore(w: WindowPolicy) -> Proc:
@@ -30,6 +89,9 @@ def restore(w: WindowPolicy) -> Proc:
                 r = yield from w._act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
                 if r.ok:
                     break
+    w.incumbent_back = True
+    first = yield from w._act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
+    w.restore_resident = ((first.data.get("gauges") or {}).get("resident_bytes") if first.ok else None)
     ident = yield from w._act("read_identity", {})
     checks["incumbent_sha256_match"] = bool(ident.ok and sha and ident.data.get("recipe_sha256") == sha)
     if checks["incumbent_sha256_match"] and identity:
@@ -59,6 +121,12 @@ def restore(w: WindowPolicy) -> Proc:
     checks["direct_preflight"] = bool(direct.ok)
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
     checks["no_fault_during_restore"] = not w.restore_faults
+    if w.took_down and not [k for k in ("incumbent_sha256_match", "direct_preflight", "containment")
+                            if checks[k] is False]:
+        # the last gate: every rule that would abort an experiment, applied before the primary goes back
+        for breach in (yield from last_gate(w, identity)):
+            w._restore_fault(breach)
+        checks["no_fault_during_restore"] = not w.restore_faults
     unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
                if checks[k] is False]
     if "router" in w.snapshots and w.snapshots["router"] is None:  # the site has no router
@@ -73,7 +141,8 @@ def restore(w: WindowPolicy) -> Proc:
         # failed window into an outage: it stays quiesced until a person has looked.
         checks["readmitted"] = False
         checks["routed_preflight"] = False
-        w._emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {', '.join(unready)} failed"))
+        why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.restore_faults)})" if w.restore_faults else "")
+        w._emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
     else:
         w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
         re = yield from w._act("readmit", {})

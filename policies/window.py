@@ -82,6 +82,8 @@ class WindowPolicy(Driver):
         self.restore_faults: list[str] = []  # Xid, OOM or containment breaches seen during the restore
         self.xids_known = 0  # Xid events in the GPU view the window has already judged
         self.verified_identity: dict[str, dict] = {}  # incarnation label -> the identity its identity phase verified
+        self.incumbent_back = False  # the restore has the incumbent loaded again (or never took it down)
+        self.restore_resident: float | None = None  # the restored incumbent's resident memory when first seen
         self.current_since_ns = 0  # window time the running phase began
         self.drifted = False  # an identity read inside a phase differed: the open cell's identity did not hold
         self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
@@ -279,7 +281,9 @@ class WindowPolicy(Driver):
             hit = guards.gpu_watch(inp.data, self.plan.growth) if inp.source == "gpu" else \
                 guards.router_watch(inp.data, self.snapshots.get("router")) \
                 if self.quiesced and not self.readmit_requested and not (self.abort and self.abort.reason == "containment") else None
-            if hit and hit[0] in ("gpu_fault", "containment"):
+            # an Xid or a containment breach at any moment of the restore; the other rules (GPU memory
+            # here, everything at the last gate) once the incumbent is back and until it is readmitted
+            if hit and (hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested):
                 self._restore_fault(f"{hit[0]}: {hit[1]}")
             return
         if self.stage != "experiment":

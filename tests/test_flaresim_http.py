@@ -258,3 +258,38 @@ async def test_flaresim_replies_carry_exactly_the_contract_fields():
         assert set(state["loaded"]) == {"recipe", "sha256", "incarnation"}
         ident = (await c.get("/flare/v1/identity", headers=AUTH)).json()
         assert all(set(g) == {"uuid", "power_limit_w"} for g in ident["gpus"])
+
+
+MOMENT_SPECS = {"now": "now", "request": {"request": 1}, "after_request": {"after_request": 1},
+                "after_s": {"after_s": 0.001}, "load": {"load": 1}}
+
+
+async def test_every_fault_kind_at_every_moment_either_fires_or_is_refused():
+    """A fault spec that is accepted fires when its moment comes (issue 26: `oom@load=N` used to be
+    accepted and never fire, so a test written that way tested nothing)."""
+    import asyncio
+
+    from flare_diag.fixtures.flaresim.host import FAULT_KINDS
+    silent = []
+    for kind in FAULT_KINDS:
+        for moment, at in MOMENT_SPECS.items():
+            h, c = client()
+            async with c:
+                r = await c.post("/sim/v1/faults", json={"kind": kind, "at": at}, headers=AUTH)
+                if r.status_code == 400:
+                    continue  # refused, with its reason: nothing to fire
+                assert r.status_code == 200, (kind, moment, r.text)
+                await asyncio.sleep(0.01)
+                # what every moment waits for: a load, then two requests, each followed by a scrape
+                sha = h.sha("glm-candidate")
+                await c.post("/manager/v1/load", json={"recipe": "glm-candidate", "sha256": sha}, headers=AUTH)
+                for _ in range(2):
+                    for call in (c.post("/v1/chat/completions", content=BODY, headers=AUTH),
+                                 c.get("/metrics", headers=AUTH), c.get("/sim/v1/gpu", headers=AUTH)):
+                        try:  # a hang fault's request never answers: it has fired all the same
+                            await asyncio.wait_for(call, 1)
+                        except asyncio.TimeoutError:
+                            pass
+            if not all(f.fired for f in h.faults):
+                silent.append(f"{kind}@{moment}")
+    assert silent == []
