@@ -12,11 +12,16 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
 
 
-def _console(stderr: bool = False):
+def _console(stderr: bool = False, guarded: bool = False):
     """A rich console that wraps for a terminal and never for a pipe or a file (a path or a sentence
-    split at column 80 is no use to a script or a log)."""
+    split at column 80 is no use to a script or a log). `guarded`: its stream may close under it
+    (a foreground window's display), and nothing it writes can fail the caller."""
     from rich.console import Console
-    c = Console(stderr=stderr)
+    if guarded:
+        from flare_diag.daemon.display import GuardedStream
+        c = Console(file=GuardedStream(sys.stderr if stderr else sys.stdout))
+    else:
+        c = Console(stderr=stderr)
     if not c.is_terminal:
         c.soft_wrap = True
         c.width = 1000  # a table's cells then keep their lines whole as well (rich sizes tables to the width)
@@ -474,8 +479,8 @@ def _window(args: argparse.Namespace) -> int:
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
-    console = _console(stderr=args.json)
-    events_out = sys.stdout if args.json else None
+    console = _console(stderr=args.json, guarded=True)
+    events_out = _guarded_stdout() if args.json else None
     try:
         if args.cmd == "rehearse":
             _need_simulator("rehearse")
@@ -516,13 +521,18 @@ def _first_input_error(group: BaseExceptionGroup) -> BaseException | None:
     return only
 
 
+def _guarded_stdout():
+    from flare_diag.daemon.display import GuardedStream
+    return GuardedStream(sys.stdout)
+
+
 def _resume(out: Path, resume_window, as_json: bool = False) -> int:
     import asyncio
 
     from flare_diag.daemon.windows import InputError
-    console = _console(stderr=as_json)
+    console = _console(stderr=as_json, guarded=True)
     try:
-        report = asyncio.run(resume_window(out, console, sys.stdout if as_json else None))
+        report = asyncio.run(resume_window(out, console, _guarded_stdout() if as_json else None))
     except InputError as exc:
         raise UsageError(str(exc)) from None
     return _reported(report, out, console, as_json)
@@ -536,14 +546,31 @@ def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
     code = exit_for(report.get("outcome"))
     if code == EXIT_OK and not (it["chain_ok"] and it["audit_ok"]):
         code = EXIT_FAILED
+    out_stream = sys.stdout
     if as_json:
         import json
-        print(json.dumps({"type": "result", "window_id": report["window_id"], "outcome": report.get("outcome"),
-                          "verdict": (report.get("verdict") or {}).get("hypothesis"),
-                          "restoration_verified": (report.get("restoration") or {}).get("verified"),
-                          "chain_ok": it["chain_ok"], "audit_ok": it["audit_ok"], "log": str(out / "log.db"),
-                          "reports": {f: str(out / f"report.{f}") for f in ("json", "md", "html")}, "exit_code": code}),
-              flush=True)
+        out_stream = _guarded_stdout()
+        out_stream.write(json.dumps({"type": "result", "window_id": report["window_id"], "outcome": report.get("outcome"),
+                                     "verdict": (report.get("verdict") or {}).get("hypothesis"),
+                                     "restoration_verified": (report.get("restoration") or {}).get("verified"),
+                                     "chain_ok": it["chain_ok"], "audit_ok": it["audit_ok"], "log": str(out / "log.db"),
+                                     "reports": {f: str(out / f"report.{f}") for f in ("json", "md", "html")},
+                                     "exit_code": code}) + "\n")
+        out_stream.flush()
+    lost = [s for s in (getattr(console, "file", None), out_stream) if getattr(s, "lost", None) is not None]
+    if lost:
+        # the window was not stopped by its display; the operator learns that the output was cut, on
+        # whatever stream still takes a line
+        code = max(code, EXIT_FAILED)
+        line = (f"flare-diag: the output stream closed during the window ({lost[0].lost.__class__.__name__}); the window "
+                f"went on and closed {report.get('outcome')}; reports in {out}\n")
+        for stream in (sys.stderr, sys.stdout):
+            try:
+                stream.write(line)
+                stream.flush()
+                break
+            except (OSError, ValueError):
+                continue
     return code
 
 

@@ -123,6 +123,7 @@ class LiveView:
         self.json_out = json_out
         self.progress = WindowProgress(window_id)
         self.started_wall = time.time()
+        self.failed: Exception | None = None  # the first error in showing an event (the window went on)
         # get_renderable: the panel is rebuilt at each refresh, so the wall clock ticks between events
         self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._panel) \
             if console.is_terminal and json_out is None else None
@@ -137,9 +138,19 @@ class LiveView:
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
-            self._live.stop()
+            try:
+                self._live.stop()
+            except Exception as err:  # noqa: BLE001 - a terminal that went away
+                self.failed = self.failed or err
 
     def on_event(self, seq: int, ev: Event, window_id: str | None = None) -> None:
+        """Never raises: whatever goes wrong in showing an event is the display's, not the window's."""
+        try:
+            self._show(seq, ev, window_id)
+        except Exception as exc:  # noqa: BLE001 - a display bug must not reach the store's writer
+            self.failed = self.failed or exc
+
+    def _show(self, seq: int, ev: Event, window_id: str | None = None) -> None:
         self.progress.apply(seq, ev)
         line = line_for(ev)
         if self.json_out is not None:

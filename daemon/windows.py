@@ -181,6 +181,11 @@ def _setup(plan_raw: bytes, plan: Plan, site_path: Path, dirs: list[Path], time_
         site = load_site(site_path)
     except SiteError as exc:
         raise InputError(str(exc)) from None
+    if time_scale != 1 and site.profile.gpu.source != "sim":
+        # the clock belongs to the site: a scaled clock shrinks (or stretches) every deadline, the
+        # watch-lost bound and the window itself, which only a simulated host may be run under
+        raise InputError(f"time_scale {time_scale:g}: only a simulated site (gpu.source = \"sim\") runs on a scaled "
+                         f"clock; site {site.name} is not one, so its window runs on the wall clock (time scale 1)")
     if plan.production and site.profile.gpu.source == "none":
         # Xid and OOM are abort rules of every production window: a site that cannot watch its
         # GPUs cannot enforce them, so it does not get to run one

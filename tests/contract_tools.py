@@ -61,5 +61,12 @@ class ContractHost:
             return []
         return [json.loads(line) for line in self.request_log.read_text().splitlines() if line]
 
+    def get(self, service: str, path: str) -> str:
+        """One authorised GET, as a person checking the host by hand would."""
+        import urllib.request
+        req = urllib.request.Request(self.urls[service] + path, headers={"Authorization": f"Bearer {self.tokens[service]}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.read().decode()
+
     def stop(self) -> None:
         stop_process(self.proc)

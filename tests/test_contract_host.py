@@ -318,3 +318,26 @@ def test_a_fixture_with_one_bodys_sampling_changed_is_refused_before_quiesce(tmp
     assert "fixture c1-52: body 7 (sha256" in p.stderr and f"{field} = {change[field]!r}" in p.stderr
     assert not churning_host.requests(), "the host was touched"
     assert not (tmp_path / "out" / "log.db").exists()
+
+
+def test_run_piped_into_head_completes_the_window_and_leaves_the_host_restored(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    out = tmp_path / "out"
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan",
+                              str(_without_trace(small_plan, tmp_path)), "--site", str(host.site), "--out", str(out),
+                              "--time-scale", SCALE], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        head = [p.stdout.readline() for _ in range(6)]  # `| head -n 6`: six lines, then the reader is gone
+        p.stdout.close()
+        err = p.stderr.read()
+        rc = p.wait(timeout=300)
+        state = json.loads(host.get("manager", "/manager/v1/state"))
+        backends = json.loads(host.get("router", "/router/v1/backends"))
+    finally:
+        host.stop()
+    assert len([h for h in head if h]) == 6
+    assert rc == 1 and "Traceback" not in err and "the output stream closed during the window" in err, err[-2000:]
+    r = json.loads((out / "report.json").read_text())
+    assert r["outcome"] == "completed" and r["restoration"]["verified"]
+    assert state["loaded"]["recipe"] == "prod-incumbent"
+    assert [b["admitted"] for b in backends["backends"]] == [True]

@@ -54,3 +54,21 @@ def test_a_plan_that_is_not_production_may_run_on_a_site_without_a_gpu(tmp_path)
     from flare_diag.daemon.windows import setup_for_site
     setup = setup_for_site(PEER_PLAN, _site(tmp_path, 'source = "none"'))
     assert not setup.plan.production and not setup.rehearsal
+
+
+@pytest.mark.parametrize("scale", ["0.001", "20"])
+def test_a_scaled_clock_on_a_site_that_is_not_simulated_is_refused_in_one_line(tmp_path, capsys, scale):
+    rc = main(["run", "--plan", str(PRODUCTION_PLAN), "--site", str(_site(tmp_path, 'source = "nvml"')),
+               "--out", str(tmp_path / "out"), "--time-scale", scale])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "only a simulated site" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_start_with_a_scaled_clock_on_a_production_site_is_refused_before_anything_is_read_from_the_host(tmp_path):
+    from flare_diag.daemon.windows import InputError, setup_for_start
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    _site(sites, 'source = "nvml"')
+    with pytest.raises(InputError, match="only a simulated site"):
+        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=0.001)
