@@ -40,6 +40,15 @@ from flare_diag.events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
+# `watch` streams (which read, so they are never idle) may hold only part of the slots, and a uid
+# only part of that: a crowd of watchers can never hold every slot `abort` and `status` need
+MAX_WATCHERS = 32
+MAX_WATCHERS_PER_UID = 8
+# beyond MAX_CONNECTIONS, this many more connections are read for one command, answered only if it is
+# `status` or `abort`: the on-call engineer's path when every ordinary slot is busy
+PRIORITY_SLOTS = 16
+PRIORITY_READ_S = 5.0
+ACCEPT_BACKOFF_S = (0.05, 2.0)  # after a failed accept (EMFILE, ENFILE, ENOBUFS): first and longest pause
 IDLE_TIMEOUT_S = 60.0   # a connection that sends no complete command for this long is closed
 SEND_TIMEOUT_S = 30.0   # a client that does not read its reply (or its watch stream) for this long is dropped
 
@@ -79,6 +88,8 @@ class Service:
         self.stuck: dict | None = None
         self.connections = 0
         self._idle: dict[object, anyio.CancelScope] = {}  # connections waiting for a command, oldest first
+        self.watchers: dict[int, int] = {}  # uid -> watch streams open
+        self.priority = 0  # priority connections being read
         self._stop: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -316,25 +327,69 @@ class Service:
     # --- the control socket --------------------------------------------------------------
 
     async def _serve(self, listener: anyio.abc.Listener) -> None:
-        """Accepts control connections, at most MAX_CONNECTIONS served at once."""
+        """Accepts control connections, at most MAX_CONNECTIONS served at once, and PRIORITY_SLOTS more
+        read for a `status` or `abort` alone. A failed accept (out of file descriptors, buffers) is
+        logged and retried after a pause that doubles up to ACCEPT_BACKOFF_S[1]: never the end of the
+        service, whose window must still restore."""
         assert self._tg is not None
+        pause = ACCEPT_BACKOFF_S[0]
         async with listener:
             while True:
                 try:
                     conn = await listener.accept()
-                except OSError as exc:  # EMFILE and the like: the daemon goes on, and tries again shortly
-                    self.log.error("control socket accept failed", error=str(exc))
-                    await anyio.sleep(0.5)
+                except anyio.ClosedResourceError:
+                    return
+                except (OSError, anyio.BrokenResourceError) as exc:  # anyio wraps EMFILE in BrokenResourceError
+                    cause = exc.__cause__ or exc
+                    self.log.error("control socket accept failed; retrying", error=f"{type(cause).__name__}: {cause}",
+                                   pause_s=pause)
+                    await anyio.sleep(pause)
+                    pause = min(pause * 2, ACCEPT_BACKOFF_S[1])
                     continue
+                pause = ACCEPT_BACKOFF_S[0]
                 if self.connections >= MAX_CONNECTIONS:
-                    if not self._idle:  # every slot streams a watch or runs a command
+                    if self._idle:
+                        # the oldest connection that is only waiting makes room: a crowd of idle
+                        # connections can delay nobody's `status` or `abort`
+                        self._idle.pop(next(iter(self._idle))).cancel()
+                    elif self.priority < PRIORITY_SLOTS:
+                        self.priority += 1
+                        self._tg.start_soon(self._priority_client, conn)
+                        continue
+                    else:
                         self._tg.start_soon(self._refuse, conn)
                         continue
-                    # the oldest connection that is only waiting makes room: a crowd of idle
-                    # connections can delay nobody's `status` or `abort`
-                    self._idle.pop(next(iter(self._idle))).cancel()
                 self.connections += 1
                 self._tg.start_soon(self._client, conn)
+
+    async def _priority_client(self, conn: anyio.abc.SocketStream) -> None:
+        """One command from a connection beyond the ordinary slots: answered if it is `status` or
+        `abort`, refused otherwise; read within PRIORITY_READ_S."""
+        try:
+            pid, uid, _gid = control.peer_credentials(conn.extra(anyio.abc.SocketAttribute.raw_socket))
+        except (OSError, anyio.TypedAttributeLookupError):
+            pid, uid = -1, -1
+        try:
+            async with conn:
+                with anyio.move_on_after(PRIORITY_READ_S):
+                    line = await BufferedByteReceiveStream(conn).receive_until(b"\n", control.MAX_LINE)
+                    try:
+                        cmd = control.decode_command(line)
+                    except BadCommand as exc:
+                        await self._send(conn, control.error(str(exc)))
+                        return
+                    if not isinstance(cmd, (Status, Abort)):
+                        await self._send(conn, control.error(
+                            f"too many control connections (at most {MAX_CONNECTIONS}); only status and abort are "
+                            f"answered now; try again"))
+                        return
+                    self.log.info("control command", cmd=type(cmd).__struct_config__.tag, uid=uid, pid=pid, priority=True)
+                    await self._send(conn, await self._handle(cmd, uid, pid))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, anyio.IncompleteRead,
+                anyio.DelimiterNotFound, TimeoutError, OSError):
+            return
+        finally:
+            self.priority -= 1
 
     async def _refuse(self, conn: anyio.abc.SocketStream) -> None:
         async with conn:
@@ -382,7 +437,16 @@ class Service:
                     name = type(cmd).__struct_config__.tag
                     self.log.info("control command", cmd=name, uid=uid, pid=pid)
                     if isinstance(cmd, Watch):
-                        await self._watch(cmd, conn)
+                        if sum(self.watchers.values()) >= MAX_WATCHERS or self.watchers.get(uid, 0) >= MAX_WATCHERS_PER_UID:
+                            await self._send(conn, control.error(
+                                f"too many watch streams (at most {MAX_WATCHERS}, {MAX_WATCHERS_PER_UID} per user); "
+                                f"`status` answers without one"))
+                            return
+                        self.watchers[uid] = self.watchers.get(uid, 0) + 1
+                        try:
+                            await self._watch(cmd, conn)
+                        finally:
+                            self.watchers[uid] -= 1
                         return
                     try:
                         answer = await self._handle(cmd, uid, pid)

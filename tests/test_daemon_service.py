@@ -496,3 +496,102 @@ def test_a_bad_metrics_address_is_one_line_and_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon", "--socket", str(tmp_path / "s"), "--state-dir", str(tmp_path / "st"),
                         "--metrics-address", "nowhere"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "HOST:PORT" in p.stderr
+
+
+class _Reader:
+    """A `watch` stream that keeps reading (never idle), on a thread of its own."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        import threading
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(str(daemon.socket))
+        self.sock.sendall(b'{"cmd": "watch"}\n')
+        self.first = b""
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return
+                self.first = self.first or chunk
+        except OSError:
+            return
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("streams", [64, 1000])
+def test_reading_watch_streams_never_starve_abort_or_status(tmp_path, sim, streams):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < streams + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    daemon = Daemon(tmp_path, max_files=4096).start()
+    readers = []
+    try:
+        wid = _start(daemon, sim)
+        daemon.wait_for(in_phase, what="a phase with requests")
+        readers = [_Reader(daemon) for _ in range(streams)]
+        st = daemon.status()
+        assert st["state"] == "running" and st["window"]["window_id"] == wid
+        p = daemon.cli("abort", "--reason", "watchers everywhere")
+        assert p.returncode == 0, p.stderr
+        st = daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    finally:
+        for r in readers:
+            r.close()
+        daemon.stop()
+    rep = _report_from(daemon, wid)
+    assert rep["abort"]["reason"] == "operator" and rep["restoration"]["verified"]
+    # the abort took effect within a second of window time of its command
+    assert rep["restoration"]["started_minute"] - rep["abort"]["minute"] <= 1 / 60
+    refused = [r for r in readers if b"too many watch streams" in r.first]
+    assert refused and len(readers) - len(refused) <= 32
+
+
+def _report_from(daemon: Daemon, wid: str) -> dict:
+    from flare_diag.daemon.publish import build_report
+    return build_report(daemon.state / "log.db", wid)
+
+
+def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window_restored(tmp_path, sim):
+    daemon = Daemon(tmp_path, max_files=64).start()
+    flood = []
+    try:
+        wid = _start(daemon, sim)
+        daemon.wait_for(in_phase, what="a phase with requests")
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            try:
+                s.connect(str(daemon.socket))
+            except (BlockingIOError, OSError):
+                pass
+            flood.append(s)
+        import time
+        time.sleep(3)
+        for s in flood:
+            s.close()
+        flood = []
+        assert daemon.proc.poll() is None, daemon.log_path.read_text()[-2000:]
+        # the flood may have cost the window its own connections (the host unreachable: it aborts and
+        # restores by itself); else the operator's abort does
+        daemon.cli("abort", "--reason", "after the flood")
+        daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+        assert daemon.proc.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        daemon.stop()
+    rep = _report_from(daemon, wid)
+    assert rep["restoration"]["verified"], (rep["abort"], rep["restoration"], rep["alarms"])
+    journal = daemon.log_path.read_text()
+    assert "control socket accept failed; retrying" in journal and "Too many open files" in journal
