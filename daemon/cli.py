@@ -595,7 +595,8 @@ def _site_check(args: argparse.Namespace) -> int:
             await target.close()
 
     check = asyncio.run(probe())
-    print(json.dumps(check.as_dict()) if args.json else render(check))
+    from flare_diag.daemon.site import scrub
+    print(scrub(json.dumps(check.as_dict()) if args.json else render(check), site.tokens.values()))
     return EXIT_OK if check.ready else EXIT_FAILED
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from flare_diag.daemon.site import PLACEHOLDER_TOKEN, TOKEN_SERVICES, SiteProfile
-from flare_diag.daemon.windows import InputError
+from flare_diag.daemon.windows import SITE_NAME, InputError
 from flare_diag.resources import resource
 
 KINDS = ("flare", "vllm", "sglang", "llamacpp")
@@ -26,6 +26,9 @@ def init_site(kind: str, folder: Path, name: str | None = None) -> tuple[Path, l
     does not exist yet, a placeholder readable by its owner only (0600). Returns the profile, the
     placeholders written and the token files left as they were."""
     text = template(kind)
+    if name is not None and not SITE_NAME.fullmatch(name):
+        raise InputError(f"--name {name[:80]!r}: expected a site name (letters, digits, '.', '_', '-'; no '/'): "
+                         f"init-site writes only inside {folder}")
     profile = folder / f"{name or kind}.toml"
     if profile.exists():
         raise InputError(f"{profile}: already exists; init-site never overwrites a profile (choose --name or another DIR)")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from flare_diag.daemon.errors import ActionFailed, classify_exception
+from flare_diag.daemon.site import scrub
 from flare_diag.daemon.target import Target
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
@@ -228,6 +229,8 @@ class Runner:
                 with anyio.fail_after(d.deadline_s / self.scale if d.deadline_s else None):
                     data = await fn(d.args)
                 if d.action == "send_request":
+                    if data.get("response_head"):
+                        data["response_head"] = scrub(data["response_head"], self.target.site.tokens.values())
                     res = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
                 else:
                     res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
@@ -242,6 +245,7 @@ class Runner:
         self._send.send_nowait(res)
 
     def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False) -> Input:
+        detail = scrub(detail, self.target.site.tokens.values())  # a host may echo a token in its error body
         if d.action == "send_request":
             return RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args),
                                outcome="cancelled" if cancelled else "error", error=None if cancelled else error, detail=detail)
@@ -308,7 +312,8 @@ class Runner:
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")
-        return WatchFailed(at_ns=self.now(), source=source, error=f.error, detail=f.detail)
+        return WatchFailed(at_ns=self.now(), source=source, error=f.error,
+                           detail=scrub(f.detail, self.target.site.tokens.values()))
 
 
 def replay(policy: WindowPolicy, recorded: list[object]) -> str | None:

@@ -515,8 +515,21 @@ class Service:
     def _status(self) -> dict:
         w = self.window
         state = ("stopping" if self.stopping else "running") if w else "needs_attention" if self.stuck else "idle"
-        return {"state": state, "needs_attention": self.stuck,
-                "window": w.progress.as_dict() if w else None, "last_window": self.last,
+        needs = self.stuck
+        window = w.progress.as_dict() if w else None
+        if w is not None and w.runner.degraded:
+            # the log takes nothing, so the progress it feeds has stopped: the policy in memory is the
+            # truth now, and an operator must know at once what the log lacks
+            pol = w.runner.policy
+            held = sum(len(b) for b in w.runner.unlogged)
+            what = "restored the host from memory" if pol.closed else f"is in its {pol.stage} from memory"
+            needs = {"window_id": w.window_id,
+                     "needs": f"the event log cannot be written ({w.runner.write_error}); the window {what}; {held} "
+                              f"events are not in the log yet (appended if it takes them again)"}
+            state = "needs_attention"
+            window = {**(window or {}), "stage": pol.stage, "minute": pol._minute()}
+        return {"state": state, "needs_attention": needs,
+                "window": window, "last_window": self.last,
                 "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid()}
 
     async def _start(self, cmd: Start, uid: int, pid: int) -> bytes:
@@ -724,6 +737,16 @@ def default_state_dir() -> Path:
     return Path(sd.split(":")[0]) if sd else Path("/var/lib/flare-diagd")
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="flare-diagd", description="the flare-diag service")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default: $RUNTIME_DIRECTORY/control.sock)")
@@ -738,6 +761,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
                     help="serve the daemon's own Prometheus metrics there (window state and phase, aborts by reason, "
                          "last outcome, restoration verified, primary_left_quiesced); off by default")
+    ap.add_argument("--metrics-allow-remote", action="store_true",
+                    help="let --metrics-address bind an address that is not loopback (the metrics carry no secret "
+                         "but have no authentication: put them behind a firewall or a proxy that authenticates; "
+                         "docs/operations.md); off by default")
     a = ap.parse_args(argv)
     log = configure(a.log_level)
     metrics = None
@@ -747,6 +774,10 @@ def main(argv: list[str] | None = None) -> int:
             host, port = parse_address(a.metrics_address)
         except ValueError as exc:
             print(f"flare-diagd: error: {exc}", file=sys.stderr)
+            return 2
+        if not _loopback(host) and not a.metrics_allow_remote:
+            print(f"flare-diagd: error: --metrics-address {a.metrics_address}: {host} is not a loopback address; the "
+                  f"metrics have no authentication, so a remote bind needs --metrics-allow-remote", file=sys.stderr)
             return 2
         metrics = ServiceMetrics()
         try:

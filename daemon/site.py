@@ -89,6 +89,14 @@ class Site(msgspec.Struct):
         return f"Site(name={self.name!r}, sha256={self.sha256!r}, tokens=<{len(self.tokens)} hidden>)"
 
 
+def scrub(text: str, secrets: object) -> str:
+    """`text` with every loaded token's value replaced: a host that echoes a token back in an error
+    body must not put it in a log, a report, a journal line or a terminal."""
+    for value in sorted({v for v in secrets if v and len(v) >= 4}, key=len, reverse=True):  # type: ignore[attr-defined]
+        text = text.replace(value, "[token]")
+    return text
+
+
 class SiteError(ValueError):
     pass
 
@@ -138,12 +146,14 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: no $CREDENTIALS_DIRECTORY"
                             " (credential: names work under systemd's LoadCredential only)")
         try:
-            tokens[name] = tf.read_text().strip()
+            tokens[name] = _read_token(tf)
             mode = tf.stat().st_mode
         except OSError as exc:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: cannot read ({exc.strerror})") from None
         except UnicodeDecodeError:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: expected a text token") from None
+        except ValueError as exc:
+            raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: {exc}") from None
         if not tokens[name]:
             raise SiteError(f"{path}: {name}.token_file {svc.token_file!r}: is empty; expected the service's token")
         if tokens[name] == PLACEHOLDER_TOKEN:
@@ -164,14 +174,34 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
     for name in ("serving", "manager", "router", "monitoring"):
         svc = getattr(prof, name)
         if svc is not None and not _http_url(svc.url):
-            raise SiteError(f"{path}: {name}.url {svc.url[:100]!r}: expected an http:// or https:// URL with a host")
+            raise SiteError(f"{path}: {name}.url {svc.url[:100]!r}: expected an http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
     if prof.gpu.url is not None and not _http_url(prof.gpu.url):
-        raise SiteError(f"{path}: gpu.url {prof.gpu.url[:100]!r}: expected an http:// or https:// URL with a host")
+        raise SiteError(f"{path}: gpu.url {prof.gpu.url[:100]!r}: expected an http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
     return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,
                 data.decode("utf-8", "replace"), warnings)
 
 
+MAX_TOKEN_BYTES = 4096
+MAX_URL_CHARS = 2048
+
+
+def _read_token(tf: Path) -> str:
+    """A token file's text: a regular file of at most MAX_TOKEN_BYTES (`/dev/zero` or a FIFO would be
+    read forever)."""
+    import stat
+    st = tf.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("expected a regular file")
+    with tf.open("rb") as f:
+        data = f.read(MAX_TOKEN_BYTES + 1)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"larger than {MAX_TOKEN_BYTES} bytes; expected a token")
+    return data.decode().strip()
+
+
 def _http_url(url: str) -> bool:
+    if len(url) > MAX_URL_CHARS:
+        return False
     from urllib.parse import urlsplit
     try:
         u = urlsplit(url)

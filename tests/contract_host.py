@@ -7,7 +7,8 @@ long, emptied with the counters on every new incarnation.
 
 Faults a config may ask for: `drift` ({"after": N, "field": F, "value": V}: once an incarnation has
 served N chat requests, its identity shows F as V; F may also be `gpu_uuid` or `gpu_power_limit_w`,
-the second GPU's, which the GPU view shows too), and `restore_never_completes` (a lookup that finds
+the second GPU's, which the GPU view shows too), and `echo_token` (the manager's state answers 503 with the caller's Authorization header in its error),
+`restore_never_completes` (a lookup that finds
 its entry counts a hit, but nothing is fetched or reused: the restore path is broken, not the keys). With fewer entries than a fixture has
 bodies, a forward replay after a forward prime finds nothing (LRU's sequential-scan pathology) while
 a reverse replay finds the newest entries: churn. With enough entries, everything is found.
@@ -332,6 +333,9 @@ def r_recipe(h, _raw, name: str) -> None:
 
 def r_state(h, _raw) -> None:
     st: State = h.server.state
+    if st.cfg.get("echo_token"):  # a careless host: its error names the credential it was sent
+        presented = h.headers.get("Authorization", "")
+        return h.error(503, f"unavailable for {presented}", f"manager busy; your credentials were {presented}")
     loaded = None if st.loaded is None else {"recipe": st.loaded, "sha256": st.sha(st.loaded),
                                              "incarnation": f"c{st.incarnation}"}
     h.send_json({"loaded": loaded, "busy": False})

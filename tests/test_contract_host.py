@@ -341,3 +341,17 @@ def test_run_piped_into_head_completes_the_window_and_leaves_the_host_restored(t
     assert r["outcome"] == "completed" and r["restoration"]["verified"]
     assert state["loaded"]["recipe"] == "prod-incumbent"
     assert [b["admitted"] for b in backends["backends"]] == [True]
+
+
+def test_site_check_prints_no_token_a_host_echoes_back_in_its_error_body(tmp_path):
+    host = ContractHost(tmp_path / "host", echo_token=True)
+    try:
+        plain = flare_diag("site", "check", str(host.site), "--plan", str(PLAN))
+        as_json = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    for p in (plain, as_json):
+        assert p.returncode == 1
+        assert "manager" in p.stdout  # the failure is reported ...
+        for tok in host.tokens.values():
+            assert tok not in p.stdout + p.stderr  # ... without the token it echoed

@@ -595,3 +595,11 @@ def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window
     assert rep["restoration"]["verified"], (rep["abort"], rep["restoration"], rep["alarms"])
     journal = daemon.log_path.read_text()
     assert "control socket accept failed; retrying" in journal and "Too many open files" in journal
+
+
+def test_metrics_bind_beyond_loopback_only_with_the_explicit_flag(tmp_path):
+    base = [sys.executable, "-m", "flare_diag.daemon", "--socket", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "st"),
+            "--sites-dir", str(tmp_path)]
+    p = subprocess.run([*base, "--metrics-address", "0.0.0.0:0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "not a loopback address" in p.stderr and p.stderr.count("\n") == 1
+    assert not (tmp_path / "st").exists()  # nothing started

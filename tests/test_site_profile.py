@@ -76,3 +76,42 @@ def test_a_service_url_that_is_not_http_is_refused(tmp_path, url):
     (tmp_path / "site.toml").write_text(PROFILE.format(tf="serving.token").replace("http://127.0.0.1:8100", url, 1))
     with pytest.raises(SiteError, match="serving.url .* expected an http"):
         load_site(tmp_path / "site.toml")
+
+
+# --- every input bounded (issue 26) -----------------------------------------------------------
+
+def _profile(tmp_path, token_file: str = "serving.token", url: str = "http://127.0.0.1:9") -> Path:
+    p = tmp_path / "s.toml"
+    p.write_text(f'[serving]\nurl = "{url}"\ntoken_file = "{token_file}"\n[manager]\nurl = "http://127.0.0.1:9"\n'
+                 f'candidate_recipe = "c"\n[gpu]\nsource = "none"\n')
+    return p
+
+
+def test_a_token_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
+    from flare_diag.daemon.site import SiteError, load_site
+    import pytest
+    with pytest.raises(SiteError, match="expected a regular file"):
+        load_site(_profile(tmp_path, token_file="/dev/zero"))
+
+
+def test_a_token_file_larger_than_a_token_is_refused(tmp_path):
+    from flare_diag.daemon.site import SiteError, load_site
+    import pytest
+    (tmp_path / "big.token").write_bytes(b"x" * 100_000)
+    with pytest.raises(SiteError, match="larger than 4096 bytes"):
+        load_site(_profile(tmp_path, token_file="big.token"))
+
+
+def test_a_url_of_a_hundred_kilobytes_is_one_line(tmp_path):
+    from flare_diag.daemon.site import SiteError, load_site
+    import pytest
+    (tmp_path / "serving.token").write_text("tok-tok-tok\n")
+    with pytest.raises(SiteError, match="at most 2048 characters"):
+        load_site(_profile(tmp_path, url="http://" + "a" * 100_000))
+
+
+def test_init_site_writes_only_inside_the_folder_it_is_given(tmp_path, capsys):
+    from flare_diag.daemon.cli import main
+    rc = main(["init-site", "flare", str(tmp_path / "sites"), "--name", str(tmp_path / "elsewhere" / "x")])
+    assert rc == 2 and "init-site writes only inside" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()
