@@ -342,6 +342,7 @@ def _windows(args: argparse.Namespace) -> int:
     except PermissionError:
         raise UsageError(f"windows {db}: not readable by this user (ask for read access to the state folder, "
                          "or run `flare-diag report WINDOW_ID` through the daemon)") from None
+    damaged = _integrity_warning(db)
     for r in rows:
         if args.json:
             print(json.dumps(r))
@@ -352,7 +353,26 @@ def _windows(args: argparse.Namespace) -> int:
               f"report {r['report'] or '—'}")
     if not rows and not args.json:
         print(f"{db}: no window")
-    return EXIT_OK
+    return EXIT_FAILED if damaged else EXIT_OK
+
+
+def _integrity_warning(db: Path) -> bool:
+    """Says on stderr, in one line, when a log a command reads does not verify (its hash chain); True then."""
+    from flare_diag.events.sqlschema import NotAnEventLog
+    from flare_diag.events.verify import verify_path
+    try:
+        res = verify_path(db, None)
+    except NotAnEventLog:
+        raise  # not a log at all: the command's own one line says so
+    except Exception as exc:  # noqa: BLE001 - unreadable to the end: damaged all the same
+        print(f"flare-diag: warning: {db} cannot be verified ({type(exc).__name__}: {_one_line(exc)}); what is read "
+              f"from it may be damaged or forged", file=sys.stderr)
+        return True
+    if res.ok:
+        return False
+    print(f"flare-diag: warning: {db} does not verify (first bad seq {res.first_bad_seq}: {res.problem}); what is "
+          f"read from it may be damaged or forged", file=sys.stderr)
+    return True
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -391,7 +411,15 @@ def _reproduce(args: argparse.Namespace) -> int:
             raise UsageError("reproduce LOG: --capacity-blocks, --capacity-rows and --limit go with --trace")
         if not args.log.is_file():
             raise UsageError(f"{args.log}: no such log file")
-        rep = reproduce_window(args.log, args.window, sc, parse_policies(args.policies, []), args.tolerance)
+        damaged = _integrity_warning(args.log)
+        try:
+            rep = reproduce_window(args.log, args.window, sc, parse_policies(args.policies, []), args.tolerance)
+        except ReproduceError as exc:
+            if not damaged:
+                raise
+            # a damaged log is the finding (said above): the failed verification's exit, not bad input's
+            print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
+            return EXIT_FAILED
     except (ReproduceError, TraceError, NotAnEventLog) as exc:
         raise UsageError(str(exc)) from None
     if args.out is not None:
@@ -400,7 +428,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         (args.out / "reproduce.html").write_text(render_html(rep))
     print(msgspec.json.encode({**msgspec.to_builtins(rep), "reproduces": rep.reproduces}).decode() if args.json
           else "\n".join(render_window(rep)))
-    return EXIT_OK if rep.reproduces else EXIT_FAILED
+    return EXIT_OK if rep.reproduces and not damaged else EXIT_FAILED
 
 
 def _init_site(args: argparse.Namespace) -> int:
@@ -745,7 +773,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from flare_diag.events.base import BadEventError
+    from flare_diag.events.base import BadEventError, UnknownEventError
+    from flare_diag.events.sqlschema import NotAnEventLog
     try:
         if args.cmd == "report":
             return _report(args)
@@ -775,7 +804,10 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-    except (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError) as exc:
+    except NotAnEventLog as exc:  # a file that is not a flare-diag log at all: the caller's input
+        print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError, UnknownEventError) as exc:
         # a log the tools cannot read to the end: damaged or forged, and said so in one line
         target = getattr(args, "db", None) or getattr(args, "target", "the log")
         print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {_one_line(exc)})",

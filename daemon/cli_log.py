@@ -185,15 +185,18 @@ def _audit(args: argparse.Namespace) -> int:
             res = audit_reader(reader)
         except UnknownEventError as exc:
             raise UsageError(f"{args.db}: {exc}") from None
+    from flare_diag.daemon.cli import _integrity_warning
+    damaged = _integrity_warning(args.db)  # decisions that replay from a forged log prove nothing
     if getattr(args, "json", False):
         d = res.divergence
         print(json.dumps({"ok": res.ok, "windows": res.windows, "inputs": res.inputs, "decisions": res.decisions,
                           "divergence": None if d is None else {"seq": d.seq, "window_id": d.window_id,
                                                                  "expected": str(d.expected), "found": str(d.found)}}))
-        return EXIT_OK if res.ok else EXIT_FAILED
+        return EXIT_OK if res.ok and not damaged else EXIT_FAILED
     if res.ok:
-        print(f"ok: {res.windows} windows, {res.inputs} inputs replayed, {res.decisions} decisions match")
-        return EXIT_OK
+        print(f"{'decisions match, but the log does not verify' if damaged else 'ok'}: {res.windows} windows, "
+              f"{res.inputs} inputs replayed, {res.decisions} decisions match")
+        return EXIT_FAILED if damaged else EXIT_OK
     d = res.divergence
     print(f"DIVERGED at seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}")
     return EXIT_FAILED

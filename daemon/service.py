@@ -673,11 +673,14 @@ def _label(plan_label: str) -> str:
 
 
 def _calibration(raw: dict):
+    from flare_diag.policies.calibration import CalibrationError, check_calibration
     from flare_diag.policies.planner import Calibration
     try:
-        return msgspec.convert(raw, Calibration)
+        return check_calibration(msgspec.convert(raw, Calibration), "start")
     except msgspec.ValidationError as exc:
         raise InputError(f"calibration: {exc}") from None
+    except CalibrationError as exc:
+        raise InputError(str(exc)) from None
 
 
 KEY_CREDENTIAL = "checkpoint.key"

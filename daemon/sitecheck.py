@@ -263,10 +263,15 @@ class _Probe:
             self.add("gpu.watch", NOT_OBSERVABLE if production else NOT_APPLICABLE,
                      "gpu.source = \"none\": Xid, OOM and GPU memory rules cannot be enforced", required=production)
             return
+        from flare_diag.daemon.nvml import NvmlUnavailable
         try:
             v = await self.call("gpu", self.t.gpu_view())
         except ActionFailed as exc:
             self.add("gpu.watch", NOT_OBSERVABLE, exc.detail, required=production)
+            return
+        except NvmlUnavailable as exc:  # a machine without the NVIDIA driver: said, not a traceback
+            self.add("gpu.watch", NOT_OBSERVABLE, f"{exc}: the Xid, OOM and GPU memory rules cannot be enforced",
+                     required=production)
             return
         gpus = v.get("gpus") or []
         mem = all(x.get("memory_total_bytes") for x in gpus) and bool(gpus)

@@ -165,8 +165,9 @@ class Target:
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
         from flare_diag.daemon.nvml import XidWatcher, read_gpus
         if self._xids is None:
-            self._xids = XidWatcher()
-            await asyncio.to_thread(self._xids.start)
+            watcher = XidWatcher()
+            await asyncio.to_thread(watcher.start)  # NvmlUnavailable on a machine without the driver
+            self._xids = watcher
         view = await asyncio.to_thread(read_gpus)
         view["xid_events"] = self._xids.events()
         if self._xids.error:

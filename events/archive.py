@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from flare_diag.events.base import BadEventError
 from flare_diag.events.checkpoint import default_path, write_checkpoint
 from flare_diag.events.schema import LogArchived
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
@@ -55,8 +56,12 @@ def chain_base(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
     rows = conn.execute("SELECT key, value FROM meta WHERE key LIKE ?", (BASE_KEY + "%",)).fetchall()
     if not rows:
         return None
-    key, value = max(rows, key=lambda r: int(r[0][len(BASE_KEY):]))
-    return int(key[len(BASE_KEY):]), bytes.fromhex(value)
+    try:
+        key, value = max(rows, key=lambda r: int(r[0][len(BASE_KEY):]))
+        return int(key[len(BASE_KEY):]), bytes.fromhex(value)
+    except (ValueError, TypeError):  # junk meta: the log cannot say where its chain starts
+        raise BadEventError(f"meta {BASE_KEY}<seq>: expected a sequence number and a hex hash, found "
+                            f"{[str(k)[:40] for k, _v in rows][:3]}") from None
 
 
 def _windows(conn: sqlite3.Connection) -> list[_Window]:

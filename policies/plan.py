@@ -201,7 +201,7 @@ def decode_plan(data: bytes, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: nested too deeply to be a plan") from None
     for i, ph in enumerate(raw.get("phases", []) if isinstance(raw, dict) else []):
         kind = ph.get("kind") if isinstance(ph, dict) else None
-        if kind in FORBIDDEN_KINDS:
+        if isinstance(kind, str) and kind in FORBIDDEN_KINDS:
             raise PlanError(f"{source}: phases[{i}].kind = {kind!r} is never schedulable: {FORBIDDEN_KINDS[kind]}")
     return plan_from_builtins(raw, source)
 

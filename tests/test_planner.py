@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from flare_diag.daemon.cli import main
 from flare_diag.daemon.fixture import BUILTIN, load_fixture
@@ -187,3 +188,11 @@ def test_the_live_views_phase_totals_are_the_counts_the_planner_sends():
         p.phase = ph.id
         sent = 0 if ph.kind == "identity" else len(phase_requests(ph, sizes[ph.fixture]))
         assert p.phase_total == sent, ph.id
+
+
+@pytest.mark.parametrize("field,value", [("pace", 0.0), ("pace", -3.0), ("load_s", -1e9), ("overhead_s", float("nan")),
+                                         ("pace", float("inf"))])
+def test_a_calibration_outside_physical_bounds_is_refused(field, value):
+    from flare_diag.policies.calibration import CalibrationError, check_calibration
+    with pytest.raises(CalibrationError, match=f"calibration {field}"):
+        check_calibration(Calibration(source="forged", **{field: value}), "forged.db")
