@@ -290,7 +290,9 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
     async with served_flaresim(scenario, token, time_scale or 1.0, seed) as (_host, site):
         pace = "virtual time (the simulator's cost model)" if virtual else f"wall clock x{time_scale:g}"
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
-        setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, []), time_scale or 1.0, rehearsal=True,
+        # fixtures beside the plan first (an operator's own bodies), then the built-in ones
+        beside = [Path(plan_path).parent.resolve()] if plan_path else []
+        setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, beside), time_scale or 1.0, rehearsal=True,
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
                             clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True)
         return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport),

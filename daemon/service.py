@@ -42,6 +42,7 @@ WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind befor
 MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
 # `watch` streams (which read, so they are never idle) may hold only part of the slots, and a uid
 # only part of that: a crowd of watchers can never hold every slot `abort` and `status` need
+ARCHIVE_KEEP_DAYS = 30  # `log archive` through the socket leaves at least this many recent days in the log
 MAX_WATCHERS = 32
 MAX_WATCHERS_PER_UID = 8
 # beyond MAX_CONNECTIONS, this many more connections are read for one command, answered only if it is
@@ -69,7 +70,9 @@ class ActiveWindow:
 
 class Service:
     def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier,
-                 sites_dir: Path | None = None, trust_log: bool = False, metrics=None) -> None:
+                 sites_dir: Path | None = None, trust_log: bool = False, metrics=None,
+                 archive_keep_days: int = ARCHIVE_KEEP_DAYS) -> None:
+        self.archive_keep_days = archive_keep_days
         self.metrics = metrics  # daemon.exporter.ServiceMetrics when --metrics-address is given
         self._aborts: dict[str, int] = {}  # windows aborted since the daemon started, by reason
         self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
@@ -500,6 +503,16 @@ class Service:
             return control.error("a window is running; archive between windows", code="busy")
         try:
             before_ns = parse_day(cmd.before)
+        except ArchiveError as exc:
+            return control.error(str(exc))
+        import time
+        day = 86_400 * 10**9
+        tomorrow = (time.time_ns() // day + 1) * day  # 00:00 UTC after today: "everything closed so far"
+        if before_ns > tomorrow - self.archive_keep_days * day:
+            # a socket-group member may tidy the log, never empty it of the recent windows an auditor reads
+            return control.error(f"--before {cmd.before}: the daemon keeps the last {self.archive_keep_days} days in its "
+                                 f"log (--archive-keep-days); expected a day at least that long ago")
+        try:
             done = await _thread(prepare_archive, self.db, before_ns, self.state_dir / "archive", self.store.checkpoint_key)
         except ArchiveError as exc:
             return control.error(str(exc))
@@ -764,6 +777,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
                     help="serve the daemon's own Prometheus metrics there (window state and phase, aborts by reason, "
                          "last outcome, restoration verified, primary_left_quiesced); off by default")
+    ap.add_argument("--archive-keep-days", type=int, default=ARCHIVE_KEEP_DAYS, metavar="N",
+                    help=f"`log archive` over the control socket must leave the last N days in the log "
+                         f"(default {ARCHIVE_KEEP_DAYS}); the offline `log archive DB` is the owner's and has no such bound")
     ap.add_argument("--metrics-allow-remote", action="store_true",
                     help="let --metrics-address bind an address that is not loopback (the metrics carry no secret "
                          "but have no authentication: put them behind a firewall or a proxy that authenticates; "
@@ -789,8 +805,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flare-diagd: error: --metrics-address {a.metrics_address}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         log.info("metrics serving", address=f"{host}:{port}")
+    if not 0 <= a.archive_keep_days <= 36_500:
+        print(f"flare-diagd: error: --archive-keep-days {a.archive_keep_days}: expected 0 to 36500", file=sys.stderr)
+        return 2
     svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir,
-                  a.trust_log, metrics)
+                  a.trust_log, metrics, a.archive_keep_days)
     try:
         return anyio.run(svc.run)
     except Exception as exc:

@@ -28,6 +28,8 @@ from flare_diag.policies.restore import restore
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
 
+WATCH_LOST_MIN_REAL_S = 5.0
+
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
                    "retain_recipe", "health"})
 
@@ -39,6 +41,7 @@ class WindowPolicy(Driver):
         super().__init__()
         self.plan: Plan = None  # type: ignore[assignment]  # set by WindowOpened
         self.window_id = ""
+        self.time_scale = 1.0  # the window clock's scale: above 1 only for a simulated site
         self.stage = "idle"  # idle | experiment | restore | closed
         self.t0: int | None = None
         self.ledger = Ledger()
@@ -182,9 +185,15 @@ class WindowPolicy(Driver):
         """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
         watch (Xid, OOM, GPU memory) where the site has GPUs, the router watch (containment) where
         it has a router; counted from t0, when the window starts depending on them."""
-        lost = int(self.plan.timing.watch_lost_s * NS_PER_S)
+        lost = int(self.watch_lost_s() * NS_PER_S)
         srcs = [s for s in ("gpu", "router") if self.snapshots.get(s) is not None]
         return {s: max(self.watch_last.get(s, 0), self.t0 or 0) + lost for s in srcs}
+
+    def watch_lost_s(self) -> float:
+        """How long (window seconds) a watch may stay silent: the plan's bound, but never less than
+        WATCH_LOST_MIN_REAL_S of real time. A scaled clock (a simulated site only) would otherwise
+        shrink 30 window seconds to a fraction of a real second, which a loaded machine's poll can take."""
+        return max(self.plan.timing.watch_lost_s, WATCH_LOST_MIN_REAL_S * self.time_scale)
 
     def _check_time(self) -> None:
         if self.t0 is None or self.plan is None:
@@ -194,7 +203,7 @@ class WindowPolicy(Driver):
                 if self.now > deadline:
                     last = self.watch_failure.get(src)
                     self._abort_from_outside("watch_lost", f"the {'GPU' if src == 'gpu' else 'router'} watch has not answered "
-                                             f"for over {self.plan.timing.watch_lost_s:g} s"
+                                             f"for over {self.watch_lost_s():g} s"
                                              + (f" (last failure: {last})" if last else ""))
                     return
         if self.stage == "experiment" and self.now >= self._stop_ns():
@@ -221,6 +230,7 @@ class WindowPolicy(Driver):
     def _open(self, inp: WindowOpened) -> None:
         self.plan = plan_from_builtins(inp.plan, "window plan")
         self.window_id = inp.window_id
+        self.time_scale = inp.time_scale if inp.time_scale and inp.time_scale > 0 else 1.0
         self.candidate_recipe = inp.candidate_recipe
         self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None

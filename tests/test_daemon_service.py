@@ -173,9 +173,26 @@ def test_status_shows_the_phases_requests_done_of_total_and_its_estimated_end(da
     daemon.cli("abort", "--reason", "test over")
 
 
-def test_the_daemon_archives_its_own_log_only_between_windows_and_both_logs_verify(daemon, sim, capsys):
+def test_the_daemon_archives_its_own_log_only_between_windows_and_both_logs_verify(tmp_path, sim, capsys):
     import time
     from flare_diag.daemon.cli import main as cli_main
+    # an operator who lets the socket archive everything up to today
+    daemon = Daemon(tmp_path, args=("--archive-keep-days", "0"))
+    try:
+        _archives_between_windows(daemon, sim, capsys, cli_main, time)
+    finally:
+        daemon.stop()
+
+
+def test_a_socket_archive_that_would_take_the_recent_days_is_refused(daemon):
+    import time
+    daemon.start()
+    tomorrow = time.strftime("%Y-%m-%d", time.gmtime(time.time() + 86400))
+    p = daemon.cli("log", "archive", "--before", tomorrow)
+    assert p.returncode == 2 and "keeps the last 30 days" in p.stderr and p.stderr.count("\n") == 1
+
+
+def _archives_between_windows(daemon, sim, capsys, cli_main, time) -> None:
     daemon.start()
     wid = _start(daemon, sim)
     daemon.wait_for(in_phase, what="a phase with requests")

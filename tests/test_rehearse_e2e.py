@@ -195,3 +195,23 @@ def test_a_rehearsal_reports_its_costs_and_the_starting_observation(default_rehe
     # the default scenario is calibrated on the seed's observation: three stores a request, 52 records,
     # 8.73 of 32 GiB, nothing restored
     assert so["status"] == "reproduced", so
+
+
+def test_rehearse_reads_the_fixture_folder_beside_its_plan(tmp_path, capsys):
+    # a copy of the built-in fixture beside the plan, with one body's temperature changed: it is the
+    # one read, so the rehearsal is refused naming it (the built-in one would have run)
+    import hashlib
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.read_text())
+    src = ROOT / "fixtures" / "data" / "tok1024"
+    dst = tmp_path / "tok1024"
+    dst.mkdir()
+    lines = [b for b in (src / "bodies.jsonl").read_bytes().split(b"\n") if b]
+    lines[2] = lines[2].replace(b'"temperature":1', b'"temperature":0.5')
+    (dst / "bodies.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    m = json.loads((src / "manifest.json").read_text())
+    m["sha256"] = [hashlib.sha256(b).hexdigest() for b in lines]
+    (dst / "manifest.json").write_text(json.dumps(m))
+    rc = main(["rehearse", "--plan", str(plan), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "fixture tok1024: body 2" in err and "temperature = 0.5" in err and err.count("\n") == 1, err
