@@ -289,10 +289,13 @@ class Runner:
     async def _watch_router(self) -> None:
         while True:
             await anyio.sleep(WATCH_EVERY_S / self.scale)
+            polled = self.now()
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
                     r = await self.target.snapshot({"what": "router"})
-                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data=r))
+                # when the poll was sent: an answer to a poll sent before the quiesce took effect says
+                # nothing about containment after it
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data={**r, "polled_at_ns": polled}))
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("router", exc))
 

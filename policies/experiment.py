@@ -79,6 +79,7 @@ def experiment(w: WindowPolicy) -> Proc:
     if not res.ok and res.error != "not_applicable":
         w._fail_inside(res, "quiesce failed")
     w.quiesced = True
+    w.quiesced_at_ns = w.now
     w.t0 = w.now
     w._emit(TimeMarked(mark="t0", minute=0.0))
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",

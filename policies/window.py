@@ -63,6 +63,7 @@ class WindowPolicy(Driver):
         self.incumbent: Incumbent | None = None
         self.snapshots: dict[str, dict | None] = {}
         self.quiesced = False
+        self.quiesced_at_ns = 0  # window time the quiesce's answer came back
         self.candidate_loaded: str | None = None  # incarnation label loaded by the window
         self.candidate_id: str | None = None
         self.candidate_recipe = ""
@@ -288,9 +289,13 @@ class WindowPolicy(Driver):
             self._gpu_rules_disabled(inp.data)
             self.xids_known += len(inp.data.get("xid_events") or [])
         if self.stage == "restore":
-            hit = guards.gpu_watch(inp.data, self.plan.growth) if inp.source == "gpu" else \
-                guards.router_watch(inp.data, self.snapshots.get("router")) \
-                if self.quiesced and not self.readmit_requested and not (self.abort and self.abort.reason == "containment") else None
+            hit = None
+            if inp.source == "gpu":
+                hit = guards.gpu_watch(inp.data, self.plan.growth)
+            elif inp.source == "router" and self.quiesced and not self.readmit_requested \
+                    and inp.data.get("polled_at_ns", inp.at_ns) >= self.quiesced_at_ns \
+                    and not (self.abort and self.abort.reason == "containment"):
+                hit = guards.router_watch(inp.data, self.snapshots.get("router"))
             # an Xid or a containment breach at any moment of the restore; the other rules (GPU memory
             # here, everything at the last gate) once the incumbent is back and until it is readmitted
             if hit and (hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested):
@@ -302,7 +307,7 @@ class WindowPolicy(Driver):
         if inp.source == "gpu":
             hit = guards.gpu_watch(inp.data, self.plan.growth) or \
                 guards.gpu_identity(inp.data, self.snapshots.get("gpu"))
-        elif inp.source == "router" and self.quiesced:
+        elif inp.source == "router" and self.quiesced and inp.data.get("polled_at_ns", inp.at_ns) >= self.quiesced_at_ns:
             hit = guards.router_watch(inp.data, self.snapshots.get("router"))
         elif inp.source == "identity" and self.current is not None and \
                 inp.data.get("polled_at_ns", -1) >= self.current_since_ns:
