@@ -8,6 +8,7 @@ from typing import Any, TYPE_CHECKING
 from flare_diag.events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from flare_diag.policies import guards, rules
 from flare_diag.policies.driver import Proc, Quiet
+from flare_diag.policies.experiment import drain
 from flare_diag.policies.interpret import findings, verdict
 
 if TYPE_CHECKING:
@@ -51,15 +52,18 @@ def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]
         hit = guards.action_observation(m.data, None, True, plan.growth, plan.identity.host_cache_bytes)
         if hit:
             out.append(f"{hit[0]}: before readmit: {hit[1]}")
-        busy = [f"{g} = {gauges[g]:g}" for g in rules.DRAIN_GAUGES if gauges.get(g)]
-        if busy:
-            out.append(f"uncontrolled_growth: before readmit the incumbent is not idle ({', '.join(busy)}) with no "
-                       f"request of the window in flight")
         resident, first = gauges.get("resident_bytes"), w.restore_resident
         if resident is not None and first is not None and resident - first > plan.growth.max_resident_growth_bytes:
             out.append(f"uncontrolled_growth: before readmit the incumbent's resident memory grew "
                        f"{(resident - first) / 2**30:.1f} GiB since it loaded, beyond the bound "
                        f"{plan.growth.max_resident_growth_bytes / 2**30:.1f} GiB")
+    # idle before it takes traffic: every drain gauge at zero within the drain timeout, with no request
+    # of the window in flight (a scheduler queue that grows by itself never settles)
+    settled = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
+    if not settled:
+        busy = {g: v for g, v in ((g, (m.data.get("gauges") or {}).get(g) if m.ok else None) for g in rules.DRAIN_GAUGES) if v}
+        out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {plan.timing.drain_timeout_s:g} s "
+                   f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})")
     if not ident.ok:
         out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")
     elif identity:
@@ -89,7 +93,7 @@ def restore(w: WindowPolicy) -> Proc:
                 r = yield from w._act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
                 if r.ok:
                     break
-    w.incumbent_back = True
+    w.incumbent_back = w.took_down  # a window that changed nothing has nothing of its own to judge
     first = yield from w._act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
     w.restore_resident = ((first.data.get("gauges") or {}).get("resident_bytes") if first.ok else None)
     ident = yield from w._act("read_identity", {})

@@ -55,18 +55,23 @@ def good_log(tmp_path_factory) -> Log:
     return Log(p.read_bytes())
 
 
+def _mangled(data, good: bytes, how: str) -> bytes:
+    """`good` replaced by random bytes, cut short, or with a few bytes swapped in somewhere."""
+    if how == "bytes":
+        return data.draw(st.binary(max_size=400))
+    if how == "cut":
+        return good[:data.draw(st.integers(0, len(good)))]
+    i = data.draw(st.integers(0, len(good) - 1))
+    return good[:i] + data.draw(st.binary(min_size=1, max_size=8)) + good[i + 1:]
+
+
 @FUZZ
 @given(st.data())
 def test_plan_check_of_a_mangled_plan_is_one_line(tmp_path, capsys, data):
     text = PLAN.read_bytes()
     how = data.draw(st.sampled_from(["bytes", "cut", "swap", "number"]))
-    if how == "bytes":
-        blob = data.draw(st.binary(max_size=400))
-    elif how == "cut":
-        blob = text[:data.draw(st.integers(0, len(text)))]
-    elif how == "swap":
-        i = data.draw(st.integers(0, len(text) - 1))
-        blob = text[:i] + data.draw(st.binary(min_size=1, max_size=8)) + text[i + 1:]
+    if how != "number":
+        blob = _mangled(data, text, how)
     else:
         num = data.draw(st.sampled_from(["inf", "-inf", "nan", "1e300", "-1", "0", "10000000", "-0.0", "1e-300"]))
         key = data.draw(st.sampled_from([b"window_min = 90", b"stop_min = 70", b"repetitions = 3", b"max_tokens = ",
@@ -258,13 +263,8 @@ def test_site_check_of_a_mangled_site_profile_is_one_line(tmp_path, capsys, data
     good = (b'[serving]\nurl = "http://127.0.0.1:9"\ntoken_file = "serving.token"\n[manager]\nurl = "http://127.0.0.1:9"\n'
             b'candidate_recipe = "c"\n[gpu]\nsource = "none"\n[forecast]\nprobe_requests = 0\n')
     how = data.draw(st.sampled_from(["bytes", "cut", "swap", "value"]))
-    if how == "bytes":
-        blob = data.draw(st.binary(max_size=300))
-    elif how == "cut":
-        blob = good[:data.draw(st.integers(0, len(good)))]
-    elif how == "swap":
-        i = data.draw(st.integers(0, len(good) - 1))
-        blob = good[:i] + data.draw(st.binary(min_size=1, max_size=6)) + good[i + 1:]
+    if how != "value":
+        blob = _mangled(data, good, how)
     else:
         blob = good.replace(data.draw(st.sampled_from([b'"http://127.0.0.1:9"', b'"serving.token"', b'"none"', b"0\n"])),
                             data.draw(st.sampled_from([b'"/dev/zero"', b"{}", b"[]", b"-1", b'"' + b"h" * 5000 + b'"', b"1e400",

@@ -128,7 +128,7 @@ def test_a_router_that_hangs_is_the_router_watch_lost_and_the_primary_stays_out(
 # fault fired as the restore's load of the incumbent completes (the candidate's load is the first)
 RESTORE_TIME_FAULTS = {
     "containment": "containment", "gpu_memory": "uncontrolled_growth", "growth": "uncontrolled_growth",
-    "resident_creep,step_gib=40": "resident memory grew", "queue_growth": "not idle", "xid": "Xid",
+    "resident_creep,step_gib=40": "resident memory grew", "queue_growth": "did not drain", "xid": "Xid",
     # an identity or GPU that differs is already caught by the restore's own identity and containment checks
     "identity_drift,field=tensor_parallel": "incumbent_sha256_match", "identity_drift,field=gpu_power_limit_w": "containment",
 }
