@@ -39,7 +39,7 @@ from flare_diag.events.schema import AbortDecided, ControlCommand, LogNote
 from flare_diag.events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
-MAX_CONNECTIONS = 64    # control connections served at once; more are answered with an error and closed
+MAX_CONNECTIONS = 64    # control connections served at once; more wait in the backlog (or take a priority slot)
 # `watch` streams (which read, so they are never idle) may hold only part of the slots, and a uid
 # only part of that: a crowd of watchers can never hold every slot `abort` and `status` need
 ARCHIVE_KEEP_DAYS = 30  # `log archive` through the socket leaves at least this many recent days in the log
@@ -50,6 +50,22 @@ MAX_WATCHERS_PER_UID = 8
 PRIORITY_SLOTS = 16
 PRIORITY_READ_S = 5.0
 ACCEPT_BACKOFF_S = (0.05, 2.0)  # after a failed accept (EMFILE, ENFILE, ENOBUFS): first and longest pause
+# file descriptors kept for the window itself (its HTTP connections, the log and its WAL, NVML, the
+# watchers): control connections get only what the process limit leaves beyond them
+FD_RESERVE = 40
+
+
+def connection_budget() -> tuple[int, int]:
+    """(ordinary, priority) control connections this process can hold without starving its window of
+    file descriptors: MAX_CONNECTIONS and PRIORITY_SLOTS, or fewer under a low RLIMIT_NOFILE."""
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS, PRIORITY_SLOTS
+    room = max(4, soft - FD_RESERVE)
+    return min(MAX_CONNECTIONS, max(2, room * 3 // 4)), min(PRIORITY_SLOTS, max(2, room // 4))
+
+
 IDLE_TIMEOUT_S = 60.0   # a connection that sends no complete command for this long is closed
 SEND_TIMEOUT_S = 30.0   # a client that does not read its reply (or its watch stream) for this long is dropped
 
@@ -93,6 +109,7 @@ class Service:
         self._idle: dict[object, anyio.CancelScope] = {}  # connections waiting for a command, oldest first
         self.watchers: dict[int, int] = {}  # uid -> watch streams open
         self.priority = 0  # priority connections being read
+        self.max_connections, self.priority_slots = connection_budget()
         self._stop: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -330,14 +347,19 @@ class Service:
     # --- the control socket --------------------------------------------------------------
 
     async def _serve(self, listener: anyio.abc.Listener) -> None:
-        """Accepts control connections, at most MAX_CONNECTIONS served at once, and PRIORITY_SLOTS more
-        read for a `status` or `abort` alone. A failed accept (out of file descriptors, buffers) is
+        """Accepts control connections, at most `max_connections` served at once, and `priority_slots`
+        more read for a `status` or `abort` alone (both fewer under a low RLIMIT_NOFILE). A failed accept (out of file descriptors, buffers) is
         logged and retried after a pause that doubles up to ACCEPT_BACKOFF_S[1]: never the end of the
         service, whose window must still restore."""
         assert self._tg is not None
         pause = ACCEPT_BACKOFF_S[0]
         async with listener:
             while True:
+                if self.connections >= self.max_connections and not self._idle and self.priority >= self.priority_slots:
+                    # every slot busy: newcomers wait in the kernel's backlog, costing this process no
+                    # file descriptor, until one frees
+                    await anyio.sleep(0.05)
+                    continue
                 try:
                     conn = await listener.accept()
                 except anyio.ClosedResourceError:
@@ -350,17 +372,14 @@ class Service:
                     pause = min(pause * 2, ACCEPT_BACKOFF_S[1])
                     continue
                 pause = ACCEPT_BACKOFF_S[0]
-                if self.connections >= MAX_CONNECTIONS:
+                if self.connections >= self.max_connections:
                     if self._idle:
                         # the oldest connection that is only waiting makes room: a crowd of idle
                         # connections can delay nobody's `status` or `abort`
                         self._idle.pop(next(iter(self._idle))).cancel()
-                    elif self.priority < PRIORITY_SLOTS:
+                    else:
                         self.priority += 1
                         self._tg.start_soon(self._priority_client, conn)
-                        continue
-                    else:
-                        self._tg.start_soon(self._refuse, conn)
                         continue
                 self.connections += 1
                 self._tg.start_soon(self._client, conn)
@@ -383,7 +402,7 @@ class Service:
                         return
                     if not isinstance(cmd, (Status, Abort)):
                         await self._send(conn, control.error(
-                            f"too many control connections (at most {MAX_CONNECTIONS}); only status and abort are "
+                            f"too many control connections (at most {self.max_connections}); only status and abort are "
                             f"answered now; try again"))
                         return
                     self.log.info("control command", cmd=type(cmd).__struct_config__.tag, uid=uid, pid=pid, priority=True)
@@ -393,14 +412,6 @@ class Service:
             return
         finally:
             self.priority -= 1
-
-    async def _refuse(self, conn: anyio.abc.SocketStream) -> None:
-        async with conn:
-            with anyio.move_on_after(1):
-                try:
-                    await conn.send(control.error(f"too many control connections (at most {MAX_CONNECTIONS}); try again"))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    pass
 
     async def _client(self, conn: anyio.abc.SocketStream) -> None:
         try:

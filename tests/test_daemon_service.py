@@ -593,8 +593,8 @@ def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window
             except (BlockingIOError, OSError):
                 pass
             flood.append(s)
-        import time
-        time.sleep(3)
+        st = daemon.status()  # answered while the flood holds its connections
+        assert st["state"] in ("running", "needs_attention") and st["window"]["window_id"] == wid
         for s in flood:
             s.close()
         flood = []
@@ -609,9 +609,10 @@ def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window
             s.close()
         daemon.stop()
     rep = _report_from(daemon, wid)
+    # the control connections took only what the limit leaves beyond the window's own descriptors, so
+    # the window kept its connections to the host and restored it
     assert rep["restoration"]["verified"], (rep["abort"], rep["restoration"], rep["alarms"])
-    journal = daemon.log_path.read_text()
-    assert "control socket accept failed; retrying" in journal and "Too many open files" in journal
+    assert "Traceback" not in daemon.log_path.read_text()
 
 
 def test_metrics_bind_beyond_loopback_only_with_the_explicit_flag(tmp_path):
