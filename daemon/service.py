@@ -275,6 +275,10 @@ class Service:
             if outcome == "restore_failed":
                 self.log.error("window closed with its restoration not verified", window_id=w.window_id,
                                outcome=outcome, failed_checks=w.progress.restoration_failed, alarms=w.progress.alarms)
+            elif outcome == "aborted":
+                ab = w.runner.policy.abort
+                self.log.error("window aborted and restored", window_id=w.window_id, outcome=outcome,
+                               reason=ab.reason if ab else None, detail=ab.detail if ab else None)
             else:
                 self.log.info("window closed", window_id=w.window_id, outcome=outcome)
         except StoreWriteError as exc:

@@ -87,8 +87,11 @@ class Daemon:
             return []
         out = []
         for line in self.log_path.read_text().splitlines():
+            prio = None
+            if line[:1] == "<" and line[2:3] == ">" and line[1:2].isdigit():  # journald's priority prefix
+                prio, line = int(line[1]), line[3:]
             try:
-                out.append(json.loads(line))
+                out.append({**json.loads(line), "priority": prio})
             except ValueError:
                 out.append({"raw": line})
         return out

@@ -621,3 +621,16 @@ def test_metrics_bind_beyond_loopback_only_with_the_explicit_flag(tmp_path):
     p = subprocess.run([*base, "--metrics-address", "0.0.0.0:0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "not a loopback address" in p.stderr and p.stderr.count("\n") == 1
     assert not (tmp_path / "st").exists()  # nothing started
+
+
+def test_the_journal_gets_an_abort_at_priority_err_and_routine_lines_at_info(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.cli("abort", "--reason", "priorities").returncode == 0
+    daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    recs = daemon.records()
+    aborted = [r for r in recs if r.get("event") == "window aborted and restored"]
+    assert aborted and aborted[0]["priority"] == 3 and aborted[0]["window_id"] == wid and aborted[0]["reason"] == "operator"
+    assert next(r for r in recs if r.get("event") == "ready")["priority"] == 6
+    assert all(r.get("priority") is not None for r in recs if "raw" not in r)  # every JSON line carries one
