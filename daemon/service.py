@@ -109,6 +109,7 @@ class Service:
         self._idle: dict[object, anyio.CancelScope] = {}  # connections waiting for a command, oldest first
         self.watchers: dict[int, int] = {}  # uid -> watch streams open
         self.priority = 0  # priority connections being read
+        self._broken: set[str] = set()  # listener parts disabled after an error: "progress", "metrics"
         self.max_connections, self.priority_slots = connection_budget()
         self._stop: anyio.Event | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -309,7 +310,7 @@ class Service:
             self._publish_metrics()
         if outcome is not None:
             self.stuck = None
-        if w.progress.outcome is not None and self.stuck is None:
+        if (w.progress.outcome or outcome) is not None and self.stuck is None:
             await self._publish(w.window_id)
         elif outcome is None and retry and not self.stopping:
             self.store.resume_writes()  # the retry is the recovery path's own attempt to write
@@ -329,16 +330,30 @@ class Service:
             self.log.error("report publication failed", window_id=window_id, error=str(exc))
 
     def _on_commit(self, envs: list[Envelope]) -> None:
+        """Feeds the window's progress (status, the systemd status line) and the metrics exporter; a
+        failure in either is logged once with the window and disables only that part: the store keeps
+        this listener, and publication never waits on it."""
         w = self.window
         if w is None:
             return
-        for e in envs:
-            if e.window_id == w.window_id:
-                ev = e.event()
-                w.progress.apply(e.seq, ev)
-                if isinstance(ev, AbortDecided):
-                    self._aborts[ev.reason] = self._aborts.get(ev.reason, 0) + 1
-        self._publish_metrics()
+        if "progress" not in self._broken:
+            try:
+                for e in envs:
+                    if e.window_id == w.window_id:
+                        ev = e.event()
+                        w.progress.apply(e.seq, ev)
+                        if isinstance(ev, AbortDecided):
+                            self._aborts[ev.reason] = self._aborts.get(ev.reason, 0) + 1
+            except Exception:
+                self._broken.add("progress")
+                self.log.exception("window progress stopped following the log (status shows the policy's stage "
+                                   "from here on)", window_id=w.window_id)
+        if "metrics" not in self._broken:
+            try:
+                self._publish_metrics()
+            except Exception:
+                self._broken.add("metrics")
+                self.log.exception("metrics exporter failed and is disabled", window_id=w.window_id)
 
     def _publish_metrics(self) -> None:
         if self.metrics is None:
