@@ -97,15 +97,42 @@ def test_no_experimental_request_is_decided_at_or_after_the_stop_minute():
             assert inp.at_ns < t0 + 70 * 60 * S
 
 
+def _watches_then_tick(world, stop: int):
+    """While one request hangs until past the stop minute: the watches answering every 5 s, then the
+    runner's tick at the stop minute."""
+    from flare_diag.events.schema import Tick
+    t = world.now
+    while t + 5 * S < stop:
+        t += 5 * S
+        world.now = t
+        yield WatchObserved(at_ns=t, source="gpu", data={"xid_events": [], "gpus": []})
+        yield WatchObserved(at_ns=t, source="router", data={"config_sha256": "router-1", "backend": {
+            "id": "primary", "admitted": False, "inflight": 0}})
+    world.now = stop
+    yield Tick(at_ns=stop)
+
+
 def test_restore_starts_at_the_stop_minute_and_cancels_in_flight_requests():
-    w = World(plan_builtins(), request_s=20)
+    from flare_diag.events.schema import CancelRequested
+    state: dict = {}
 
     def hook(world, hist):  # the runner's tick at the stop minute arrives while a request is in flight
-        return None
+        if not state:
+            sent = [d for d in hist[-1][1] if isinstance(d, ActionRequested) and d.action == "send_request"
+                    and d.args["phase"] == "B.forward_replay" and d.args["order_index"] == 10]
+            if not sent:
+                return None
+            t0 = next(i.at_ns for i, ds in hist if any(isinstance(d, TimeMarked) and d.mark == "t0" for d in ds))
+            state.update(request=sent[0].action_id, inputs=_watches_then_tick(world, t0 + 70 * 60 * S))
+        return next(state["inputs"], None)
 
-    _w, h = run(w)
+    _w, h = run(hook=hook)
+    assert state, "the hook never met B.forward_replay's request 10 in flight: this test tested nothing"
     started = decisions(h, RestoreStarted)[0]
-    assert started.cause in ("stop_minute", "completed")
+    assert started.cause == "stop_minute"
+    assert any(state["request"] in d.action_ids for d in decisions(h, CancelRequested))
+    c = cells(h)["B.forward_replay"]
+    assert c.status == "invalid" and "cut at the stop minute after 10 of 52 requests" in c.reason
 
 
 def test_drain_that_does_not_settle_within_ten_seconds_invalidates_the_phase():
