@@ -109,13 +109,11 @@ class _Probe:
 
     async def serving(self) -> None:
         t = self.t
-        if t.engine is None:
-            code = (await self.call("serving", t.health({})))["status"]
-            self.add("serving.health", OBSERVABLE if code == 200 else NOT_OBSERVABLE,
-                     "an incarnation is loaded and ready" if code == 200 else f"/health answered {code}",
-                     required=True)
-        else:
-            await t.engine.prepare()
+        await t.manager.prepare()  # a local engine is brought to the state a window finds it in
+        code = (await self.call("serving", t.health({})))["status"]
+        self.add("serving.health", OBSERVABLE if code == 200 else NOT_OBSERVABLE,
+                 "an incarnation is loaded and ready" if code == 200 else f"/health answered {code}",
+                 required=True)
         try:
             ident = await self.call("serving", t.read_identity({}))
         except ActionFailed as exc:
@@ -139,7 +137,7 @@ class _Probe:
             self.add("identity.gpus", OBSERVABLE, f"{len(gpus)} GPUs at {'/'.join(map(str, watts)) or '-'} W"
                      + ("" if fits else f"; the plan expects {want_n} at {want_w} W"), required=True, fits=fits)
         trace = self.plan is not None and self.plan.trace is not None
-        if t.engine is not None:
+        if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
         else:
             have = "trace_enabled" in ident

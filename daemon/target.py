@@ -16,6 +16,7 @@ from httpx_sse import aconnect_sse
 from flare_diag.daemon import metrics
 from flare_diag.daemon.errors import ActionFailed, classify_response
 from flare_diag.daemon.fixture import Fixture
+from flare_diag.daemon.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
 from flare_diag.daemon.site import Site
 
 RESPONSE_CAP = 4096
@@ -56,15 +57,22 @@ class Target:
         self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0),
                                        transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
-        self.engine = local_engine(site) if site.profile.engine is not None else None
+        # the host's ports: a manager service and the engine's endpoints over HTTP, or a local engine
+        # the daemon runs itself, which is both (daemon/ports.py)
+        self.manager: Manager
+        self.serving: Serving
+        if site.profile.engine is not None:
+            engine = local_engine(site)
+            self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
+        else:
+            self.manager, self.serving = HttpManager(self), HttpServing(self)
         from flare_diag.daemon.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
     async def close(self) -> None:
         await self.client.aclose()
         await self.fresh.aclose()
-        if self.engine is not None:
-            await self.engine.close()
+        await self.manager.close()
         if self._xids is not None:
             await asyncio.to_thread(self._xids.stop)  # joins the NVML event thread: not on the loop
 
@@ -138,8 +146,7 @@ class Target:
         recipe retained by two windows is one file); every later load, unload and the restore name
         this hash. `expect_sha256`, when given, is what the manager says is loaded."""
         name = args["recipe"]
-        rec = await self.engine.recipe(name) if self.engine else \
-            await self._get("manager", f"{self.p.manager.url}/manager/v1/recipes/{name}", f"recipe {name}")
+        rec = await self.manager.recipe(name)
         try:
             content = base64.b64decode(rec["content_b64"], validate=True)
             claimed = rec["sha256"]
@@ -184,10 +191,7 @@ class Target:
         return {"status": r.status_code}
 
     async def preview(self, args: dict) -> dict:
-        if self.engine is not None:
-            return await self.engine.preview(args["op"], args["recipe"], args.get("sha256"))
-        return await self._post("manager", f"{self.p.manager.url}/manager/v1/preview", "preview",
-                                {"op": args["op"], "recipe": args["recipe"], "sha256": args.get("sha256")})
+        return await self.manager.preview(args["op"], args["recipe"], args.get("sha256"))
 
     async def quiesce(self, args: dict) -> dict:
         if self.p.router is None:
@@ -209,31 +213,19 @@ class Target:
             raise ActionFailed("malformed_transport", str(exc)) from None
 
     async def unload(self, args: dict) -> dict:
-        if self.engine is not None:
-            return await self.engine.unload(args["recipe"], args["sha256"])
-        return await self._post("manager", f"{self.p.manager.url}/manager/v1/unload", "unload",
-                                {"recipe": args["recipe"], "sha256": args["sha256"]}, once=True)
+        return await self.manager.unload(args["recipe"], args["sha256"])
 
     async def load(self, args: dict) -> dict:
-        if self.engine is not None:
-            return await self.engine.load(args["recipe"], args["sha256"])
-        return await self._post("manager", f"{self.p.manager.url}/manager/v1/load", "load",
-                                {"recipe": args["recipe"], "sha256": args["sha256"]}, once=True)
+        return await self.manager.load(args["recipe"], args["sha256"])
 
     async def read_identity(self, args: dict) -> dict:
-        if self.engine is not None:
-            return await self.engine.identity(self._h("serving"))
-        return await self._get("serving", f"{self.p.serving.url}/flare/v1/identity", "identity")
+        return await self.serving.identity()
 
     async def set_trace(self, args: dict) -> dict:
-        if self.engine is not None:
-            raise ActionFailed("not_applicable", "llama.cpp has no request-trace switch")
-        return await self._post("serving", f"{self.p.serving.url}/flare/v1/trace", "trace", {"enabled": args["enabled"]})
+        return await self.serving.trace(args["enabled"])
 
     async def manager_state(self, args: dict) -> dict:
-        if self.engine is not None:
-            return await self.engine.state()
-        return await self._get("manager", f"{self.p.manager.url}/manager/v1/state", "manager state")
+        return await self.manager.state()
 
     async def preflight(self, args: dict) -> dict:
         if args["path"] == "routed":
