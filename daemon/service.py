@@ -373,8 +373,19 @@ class Service:
         assert self._tg is not None
         pause = ACCEPT_BACKOFF_S[0]
         async with listener:
+            full = False
             while True:
-                if self.connections >= self.max_connections and not self._idle and self.priority >= self.priority_slots:
+                at_capacity = self.connections >= self.max_connections
+                if at_capacity and not full:
+                    full = True  # said once per episode: a flood must not flood the journal too
+                    self.log.warning("control connections at capacity: idle ones make room, then status and abort "
+                                     "take priority slots, then newcomers wait in the backlog",
+                                     connections=self.connections, limit=self.max_connections,
+                                     priority_limit=self.priority_slots)
+                elif full and not at_capacity:
+                    full = False
+                    self.log.info("control connections below capacity again", connections=self.connections)
+                if at_capacity and not self._idle and self.priority >= self.priority_slots:
                     # every slot busy: newcomers wait in the kernel's backlog, costing this process no
                     # file descriptor, until one frees
                     await anyio.sleep(0.05)

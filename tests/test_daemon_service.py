@@ -613,6 +613,10 @@ def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window
     # the window kept its connections to the host and restored it
     assert rep["restoration"]["verified"], (rep["abort"], rep["restoration"], rep["alarms"])
     assert "Traceback" not in daemon.log_path.read_text()
+    # the journal says what happened: the slots filled, and freed again
+    events = [r.get("event") for r in daemon.records()]
+    assert any(e and e.startswith("control connections at capacity") for e in events)
+    assert "control connections below capacity again" in events
 
 
 def test_metrics_bind_beyond_loopback_only_with_the_explicit_flag(tmp_path):
