@@ -124,14 +124,21 @@ class ModelRun:
         self._at(self.now + int(WATCH_EVERY_S * S), self._watch)
 
     # --- actions
+    def handlers(self) -> dict:
+        """The policy's actions (policies/actions.py), each to the model's answer to it."""
+        return {"validate_fixtures": self._validate_fixtures, "snapshot": self._snapshot,
+                "retain_recipe": self._retain_recipe, "preview": self._preview, "quiesce": self._quiesce,
+                "readmit": self._readmit, "unload": self._unload, "load": self._load, "read_identity": self._read_identity,
+                "scrape_metrics": self._scrape_metrics, "set_trace": self._set_trace, "manager_state": self._manager_state,
+                "health": self._health, "preflight": self._preflight, "send_request": self._send_request}
+
     def _start(self, d: ActionRequested) -> None:
         a = self._actions[d.action_id] = _Action(d)
         if d.deadline_s:
             self._at(self.now + int(d.deadline_s * S), lambda: self._answer(a, self._failed(
                 d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")))
-        try:
-            handler = getattr(self, f"_{d.action}")
-        except AttributeError:
+        handler = self.handlers().get(d.action)
+        if handler is None:
             self._answer(a, self._failed(d, "internal_error", f"{d.action}: not modelled"))
             return
         try:

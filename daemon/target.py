@@ -69,6 +69,14 @@ class Target:
         from flare_diag.daemon.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
+    def handlers(self) -> dict:
+        """The policy's actions (policies/actions.py), each to the method that carries it out."""
+        return {"validate_fixtures": self.validate_fixtures, "snapshot": self.snapshot,
+                "retain_recipe": self.retain_recipe, "preview": self.preview, "quiesce": self.quiesce,
+                "readmit": self.readmit, "unload": self.unload, "load": self.load, "read_identity": self.read_identity,
+                "scrape_metrics": self.scrape_metrics, "set_trace": self.set_trace, "manager_state": self.manager_state,
+                "health": self.health, "preflight": self.preflight, "send_request": self.send_request}
+
     async def close(self) -> None:
         await self.client.aclose()
         await self.fresh.aclose()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from flare_diag.events.schema import ActionRequested, Decision, Input
+from flare_diag.policies import actions
 
 Proc = Generator[Any, Any, None]
 
@@ -98,6 +99,7 @@ class Driver:
         return None
 
     def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
+        actions.check(action, args or {})  # a misspelt action or a missing argument fails here, at once
         aid = self.next_id
         self.next_id += 1
         self.pending[aid] = (action, experimental)
