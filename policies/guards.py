@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from flare_diag.policies import rules
 from flare_diag.policies.plan import Growth
 
 Abort = tuple[str, str] | None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a watch rule judges an observation against: the plan's bounds, the snapshots taken before
+    the take-down, and the identity the observation is held to (None: nothing to hold it to)."""
+
+    growth: Growth
+    gpu_snapshot: Mapping | None = None
+    router_snapshot: Mapping | None = None
+    identity: Mapping | None = None
+    where: str = ""  # the phase (or "before readmit") a breach is named with
+
+
+Rule = Callable[[Mapping, Context], Abort]
 
 
 def growth_bounds(g: Growth) -> dict:
@@ -82,7 +98,7 @@ def identity_watch(data: Mapping, verified: Mapping | None, phase: str) -> Abort
     if verified is None:
         return None
     changes = rules.identity_changes(verified, data)
-    return ("identity_drift", f"{phase}: identity watch: " + "; ".join(changes)) if changes else None
+    return ("identity_drift", f"{phase}: " + "; ".join(changes)) if changes else None
 
 
 def gpu_rules_disabled(data: Mapping) -> str | None:
@@ -114,3 +130,45 @@ def trace_toggle(expected: Mapping, reply: Mapping, ref_labels: Mapping | None, 
     mism = rules.identity_mismatches(expected, reply, trace=trace)
     mism += rules.label_drift({k: v for k, v in (ref_labels or {}).items() if k in ("incarnation", "recipe_sha256")}, reply)
     return mism
+
+
+# --- the watch rules: one table, judged in the experiment, during the restore and at its last gate --
+
+def xid_rule(data: Mapping, ctx: Context) -> Abort:
+    xids = data.get("xid_events") or []
+    return ("gpu_fault", f"Xid {xids[0].get('xid')} on GPU {xids[0].get('gpu')}") if xids else None
+
+
+def gpu_memory_rule(data: Mapping, ctx: Context) -> Abort:
+    breach = rules.gpu_memory_breach(data.get("gpus") or [], ctx.growth.max_gpu_memory_fraction)
+    return ("uncontrolled_growth", breach) if breach else None
+
+
+def gpu_identity_rule(data: Mapping, ctx: Context) -> Abort:
+    hit = gpu_identity(data, ctx.gpu_snapshot)
+    return (hit[0], f"{ctx.where}: {hit[1]}" if ctx.where else hit[1]) if hit else None
+
+
+def containment_rule(data: Mapping, ctx: Context) -> Abort:
+    return router_watch(data, ctx.router_snapshot)
+
+
+def identity_rule(data: Mapping, ctx: Context) -> Abort:
+    return identity_watch(data, ctx.identity, ctx.where)
+
+
+# observation source -> the rules that judge it, in order (the first breach is the one reported)
+WATCH_RULES: dict[str, tuple[Rule, ...]] = {
+    "gpu": (xid_rule, gpu_memory_rule, gpu_identity_rule),
+    "router": (containment_rule,),
+    "identity": (identity_rule,),
+}
+
+
+def judge(source: str, data: Mapping, ctx: Context) -> Abort:
+    """The first breach the table's rules for `source` find in `data`, or None."""
+    for rule in WATCH_RULES.get(source, ()):
+        hit = rule(data, ctx)
+        if hit:
+            return hit
+    return None

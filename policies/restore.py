@@ -26,25 +26,21 @@ def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]
     router, gpu, m, ident = yield from w._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"}),
                                                    ("scrape_metrics", {}), ("read_identity", {})])
     out = []
+    before = "before readmit"
+    ctx = guards.Context(plan.growth, w.snapshots.get("gpu"), w.snapshots.get("router"))
     if w.snapshots.get("router") is not None and not (w.abort and w.abort.reason == "containment"):
         if not router.ok:
             out.append(f"containment: the router could not be read before readmit ({router.detail or router.error})")
-        else:
-            hit = guards.router_watch(router.data, w.snapshots.get("router"))
-            if hit:
-                out.append(f"{hit[0]}: before readmit: {hit[1]}")
+        elif hit := guards.judge("router", router.data, ctx):
+            out.append(f"{hit[0]}: {before}: {hit[1]}")
     if w.snapshots.get("gpu") is not None:
         if not gpu.ok:
             out.append(f"gpu_fault: the GPU view could not be read before readmit ({gpu.detail or gpu.error})")
         else:
-            new = (gpu.data.get("xid_events") or [])[w.xids_known:]
-            if new:
-                w.xids_known += len(new)
-                out.append(f"gpu_fault: before readmit: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
-            hit = guards.gpu_watch({**gpu.data, "xid_events": []}, plan.growth) or \
-                guards.gpu_identity(gpu.data, w.snapshots.get("gpu"))
-            if hit:
-                out.append(f"{hit[0]}: before readmit: {hit[1]}")
+            new = (gpu.data.get("xid_events") or [])[w.xids_known:]  # the Xids the watch has not judged yet
+            w.xids_known += len(new)
+            if hit := guards.judge("gpu", {**gpu.data, "xid_events": new}, ctx):
+                out.append(f"{hit[0]}: {before}: {hit[1]}")
     if not m.ok:
         out.append(f"uncontrolled_growth: the engine's metrics could not be read before readmit ({m.detail or m.error})")
     else:
@@ -68,11 +64,11 @@ def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]
         out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")
     elif identity:
         # the restored incumbent is a new incarnation of the same recipe: all else is held
-        changes = rules.identity_changes({k: v for k, v in identity.items() if k not in ("trace_enabled", "incarnation")},
-                                         ident.data)
-        if changes:
-            out.append("identity_drift: before readmit the incumbent's identity differs from before the take-down: "
-                       + "; ".join(changes))
+        held = {k: v for k, v in identity.items() if k not in ("trace_enabled", "incarnation")}
+        ictx = guards.Context(plan.growth, identity=held,
+                              where=f"{before} the incumbent's identity differs from before the take-down")
+        if hit := guards.judge("identity", ident.data, ictx):
+            out.append(f"{hit[0]}: {hit[1]}")
     return out
 
 

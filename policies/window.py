@@ -285,42 +285,45 @@ class WindowPolicy(Driver):
             self._abort_from_outside("watch_lost", why)
 
     def _watch(self, inp: WatchObserved) -> None:
+        """A watch's answer, judged by the rules of its source (guards.WATCH_RULES) where they apply:
+        the router once the quiesce took effect, the identity while a phase runs, against what each
+        is held to."""
         if inp.source == "gpu":
             self._gpu_rules_disabled(inp.data)
             self.xids_known += len(inp.data.get("xid_events") or [])
-        if self.stage == "restore":
-            hit = None
-            if inp.source == "gpu":
-                hit = guards.gpu_watch(inp.data, self.plan.growth)
-            elif inp.source == "router" and self.quiesced and not self.readmit_requested \
-                    and inp.data.get("polled_at_ns", inp.at_ns) >= self.quiesced_at_ns \
-                    and not (self.abort and self.abort.reason == "containment"):
-                hit = guards.router_watch(inp.data, self.snapshots.get("router"))
-            # an Xid or a containment breach at any moment of the restore; the other rules (GPU memory
-            # here, everything at the last gate) once the incumbent is back and until it is readmitted
-            if hit and (hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested):
-                self._restore_fault(f"{hit[0]}: {hit[1]}")
+        if self.stage not in ("experiment", "restore"):
             return
-        if self.stage != "experiment":
-            return
-        hit = None
-        if inp.source == "gpu":
-            hit = guards.gpu_watch(inp.data, self.plan.growth) or \
-                guards.gpu_identity(inp.data, self.snapshots.get("gpu"))
-        elif inp.source == "router" and self.quiesced and inp.data.get("polled_at_ns", inp.at_ns) >= self.quiesced_at_ns:
-            hit = guards.router_watch(inp.data, self.snapshots.get("router"))
-        elif inp.source == "identity" and self.current is not None and \
-                inp.data.get("polled_at_ns", -1) >= self.current_since_ns:
+        polled = inp.data.get("polled_at_ns", inp.at_ns)
+        ctx = guards.Context(self.plan.growth, self.snapshots.get("gpu"), self.snapshots.get("router"))
+        if inp.source == "router":
+            # a poll sent before the quiesce took effect says nothing of containment after it; after
+            # the readmit an admitted backend is the readmission; a breach already aborted for is not news
+            if not self.quiesced or polled < self.quiesced_at_ns or self.readmit_requested or \
+                    (self.stage == "restore" and self.abort is not None and self.abort.reason == "containment"):
+                return
+        elif inp.source == "identity":
             # between the phase's own reads (at C4 a round can last many seconds): held to the identity
             # verified for the incarnation the phase runs on; a poll sent before the phase began (it
             # may have crossed a load) says nothing about it
-            label = next((p.incarnation for p in self.all_phases if p.id == self.current.id), None)
-            hit = guards.identity_watch(inp.data.get("identity") or {}, self.verified_identity.get(label or ""),
-                                        self.current.id)
-            if hit:
+            if self.stage != "experiment" or self.current is None or polled < self.current_since_ns:
+                return
+            label = next((p.incarnation for p in self.all_phases if p.id == self.current.id), "")
+            ctx = guards.Context(self.plan.growth, identity=self.verified_identity.get(label),
+                                 where=f"{self.current.id}: identity watch")
+        elif inp.source == "gpu" and self.stage == "restore":
+            # the restore's GPUs are held to the snapshot only at its last gate, once the incumbent is back
+            ctx = guards.Context(self.plan.growth)
+        hit = guards.judge(inp.source, inp.data.get("identity") or {} if inp.source == "identity" else inp.data, ctx)
+        if not hit:
+            return
+        if self.stage == "experiment":
+            if inp.source == "identity":
                 self.drifted = True
-        if hit:
             self._abort_from_outside(*hit)
+        # during the restore: an Xid or a containment breach at any moment; the other rules (GPU
+        # memory here, everything at the last gate) once the incumbent is back and until its readmit
+        elif hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested:
+            self._restore_fault(f"{hit[0]}: {hit[1]}")
 
     def _restore_fault(self, what: str) -> None:
         """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said."""
