@@ -133,3 +133,50 @@ def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runn
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
         assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
+
+
+async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_taking_commits(tmp_path, small_plan):
+    """The service in this process (its store can be made to fail), against flaresim as a process."""
+    import anyio
+
+    from flare_diag.daemon.control import Start
+    from flare_diag.daemon.logs import configure
+    from flare_diag.daemon.notify import Notifier
+    from flare_diag.daemon.service import Service
+    from tests.daemontools import SCALE, Sim
+    sim = Sim(tmp_path)
+    svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", configure("error"), Notifier(), sites_dir=tmp_path)
+    seen: list[dict] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            with anyio.fail_after(30):
+                while svc._tg is None or svc.store is None:
+                    await anyio.sleep(0.05)
+            reply = await svc._handle(Start(plan_toml=small_plan.read_text(), site=sim.site.stem, time_scale=SCALE,
+                                            accept_partial=True), 0, 0)
+            assert b'"ok":true' in reply.replace(b" ", b""), reply
+            with anyio.fail_after(60):
+                while not (svc.window and svc.window.progress.phase_requests >= 2):
+                    await anyio.sleep(0.05)
+
+            async def full(rows, bulk):
+                raise OSError(28, "No space left on device")
+
+            svc.store._write_rows = full  # the disk fills
+            with anyio.fail_after(60):  # real seconds; the window restores from memory meanwhile
+                while True:
+                    st = svc._status()
+                    seen.append({**st, "window_still_running": svc.window is not None})
+                    if st["state"] == "needs_attention":
+                        break
+                    await anyio.sleep(0.05)
+            svc._stop.set()
+    finally:
+        sim.stop()
+    st = seen[-1]
+    assert st["needs_attention"]["window_id"] and "cannot be written" in st["needs_attention"]["needs"]
+    assert "events are not in the log yet" in st["needs_attention"]["needs"]
+    # said while the window still runs from memory (its runner keeps trying the log for 20 s before it
+    # gives up), not only once it has given up
+    assert st["window_still_running"] and st["window"]["stage"] in ("experiment", "restore", "closed")
