@@ -27,6 +27,7 @@ from flare_diag.events.schema import (
 from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies.window import WindowPolicy
 
+MIN_REAL_DEADLINE_S = 5.0  # no action or poll of a scaled (simulated) window gets less real time than this
 WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
 CATCH_UP_EVERY_S = 1.0  # real seconds between attempts to append what a failing log did not take
 FINAL_CATCH_UP_S = 20.0  # real seconds a closed window keeps trying before it says what the log lacks
@@ -227,7 +228,7 @@ class Runner:
         res: Input | None = None
         with scope:
             try:
-                with anyio.fail_after(d.deadline_s / self.scale if d.deadline_s else None):
+                with anyio.fail_after(self._real_s(d.deadline_s) if d.deadline_s else None):
                     data = await fn(d.args)
                 if d.action == "send_request":
                     if data.get("response_head"):
@@ -267,7 +268,14 @@ class Runner:
 
     def _poll_deadline_s(self) -> float:
         t = self.policy.plan.timing if self.policy.plan is not None else None
-        return (t.action_timeout_s if t else 60.0) / self.scale
+        return self._real_s(t.action_timeout_s if t else 60.0)
+
+    def _real_s(self, window_s: float) -> float:
+        """A deadline in real seconds: the window's, divided by the time scale, but never below
+        MIN_REAL_DEADLINE_S when the clock is scaled (a simulated site only): at x100, 60 window
+        seconds are 0.6 real ones, which a loaded machine's scrape can take."""
+        real = window_s / self.scale
+        return max(real, min(window_s, MIN_REAL_DEADLINE_S)) if self.scale > 1 else real
 
     async def _watch_gpu(self) -> None:
         seen_xids: int | None = None
