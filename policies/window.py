@@ -25,7 +25,7 @@ from flare_diag.policies.experiment import experiment
 from flare_diag.policies.plan import Plan, plan_from_builtins
 from flare_diag.policies.planner import Calibration, Estimator, all_phases, arms
 from flare_diag.policies.restore import restore
-from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
+from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage, advance
 
 
 WATCH_LOST_MIN_REAL_S = 5.0
@@ -42,7 +42,7 @@ class WindowPolicy(Driver):
         self.plan: Plan = None  # type: ignore[assignment]  # set by WindowOpened
         self.window_id = ""
         self.time_scale = 1.0  # the window clock's scale: above 1 only for a simulated site
-        self.stage = "idle"  # idle | experiment | restore | closed
+        self.stage = Stage.IDLE  # moves only as state.TRANSITIONS allows
         self.t0: int | None = None
         self.ledger = Ledger()
         self.arms: list = []
@@ -240,14 +240,14 @@ class WindowPolicy(Driver):
         self.phase_order = [p.id for p in self.all_phases] + [c.id for c in self.plan.conditional]
         self.comparable = {p.id: p.comparable for p in self.all_phases}
         self.required = [p.id for p in self.all_phases if not p.optional]
-        self.stage = "experiment"
+        self.stage = advance(self.stage, Stage.EXPERIMENT)
         self._start(experiment(self), self._procedure_ended)
 
     def _procedure_ended(self, cause: str | None) -> None:
-        if self.stage == "experiment":
+        if self.stage == Stage.EXPERIMENT:
             self._begin_restore(cause or "completed")
         else:
-            self.stage = "closed"
+            self.stage = advance(self.stage, Stage.CLOSED)
 
     def _outcome(self, inp: ActionDone | RequestDone) -> None:
         if inp.action_id not in self.pending:
@@ -356,7 +356,7 @@ class WindowPolicy(Driver):
         self._begin_restore(cause)
 
     def _begin_restore(self, cause: str) -> None:
-        self.stage = "restore"
+        self.stage = advance(self.stage, Stage.RESTORE)
         self.restore_cause = cause
         self._close_open_cells(cause)
         # The restore waits only for what changes the host (a load, an unload, a quiesce...), each

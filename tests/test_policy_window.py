@@ -823,3 +823,15 @@ def test_a_cell_records_its_prime_its_incarnation_and_that_its_identity_held():
     c = cells(h)["A.reverse_replay"]
     assert c.prime == "A.forward_prime" and c.identity_held is True
     assert c.incarnation_id == cells(h)["A.forward_prime"].incarnation_id is not None
+
+
+def test_a_window_moves_only_as_its_transition_table_allows():
+    import pytest
+
+    from flare_diag.policies.state import Stage, StageError, advance
+    assert advance(Stage.IDLE, Stage.EXPERIMENT) is Stage.EXPERIMENT
+    for bad in ((Stage.IDLE, Stage.RESTORE), (Stage.RESTORE, Stage.EXPERIMENT), (Stage.CLOSED, Stage.EXPERIMENT)):
+        with pytest.raises(StageError):
+            advance(*bad)
+    _w, h = run()
+    assert closed(h).outcome == "completed"  # a whole window goes idle -> experiment -> restore -> closed
