@@ -85,6 +85,11 @@ async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) ->
     if ph is None or n < 2:  # the first request warms up and is not counted: one alone measures nothing
         return None
     fixture = setup.fixtures[ph.fixture]  # type: ignore[index]
+
+    def record(i: int, t0: float) -> dict:  # what every probe request's log entry says, answered or not
+        return {"site": setup.site.name, "fixture": ph.fixture or "", "body_index": i, "body_sha256": fixture.sha256[i],
+                "elapsed_s": round(anyio.current_time() - t0, 6)}
+
     for k, i in enumerate(phase_requests(ph, len(fixture.bodies))[:n]):
         t0 = anyio.current_time()
         try:
@@ -92,15 +97,11 @@ async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) ->
                                               "body_sha256": fixture.sha256[i]})
         except Exception as exc:  # a host that cannot answer a probe will not carry a window
             f = classify_exception(exc, "send_request")
-            sent.append(ProbeRequest(site=setup.site.name, fixture=ph.fixture or "", body_index=i,
-                                     body_sha256=fixture.sha256[i], outcome="error", error=f"{f.error}: {f.detail}",
-                                     elapsed_s=round(anyio.current_time() - t0, 6)))
+            sent.append(ProbeRequest(**record(i, t0), outcome="error", error=f"{f.error}: {f.detail}"))
             raise InputError(f"{setup.site.name}: the forecast's probe request failed ({f.error}: {f.detail}); "
                              f"nothing was changed") from None
-        sent.append(ProbeRequest(site=setup.site.name, fixture=ph.fixture or "", body_index=i,
-                                 body_sha256=fixture.sha256[i], outcome="ok", prompt_tokens=data.get("prompt_tokens"),
-                                 completion_tokens=data.get("completion_tokens"),
-                                 elapsed_s=round(anyio.current_time() - t0, 6)))
+        sent.append(ProbeRequest(**record(i, t0), outcome="ok", prompt_tokens=data.get("prompt_tokens"),
+                                 completion_tokens=data.get("completion_tokens")))
         await target.scrape_metrics({})
         actual = (anyio.current_time() - t0) * setup.time_scale
         if k == 0:

@@ -40,9 +40,9 @@ from flare_diag.events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 MAX_CONNECTIONS = 64    # control connections served at once; more wait in the backlog (or take a priority slot)
+ARCHIVE_KEEP_DAYS = 30  # `log archive` through the socket leaves at least this many recent days in the log
 # `watch` streams (which read, so they are never idle) may hold only part of the slots, and a uid
 # only part of that: a crowd of watchers can never hold every slot `abort` and `status` need
-ARCHIVE_KEEP_DAYS = 30  # `log archive` through the socket leaves at least this many recent days in the log
 MAX_WATCHERS = 32
 MAX_WATCHERS_PER_UID = 8
 # beyond MAX_CONNECTIONS, this many more connections are read for one command, answered only if it is
@@ -367,9 +367,9 @@ class Service:
 
     async def _serve(self, listener: anyio.abc.Listener) -> None:
         """Accepts control connections, at most `max_connections` served at once, and `priority_slots`
-        more read for a `status` or `abort` alone (both fewer under a low RLIMIT_NOFILE). A failed accept (out of file descriptors, buffers) is
-        logged and retried after a pause that doubles up to ACCEPT_BACKOFF_S[1]: never the end of the
-        service, whose window must still restore."""
+        more read for a `status` or `abort` alone (both fewer under a low RLIMIT_NOFILE). A failed
+        accept (out of file descriptors, buffers) is logged and retried after a pause that doubles up
+        to ACCEPT_BACKOFF_S[1]: never the end of the service, whose window must still restore."""
         assert self._tg is not None
         pause = ACCEPT_BACKOFF_S[0]
         async with listener:
@@ -417,10 +417,7 @@ class Service:
     async def _priority_client(self, conn: anyio.abc.SocketStream) -> None:
         """One command from a connection beyond the ordinary slots: answered if it is `status` or
         `abort`, refused otherwise; read within PRIORITY_READ_S."""
-        try:
-            pid, uid, _gid = control.peer_credentials(conn.extra(anyio.abc.SocketAttribute.raw_socket))
-        except (OSError, anyio.TypedAttributeLookupError):
-            pid, uid = -1, -1
+        pid, uid = _peer(conn)
         try:
             async with conn:
                 with anyio.move_on_after(PRIORITY_READ_S):
@@ -444,10 +441,7 @@ class Service:
             self.priority -= 1
 
     async def _client(self, conn: anyio.abc.SocketStream) -> None:
-        try:
-            pid, uid, _gid = control.peer_credentials(conn.extra(anyio.abc.SocketAttribute.raw_socket))
-        except (OSError, anyio.TypedAttributeLookupError):
-            pid, uid = -1, -1
+        pid, uid = _peer(conn)
         reader = BufferedByteReceiveStream(conn)
         key = object()
         try:
@@ -792,6 +786,15 @@ def default_socket() -> Path:
 def default_state_dir() -> Path:
     sd = os.environ.get("STATE_DIRECTORY")
     return Path(sd.split(":")[0]) if sd else Path("/var/lib/flare-diagd")
+
+
+def _peer(conn: anyio.abc.SocketStream) -> tuple[int, int]:
+    """(pid, uid) of a control connection's caller (SO_PEERCRED), or (-1, -1) when it cannot be read."""
+    try:
+        pid, uid, _gid = control.peer_credentials(conn.extra(anyio.abc.SocketAttribute.raw_socket))
+    except (OSError, anyio.TypedAttributeLookupError):
+        return -1, -1
+    return pid, uid
 
 
 def _loopback(host: str) -> bool:

@@ -75,32 +75,6 @@ class Baseline:
         return None
 
 
-def gpu_watch(data: Mapping, growth: Growth) -> Abort:
-    xids = data.get("xid_events") or []
-    if xids:
-        x = xids[0]
-        return "gpu_fault", f"Xid {x.get('xid')} on GPU {x.get('gpu')}"
-    breach = rules.gpu_memory_breach(data.get("gpus") or [], growth.max_gpu_memory_fraction)
-    return ("uncontrolled_growth", breach) if breach else None
-
-
-def gpu_identity(data: Mapping, snapshot: Mapping | None) -> Abort:
-    """The GPU watch's UUIDs and power limits against the GPU snapshot taken before the take-down."""
-    gpus = data.get("gpus")
-    if not snapshot or not gpus or any("power_limit_w" not in g for g in gpus):
-        return None  # a watch that does not carry them says nothing about them
-    changes = rules.gpu_changes(snapshot.get("gpus") or [], gpus)
-    return ("identity_drift", "GPU watch: " + "; ".join(changes)) if changes else None
-
-
-def identity_watch(data: Mapping, verified: Mapping | None, phase: str) -> Abort:
-    """An identity read by the watch, held to the identity verified for the running incarnation."""
-    if verified is None:
-        return None
-    changes = rules.identity_changes(verified, data)
-    return ("identity_drift", f"{phase}: " + "; ".join(changes)) if changes else None
-
-
 def gpu_rules_disabled(data: Mapping) -> str | None:
     """What the GPU watch reports it cannot watch, as the rules that no longer fire, or None."""
     parts = []
@@ -111,18 +85,6 @@ def gpu_rules_disabled(data: Mapping) -> str | None:
     if not parts:
         return None
     return "rule gpu_fault (Xid) disabled: " + "; ".join(parts)
-
-
-def router_watch(data: Mapping, snapshot: Mapping | None) -> Abort:
-    """The router after quiesce: its configuration unchanged, the quiesced backend receiving nothing."""
-    snap = snapshot or {}
-    backend = data.get("backend") or {}
-    if snap.get("config_sha256") and data.get("config_sha256") not in (None, snap["config_sha256"]):
-        return "containment", "router configuration changed during the window"
-    if backend.get("admitted") or backend.get("inflight"):
-        return "containment", (f"quiesced backend {backend.get('id')} is receiving traffic"
-                               f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})")
-    return None
 
 
 def trace_toggle(expected: Mapping, reply: Mapping, ref_labels: Mapping | None, trace: bool) -> list[str]:
@@ -145,16 +107,35 @@ def gpu_memory_rule(data: Mapping, ctx: Context) -> Abort:
 
 
 def gpu_identity_rule(data: Mapping, ctx: Context) -> Abort:
-    hit = gpu_identity(data, ctx.gpu_snapshot)
-    return (hit[0], f"{ctx.where}: {hit[1]}" if ctx.where else hit[1]) if hit else None
+    """The GPUs' UUIDs and power limits against the GPU snapshot taken before the take-down."""
+    gpus = data.get("gpus")
+    if not ctx.gpu_snapshot or not gpus or any("power_limit_w" not in g for g in gpus):
+        return None  # a watch that does not carry them says nothing about them
+    changes = rules.gpu_changes(ctx.gpu_snapshot.get("gpus") or [], gpus)
+    if not changes:
+        return None
+    detail = "GPU watch: " + "; ".join(changes)
+    return "identity_drift", f"{ctx.where}: {detail}" if ctx.where else detail
 
 
 def containment_rule(data: Mapping, ctx: Context) -> Abort:
-    return router_watch(data, ctx.router_snapshot)
+    """The router after quiesce: its configuration unchanged, the quiesced backend receiving nothing."""
+    snap = ctx.router_snapshot or {}
+    backend = data.get("backend") or {}
+    if snap.get("config_sha256") and data.get("config_sha256") not in (None, snap["config_sha256"]):
+        return "containment", "router configuration changed during the window"
+    if backend.get("admitted") or backend.get("inflight"):
+        return "containment", (f"quiesced backend {backend.get('id')} is receiving traffic"
+                               f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})")
+    return None
 
 
 def identity_rule(data: Mapping, ctx: Context) -> Abort:
-    return identity_watch(data, ctx.identity, ctx.where)
+    """An identity read, held to the identity it must be (None: nothing to hold it to)."""
+    if ctx.identity is None:
+        return None
+    changes = rules.identity_changes(ctx.identity, data)
+    return ("identity_drift", f"{ctx.where}: " + "; ".join(changes)) if changes else None
 
 
 # observation source -> the rules that judge it, in order (the first breach is the one reported)

@@ -7,7 +7,8 @@ long, emptied with the counters on every new incarnation.
 
 Faults a config may ask for: `drift` ({"after": N, "field": F, "value": V}: once an incarnation has
 served N chat requests, its identity shows F as V; F may also be `gpu_uuid` or `gpu_power_limit_w`,
-the second GPU's, which the GPU view shows too), and `echo_token` (the manager's state answers 503 with the caller's Authorization header in its error),
+the second GPU's, which the GPU view shows too), and `admit_on_incumbent_load` (the router readmits the primary by itself as the incumbent loads: a
+containment breach during the restore), `echo_token` (the manager's state answers 503 with the caller's Authorization header in its error),
 `restore_never_completes` (a lookup that finds
 its entry counts a hit, but nothing is fetched or reused: the restore path is broken, not the keys). With fewer entries than a fixture has
 bodies, a forward replay after a forward prime finds nothing (LRU's sequential-scan pathology) while
@@ -372,6 +373,8 @@ def r_load(h, raw) -> None:
         st.incarnation += 1
         st.trace = False
         st._reset()
+        if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
+            st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
     h.send_json({"incarnation": f"c{st.incarnation}"})
 
 

@@ -355,3 +355,20 @@ def test_site_check_prints_no_token_a_host_echoes_back_in_its_error_body(tmp_pat
         assert "manager" in p.stdout  # the failure is reported ...
         for tok in host.tokens.values():
             assert tok not in p.stdout + p.stderr  # ... without the token it echoed
+
+
+def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is_left_to_a_person(tmp_path, small_plan):
+    # the window aborts (identity drift after three requests); as the restore loads the incumbent the
+    # router admits the backend by itself: the last gate before readmit sees it and keeps it out
+    host = ContractHost(tmp_path / "host", cache_entries=4, admit_on_incumbent_load=True,
+                        drift={"after": 3, "field": "tensor_parallel", "value": 1})
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+        seen = host.requests()
+    finally:
+        host.stop()
+    assert (rc, r["outcome"]) == (3, "restore_failed"), (r["abort"], r["restoration"], r["alarms"])
+    assert r["restoration"]["readmitted"] is False
+    left = next(a for a in r["alarms"] if a["kind"] == "primary_left_quiesced")
+    assert "containment" in left["detail"] and "before readmit" in left["detail"]
+    assert not [x for x in seen if "/readmit" in x.get("path", "")]
