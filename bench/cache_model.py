@@ -77,7 +77,7 @@ def fixture_trace_run(n: int, model: str) -> tuple[float, dict]:
 def trace_run(kind: str, n: int | None, policy: str, capacity: int) -> tuple[float, dict]:
     import msgspec
 
-    from flare_diag.daemon.reproduce import rows_for
+    from flare_diag.daemon.reproducer.reproduce import rows_for
     from flare_diag.fixtures.flaresim.trace import read_trace, run_block_lru, run_host_cache, synthetic_trace
     sc = msgspec.structs.replace(load_scenario("flare-47581cca"), eviction=policy if policy != "block_lru" else "lru_leaf")
     reqs = read_trace(MOONCAKE, n) if kind == "mooncake" else synthetic_trace(n or 0)

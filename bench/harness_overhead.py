@@ -25,11 +25,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flare_diag.daemon.rehearse import start_sim  # noqa: E402
-from flare_diag.daemon.runner import Runner  # noqa: E402
-from flare_diag.daemon.site import sim_site  # noqa: E402
-from flare_diag.daemon.target import Target  # noqa: E402
-from flare_diag.daemon.windows import load_fixtures  # noqa: E402
+from flare_diag.daemon.rehearsal.rehearse import start_sim  # noqa: E402
+from flare_diag.daemon.window.runner import Runner  # noqa: E402
+from flare_diag.daemon.hosts.site import sim_site  # noqa: E402
+from flare_diag.daemon.hosts.target import Target  # noqa: E402
+from flare_diag.daemon.window.setup import load_fixtures  # noqa: E402
 from flare_diag.events.schema import ActionRequested  # noqa: E402
 from flare_diag.events.store import EventStore  # noqa: E402
 from flare_diag.policies.plan import decode_plan  # noqa: E402

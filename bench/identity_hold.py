@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flare_diag.daemon.site import load_site  # noqa: E402
-from flare_diag.daemon.target import Target  # noqa: E402
+from flare_diag.daemon.hosts.site import load_site  # noqa: E402
+from flare_diag.daemon.hosts.target import Target  # noqa: E402
 from tests.contract_tools import ContractHost  # noqa: E402
 
 

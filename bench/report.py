@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare_diag.events.fold import fold  # noqa: E402
 from flare_diag.events.reader import LogReader  # noqa: E402
-from flare_diag.daemon.publish import FORMATS, render_chunks  # noqa: E402
+from flare_diag.daemon.reports.publish import FORMATS, render_chunks  # noqa: E402
 from flare_diag.events.report_view import request_rows  # noqa: E402
 from flare_diag.events.report import PROJECTED_TYPES, project  # noqa: E402
 from flare_diag.events.schema import (  # noqa: E402

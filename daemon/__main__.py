@@ -1,5 +1,5 @@
 """`python -m flare_diag.daemon` runs the service."""
 
-from flare_diag.daemon.service import main
+from flare_diag.daemon.service.server import main
 
 raise SystemExit(main())

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.events.base import BadEventError
 from flare_diag.events.checkpoint import default_path, write_checkpoint
 from flare_diag.events.schema import LogArchived
-from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
+from flare_diag.events.checkpoint import read_checkpoint
+from flare_diag.events.reader import LogReader
+from flare_diag.events.sqlschema import BASE_KEY, DDL, FORMAT, STORE_VERSION, chain_base
+from flare_diag.events.verify import verify_log
 from flare_diag.events.store import EventStore, split_ddl, writer_lock
 
-BASE_KEY = "chain_base:"  # meta key prefix: chain_base:<seq> = hex hash of that seq (the row before the first)
 COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"
 
 
@@ -49,19 +50,6 @@ class _Window(msgspec.Struct):
     first_seq: int
     last_seq: int
     closed_wall_ns: int | None
-
-
-def chain_base(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
-    """Where a log's chain starts when earlier rows were archived: (seq, hash) of the row before its first."""
-    rows = conn.execute("SELECT key, value FROM meta WHERE key LIKE ?", (BASE_KEY + "%",)).fetchall()
-    if not rows:
-        return None
-    try:
-        key, value = max(rows, key=lambda r: int(r[0][len(BASE_KEY):]))
-        return int(key[len(BASE_KEY):]), bytes.fromhex(value)
-    except (ValueError, TypeError):  # junk meta: the log cannot say where its chain starts
-        raise BadEventError(f"meta {BASE_KEY}<seq>: expected a sequence number and a hex hash, found "
-                            f"{[str(k)[:40] for k, _v in rows][:3]}") from None
 
 
 def _windows(conn: sqlite3.Connection) -> list[_Window]:
@@ -176,9 +164,6 @@ def backup_log(db: Path, dest: Path) -> tuple[int, str]:
     """A consistent copy of a log that may be in use, through SQLite's online backup API, with the
     checkpoint as it was before the copy began (it may lag the copy, never lead it); the copy is
     verified before it is kept. Returns the copy's (head seq, head hash)."""
-    from flare_diag.events.checkpoint import read_checkpoint
-    from flare_diag.events.reader import LogReader
-    from flare_diag.events.verify import verify_log
     if not db.is_file():
         raise ArchiveError(f"{db}: no such event log file")
     if dest.exists():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import flare_diag.events.schema  # noqa: F401  (a reader decodes every registered event type)
 from flare_diag.events.envelope import Envelope
-from flare_diag.events.sqlschema import NotAnEventLog, check_format
+from flare_diag.events.sqlschema import NotAnEventLog, chain_base, check_format
 from flare_diag.events.store import row_envelope, select_sql
 
 
@@ -62,7 +62,6 @@ class LogReader:
     def chain_base(self) -> tuple[int, bytes] | None:
         """Where the chain starts when earlier rows were archived: (seq, hash) of the row before
         the first (events/archive.py), or None from genesis."""
-        from flare_diag.events.archive import chain_base
         return chain_base(self.conn)
 
     def window_ids(self) -> list[str]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from flare_diag.events.base import BadEventError
+
 FORMAT = "flare-diag.events"
 STORE_VERSION = 1
+BASE_KEY = "chain_base:"  # meta key prefix: chain_base:<seq> = hex hash of that seq (the row before the first)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,3 +80,16 @@ def check_format(conn: sqlite3.Connection, path: str) -> None:
         conn.execute(f"SELECT {EVENT_COLUMNS} FROM events LIMIT 0").fetchall()
     except sqlite3.DatabaseError as exc:
         raise NotAnEventLog(f"{path}: not a flare-diag event log (its events table: {exc})") from None
+
+
+def chain_base(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+    """Where a log's chain starts when earlier rows were archived: (seq, hash) of the row before its first."""
+    rows = conn.execute("SELECT key, value FROM meta WHERE key LIKE ?", (BASE_KEY + "%",)).fetchall()
+    if not rows:
+        return None
+    try:
+        key, value = max(rows, key=lambda r: int(r[0][len(BASE_KEY):]))
+        return int(key[len(BASE_KEY):]), bytes.fromhex(value)
+    except (ValueError, TypeError):  # junk meta: the log cannot say where its chain starts
+        raise BadEventError(f"meta {BASE_KEY}<seq>: expected a sequence number and a hex hash, found "
+                            f"{[str(k)[:40] for k, _v in rows][:3]}") from None

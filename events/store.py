@@ -470,7 +470,7 @@ class _Commit:
 @types.coroutine
 def _on_thread(aw: Awaitable[T]) -> Generator[Any, Any, T]:
     """Awaits one call on aiosqlite's thread, announced to a loop that keeps virtual time (a rehearsal's:
-    daemon/virtualtime.py), which then holds its clock until the thread answers. A call refused before
+    daemon/rehearsal/virtualtime.py), which then holds its clock until the thread answers. A call refused before
     it reached the thread (a closed connection) is withdrawn, so the loop never waits for an answer
     that cannot come."""
     loop = asyncio.get_running_loop()

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
-from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
+from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
 from flare_diag.policies import guards, rules
-from flare_diag.policies.driver import Act, Interrupt, Proc, Sleep
+from flare_diag.policies.core import WindowCore
+from flare_diag.policies.drain import drain
+from flare_diag.policies.driver import Act, Interrupt, Proc
 from flare_diag.policies.interpret import PRIMES
 from flare_diag.policies.plan import PhaseSpec, expected_identity, trace_arm_order
 from flare_diag.policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
 from flare_diag.policies.state import Incumbent, Running
 
-if TYPE_CHECKING:
-    from flare_diag.policies.window import WindowPolicy
-
 OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used", "host_cache_tokens_used")
 
 
-def experiment(w: WindowPolicy) -> Proc:
+def experiment(w: WindowCore) -> Proc:
     plan = w.plan
     res = yield from w._act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
     if not res.ok:
@@ -99,7 +98,7 @@ def experiment(w: WindowPolicy) -> Proc:
     w._close_open_cells("completed")
 
 
-def run_arm(w: WindowPolicy, arm: Arm) -> Proc:
+def run_arm(w: WindowCore, arm: Arm) -> Proc:
     """An arm starts only when its gating phases fit before the stop minute less the plan's margin, by
     the estimate now; otherwise every phase of it is deferred, and no primary downtime is spent
     priming an arm whose replay could not run."""
@@ -149,7 +148,7 @@ def run_arm(w: WindowPolicy, arm: Arm) -> Proc:
         yield from run_phase(w, ph)
 
 
-def fresh_incarnation(w: WindowPolicy, label: str) -> Generator[Any, Any, bool]:
+def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     cand = w.candidate_recipe
     if w.candidate_loaded is not None:
         res = yield from w._act("unload", {"recipe": cand, "sha256": w.candidate_sha})
@@ -171,7 +170,7 @@ def fresh_incarnation(w: WindowPolicy, label: str) -> Generator[Any, Any, bool]:
     return True
 
 
-def run_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     t = w.plan.timing
     if ph.id in w.ledger:
         return
@@ -196,7 +195,7 @@ def run_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
         yield from replay_phase(w, ph)
 
 
-def projected_required_end_ns(w: WindowPolicy, current: PhaseSpec | None = None, skip: int = 0) -> int:
+def projected_required_end_ns(w: WindowCore, current: PhaseSpec | None = None, skip: int = 0) -> int:
     """When the required cells not yet decided would end, by the estimate now."""
     est = w.est
     s = est.phase_s(current, skip) if current is not None and not current.optional else 0.0
@@ -209,7 +208,7 @@ def projected_required_end_ns(w: WindowPolicy, current: PhaseSpec | None = None,
     return w.now + int(s * NS_PER_S)
 
 
-def check_projection(w: WindowPolicy, current: PhaseSpec | None = None, skip: int = 0) -> None:
+def check_projection(w: WindowCore, current: PhaseSpec | None = None, skip: int = 0) -> None:
     """Raises the projected-overrun alarm when the required cells' projected end passes the stop
     minute (once each time it starts to; again only after the projection has fit once more)."""
     if w.est.rounds < LEARN_ROUNDS:
@@ -223,7 +222,7 @@ def check_projection(w: WindowPolicy, current: PhaseSpec | None = None, skip: in
     w.overrun_projected = late
 
 
-def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     ident_res = yield from w._act("read_identity", {})
     if not ident_res.ok:
         w._cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
@@ -264,7 +263,7 @@ def identity_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
     w._cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
 
 
-def hold_identity(w: WindowPolicy, ph: PhaseSpec, observed: dict, when: str) -> Proc:
+def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict, when: str) -> Proc:
     """Aborts `identity_drift` when an identity read inside a phase differs from the identity
     verified for its incarnation (contract 4, amended 2026-12-01); an identity with no incarnation
     at all is an engine that is gone, asked once through /health (`engine_lost`)."""
@@ -284,44 +283,7 @@ def hold_identity(w: WindowPolicy, ph: PhaseSpec, observed: dict, when: str) -> 
                                       f"{ph.incarnation}: " + "; ".join(changes))
 
 
-def drain(w: WindowPolicy, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
-    start = w.now
-    polls = [0]
-    settled = yield from _drain_polls(w, timeout_s, router, polls)
-    w._emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((w.now - start) / NS_PER_S, 3),
-                          polls=polls[0], minute=w._minute()))
-    return settled
-
-
-def _drain_polls(w: WindowPolicy, timeout_s: float, router: bool, polls: list[int]) -> Generator[Any, Any, bool]:
-    timing = w.plan.timing
-    start = w.now
-    stable, last = 0, None
-    while True:
-        polls[0] += 1
-        calls = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
-        res = yield from w._act_all(calls)
-        m = res[0]
-        ok = m.ok and rules.drained(m.data.get("gauges", {}), w.plan.drain.accept_unobserved)
-        if m.ok:
-            w.drain_unseen.update(rules.unseen_drain_gauges(m.data.get("gauges", {})))
-        if router and len(res) > 1 and res[1].ok:
-            ok = ok and not (res[1].data.get("backend") or {}).get("inflight")
-        if ok:
-            counters = m.data.get("counters", {})
-            stable = stable + 1 if last is not None and counters == last else 1
-            last = counters
-            if stable >= timing.stable_observations:
-                w.last_counters = counters
-                return True
-        else:
-            stable, last = 0, None
-        if w.now - start >= int(timeout_s * NS_PER_S):
-            return False
-        yield Sleep(w.now + int(timing.drain_poll_s * NS_PER_S))
-
-
-def _phase_caveat(w: WindowPolicy, ph: PhaseSpec) -> str:
+def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:
     if ph.id == TRACE_WARMUP:
         return ("; warm-up of the trace fixture, not evidence: it runs before the first trace pair so that every"
                 " trace arm meets the same warm host cache")
@@ -334,7 +296,7 @@ def _phase_caveat(w: WindowPolicy, ph: PhaseSpec) -> str:
     return ""
 
 
-def replay_phase(w: WindowPolicy, ph: PhaseSpec) -> Proc:
+def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     plan = w.plan
     fixture = ph.fixture or ""
     shas = w.fixtures.get(fixture, {}).get("sha256", [])

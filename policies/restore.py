@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from flare_diag.events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from flare_diag.policies import guards, rules
 from flare_diag.policies.driver import Proc, Quiet
-from flare_diag.policies.experiment import drain
+from flare_diag.policies.core import WindowCore
+from flare_diag.policies.drain import drain
 from flare_diag.policies.interpret import findings, verdict
 
-if TYPE_CHECKING:
-    from flare_diag.policies.window import WindowPolicy
 
-
-def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]:
+def last_gate(w: WindowCore, identity: dict) -> Generator[Any, Any, list[str]]:
     """Right before the primary is readmitted: every rule that aborts an experiment, applied to the
     restored incumbent. The router (the quiesced backend still out, nothing in flight), the GPUs (no
     new Xid, memory under its bound, the same UUIDs and power limits), the engine (idle: every drain
@@ -72,7 +70,7 @@ def last_gate(w: WindowPolicy, identity: dict) -> Generator[Any, Any, list[str]]
     return out
 
 
-def restore(w: WindowPolicy) -> Proc:
+def restore(w: WindowCore) -> Proc:
     yield Quiet()
     checks: dict[str, Any] = {}
     inc = w.incumbent

@@ -30,7 +30,7 @@ class Sim:
     """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
 
     def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE) -> None:
-        from flare_diag.daemon.rehearse import start_sim
+        from flare_diag.daemon.rehearsal.rehearse import start_sim
         self.token = secrets.token_hex(16)
         self.proc, self.url = start_sim(scenario, time_scale, self.token)
         (tmp / "sim.token").write_text(self.token)
@@ -97,7 +97,7 @@ class Daemon:
         return out
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args, "--socket", str(self.socket)], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", *args, "--socket", str(self.socket)], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
 
     def status(self) -> dict:

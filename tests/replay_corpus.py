@@ -38,7 +38,7 @@ def small_plan(folder: Path, trace: bool) -> Path:
 
 
 def record() -> None:
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     CORPUS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name, args in WINDOWS.items():

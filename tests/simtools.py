@@ -11,7 +11,7 @@ import httpx
 
 from flare_diag.fixtures.flaresim.app import build_app
 from flare_diag.fixtures.flaresim.host import Host
-from flare_diag.daemon.site import Site
+from flare_diag.daemon.hosts.site import Site
 from flare_diag.fixtures.flaresim.scenario import load_scenario
 
 DATA = Path(__file__).resolve().parent.parent / "fixtures" / "data"
@@ -38,7 +38,7 @@ SIM_TOKEN = "sim-token-for-tests"
 async def served(scenario: str = "flare-47581cca", seed: int = 0) -> AsyncIterator[tuple[Host, Site]]:
     """flaresim served in this process as a rehearsal serves it (on a VirtualTimeLoop its clock is
     virtual), with the site that reaches it."""
-    from flare_diag.daemon.rehearse import served_flaresim
+    from flare_diag.daemon.rehearsal.rehearse import served_flaresim
     async with served_flaresim(scenario, SIM_TOKEN, seed=seed) as (host, site):
         yield host, site  # type: ignore[misc]
 
@@ -52,7 +52,7 @@ def flare_diag_here(*args: str, columns: int = 200) -> tuple[int, str, str]:
 
     import gc
 
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     gc.freeze()  # what the test session holds is not garbage: full collections need not walk it again
     out, err = io.StringIO(), io.StringIO()
     before = os.environ.get("COLUMNS")

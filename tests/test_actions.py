@@ -9,15 +9,15 @@ from flare_diag.policies.window import WindowPolicy
 
 
 def test_the_runners_target_carries_out_exactly_the_catalogues_actions(tmp_path):
-    from flare_diag.daemon.site import sim_site
-    from flare_diag.daemon.target import Target
+    from flare_diag.daemon.hosts.site import sim_site
+    from flare_diag.daemon.hosts.target import Target
     target = Target(sim_site("http://127.0.0.1:9", "t0ken"), {}, "")
     assert set(target.handlers()) == set(ACTIONS)
     assert all(callable(h) for h in target.handlers().values())
 
 
 def test_the_model_run_answers_exactly_the_catalogues_actions():
-    from flare_diag.daemon.modelrun import ModelRun
+    from flare_diag.daemon.rehearsal.modelrun import ModelRun
     assert set(ModelRun.handlers(ModelRun.__new__(ModelRun))) == set(ACTIONS)
 
 

@@ -6,11 +6,11 @@ import asyncio
 import io
 import signal
 
-from flare_diag.daemon import control
-from flare_diag.daemon.client import Connection
-from flare_diag.daemon.logs import configure
-from flare_diag.daemon.notify import Notifier
-from flare_diag.daemon.service import Service
+from flare_diag.daemon.service import control
+from flare_diag.daemon.cli.client import Connection
+from flare_diag.daemon.service.logs import configure
+from flare_diag.daemon.service.notify import Notifier
+from flare_diag.daemon.service.server import Service
 from tests.daemontools import PLAN, SCALE, Sim
 
 

@@ -80,7 +80,7 @@ def test_malformed_unknown_and_oversized_commands_get_error_replies_and_change_n
     replies = _raw(daemon, b'not json\n{"cmd": "launch_missiles"}\n{"cmd": "start", "plan": 3}\n{"cmd": "status"}\n')
     assert [r["ok"] for r in replies] == [False, False, False, True]
     assert all("bad command" in r["error"] for r in replies[:3])
-    from flare_diag.daemon.control import MAX_LINE
+    from flare_diag.daemon.service.control import MAX_LINE
     too_long = _raw(daemon, b'{"cmd": "status", "x": "' + b"a" * (MAX_LINE + 10) + b'"}\n')
     assert too_long == [{"ok": False, "error": f"command line longer than {MAX_LINE} bytes"}]
     st = daemon.status()
@@ -175,7 +175,7 @@ def test_status_shows_the_phases_requests_done_of_total_and_its_estimated_end(da
 
 def test_the_daemon_archives_its_own_log_only_between_windows_and_both_logs_verify(tmp_path, sim, capsys):
     import time
-    from flare_diag.daemon.cli import main as cli_main
+    from flare_diag.daemon.cli.commands import main as cli_main
     # an operator who lets the socket archive everything up to today
     daemon = Daemon(tmp_path, args=("--archive-keep-days", "0"))
     try:
@@ -408,7 +408,7 @@ def test_systemd_notify_gets_ready_status_and_watchdog_pings(tmp_path):
 
 
 def test_without_flags_the_service_uses_systemds_runtime_and_state_directories(monkeypatch, tmp_path):
-    from flare_diag.daemon.service import default_socket, default_state_dir
+    from flare_diag.daemon.service.paths import default_socket, default_state_dir
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path / 'state'}:{tmp_path / 'other'}")
     assert default_socket() == tmp_path / "run" / "control.sock"
@@ -575,7 +575,7 @@ def test_reading_watch_streams_never_starve_abort_or_status(tmp_path, sim, strea
 
 
 def _report_from(daemon: Daemon, wid: str) -> dict:
-    from flare_diag.daemon.publish import build_report
+    from flare_diag.daemon.reports.publish import build_report
     return build_report(daemon.state / "log.db", wid)
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.engine_profiles import metric_names
-from flare_diag.daemon.metrics import parse, selector
+from flare_diag.daemon.hosts.engine_profiles import metric_names
+from flare_diag.daemon.hosts.metrics import parse, selector
 
 DATA = Path(__file__).resolve().parent / "data" / "metrics"
 

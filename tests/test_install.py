@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.cli import main
+from flare_diag.daemon.cli.commands import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_r
     p = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{wheel}[sim]", "python-daemon", "fixtures"],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    probe = ("import daemon, daemon.daemon, fixtures, flare_diag.daemon.cli, flare_diag.fixtures.flaresim.host;"
+    probe = ("import daemon, daemon.daemon, fixtures, flare_diag.daemon.cli.commands, flare_diag.fixtures.flaresim.host;"
              "print(daemon.daemon.DaemonContext.__name__, fixtures.Fixture.__name__)")
     p = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.split() == ["DaemonContext", "Fixture"], p.stderr[-2000:]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.errors import ActionFailed
-from flare_diag.daemon.localengine import PIDFILE, LocalEngine, LocalRecipe
+from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.localengine import PIDFILE, LocalEngine, LocalRecipe
 
 FAKE = Path(__file__).resolve().parent / "fake_engine.py"
 

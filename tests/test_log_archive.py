@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.cli import main
+from flare_diag.daemon.cli.commands import main
 from flare_diag.events.reader import LogReader
 from flare_diag.events.store import EventStore
 from tests.logtools import write_window
@@ -113,7 +113,7 @@ async def test_archive_refuses_while_another_process_holds_the_log_open_for_writ
     import sys
     store = await EventStore.open(three_windows)
     try:
-        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "archive", str(three_windows),
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "log", "archive", str(three_windows),
                             "--before", "2026-11-01", "--to", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
     finally:
         await store.close()

@@ -10,8 +10,8 @@ import sqlite3
 import msgspec
 import pytest
 
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.publish import build_report
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.reports.publish import build_report
 from flare_diag.events.checkpoint import default_path
 from flare_diag.events.store import EventStore
 from tests.logtools import forge, write_window

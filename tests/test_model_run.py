@@ -10,11 +10,11 @@ import httpx
 import pytest
 from rich.console import Console
 
-from flare_diag.daemon import metrics
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.modelrun import ModelRun, scraped
-from flare_diag.daemon.rehearse import rehearse
-from flare_diag.daemon.windows import load_fixtures
+from flare_diag.daemon.hosts import metrics
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.rehearsal.modelrun import ModelRun, scraped
+from flare_diag.daemon.cli.foreground import rehearse
+from flare_diag.daemon.window.setup import load_fixtures
 from flare_diag.fixtures.flaresim.host import Host
 from flare_diag.fixtures.flaresim.metrics import render
 from flare_diag.fixtures.flaresim.scenario import load_scenario
@@ -100,7 +100,7 @@ def test_plan_forecast_simulate_refuses_bad_flags_with_exit_2(small_plan, capsys
 
 
 def test_an_in_process_host_refuses_a_request_once_its_block_has_ended():
-    from flare_diag.daemon.inprocess import InProcessTransport
+    from flare_diag.daemon.rehearsal.inprocess import InProcessTransport
 
     async def app(scope, receive, send):  # pragma: no cover - never reached
         raise AssertionError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from flare_diag.daemon.notify import Notifier
+from flare_diag.daemon.service.notify import Notifier
 
 
 def _unread_socket(tmp_path):
@@ -40,8 +40,8 @@ def test_an_unchanged_status_is_not_sent_again(tmp_path):
 
 
 def test_status_updates_in_quick_succession_are_skipped_unless_forced(tmp_path, monkeypatch):
-    import flare_diag.daemon.notify
-    monkeypatch.setattr(flare_diag.daemon.notify, "STATUS_MIN_INTERVAL_S", 3600.0)  # "quick" whatever the machine's pace
+    import flare_diag.daemon.service.notify
+    monkeypatch.setattr(flare_diag.daemon.service.notify, "STATUS_MIN_INTERVAL_S", 3600.0)  # "quick" whatever the machine's pace
     rx = _unread_socket(tmp_path)
     rx.settimeout(0.5)
     n = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from flare_diag.daemon.nvml import NvmlUnavailable, XidWatcher, read_gpus
+from flare_diag.daemon.hosts.nvml import NvmlUnavailable, XidWatcher, read_gpus
 
 
 class NVMLError(Exception):

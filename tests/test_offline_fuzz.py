@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.rehearse import parse_fault
-from flare_diag.daemon.windows import InputError
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.rehearsal.rehearse import parse_fault
+from flare_diag.daemon.window.setup import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"

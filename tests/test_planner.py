@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.fixture import BUILTIN, load_fixture
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.hosts.fixture import BUILTIN, load_fixture
 from flare_diag.events.schema import ActionDone
 from flare_diag.policies.calibration import calibrate
 from flare_diag.policies.plan import decode_plan
@@ -160,7 +160,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     host = ContractHost(tmp_path)
     try:
         out = tmp_path / "out"
-        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
+        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--plan", str(p), "--site", str(host.site),
                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "do not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert not (out / "log.db").exists()
@@ -172,7 +172,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
 
 
 def test_the_live_views_phase_totals_are_the_counts_the_planner_sends():
-    from flare_diag.daemon.windows import read_plan
+    from flare_diag.daemon.window.setup import read_plan
     from flare_diag.events.progress import WindowProgress
     from flare_diag.events.schema import WindowOpened
     from flare_diag.policies.planner import all_phases, phase_requests

@@ -223,13 +223,13 @@ def test_policies_import_nothing_that_does_io_or_reads_a_clock():
 
 
 def test_cli_plan_check_passes_the_shipped_plan(capsys):
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     assert main(["plan", "check", str(PLAN_PATH)]) == 0
     assert "20 phases" in capsys.readouterr().out
 
 
 def test_cli_plan_check_names_the_first_bad_field_and_exits_2(tmp_path, capsys):
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     bad = tmp_path / "bad.toml"
     bad.write_bytes(_plan_text(**{"max_tokens = 2048": "max_tokens = -1"}))
     assert main(["plan", "check", str(bad)]) == 2
@@ -238,7 +238,7 @@ def test_cli_plan_check_names_the_first_bad_field_and_exits_2(tmp_path, capsys):
 
 
 def test_cli_plan_check_of_a_missing_file_exits_2(tmp_path, capsys):
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     assert main(["plan", "check", str(tmp_path / "none.toml")]) == 2
 
 

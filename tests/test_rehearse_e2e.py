@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from flare_diag.daemon.cli import main
+from flare_diag.daemon.cli.commands import main
 from flare_diag.events.reader import LogReader
 from tests.simtools import flare_diag_here
 
@@ -138,8 +138,8 @@ def test_two_default_rehearsals_one_beside_a_cpu_hog_decide_alike_and_report_byt
 
 
 def test_the_seed_reaches_the_simulator_and_draws_its_service_times(tmp_path, small_plan):
-    from flare_diag.daemon.modelrun import ModelRun
-    from flare_diag.daemon.windows import load_fixtures
+    from flare_diag.daemon.rehearsal.modelrun import ModelRun
+    from flare_diag.daemon.window.setup import load_fixtures
     from flare_diag.fixtures.flaresim.scenario import load_scenario
     from flare_diag.policies.plan import decode_plan
     _rc, r, _out = rehearse(tmp_path, "--plan", str(small_plan), "--seed", "7")
@@ -164,7 +164,7 @@ def test_a_host_whose_hits_never_restore_gives_restore_path(tmp_path, small_plan
     assert rev["host"]["hits"] > 0 and rev["host"]["fetched_tokens"] == 0 and rev["hit_requests"]
     assert "restore/transfer path" in v["next_experiment"]
     # the reproducer knows the verdict: a model that restores what it finds is not the host's
-    from flare_diag.daemon.reproduce import reproduce_window
+    from flare_diag.daemon.reproducer.reproduce import reproduce_window
     from flare_diag.fixtures.flaresim.scenario import load_scenario
     working = reproduce_window(_out / "log.db", None, load_scenario("churn"), [])
     assert "restore_path" in working.hint and "working restore path" in working.hint

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.cli import main
+from flare_diag.daemon.cli.commands import main
 from tests.replay_corpus import CORPUS, WINDOWS
 
 # what each recorded window ended as, and the verdict it gave

@@ -99,7 +99,7 @@ def test_per_request_rows_are_collapsed_until_opened(opened_report):
 
 
 def test_the_reproducers_page_renders_its_charts_with_no_error_or_request(default_rehearsal, tmp_path):
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     sync_playwright = _browser_or_skip()
     out = default_rehearsal[2]
     assert main(["reproduce", str(out / "log.db"), "--policies", "lru_leaf,marconi,protect_full_prompt,block_lru",

@@ -12,8 +12,8 @@ import stat
 import msgspec
 import pytest
 
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
 from flare_diag.events.report_html import CHARTS, render_html
 from flare_diag.events.report_md import render_md
 from flare_diag.events.report_schema import validate

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from flare_diag.daemon.cli import main
+from flare_diag.daemon.cli.commands import main
 from flare_diag.fixtures.flaresim.scenario import load_scenario
 from flare_diag.fixtures.flaresim.trace import read_trace, run_host_cache, synthetic_trace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from flare_diag.daemon.runner import replay
+from flare_diag.daemon.window.runner import replay
 from flare_diag.events.schema import Alarm, DaemonRestarted, Input, RestoreStarted
 from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import World, drive, plan_builtins

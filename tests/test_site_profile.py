@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flare_diag.daemon.site import SiteError, load_site
+from flare_diag.daemon.hosts.site import SiteError, load_site
 
 PROFILE = """
 [serving]
@@ -88,14 +88,14 @@ def _profile(tmp_path, token_file: str = "serving.token", url: str = "http://127
 
 
 def test_a_token_file_that_is_not_a_regular_file_is_refused_without_reading_it(tmp_path):
-    from flare_diag.daemon.site import SiteError, load_site
+    from flare_diag.daemon.hosts.site import SiteError, load_site
     import pytest
     with pytest.raises(SiteError, match="expected a regular file"):
         load_site(_profile(tmp_path, token_file="/dev/zero"))
 
 
 def test_a_token_file_larger_than_a_token_is_refused(tmp_path):
-    from flare_diag.daemon.site import SiteError, load_site
+    from flare_diag.daemon.hosts.site import SiteError, load_site
     import pytest
     (tmp_path / "big.token").write_bytes(b"x" * 100_000)
     with pytest.raises(SiteError, match="larger than 4096 bytes"):
@@ -103,7 +103,7 @@ def test_a_token_file_larger_than_a_token_is_refused(tmp_path):
 
 
 def test_a_url_of_a_hundred_kilobytes_is_one_line(tmp_path):
-    from flare_diag.daemon.site import SiteError, load_site
+    from flare_diag.daemon.hosts.site import SiteError, load_site
     import pytest
     (tmp_path / "serving.token").write_text("tok-tok-tok\n")
     with pytest.raises(SiteError, match="at most 2048 characters"):
@@ -111,7 +111,7 @@ def test_a_url_of_a_hundred_kilobytes_is_one_line(tmp_path):
 
 
 def test_init_site_writes_only_inside_the_folder_it_is_given(tmp_path, capsys):
-    from flare_diag.daemon.cli import main
+    from flare_diag.daemon.cli.commands import main
     rc = main(["init-site", "flare", str(tmp_path / "sites"), "--name", str(tmp_path / "elsewhere" / "x")])
     assert rc == 2 and "init-site writes only inside" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()

@@ -4,7 +4,7 @@ written, and a commit that fails while a window runs."""
 from __future__ import annotations
 
 from flare_diag.events.schema import LogNote
-from flare_diag.daemon import virtualtime
+from flare_diag.daemon.rehearsal import virtualtime
 from flare_diag.events.store import EventStore, StoreWriteError
 from tests.simtools import served
 
@@ -40,9 +40,9 @@ def _window_with_failing_writes(tmp_path, fail, plan_path) -> tuple[object, str]
 
 
 async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
-    from flare_diag.daemon.runner import Runner
-    from flare_diag.daemon.target import Target
-    from flare_diag.daemon.windows import WindowSetup, load_fixtures
+    from flare_diag.daemon.window.runner import Runner
+    from flare_diag.daemon.hosts.target import Target
+    from flare_diag.daemon.window.setup import WindowSetup, load_fixtures
     from flare_diag.policies.plan import decode_plan
     raw = plan_path.read_bytes()
     plan = decode_plan(raw)
@@ -139,10 +139,10 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
     """The service in this process (its store can be made to fail), against flaresim as a process."""
     import anyio
 
-    from flare_diag.daemon.control import Start
-    from flare_diag.daemon.logs import configure
-    from flare_diag.daemon.notify import Notifier
-    from flare_diag.daemon.service import Service
+    from flare_diag.daemon.service.control import Start
+    from flare_diag.daemon.service.logs import configure
+    from flare_diag.daemon.service.notify import Notifier
+    from flare_diag.daemon.service.server import Service
     from tests.daemontools import SCALE, Sim
     sim = Sim(tmp_path)
     svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", configure("error"), Notifier(), sites_dir=tmp_path)

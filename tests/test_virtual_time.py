@@ -8,7 +8,7 @@ import time
 import aiosqlite
 import pytest
 
-from flare_diag.daemon import virtualtime
+from flare_diag.daemon.rehearsal import virtualtime
 from flare_diag.events.schema import LogNote
 from flare_diag.events.store import EventStore, _on_thread
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.daemon.cli import main
-from flare_diag.daemon.nvml import available as nvml_unavailable
+from flare_diag.daemon.cli.commands import main
+from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTION_PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -51,7 +51,7 @@ def test_a_production_plan_without_nvml_exits_2_saying_why_and_starts_nothing(tm
 
 
 def test_a_plan_that_is_not_production_may_run_on_a_site_without_a_gpu(tmp_path):
-    from flare_diag.daemon.windows import setup_for_site
+    from flare_diag.daemon.window.setup import setup_for_site
     setup = setup_for_site(PEER_PLAN, _site(tmp_path, 'source = "none"'))
     assert not setup.plan.production and not setup.rehearsal
 
@@ -66,7 +66,7 @@ def test_a_scaled_clock_on_a_site_that_is_not_simulated_is_refused_in_one_line(t
 
 
 def test_start_with_a_scaled_clock_on_a_production_site_is_refused_before_anything_is_read_from_the_host(tmp_path):
-    from flare_diag.daemon.windows import InputError, setup_for_start
+    from flare_diag.daemon.window.setup import InputError, setup_for_start
     sites = tmp_path / "sites"
     sites.mkdir()
     _site(sites, 'source = "nvml"')

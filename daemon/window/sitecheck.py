@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from flare_diag.daemon.errors import ActionFailed, classify_exception
-from flare_diag.daemon.target import Target
-from flare_diag.daemon.windows import InputError, WindowSetup
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
+from flare_diag.daemon.hosts.target import Target
+from flare_diag.daemon.window.setup import InputError, WindowSetup
 from flare_diag.policies.plan import Plan, expected_identity
 from flare_diag.policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
@@ -261,7 +261,7 @@ class _Probe:
             self.add("gpu.watch", NOT_OBSERVABLE if production else NOT_APPLICABLE,
                      "gpu.source = \"none\": Xid, OOM and GPU memory rules cannot be enforced", required=production)
             return
-        from flare_diag.daemon.nvml import NvmlUnavailable
+        from flare_diag.daemon.hosts.nvml import NvmlUnavailable
         try:
             v = await self.call("gpu", self.t.gpu_view())
         except ActionFailed as exc:

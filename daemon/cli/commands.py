@@ -7,30 +7,9 @@ import sqlite3
 import sys
 from pathlib import Path
 from flare_diag.resources import resource
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
-
-
-def _console(stderr: bool = False, guarded: bool = False):
-    """A rich console that wraps for a terminal and never for a pipe or a file (a path or a sentence
-    split at column 80 is no use to a script or a log). `guarded`: its stream may close under it
-    (a foreground window's display), and nothing it writes can fail the caller."""
-    from rich.console import Console
-    if guarded:
-        from flare_diag.daemon.display import GuardedStream
-        c = Console(file=GuardedStream(sys.stderr if stderr else sys.stdout))
-    else:
-        c = Console(stderr=stderr)
-    if not c.is_terminal:
-        c.soft_wrap = True
-        c.width = 1000  # a table's cells then keep their lines whole as well (rich sizes tables to the width)
-    return c
-
-
-class UsageError(Exception):
-    """A user-caused error: one line, exit code 2."""
-
+from flare_diag.daemon.cli.common import (
+    EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, UsageError, integrity_warning, make_console, one_line,
+)
 
 class _Help(argparse.HelpFormatter):
     """Every option's help ends with its default, when it has one worth saying and does not say it."""
@@ -54,8 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flare_diag.fixtures.flaresim.host import FAULT_KINDS  # the simulator's own list: named in help, checked by it
-    from flare_diag.fixtures.flaresim.scenario import list_scenarios
+    from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
     scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__)
     p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
@@ -258,7 +236,7 @@ def _forecast_flags(sp: argparse.ArgumentParser) -> None:
 
 def load_plan(path: Path) -> tuple[bytes, object]:
     """The plan file's bytes and the checked plan, or UsageError naming it."""
-    from flare_diag.daemon.windows import InputError, read_plan
+    from flare_diag.daemon.window.setup import InputError, read_plan
     try:
         return read_plan(path)
     except InputError as exc:
@@ -266,8 +244,8 @@ def load_plan(path: Path) -> tuple[bytes, object]:
 
 
 def _calibration(path: Path | None):
-    from flare_diag.daemon.forecast import load_calibration
-    from flare_diag.daemon.windows import InputError
+    from flare_diag.daemon.window.forecast import load_calibration
+    from flare_diag.daemon.window.setup import InputError
     if path is None:
         return None
     try:
@@ -281,8 +259,8 @@ def _plan_forecast(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from flare_diag.daemon.forecast import schedule
-    from flare_diag.daemon.windows import InputError, WindowSetup, load_fixtures, setup_for_site
+    from flare_diag.daemon.window.forecast import schedule
+    from flare_diag.daemon.window.setup import InputError, WindowSetup, load_fixtures, setup_for_site
     plan_raw, plan = load_plan(args.plan)
     cal = _calibration(args.calibrate)
     try:
@@ -302,8 +280,8 @@ def _plan_forecast(args: argparse.Namespace) -> int:
 def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:
     import msgspec
 
-    from flare_diag.daemon.simulate import MAX_RUNS, simulate
-    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.daemon.rehearsal.simulate import MAX_RUNS, simulate
+    from flare_diag.daemon.simulator import ScenarioError, load_scenario
     if not 1 <= args.simulate <= MAX_RUNS:
         raise UsageError(f"--simulate {args.simulate}: expected a number of runs from 1 to {MAX_RUNS}")
     if not 0 <= args.seed < 2**63 - MAX_RUNS:
@@ -323,10 +301,11 @@ def _windows(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from flare_diag.daemon.windows_list import list_windows
+    from flare_diag.daemon.cli.windows_list import list_windows
     db = args.db
     if db is None:  # the daemon's own log: where its status says it is
-        from flare_diag.daemon import client, control
+        from flare_diag.daemon.cli import client
+        from flare_diag.daemon.service import control
         try:
             c = client.Connection(client.socket_path(args.socket))
             try:
@@ -342,7 +321,7 @@ def _windows(args: argparse.Namespace) -> int:
     except PermissionError:
         raise UsageError(f"windows {db}: not readable by this user (ask for read access to the state folder, "
                          "or run `flare-diag report WINDOW_ID` through the daemon)") from None
-    damaged = _integrity_warning(db)
+    damaged = integrity_warning(db)
     for r in rows:
         if args.json:
             print(json.dumps(r))
@@ -356,35 +335,15 @@ def _windows(args: argparse.Namespace) -> int:
     return EXIT_FAILED if damaged else EXIT_OK
 
 
-def _integrity_warning(db: Path) -> bool:
-    """Says on stderr, in one line, when a log a command reads does not verify (its hash chain); True then."""
-    from flare_diag.events.sqlschema import NotAnEventLog
-    from flare_diag.events.verify import verify_path
-    try:
-        res = verify_path(db, None)
-    except NotAnEventLog:
-        raise  # not a log at all: the command's own one line says so
-    except Exception as exc:  # noqa: BLE001 - unreadable to the end: damaged all the same
-        print(f"flare-diag: warning: {db} cannot be verified ({type(exc).__name__}: {_one_line(exc)}); what is read "
-              f"from it may be damaged or forged", file=sys.stderr)
-        return True
-    if res.ok:
-        return False
-    print(f"flare-diag: warning: {db} does not verify (first bad seq {res.first_bad_seq}: {res.problem}); what is "
-          f"read from it may be damaged or forged", file=sys.stderr)
-    return True
-
-
 def _reproduce(args: argparse.Namespace) -> int:
     import msgspec
 
-    from flare_diag.daemon.reproduce import (
+    from flare_diag.daemon.reproducer.reproduce import (
         BASELINE, POLICIES, ReproduceError, parse_policies, render_html, render_trace, render_trace_html, render_window,
         reproduce_trace, reproduce_window,
     )
     from flare_diag.events.sqlschema import NotAnEventLog
-    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
-    from flare_diag.fixtures.flaresim.trace import TraceError
+    from flare_diag.daemon.simulator import ScenarioError, TraceError, load_scenario
     if (args.log is None) == (args.trace is None):
         raise UsageError("reproduce: expected a log (LOG) or --trace FILE, one of them")
     try:
@@ -411,14 +370,14 @@ def _reproduce(args: argparse.Namespace) -> int:
             raise UsageError("reproduce LOG: --capacity-blocks, --capacity-rows and --limit go with --trace")
         if not args.log.is_file():
             raise UsageError(f"{args.log}: no such log file")
-        damaged = _integrity_warning(args.log)
+        damaged = integrity_warning(args.log)
         try:
             rep = reproduce_window(args.log, args.window, sc, parse_policies(args.policies, []), args.tolerance)
         except ReproduceError as exc:
             if not damaged:
                 raise
             # a damaged log is the finding (said above): the failed verification's exit, not bad input's
-            print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
+            print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
             return EXIT_FAILED
     except (ReproduceError, TraceError, NotAnEventLog) as exc:
         raise UsageError(str(exc)) from None
@@ -432,8 +391,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _init_site(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.initsite import init_site
-    from flare_diag.daemon.windows import InputError
+    from flare_diag.daemon.cli.initsite import init_site
+    from flare_diag.daemon.window.setup import InputError
     try:
         profile, written, kept = init_site(args.kind, args.dir, args.name)
     except InputError as exc:
@@ -448,7 +407,7 @@ def _init_site(args: argparse.Namespace) -> int:
 
 
 def _share(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.initsite import shared_files
+    from flare_diag.daemon.cli.initsite import shared_files
     files = shared_files()
     if args.json:
         import json
@@ -493,8 +452,9 @@ def _need_simulator(cmd: str) -> None:
 
 
 def _window(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.rehearse import parse_fault, rehearse, resume_window, run_window
-    from flare_diag.daemon.windows import InputError, setup_for_site
+    from flare_diag.daemon.cli.foreground import rehearse, resume_window, run_window
+    from flare_diag.daemon.rehearsal.rehearse import parse_fault
+    from flare_diag.daemon.window.setup import InputError, setup_for_site
     if args.cmd == "run":
         if args.resume is not None:
             if args.plan or args.site or args.out:
@@ -507,12 +467,12 @@ def _window(args: argparse.Namespace) -> int:
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
     out = _out_dir(args.out)
-    console = _console(stderr=args.json, guarded=True)
+    console = make_console(stderr=args.json, guarded=True)
     events_out = _guarded_stdout() if args.json else None
     try:
         if args.cmd == "rehearse":
             _need_simulator("rehearse")
-            from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
+            from flare_diag.daemon.simulator import ScenarioError, load_scenario
             try:
                 load_scenario(args.scenario)
             except ScenarioError as exc:
@@ -540,7 +500,7 @@ def _window(args: argparse.Namespace) -> int:
 
 def _first_input_error(group: BaseExceptionGroup) -> BaseException | None:
     """The refusal a task group wrapped (a rehearsal's forecast or fixture check), if that is what ended it."""
-    from flare_diag.daemon.windows import InputError
+    from flare_diag.daemon.window.setup import InputError
     only, rest = group.split(InputError)
     if only is None or rest is not None:
         return None
@@ -550,15 +510,15 @@ def _first_input_error(group: BaseExceptionGroup) -> BaseException | None:
 
 
 def _guarded_stdout():
-    from flare_diag.daemon.display import GuardedStream
+    from flare_diag.daemon.cli.display import GuardedStream
     return GuardedStream(sys.stdout)
 
 
 def _resume(out: Path, resume_window, as_json: bool = False) -> int:
     import asyncio
 
-    from flare_diag.daemon.windows import InputError
-    console = _console(stderr=as_json, guarded=True)
+    from flare_diag.daemon.window.setup import InputError
+    console = make_console(stderr=as_json, guarded=True)
     try:
         report = asyncio.run(resume_window(out, console, _guarded_stdout() if as_json else None))
     except InputError as exc:
@@ -570,7 +530,7 @@ def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
     it = report["integrity"]
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
                   f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {'ok' if it['audit_ok'] else 'DIVERGED'})")
-    from flare_diag.daemon.client import exit_for
+    from flare_diag.daemon.cli.client import exit_for
     code = exit_for(report.get("outcome"))
     if code == EXIT_OK and not (it["chain_ok"] and it["audit_ok"]):
         code = EXIT_FAILED
@@ -606,9 +566,9 @@ def _site_check(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from flare_diag.daemon.site import SiteError, load_site
-    from flare_diag.daemon.sitecheck import check_site, render
-    from flare_diag.daemon.target import Target
+    from flare_diag.daemon.hosts.site import SiteError, load_site
+    from flare_diag.daemon.window.sitecheck import check_site, render
+    from flare_diag.daemon.hosts.target import Target
     plan = load_plan(args.plan)[1] if args.plan is not None else None
     try:
         site = load_site(args.site)
@@ -623,21 +583,21 @@ def _site_check(args: argparse.Namespace) -> int:
             await target.close()
 
     check = asyncio.run(probe())
-    from flare_diag.daemon.site import scrub
+    from flare_diag.daemon.hosts.site import scrub
     print(scrub(json.dumps(check.as_dict()) if args.json else render(check), site.tokens.values()))
     return EXIT_OK if check.ready else EXIT_FAILED
 
 
 def _sim(args: argparse.Namespace) -> int:
     # The simulator is a fixture: the CLI starts it, the daemon never imports it for its own work.
-    from flare_diag.fixtures.flaresim.scenario import ScenarioError, load_scenario
+    from flare_diag.daemon.simulator import ScenarioError, load_scenario
     try:
         load_scenario(args.scenario)
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     if args.sim_cmd == "serve":
         _need_simulator("sim serve")
-        from flare_diag.fixtures.flaresim.serve import main as serve
+        from flare_diag.daemon.simulator import serve
         import secrets
         token = args.token
         if token is None:  # made here, and printed: a client needs it
@@ -645,7 +605,7 @@ def _sim(args: argparse.Namespace) -> int:
             print(f"flaresim bearer token: {token}", flush=True)
         return serve(["--port", str(args.port), "--scenario", args.scenario, "--time-scale", str(args.time_scale),
                       "--seed", str(args.seed), "--token", token])
-    from flare_diag.fixtures.flaresim.replay import replay
+    from flare_diag.daemon.simulator import replay
     try:
         replay(args.fixture, args.order, args.scenario)
     except FileNotFoundError as exc:
@@ -654,12 +614,12 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from flare_diag.daemon import client
+    from flare_diag.daemon.cli import client
     path = client.socket_path(args.socket)
-    console = _console(stderr=True)
+    console = make_console(stderr=True)
     try:
         if args.cmd == "status":
-            return client.status(path, _console(), args.json)
+            return client.status(path, make_console(), args.json)
         if args.cmd == "start":
             import msgspec
             plan_raw, plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
@@ -676,14 +636,14 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
-            return client.watch(path, args.from_seq, _console(), sys.stdout if args.json else None)
+            return client.watch(path, args.from_seq, make_console(), sys.stdout if args.json else None)
         return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except client.Refused as exc:
         if exc.code == "busy":  # not bad input: the same command works once the running window closes
-            print(f"flare-diag: busy: the daemon refused {args.cmd}: {_one_line(exc)}", file=sys.stderr)
+            print(f"flare-diag: busy: the daemon refused {args.cmd}: {one_line(exc)}", file=sys.stderr)
             return EXIT_BUSY
         raise UsageError(f"the daemon refused {args.cmd}: {exc}") from None
 
@@ -697,7 +657,7 @@ def _report(args: argparse.Namespace) -> int:
         if args.target.endswith((".db", ".sqlite")) or "/" in args.target:
             raise UsageError(f"{args.target}: no such log file")
         return _client(args)
-    from flare_diag.daemon.publish import build_report, publish_snapshot, render
+    from flare_diag.daemon.reports.publish import build_report, publish_snapshot, render
     from flare_diag.events.reader import LogReader
     from flare_diag.events.sqlschema import NotAnEventLog
     try:
@@ -732,7 +692,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.compare import CompareError, compare
+    from flare_diag.daemon.reports.compare import CompareError, compare
     if args.db is None or not args.db.is_file():
         raise UsageError(f"report compare: expected the log file after 'compare' (got {args.db})")
     if not args.windows or not args.baseline:
@@ -781,7 +741,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd in ("status", "start", "abort", "watch"):
             return _client(args)
         if args.cmd == "log":
-            from flare_diag.daemon.cli_log import run_log
+            from flare_diag.daemon.cli.log_commands import run_log
             return run_log(args)
         if args.cmd in ("rehearse", "run"):
             return _window(args)
@@ -800,28 +760,18 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd == "plan":
             return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
     except UsageError as exc:
-        print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
     except NotAnEventLog as exc:  # a file that is not a flare-diag log at all: the caller's input
-        print(f"flare-diag: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError, UnknownEventError) as exc:
         # a log the tools cannot read to the end: damaged or forged, and said so in one line
         target = getattr(args, "db", None) or getattr(args, "target", "the log")
-        print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {_one_line(exc)})",
+        print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {one_line(exc)})",
               file=sys.stderr)
         return EXIT_FAILED
     return EXIT_BAD_INPUT
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-if __name__ == "__main__":
-    # run as `python -m`: this file is __main__, so go through the imported module, whose UsageError
-    # is the one the subcommands' modules raise
-    from flare_diag.daemon.cli import main as imported_main
-    sys.exit(imported_main())

@@ -1,16 +1,20 @@
 """The host's services as ports: what a window asks of a recipe manager and of the serving engine's
 control endpoints, each with an HTTP implementation (contract section 1); a local engine the daemon
-runs itself (daemon/localengine.py) implements both. `Target` composes them; nothing else branches
+runs itself (daemon/hosts/localengine.py) implements both. `Target` composes them; nothing else branches
 on which kind of host it talks to."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from flare_diag.daemon.errors import ActionFailed
+from flare_diag.daemon.hosts.errors import ActionFailed
 
-if TYPE_CHECKING:
-    from flare_diag.daemon.target import Target
+
+class JsonCalls(Protocol):
+    """The target's HTTP calls (its clients, the site's tokens, its retries and timeouts per service)."""
+
+    async def get_json(self, svc: str, url: str, what: str) -> dict: ...
+    async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict: ...
 
 
 class Manager(Protocol):
@@ -38,9 +42,9 @@ class HttpManager:
     """contract section 1, Recipe manager: `/manager/v1/...` on the site's manager URL. Loads and
     unloads go out once, each on a connection of its own (they change the host)."""
 
-    def __init__(self, target: Target) -> None:
-        self.t = target
-        self.url = target.p.manager.url  # type: ignore[union-attr]
+    def __init__(self, calls: JsonCalls, url: str) -> None:
+        self.t = calls
+        self.url = url
 
     async def prepare(self) -> None:
         return None  # a manager service is already running
@@ -49,21 +53,21 @@ class HttpManager:
         return None  # its connections are the target's
 
     async def state(self) -> dict:
-        return await self.t._get("manager", f"{self.url}/manager/v1/state", "manager state")
+        return await self.t.get_json("manager", f"{self.url}/manager/v1/state", "manager state")
 
     async def recipe(self, name: str) -> dict:
-        return await self.t._get("manager", f"{self.url}/manager/v1/recipes/{name}", f"recipe {name}")
+        return await self.t.get_json("manager", f"{self.url}/manager/v1/recipes/{name}", f"recipe {name}")
 
     async def preview(self, op: str, name: str, sha256: str | None) -> dict:
-        return await self.t._post("manager", f"{self.url}/manager/v1/preview", "preview",
+        return await self.t.post_json("manager", f"{self.url}/manager/v1/preview", "preview",
                                   {"op": op, "recipe": name, "sha256": sha256})
 
     async def load(self, name: str, sha256: str) -> dict:
-        return await self.t._post("manager", f"{self.url}/manager/v1/load", "load", {"recipe": name, "sha256": sha256},
+        return await self.t.post_json("manager", f"{self.url}/manager/v1/load", "load", {"recipe": name, "sha256": sha256},
                                   once=True)
 
     async def unload(self, name: str, sha256: str) -> dict:
-        return await self.t._post("manager", f"{self.url}/manager/v1/unload", "unload",
+        return await self.t.post_json("manager", f"{self.url}/manager/v1/unload", "unload",
                                   {"recipe": name, "sha256": sha256}, once=True)
 
 
@@ -72,15 +76,15 @@ class HttpServing:
 
     trace_switch = True
 
-    def __init__(self, target: Target) -> None:
-        self.t = target
-        self.url = target.p.serving.url
+    def __init__(self, calls: JsonCalls, url: str) -> None:
+        self.t = calls
+        self.url = url
 
     async def identity(self) -> dict:
-        return await self.t._get("serving", f"{self.url}/flare/v1/identity", "identity")
+        return await self.t.get_json("serving", f"{self.url}/flare/v1/identity", "identity")
 
     async def trace(self, enabled: bool) -> dict:
-        return await self.t._post("serving", f"{self.url}/flare/v1/trace", "trace", {"enabled": enabled})
+        return await self.t.post_json("serving", f"{self.url}/flare/v1/trace", "trace", {"enabled": enabled})
 
 
 class LocalServing:

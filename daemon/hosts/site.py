@@ -165,7 +165,7 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         token_files[name] = str(tf)
     if prof.engine is not None:
         _check_engine(path, prof.engine)
-    from flare_diag.daemon.metrics import selector
+    from flare_diag.daemon.hosts.metrics import selector
     for family, spec in prof.metrics.items():
         try:
             selector(spec)

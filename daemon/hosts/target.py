@@ -13,11 +13,11 @@ import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
-from flare_diag.daemon import metrics
-from flare_diag.daemon.errors import ActionFailed, classify_response
-from flare_diag.daemon.fixture import Fixture
-from flare_diag.daemon.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
-from flare_diag.daemon.site import Site
+from flare_diag.daemon.hosts import metrics
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
+from flare_diag.daemon.hosts.fixture import Fixture
+from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
+from flare_diag.daemon.hosts.site import Site
 
 RESPONSE_CAP = 4096
 # A pooled connection the host closed while it sat idle fails before any byte of an answer comes
@@ -29,7 +29,7 @@ PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "cont
 
 
 def local_engine(site: Site):
-    from flare_diag.daemon.localengine import LocalEngine, LocalRecipe
+    from flare_diag.daemon.hosts.localengine import LocalEngine, LocalRecipe
     e = site.profile.engine
     base = site.base_dir
     binary = Path(os.path.expandvars(e.binary))
@@ -58,15 +58,15 @@ class Target:
                                        transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the host's ports: a manager service and the engine's endpoints over HTTP, or a local engine
-        # the daemon runs itself, which is both (daemon/ports.py)
+        # the daemon runs itself, which is both (daemon/hosts/ports.py)
         self.manager: Manager
         self.serving: Serving
         if site.profile.engine is not None:
             engine = local_engine(site)
             self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
         else:
-            self.manager, self.serving = HttpManager(self), HttpServing(self)
-        from flare_diag.daemon.engine_profiles import metric_names
+            self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
+        from flare_diag.daemon.hosts.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
     def handlers(self) -> dict:
@@ -95,13 +95,13 @@ class Target:
         except STALE_CONNECTION:
             return await self.fresh.request(method, url, **kw)
 
-    async def _get(self, svc: str, url: str, what: str) -> dict:
+    async def get_json(self, svc: str, url: str, what: str) -> dict:
         r = await self._retrying("GET", url, headers=self._h(svc))
         if r.status_code != 200:
             raise classify_response(r, what)
         return r.json()
 
-    async def _post(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
+    async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
         """POST; `once`: it may change the host (load, unload), so it goes out once on its own connection."""
         if once:
             r = await self.fresh.post(url, headers=self._h(svc), json=body or {})
@@ -128,7 +128,7 @@ class Target:
         if what == "router":
             if p.router is None:
                 raise ActionFailed("not_applicable", "the site has no router")
-            d = await self._get("router", f"{p.router.url}/router/v1/backends", "router backends")
+            d = await self.get_json("router", f"{p.router.url}/router/v1/backends", "router backends")
             b = next((x for x in d.get("backends", []) if x.get("id") == p.router.backend), None)
             if b is None:
                 raise ActionFailed("containment", f"router has no backend {p.router.backend!r}")
@@ -136,7 +136,7 @@ class Target:
         if what == "monitoring":
             if p.monitoring is None:
                 raise ActionFailed("not_applicable", "the site has no monitoring")
-            d = await self._get("monitoring", f"{p.monitoring.url}/monitoring/v1/targets", "monitoring targets")
+            d = await self.get_json("monitoring", f"{p.monitoring.url}/monitoring/v1/targets", "monitoring targets")
             t = next((x for x in d.get("targets", []) if x.get("id") == p.monitoring.target), None)
             return {"target": t}
         if what == "gpu":
@@ -176,9 +176,9 @@ class Target:
         if g.source == "none":
             return {"gpus": [], "xid_events": []}
         if g.source == "sim":
-            return await self._get("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
+            return await self.get_json("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
-        from flare_diag.daemon.nvml import XidWatcher, read_gpus
+        from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
         if self._xids is None:
             watcher = XidWatcher()
             await asyncio.to_thread(watcher.start)  # NvmlUnavailable on a machine without the driver
@@ -204,12 +204,12 @@ class Target:
     async def quiesce(self, args: dict) -> dict:
         if self.p.router is None:
             raise ActionFailed("not_applicable", "the site has no router")
-        return await self._post("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/quiesce", "quiesce")
+        return await self.post_json("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/quiesce", "quiesce")
 
     async def readmit(self, args: dict) -> dict:
         if self.p.router is None:
             raise ActionFailed("not_applicable", "the site has no router")
-        return await self._post("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/readmit", "readmit")
+        return await self.post_json("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/readmit", "readmit")
 
     async def scrape_metrics(self, args: dict) -> dict:
         r = await self._retrying("GET", f"{self.p.serving.url}/metrics", headers=self._h("serving"))

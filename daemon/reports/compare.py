@@ -6,7 +6,7 @@ import hashlib
 import statistics
 from pathlib import Path
 
-from flare_diag.daemon.publish import build_report
+from flare_diag.daemon.reports.publish import build_report
 from flare_diag.policies.acceptance import Acceptance, Run, accept
 
 

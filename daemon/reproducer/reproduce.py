@@ -11,12 +11,10 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
+from flare_diag.daemon.hosts.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, VerdictReached, WindowOpened
-from flare_diag.fixtures.flaresim.engine import Incarnation
-from flare_diag.fixtures.flaresim.scenario import Scenario
-from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK, BlockLRU, read_trace, run_block_lru, run_host_cache
+from flare_diag.daemon.simulator import MOONCAKE_BLOCK, BlockLRU, Incarnation, Scenario, read_trace, run_block_lru, run_host_cache
 
 # every strategy the model knows (the scenario's `eviction`), so a strategy added there is offered here too
 POLICIES: tuple[str, ...] = typing.get_args(typing.get_type_hints(Scenario)["eviction"])
@@ -167,8 +165,7 @@ def _replay(segments: list[Segment], bodies: dict[str, bytes], sc: Scenario, row
 
 def _block_baseline(segments: list[Segment], bodies: dict[str, bytes], sc: Scenario, pages: int) -> PolicyResult:
     """The block-level baseline on the window's requests: each incarnation's prompt blocks in one LRU list."""
-    from flare_diag.fixtures.flaresim.engine import render_prompt
-    from flare_diag.fixtures.flaresim.cache import TokenSeq
+    from flare_diag.daemon.simulator import TokenSeq, render_prompt
     res = PolicyResult(BASELINE, pages_capacity=pages)
     for seg in segments:
         cache = BlockLRU(pages)  # a fresh incarnation's cache is empty

@@ -17,9 +17,9 @@ import anyio.abc
 import time
 from collections.abc import Callable
 
-from flare_diag.daemon.errors import ActionFailed, classify_exception
-from flare_diag.daemon.site import scrub
-from flare_diag.daemon.target import Target
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
+from flare_diag.daemon.hosts.site import scrub
+from flare_diag.daemon.hosts.target import Target
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
     RequestDone, Tick, WatchFailed, WatchObserved, WindowOpened,
@@ -63,7 +63,7 @@ class Runner:
     def now(self) -> int:
         """The window clock: nanoseconds since the window opened on the loop's clock, times the time
         scale. The loop's clock is the monotonic clock, or in a rehearsal the simulator's virtual time
-        (daemon/virtualtime.py), which the runner cannot tell apart and need not."""
+        (daemon/rehearsal/virtualtime.py), which the runner cannot tell apart and need not."""
         return int((anyio.current_time() - self._start) * 1e9 * self.scale)
 
     async def run(self, opened: WindowOpened) -> str:

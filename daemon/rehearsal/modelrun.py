@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.samples import Sample
 
-from flare_diag.daemon import metrics
-from flare_diag.daemon.errors import ActionFailed, classify_response
-from flare_diag.daemon.fixture import Fixture
-from flare_diag.daemon.runner import WATCH_EVERY_S
-from flare_diag.daemon.site import sim_site
-from flare_diag.daemon.target import PREFLIGHT_BODY
+from flare_diag.daemon.hosts import metrics
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
+from flare_diag.daemon.hosts.fixture import Fixture
+from flare_diag.daemon.window.runner import WATCH_EVERY_S
+from flare_diag.daemon.hosts.site import sim_site
+from flare_diag.daemon.hosts.target import PREFLIGHT_BODY
 from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
 from flare_diag.events.window_fold import WindowFold
 from flare_diag.policies.plan import Plan
@@ -60,9 +60,8 @@ class ModelRun:
 
     def __init__(self, plan_raw: bytes, plan: Plan, scenario, fixtures: dict[str, Fixture], seed: int,
                  calibration: Calibration | None = None) -> None:
-        from flare_diag.fixtures.flaresim.app import CHUNK_TOKENS  # the simulator, as a rehearsal serves it
-        from flare_diag.fixtures.flaresim.host import Host
-        self._chunk = CHUNK_TOKENS
+        from flare_diag.daemon.simulator import Host, chunk_tokens  # the simulator, as a rehearsal serves it
+        self._chunk = chunk_tokens()
         self.plan_raw, self.plan, self.fixtures, self.seed = plan_raw, plan, fixtures, seed
         self.calibration = calibration
         self.now = 0  # ns on the window clock (the window opens at 0, as a rehearsal's does)
@@ -94,7 +93,7 @@ class ModelRun:
                         self._answer(a, self._failed(a.d, "cancelled", "cancelled by the policy", cancelled=True))
 
     def run(self) -> ModelResult:
-        from flare_diag.daemon.windows import WindowSetup
+        from flare_diag.daemon.window.setup import WindowSetup
         setup = WindowSetup(self.plan_raw, self.plan, self.site, self.fixtures, rehearsal=True,
                             calibration=self.calibration, clock="virtual", sim_seed=self.seed)
         self._feed(setup.opened(f"model-{self.seed}"))
@@ -357,7 +356,7 @@ class ModelRun:
 def scraped(host) -> dict:
     """What `Target.scrape_metrics` reads from flaresim's /metrics, taken from the families the
     exposition is written from (daemon.metrics.shape on both paths; only the text is skipped)."""
-    from flare_diag.fixtures.flaresim.metrics import families
+    from flare_diag.daemon.simulator import families
     fams = families(host)
     parsed: dict[str, list] = {}
     for name, kind, _help, samples in fams or ():  # a host with nothing loaded exposes no family

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.fixture import sampling_mismatch, Fixture, FixtureError, find_fixture, load_fixture
-from flare_diag.daemon.nvml import available as nvml_unavailable
-from flare_diag.daemon.site import Site, SiteError, load_site
+from flare_diag.daemon.hosts.fixture import sampling_mismatch, Fixture, FixtureError, find_fixture, load_fixture
+from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
+from flare_diag.daemon.hosts.site import Site, SiteError, load_site
 from flare_diag.events.schema import WindowOpened
 from flare_diag.policies.plan import Plan, PlanError, decode_plan
 from flare_diag.policies.planner import Calibration
@@ -56,7 +56,7 @@ class WindowSetup:
     accept_partial: bool = False  # run even when the forecast says a required cell does not fit
     plan_path: str = ""
     expected_incumbent: str = ""  # after a window that did not restore: the incumbent it recorded
-    clock: str = "wall"  # "virtual" in a rehearsal on the simulator's time (daemon/virtualtime.py)
+    clock: str = "wall"  # "virtual" in a rehearsal on the simulator's time (daemon/rehearsal/virtualtime.py)
     sim_seed: int | None = None
     inprocess_sim: bool = False  # a rehearsal's own simulator, served in this process
     probes: list = field(default_factory=list)  # ProbeRequest events the forecast sent, for the log

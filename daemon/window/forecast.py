@@ -7,9 +7,9 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from flare_diag.daemon.errors import classify_exception
-from flare_diag.daemon.target import Target
-from flare_diag.daemon.windows import InputError, WindowSetup
+from flare_diag.daemon.hosts.errors import classify_exception
+from flare_diag.daemon.hosts.target import Target
+from flare_diag.daemon.window.setup import InputError, WindowSetup
 from flare_diag.events.reader import LogReader, NotAnEventLog
 from flare_diag.events.schema import ProbeRequest
 from flare_diag.policies.calibration import CalibrationError, calibrate

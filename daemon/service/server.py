@@ -21,17 +21,18 @@ import anyio.abc
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from flare_diag.daemon import control
-from flare_diag.daemon.control import Abort, Archive, BadCommand, Report, Start, Status, Watch
-from flare_diag.daemon.forecast import planned
-from flare_diag.daemon.logs import configure
-from flare_diag.daemon.notify import STATUS_MIN_INTERVAL_S, Notifier
-from flare_diag.daemon.publish import FORMATS, build_report, publish_snapshot, render
-from flare_diag.daemon.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
-from flare_diag.daemon.runner import Runner
-from flare_diag.daemon.sitecheck import checked_target
-from flare_diag.daemon.target import Target
-from flare_diag.daemon.windows import InputError, WindowSetup, new_window_id, setup_for_start
+from flare_diag.daemon.service import control
+from flare_diag.daemon.service.control import Abort, Archive, BadCommand, Report, Start, Status, Watch
+from flare_diag.daemon.window.forecast import planned
+from flare_diag.daemon.service.logs import configure
+from flare_diag.daemon.service.paths import default_sites_dir, default_socket, default_state_dir
+from flare_diag.daemon.service.notify import STATUS_MIN_INTERVAL_S, Notifier
+from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_snapshot, render
+from flare_diag.daemon.window.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
+from flare_diag.daemon.window.runner import Runner
+from flare_diag.daemon.window.sitecheck import checked_target
+from flare_diag.daemon.hosts.target import Target
+from flare_diag.daemon.window.setup import InputError, WindowSetup, new_window_id, setup_for_start
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.reader import LogReader
@@ -774,20 +775,6 @@ def log_problem_at_start(db: Path, key: bytes | None) -> str | None:
     return None
 
 
-def default_sites_dir() -> Path:
-    return Path(os.environ.get("FLARE_DIAG_SITES", "/etc/flare-diag/sites"))
-
-
-def default_socket() -> Path:
-    rt = os.environ.get("RUNTIME_DIRECTORY")
-    return Path(rt.split(":")[0]) / "control.sock" if rt else Path("/run/flare-diagd/control.sock")
-
-
-def default_state_dir() -> Path:
-    sd = os.environ.get("STATE_DIRECTORY")
-    return Path(sd.split(":")[0]) if sd else Path("/var/lib/flare-diagd")
-
-
 def _peer(conn: anyio.abc.SocketStream) -> tuple[int, int]:
     """(pid, uid) of a control connection's caller (SO_PEERCRED), or (-1, -1) when it cannot be read."""
     try:
@@ -832,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     log = configure(a.log_level)
     metrics = None
     if a.metrics_address is not None:
-        from flare_diag.daemon.exporter import ServiceMetrics, parse_address
+        from flare_diag.daemon.service.exporter import ServiceMetrics, parse_address
         try:
             host, port = parse_address(a.metrics_address)
         except ValueError as exc:

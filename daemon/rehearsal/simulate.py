@@ -1,4 +1,4 @@
-"""`plan forecast --simulate N`: N seeded model runs of a plan (daemon/modelrun.py), summarised.
+"""`plan forecast --simulate N`: N seeded model runs of a plan (daemon/rehearsal/modelrun.py), summarised.
 
 Where `plan forecast` gives the one schedule the plan's rates imply, a simulation draws the simulator's
 service-time spread N times and says how often the window would go well: the share of runs that
@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import msgspec
 
-from flare_diag.daemon.fixture import Fixture
+from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration
 
@@ -69,8 +69,8 @@ def _quantile(xs: list[float], q: int) -> float:
 
 def _runs(plan_raw: bytes, plan: Plan, scenario: str, fixtures: dict[str, Fixture], seeds: list[int],
           calibration: Calibration | None) -> list[dict]:
-    from flare_diag.daemon.modelrun import ModelRun
-    from flare_diag.fixtures.flaresim.scenario import load_scenario
+    from flare_diag.daemon.rehearsal.modelrun import ModelRun
+    from flare_diag.daemon.simulator import load_scenario
     sc = load_scenario(scenario)
     out = []
     for seed in seeds:

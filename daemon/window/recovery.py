@@ -8,8 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.site import SiteError, load_site, site_from_bytes
-from flare_diag.daemon.windows import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
+from flare_diag.daemon.hosts.site import SiteError, load_site, site_from_bytes
+from flare_diag.daemon.window.setup import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import Input, WindowOpened
 from flare_diag.policies.plan import PlanError, plan_from_builtins

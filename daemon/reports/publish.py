@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from flare_diag.policies.audit import audit
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
 from flare_diag.events.report import PROJECTED_TYPES, json_chunks, project, text_chunks
@@ -22,9 +23,13 @@ class SnapshotError(RuntimeError):
     pass
 
 
+def audit_log(reader: LogReader):
+    """The policy replayed over every window of a log, decision by decision (policies/audit.py)."""
+    return audit((env.seq, env.window_id, env.event()) for env in reader.iter())
+
+
 def build_report(db: Path, window_id: str) -> dict:
     """The report of one window, with the integrity of the whole log it came from."""
-    from flare_diag.daemon.cli_log import audit_reader
     with LogReader(db) as reader:
         try:
             cp = read_checkpoint(default_path(db))
@@ -32,7 +37,7 @@ def build_report(db: Path, window_id: str) -> dict:
             problem = v.problem
         except BadCheckpoint as exc:
             v, problem = verify_log(reader), str(exc)
-        a = audit_reader(reader)
+        a = audit_log(reader)
         integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash,
                      "chain_ok": v.ok and problem is None, "audit_ok": a.ok}
         if problem:

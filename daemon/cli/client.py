@@ -12,8 +12,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from flare_diag.daemon import control
-from flare_diag.daemon.live import LiveView
+from flare_diag.daemon.service import control
+from flare_diag.daemon.cli.live import LiveView
 from flare_diag.events.base import decode_payload
 from flare_diag.events.schema import WindowClosed
 
@@ -37,7 +37,7 @@ def socket_path(arg: Path | None) -> Path:
         return arg
     if os.environ.get(ENV_SOCKET):
         return Path(os.environ[ENV_SOCKET])
-    from flare_diag.daemon.service import default_socket
+    from flare_diag.daemon.service.paths import default_socket
     return default_socket()
 
 

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from flare_diag.daemon.errors import ActionFailed
+from flare_diag.daemon.hosts.errors import ActionFailed
 
 STOP_GRACE_S = 10.0
 PIDFILE = "engine.pid"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.site import PLACEHOLDER_TOKEN, TOKEN_SERVICES, SiteProfile
-from flare_diag.daemon.windows import SITE_NAME, InputError
+from flare_diag.daemon.hosts.site import PLACEHOLDER_TOKEN, TOKEN_SERVICES, SiteProfile
+from flare_diag.daemon.window.setup import SITE_NAME, InputError
 from flare_diag.resources import resource
 
 KINDS = ("flare", "vllm", "sglang", "llamacpp")

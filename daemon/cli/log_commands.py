@@ -7,7 +7,8 @@ import json
 import sys
 
 import flare_diag.events.schema  # noqa: F401  (registers every event type)
-from flare_diag.daemon.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, UsageError
+from flare_diag.daemon.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, UsageError, integrity_warning
+from flare_diag.daemon.reports.publish import audit_log
 from flare_diag.events.base import UnknownEventError
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
 from flare_diag.events.export import export_lines
@@ -52,7 +53,8 @@ def _archive(args: argparse.Namespace) -> int:
                              "expected no --to or --key")
         import msgspec
 
-        from flare_diag.daemon import client, control
+        from flare_diag.daemon.cli import client
+        from flare_diag.daemon.service import control
         try:
             c = client.Connection(client.socket_path(args.socket), timeout=600)
         except client.DaemonUnreachable as exc:
@@ -62,7 +64,6 @@ def _archive(args: argparse.Namespace) -> int:
             rep = c.call(control.Archive(before=args.before))
         except client.Refused as exc:
             if exc.code == "busy":
-                from flare_diag.daemon.cli import EXIT_BUSY
                 print(f"flare-diag: busy: the daemon refused archive: {exc}", file=sys.stderr)
                 return EXIT_BUSY
             raise UsageError(f"the daemon refused archive: {exc}") from None
@@ -174,19 +175,13 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def audit_reader(reader: LogReader):
-    from flare_diag.policies.audit import audit
-    return audit((env.seq, env.window_id, env.event()) for env in reader.iter())
-
-
 def _audit(args: argparse.Namespace) -> int:
     with _open(args.db) as reader:
         try:
-            res = audit_reader(reader)
+            res = audit_log(reader)
         except UnknownEventError as exc:
             raise UsageError(f"{args.db}: {exc}") from None
-    from flare_diag.daemon.cli import _integrity_warning
-    damaged = _integrity_warning(args.db)  # decisions that replay from a forged log prove nothing
+    damaged = integrity_warning(args.db)  # decisions that replay from a forged log prove nothing
     if getattr(args, "json", False):
         d = res.divergence
         print(json.dumps({"ok": res.ok, "windows": res.windows, "inputs": res.inputs, "decisions": res.decisions,

@@ -1,0 +1,52 @@
+"""What every command shares: exit codes, the one-line user error, consoles and the integrity warning."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
+
+
+class UsageError(Exception):
+    """A user-caused error: one line, exit code 2."""
+
+
+def make_console(stderr: bool = False, guarded: bool = False):
+    """A rich console that wraps for a terminal and never for a pipe or a file (a path or a sentence
+    split at column 80 is no use to a script or a log). `guarded`: its stream may close under it
+    (a foreground window's display), and nothing it writes can fail the caller."""
+    from rich.console import Console
+    if guarded:
+        from flare_diag.daemon.cli.display import GuardedStream
+        c = Console(file=GuardedStream(sys.stderr if stderr else sys.stdout))
+    else:
+        c = Console(stderr=stderr)
+    if not c.is_terminal:
+        c.soft_wrap = True
+        c.width = 1000  # a table's cells then keep their lines whole as well (rich sizes tables to the width)
+    return c
+
+
+def integrity_warning(db: Path) -> bool:
+    """Says on stderr, in one line, when a log a command reads does not verify (its hash chain); True then."""
+    from flare_diag.events.sqlschema import NotAnEventLog
+    from flare_diag.events.verify import verify_path
+    try:
+        res = verify_path(db, None)
+    except NotAnEventLog:
+        raise  # not a log at all: the command's own one line says so
+    except Exception as exc:  # noqa: BLE001 - unreadable to the end: damaged all the same
+        print(f"flare-diag: warning: {db} cannot be verified ({type(exc).__name__}: {one_line(exc)}); what is read "
+              f"from it may be damaged or forged", file=sys.stderr)
+        return True
+    if res.ok:
+        return False
+    print(f"flare-diag: warning: {db} does not verify (first bad seq {res.first_bad_seq}: {res.problem}); what is "
+          f"read from it may be damaged or forged", file=sys.stderr)
+    return True
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

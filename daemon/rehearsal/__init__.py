@@ -1,0 +1,1 @@
+"""Windows without a real host: flaresim in process, virtual time, and model runs of a plan."""

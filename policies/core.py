@@ -1,0 +1,183 @@
+"""The window's state and the primitives its procedures share: the clock, cells, aborts.
+
+`WindowCore` is what the experiment (`policies.experiment`) and the restore (`policies.restore`) are
+given: the typed state of one window and the few operations that change it in the ways the contract
+allows (a cell recorded once, an abort recorded with its minute, a fault during the restore said).
+`WindowPolicy` (`policies.window`) adds the routing of inputs, the guards and the clock's deadlines on
+top; nothing here starts or replaces a procedure, so the procedures never depend on the router.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
+from flare_diag.policies import guards, rules
+from flare_diag.policies.driver import Driver, Interrupt
+from flare_diag.policies.plan import Plan
+from flare_diag.policies.planner import Calibration, Estimator
+from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
+
+WATCH_LOST_MIN_REAL_S = 5.0
+
+
+class WindowCore(Driver):
+    """One window's typed state and the operations its procedures may use to change it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan: Plan = None  # type: ignore[assignment]  # set by WindowOpened
+        self.window_id = ""
+        self.time_scale = 1.0  # the window clock's scale: above 1 only for a simulated site
+        self.stage = Stage.IDLE  # moves only as state.TRANSITIONS allows
+        self.t0: int | None = None
+        self.ledger = Ledger()
+        self.arms: list = []
+        self.all_phases: list = []
+        self.phase_order: list[str] = []
+        self.required: list[str] = []  # cells without which the window is `partial` (contract 4)
+        self.comparable: dict[str, bool] = {}
+        self.calibration: Calibration | None = None
+        self.est: Estimator = None  # type: ignore[assignment]  # set once the fixtures are known
+        self.phase_marks: dict[str, tuple[float | None, float | None]] = {}  # phase -> (start, estimated end)
+        self.draining_after = False  # the current phase's requests all finished; its closing drain runs
+        self.current: Running | None = None
+        self.abort: AbortRecord | None = None
+        self.restore_cause: str | None = None
+        self.restore_started: float | None = None
+        self.readmit_requested = False
+        self.restore_end_ns: int | None = None  # the restore's budget runs out here
+        self.incumbent: Incumbent | None = None
+        self.snapshots: dict[str, dict | None] = {}
+        self.quiesced = False
+        self.quiesced_at_ns = 0  # window time the quiesce's answer came back
+        self.candidate_loaded: str | None = None  # incarnation label loaded by the window
+        self.candidate_id: str | None = None
+        self.candidate_recipe = ""
+        self.candidate_sha: str | None = None
+        self.failed_incarnations: dict[str, str] = {}
+        self.unverified_incarnations: dict[str, str] = {}
+        self.ref_labels: dict | None = None
+        self.last_counters: dict | None = None
+        self.fixtures: dict[str, dict] = {}
+        self.stop_marked = False
+        self.overrun_marked = False
+        self.overrun_projected = False
+        self.trace_stopped: str | None = None  # why the frozen trace order ended early
+        self.baseline = guards.Baseline()  # growth relative to the loaded incarnation's first observation
+        self.watch_last: dict[str, int] = {}  # source -> window time of its latest answer
+        self.watch_failure: dict[str, str] = {}  # source -> its latest failure
+        self.rules_disabled: set[str] = set()  # what the GPU watch said it cannot watch, once each
+        self.took_down = False  # the quiesce was requested: from here on the host may be changed
+        self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
+        self.restore_faults: list[str] = []  # Xid, OOM or containment breaches seen during the restore
+        self.xids_known = 0  # Xid events in the GPU view the window has already judged
+        self.verified_identity: dict[str, dict] = {}  # incarnation label -> the identity its identity phase verified
+        self.incumbent_back = False  # the restore has the incumbent loaded again (or never took it down)
+        self.restore_resident: float | None = None  # the restored incumbent's resident memory when first seen
+        self.current_since_ns = 0  # window time the running phase began
+        self.drifted = False  # an identity read inside a phase differed: the open cell's identity did not hold
+        self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
+
+    @property
+    def closed(self) -> bool:
+        return self.stage == Stage.CLOSED
+
+    @property
+    def cells(self) -> dict[str, dict]:
+        return self.ledger.as_builtins()
+
+    # --- time ----------------------------------------------------------------------------------
+
+    def _deadline_s(self, action: str) -> float | None:
+        t = self.plan.timing
+        if action in ("load", "unload"):
+            limit = t.load_timeout_s
+        elif action in ("send_request", "preflight"):
+            limit = t.request_timeout_s
+        else:
+            limit = t.action_timeout_s
+        if self.restore_end_ns is not None:  # the restore's own budget bounds every action in it
+            limit = min(limit, max(0.001, (self.restore_end_ns - self.now) / NS_PER_S))
+        return limit
+
+    def _minute(self, ns: int | None = None) -> float | None:
+        return window_minute(self.now if ns is None else ns, self.t0)
+
+    def _stop_ns(self) -> int:
+        return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]
+
+    def _closing_drain_end_ns(self) -> int:
+        return self._stop_ns() + int(self.plan.timing.drain_timeout_s * NS_PER_S)
+
+    def _watch_deadlines(self) -> dict[str, int]:
+        """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
+        watch (Xid, OOM, GPU memory) where the site has GPUs, the router watch (containment) where
+        it has a router; counted from t0, when the window starts depending on them."""
+        lost = int(self.watch_lost_s() * NS_PER_S)
+        srcs = [s for s in ("gpu", "router") if self.snapshots.get(s) is not None]
+        return {s: max(self.watch_last.get(s, 0), self.t0 or 0) + lost for s in srcs}
+
+    def watch_lost_s(self) -> float:
+        """How long (window seconds) a watch may stay silent: the plan's bound, but never less than
+        WATCH_LOST_MIN_REAL_S of real time. A scaled clock (a simulated site only) would otherwise
+        shrink 30 window seconds to a fraction of a real second, which a loaded machine's poll can take."""
+        return max(self.plan.timing.watch_lost_s, WATCH_LOST_MIN_REAL_S * self.time_scale)
+
+    def _mark_stop(self) -> None:
+        if not self.stop_marked:
+            self.stop_marked = True
+            self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]
+
+    # --- aborts and faults ---------------------------------------------------------------------
+
+    def _record_abort(self, reason: str, detail: str) -> None:
+        if not self.took_down and reason in rules.HOST_FAULTS:
+            reason, detail = "preflight", f"{reason}: {detail} (before anything was taken down)"
+        self.abort = AbortRecord(reason, detail, self._minute())
+        self._emit(AbortDecided(reason=reason, detail=detail, minute=self._minute()))
+
+    def _abort_inside(self, reason: str, detail: str) -> None:
+        self._record_abort(reason, detail)
+        raise Interrupt("abort")
+
+    def _fail_inside(self, res: ActionDone, what: str) -> None:
+        """A failed action before anything was changed: abort with its class, else as a preflight failure."""
+        self._abort_inside(rules.abort_for_error(res.error) or "preflight", f"{what}: {res.detail or res.error}")
+
+    def _restore_fault(self, what: str) -> None:
+        """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said."""
+        self.restore_faults.append(what)
+        self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmit_requested else
+                                                                     " (after the primary's readmit was sent)")))
+
+    # --- cells -------------------------------------------------------------------------------
+
+    def _cell(self, phase: str, status: str, reason: str, **kw: Any) -> None:
+        started, est_end = self.phase_marks.get(phase, (None, None))
+        cell = Cell(phase=phase, status=status, reason=reason, started_minute=started, estimated_end_minute=est_end,
+                    ended_minute=self._minute() if started is not None else None, **kw)
+        if self.ledger.add(cell):
+            self._emit(cell)
+
+    def _close_open_cells(self, cause: str) -> None:
+        if self.current is not None:
+            c = self.current
+            why = (f"cut at the stop minute after {c.done} of {c.total} requests" if cause == "stop_minute"
+                   else f"window aborted ({self.abort.reason if self.abort else cause}) after {c.done} of {c.total} requests")
+            drifted = self.drifted or bool(self.abort and self.abort.reason == "identity_drift")
+            self._cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable, incarnation_id=self.candidate_id,
+                       identity_held=False if drifted else None)
+            self.current = None
+        if cause == "completed":
+            why = "not started"
+        elif cause == "stop_minute":
+            why = "not started: the stop minute was reached"
+        else:
+            why = f"not started: window aborted ({self.abort.reason if self.abort else cause})"
+        conditional = {c.id: c.admission for c in self.plan.conditional} if self.plan else {}
+        for pid in self.phase_order:
+            if pid in conditional:
+                self._cell(pid, "deferred", f"later conditional stage, {conditional[pid]}", comparable=False)
+            elif pid not in self.ledger:
+                self._cell(pid, "deferred", why, comparable=self.comparable.get(pid, True))

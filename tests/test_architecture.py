@@ -1,0 +1,156 @@
+"""The layers and rooms of docs/architecture.md hold in the code: every import follows them and none
+runs in a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("events", "policies", "daemon", "fixtures")
+
+# daemon's rooms, lowest first: a module may import its own room and the rooms below it
+ROOMS = ("simulator", "hosts", "window", "reports", "reproducer", "rehearsal", "service", "cli")
+MAY_IMPORT = {
+    "events": {"events"},
+    "policies": {"events", "policies"},
+    "daemon": {"events", "policies", "daemon", "fixtures"},
+    "fixtures": {"events", "fixtures"},
+}
+# what a pure policy may import from outside the project: no clock, no sockets, no files, no asyncio
+PURE_STDLIB = {"__future__", "typing", "collections", "dataclasses", "enum", "math", "re", "statistics", "hashlib",
+               "itertools", "functools", "bisect", "heapq", "msgspec"}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return isinstance(t, ast.Name) and t.id == "TYPE_CHECKING" or isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+
+
+def _imports(tree: ast.AST, package: str) -> list[str]:
+    """Every module a file imports at run time (an `if TYPE_CHECKING:` block is not run)."""
+    out: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            return
+        if isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+                mod = "flare_diag." + mod
+            else:
+                mod = node.module or ""
+            out.append(mod)
+            out.extend(f"{mod}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for layer in LAYERS for p in (ROOT / layer).rglob("*.py") if "__pycache__" not in p.parts]
+    mods = {_module(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps = set()
+        for name in _imports(ast.parse(path.read_text()), package):
+            if not name.startswith("flare_diag."):
+                deps.add(name)
+                continue
+            name = name[len("flare_diag."):]
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name and name != mod:
+                deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _room(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if parts[0] == "daemon" and len(parts) > 1 else None
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_imports_only_the_layers_the_design_allows(layer):
+    wrong = sorted(f"{m} imports {d}" for m, deps in GRAPH.items() if m.split(".")[0] == layer
+                   for d in deps if d.split(".")[0] in LAYERS and d.split(".")[0] not in MAY_IMPORT[layer])
+    assert not wrong
+
+
+def test_the_policies_import_nothing_that_reads_a_clock_a_socket_or_a_file():
+    impure = sorted(f"{m} imports {d}" for m, deps in GRAPH.items() if m.startswith("policies")
+                    for d in deps if d.split(".")[0] not in LAYERS and d.split(".")[0] not in PURE_STDLIB)
+    assert not impure
+
+
+def test_every_daemon_module_lives_in_a_room():
+    loose = sorted(m for m in GRAPH if m.startswith("daemon.") and _room(m) not in ROOMS + ("__main__",))
+    assert not loose
+
+
+def test_a_daemon_room_imports_only_itself_and_the_rooms_below_it():
+    up = sorted(f"{m} imports {d}" for m, deps in GRAPH.items() if _room(m) in ROOMS
+                for d in deps if _room(d) in ROOMS and ROOMS.index(_room(d)) > ROOMS.index(_room(m)))
+    assert not up
+
+
+def test_the_daemon_reaches_the_simulator_through_one_module():
+    doors = sorted({m for m, deps in GRAPH.items() if m.startswith("daemon")
+                    for d in deps if d.startswith("fixtures.flaresim")})
+    assert doors == ["daemon.simulator"]
+
+
+def test_no_module_imports_run_in_a_circle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in list(GRAPH):
+        if v not in index:
+            connect(v)
+    assert not cycles
