@@ -35,7 +35,7 @@ def main() -> int:
 
 
 def window(plan: Path, out: Path, scale: float, extra: list[str]) -> bool:
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "rehearse", "--plan", str(plan), "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--plan", str(plan), "--out", str(out),
                         "--time-scale", f"{scale:g}", *extra], cwd=ROOT, capture_output=True, text=True)
     print(f"== x{scale:g} {' '.join(extra)}: exit {p.returncode}")
     if p.returncode == 2:

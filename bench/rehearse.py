@@ -24,7 +24,7 @@ REQUIRED = ("A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "
 
 def one(out: Path, *extra: str) -> tuple[float, dict]:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "rehearse", "--out", str(out), *extra], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--out", str(out), *extra], cwd=ROOT,
                    capture_output=True, timeout=3600)
     took = time.monotonic() - t0
     return took, json.loads((out / "report.json").read_text())

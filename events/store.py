@@ -401,7 +401,10 @@ class EventStore:
                     except Exception:
                         # a display's bug must not stop the writer, and with it every append of
                         # the window: the listener is dropped and the failure logged
-                        _log.exception("event store listener %r failed and was dropped", listener)
+                        windows = sorted({e.window_id for e in envs if e.window_id}) or ["none"]
+                        _log.exception("event store listener %s failed on window %s at seq %d and was dropped",
+                                       getattr(listener, "__qualname__", repr(listener)), ",".join(windows),
+                                       envs[0].seq)
                         if listener in self._listeners:
                             self._listeners.remove(listener)
         i = 0

@@ -97,7 +97,7 @@ class Daemon:
         return out
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", *args, "--socket", str(self.socket)], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args, "--socket", str(self.socket)], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
 
     def status(self) -> dict:

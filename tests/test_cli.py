@@ -72,7 +72,7 @@ def test_log_commands_with_json_print_one_json_object(capsys, log, cmd):
 
 
 def test_log_export_into_a_pipe_closed_after_one_line_exits_0_with_no_traceback(log):
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli.commands", "log", "export", str(log)], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "log", "export", str(log)], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = p.stdout.readline()  # type: ignore[union-attr]
     p.stdout.close()  # type: ignore[union-attr]  # as `head -1` does once it has its line
@@ -83,7 +83,7 @@ def test_log_export_into_a_pipe_closed_after_one_line_exits_0_with_no_traceback(
 
 def test_sim_serve_makes_a_token_prints_it_and_wants_it(tmp_path):
     import httpx
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli.commands", "sim", "serve", "--port", "0"], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "sim", "serve", "--port", "0"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         token = p.stdout.readline().split()[-1]  # type: ignore[union-attr]
@@ -100,7 +100,7 @@ def test_rehearse_into_a_pipe_does_not_wrap_its_lines_at_80_columns(tmp_path, sm
     import os
     out = tmp_path / ("a-folder-name-long-enough-that-the-reports-line-runs-past-eighty-columns" * 2)
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "rehearse", "--plan", str(small_plan), "--out", str(out)],
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--plan", str(small_plan), "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     reports = [line for line in p.stdout.splitlines() if line.startswith("reports: ")]
@@ -129,7 +129,7 @@ def test_windows_of_a_missing_log_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_rehearse_with_json_prints_json_lines_only_and_ends_with_the_result(tmp_path, small_plan):
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "rehearse", "--plan", str(small_plan), "--out", str(out),
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--plan", str(small_plan), "--out", str(out),
                         "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [json.loads(line) for line in p.stdout.splitlines()]

@@ -21,7 +21,7 @@ MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/
 
 
 def flare_diag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -324,7 +324,7 @@ def test_run_piped_into_head_completes_the_window_and_leaves_the_host_restored(t
     host = ContractHost(tmp_path / "host", cache_entries=4)
     out = tmp_path / "out"
     try:
-        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--plan",
+        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan",
                               str(_without_trace(small_plan, tmp_path)), "--site", str(host.site), "--out", str(out),
                               "--time-scale", SCALE], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         head = [p.stdout.readline() for _ in range(6)]  # `| head -n 6`: six lines, then the reader is gone

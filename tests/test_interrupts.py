@@ -28,7 +28,7 @@ def small_plan(tmp_path_factory) -> Path:
 
 def interrupted(args: list[str], sig: signal.Signals) -> tuple[int, str]:
     """Runs the CLI until a phase has started, sends `sig` once, and waits for the exit."""
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli.commands", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
     seen: list[str] = []
     deadline = time.monotonic() + 120
@@ -88,7 +88,7 @@ def test_a_killed_foreground_run_is_resumed_into_its_restore(tmp_path, small_pla
                                    "--time-scale", "20"], signal.SIGKILL)
         assert rc == -signal.SIGKILL and not (out / "report.json").exists()
         assert sim.get("/manager/v1/state")["loaded"]["recipe"] != "glm-incumbent"  # left taken apart
-        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--resume", str(out)], cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--resume", str(out)], cwd=ROOT,
                            capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"})
         assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
         assert "resuming window" in p.stdout
@@ -96,7 +96,7 @@ def test_a_killed_foreground_run_is_resumed_into_its_restore(tmp_path, small_pla
         assert r["outcome"] == "aborted" and r["abort"]["reason"] == "daemon_restart"
         assert r["restoration"]["verified"] and r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
         assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
-        again = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--resume", str(out)], cwd=ROOT,
+        again = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--resume", str(out)], cwd=ROOT,
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 2 and "nothing to resume" in again.stderr
     finally:

@@ -113,7 +113,7 @@ async def test_archive_refuses_while_another_process_holds_the_log_open_for_writ
     import sys
     store = await EventStore.open(three_windows)
     try:
-        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "log", "archive", str(three_windows),
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "archive", str(three_windows),
                             "--before", "2026-11-01", "--to", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
     finally:
         await store.close()

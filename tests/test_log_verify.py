@@ -117,6 +117,6 @@ def test_cli_export_of_an_event_with_a_newer_schema_exits_2(log10, capsys):
 
 
 def test_console_script_is_installed_and_runs(log10):
-    out = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "log", "verify", str(log10)],
+    out = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "verify", str(log10)],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

@@ -60,7 +60,7 @@ def write_peer_site(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tup
 def run_peer(tmp: Path, binary: Path, model: Path, cache_mib: int) -> tuple[int, dict, Path]:
     plan, site = write_peer_site(tmp, binary, model, cache_mib)
     out = tmp / "out"
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--plan", str(plan), "--site", str(site),
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
     return p.returncode, json.loads((out / "report.json").read_text()), out
@@ -97,7 +97,7 @@ def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(small_cache_w
 
 def test_the_reproducer_on_the_peer_engines_log_states_its_agreement_whatever_it_is(small_cache_window):
     _rc, r, out = small_cache_window
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "reproduce", str(out / "log.db"), "--json"],
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "reproduce", str(out / "log.db"), "--json"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode in (0, 1), p.stderr  # 1: the model does not reproduce this engine, and says so
     rep = json.loads(p.stdout)
@@ -195,7 +195,7 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
 
 def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_engine(tmp_path, llama_server, model):
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "site", "check", str(site), "--plan", str(plan), "--json"],
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     check = json.loads(p.stdout)

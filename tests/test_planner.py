@@ -160,7 +160,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     host = ContractHost(tmp_path)
     try:
         out = tmp_path / "out"
-        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli.commands", "run", "--plan", str(p), "--site", str(host.site),
+        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "do not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert not (out / "log.db").exists()

@@ -180,3 +180,52 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
     # said while the window still runs from memory (its runner keeps trying the log for 20 s before it
     # gives up), not only once it has given up
     assert st["window_still_running"] and st["window"]["stage"] in ("experiment", "restore", "closed")
+
+
+async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_complete_and_its_report_published(
+        tmp_path, small_plan):
+    """The service in this process, with one more store listener that raises on every commit; the
+    journal (the service's stdout) names it once, with the window."""
+    import io
+    import json
+
+    import anyio
+
+    from flare_diag.daemon.service.control import Start
+    from flare_diag.daemon.service.logs import configure
+    from flare_diag.daemon.service.notify import Notifier
+    from flare_diag.daemon.service.server import Service
+    from tests.daemontools import SCALE, Sim
+
+    def a_broken_display(_envs):
+        raise RuntimeError("a display bug")
+
+    journal = io.StringIO()
+    sim = Sim(tmp_path)
+    svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", configure("info", journal), Notifier(),
+                  sites_dir=tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            with anyio.fail_after(30):
+                while svc._tg is None or svc.store is None:
+                    await anyio.sleep(0.05)
+            svc.store.subscribe(a_broken_display)
+            reply = await svc._handle(Start(plan_toml=small_plan.read_text(), site=sim.site.stem, time_scale=SCALE,
+                                            accept_partial=True), 0, 0)
+            assert b'"ok":true' in reply.replace(b" ", b""), reply
+            with anyio.fail_after(300):  # real seconds, at the rehearsal's scale
+                while "report published" not in journal.getvalue():
+                    await anyio.sleep(0.1)
+            svc._stop.set()
+    finally:
+        sim.stop()
+        configure("error")
+    lines = [json.loads(line[3:]) for line in journal.getvalue().splitlines() if line.startswith("<")]
+    named = [ln for ln in lines if "a_broken_display" in ln["event"]]
+    window_id = next(ln["window_id"] for ln in lines if ln["event"] == "report published")
+    assert len(named) == 1 and window_id in named[0]["event"] and named[0]["level"] == "error"
+    reports = list((tmp_path / "state" / "reports").rglob("report.json"))
+    report = json.loads(reports[0].read_text())
+    assert len(reports) == 1 and report["window_id"] == window_id
+    assert report["outcome"] in ("completed", "partial") and report["restoration"]["verified"]
