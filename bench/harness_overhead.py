@@ -30,6 +30,7 @@ from flare_diag.daemon.window.runner import Runner  # noqa: E402
 from flare_diag.daemon.hosts.site import sim_site  # noqa: E402
 from flare_diag.daemon.hosts.target import Target  # noqa: E402
 from flare_diag.daemon.window.setup import load_fixtures  # noqa: E402
+from flare_diag.events.actions import SendRequest
 from flare_diag.events.schema import ActionRequested  # noqa: E402
 from flare_diag.events.store import EventStore  # noqa: E402
 from flare_diag.policies.plan import decode_plan  # noqa: E402
@@ -50,9 +51,9 @@ async def bare(client: httpx.AsyncClient, url: str, token: str, body: bytes) -> 
 
 async def harnessed(runner: Runner, fixture, i: int, seq: list[int]) -> float:
     seq[0] += 1
-    d = ActionRequested(action_id=seq[0], action="send_request", experimental=True,
-                        args={"phase": "bench", "order_index": seq[0], "body_index": i, "fixture": FIXTURE,
-                              "body_sha256": fixture.sha256[i]})
+    d = ActionRequested(action_id=seq[0], experimental=True,
+                        request=SendRequest(phase="bench", order_index=seq[0], body_index=i, fixture=FIXTURE,
+                                            body_sha256=fixture.sha256[i]))
     t0 = time.perf_counter()
     await runner._execute(d)           # the action task: request, timings, classification
     await runner.feed(runner.queue.get_nowait())  # its outcome appended to the log as an input

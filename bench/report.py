@@ -29,6 +29,7 @@ from flare_diag.events.reader import LogReader  # noqa: E402
 from flare_diag.daemon.reports.publish import FORMATS, render_chunks  # noqa: E402
 from flare_diag.events.report_view import request_rows  # noqa: E402
 from flare_diag.events.report import PROJECTED_TYPES, project  # noqa: E402
+from flare_diag.events.actions import ScrapeMetrics, SendRequest
 from flare_diag.events.schema import (  # noqa: E402
     ActionDone, ActionRequested, CellRecorded, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, Tick,
     TimeMarked, WindowOpened,
@@ -57,14 +58,14 @@ def _events(n: int):
             at += 2_000_000_000
             sha = f"{(i * 2654435761) % 2**32:08x}" * 8
             args = {"phase": ph, "order_index": i, "body_index": i, "body_sha256": sha, "fixture": "c1-52"}
-            yield ActionRequested(action_id=aid, action="send_request", args=args, experimental=True)
+            yield ActionRequested(action_id=aid, request=SendRequest(**args), experimental=True)
             yield RequestDone(at_ns=at, action_id=aid, phase=ph, order_index=i, body_index=i, body_sha256=sha,
                               outcome="ok", finish_reason="stop", visible_output=True, prompt_tokens=9000 + i,
                               completion_tokens=700, cached_tokens=4096, first_byte_ns=90_000_000,
                               first_token_ns=120_000_000, last_token_ns=1_900_000_000, end_ns=1_950_000_000,
                               response_bytes=70_000, response_sha256=sha)
             aid += 1
-            yield ActionRequested(action_id=aid, action="scrape_metrics", args={})
+            yield ActionRequested(action_id=aid, request=ScrapeMetrics())
             counters = {c: v + (i + 1) * 17 for c, v in counters.items()}
             yield ActionDone(at_ns=at + 1, action_id=aid, ok=True, data={"counters": counters, "gauges": {}})
             yield RequestMeasured(phase=ph, order_index=i, body_index=i, body_sha256=sha, outcome="ok",

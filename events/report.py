@@ -11,8 +11,9 @@ from collections.abc import Iterable, Iterator
 import msgspec
 import msgspec.structs
 
-from flare_diag.events.base import BadEventError
+from flare_diag.events.base import BadEventError, event_type
 from flare_diag.events.envelope import Envelope
+from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
@@ -56,7 +57,7 @@ class _Projection:
         handler, light, is_input = entry
         # The events a long window is made of are read through narrow views (only the fields this
         # report uses); an event of an older schema version goes through its upcaster instead.
-        if light is not None and env.schema_v == 1:
+        if light is not None and env.schema_v == _VERSION[env.type]:
             try:
                 ev = light.decode(env.payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # as env.event() says it, for a full decode
@@ -160,11 +161,12 @@ class _Projection:
     # --- decisions ------------------------------------------------------------------------
 
     def action_requested(self, env: Envelope, ev) -> None:
-        if ev.action not in _WATCHED_ACTIONS:
+        action = ev.request.action if isinstance(ev, _ActionView) else ev.action
+        if action not in _WATCHED_ACTIONS:
             return
-        args = msgspec.json.decode(ev.args) if isinstance(ev.args, msgspec.Raw) else ev.args
-        self.actions[ev.action_id] = (ev.action, args)
-        if ev.action == "load":
+        args = (env.event() if isinstance(ev, _ActionView) else ev).args  # the few watched ones in full
+        self.actions[ev.action_id] = (action, args)
+        if action == "load":
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
                 else f"incarnation {args.get('label')}"
 
@@ -368,10 +370,13 @@ _HANDLERS = {  # None: the window fold alone reads it
 _WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview"})
 
 
+class _ActionTag(msgspec.Struct):
+    action: str  # the action's name; its arguments are skipped
+
+
 class _ActionView(msgspec.Struct):
     action_id: int
-    action: str
-    args: msgspec.Raw = msgspec.Raw(b"{}")
+    request: _ActionTag
 
 
 class _DoneView(msgspec.Struct):
@@ -440,6 +445,7 @@ _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": 
 
 
 _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
+_VERSION = {t: event_type(t).schema_v for t in _LIGHT}  # a view reads its type's current version only
 _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS) for t, h in _HANDLERS.items()}
 
 

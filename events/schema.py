@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from flare_diag.events.actions import AnyAction
 from flare_diag.events.base import Event, register
+from flare_diag.events.upcast import register_upcaster
 
 
 @register
@@ -201,11 +203,28 @@ class Decision(Event, kw_only=True):
 
 @register
 class ActionRequested(Decision, tag="action_requested"):
+    """An action the policy asks for, as data (events/actions.py). v2: `request` is the typed action;
+    v1 logs held its name and arguments apart (`action`, `args`) and are lifted by the upcaster below."""
+
+    schema_v = 2  # type: ignore[misc]
     action_id: int
-    action: str
-    args: dict = {}
+    request: AnyAction
     experimental: bool = False
     deadline_s: float | None = None  # window seconds the runner gives it before it fails as `timeout`
+
+    @property
+    def action(self) -> str:
+        return self.request.name
+
+    @property
+    def args(self) -> dict:
+        return self.request.args()
+
+
+@register_upcaster("action_requested", 1)
+def _action_requested_v1(raw: dict) -> dict:
+    raw["request"] = {"action": raw.pop("action"), **(raw.pop("args", None) or {})}
+    return raw
 
 
 @register

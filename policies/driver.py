@@ -10,7 +10,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from flare_diag.events.schema import ActionRequested, Decision, Input
-from flare_diag.policies import actions
+from flare_diag.events.actions import make
 
 Proc = Generator[Any, Any, None]
 
@@ -99,11 +99,11 @@ class Driver:
         return None
 
     def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
-        actions.check(action, args or {})  # a misspelt action or a missing argument fails here, at once
+        request = make(action, args)  # a misspelt action or a missing argument fails here, at once
         aid = self.next_id
         self.next_id += 1
         self.pending[aid] = (action, experimental)
-        self._emit(ActionRequested(action_id=aid, action=action, args=args or {}, experimental=experimental,
+        self._emit(ActionRequested(action_id=aid, request=request, experimental=experimental,
                                    deadline_s=self._deadline_s(action)))
         return aid
 

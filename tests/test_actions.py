@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from flare_diag.policies.actions import ACTIONS, UnknownAction, check
+from flare_diag.events.actions import ACTION_TYPES, BY_NAME, Load, UnknownAction, make
+from flare_diag.events.base import decode_payload
+from flare_diag.events.schema import ActionRequested
 from flare_diag.policies.window import WindowPolicy
 
 
@@ -12,13 +15,17 @@ def test_the_runners_target_carries_out_exactly_the_catalogues_actions(tmp_path)
     from flare_diag.daemon.hosts.site import sim_site
     from flare_diag.daemon.hosts.target import Target
     target = Target(sim_site("http://127.0.0.1:9", "t0ken"), {}, "")
-    assert set(target.handlers()) == set(ACTIONS)
+    assert set(target.handlers()) == set(ACTION_TYPES)
     assert all(callable(h) for h in target.handlers().values())
 
 
 def test_the_model_run_answers_exactly_the_catalogues_actions():
     from flare_diag.daemon.rehearsal.modelrun import ModelRun
-    assert set(ModelRun.handlers(ModelRun.__new__(ModelRun))) == set(ACTIONS)
+    assert set(ModelRun.handlers(ModelRun.__new__(ModelRun))) == set(ACTION_TYPES)
+
+
+def test_every_action_type_has_a_name_of_its_own():
+    assert len(BY_NAME) == len(ACTION_TYPES)
 
 
 def test_a_misspelt_action_fails_when_the_policy_asks_for_it():
@@ -28,6 +35,20 @@ def test_a_misspelt_action_fails_when_the_policy_asks_for_it():
 
 def test_an_action_without_the_arguments_it_takes_fails_when_the_policy_asks_for_it():
     with pytest.raises(UnknownAction, match="snapshot"):
-        check("snapshot", {"what": "everything"})
+        make("snapshot", {"what": "everything"})
     with pytest.raises(UnknownAction, match="load"):
-        check("load", {"recipe": "r"})
+        make("load", {"recipe": "r"})
+
+
+def test_an_action_requested_travels_as_its_typed_action():
+    ev = ActionRequested(action_id=3, request=make("load", {"recipe": "r", "sha256": "s", "label": "A"}))
+    raw = msgspec.json.decode(msgspec.json.encode(ev))
+    assert raw["request"] == {"action": "load", "recipe": "r", "sha256": "s", "label": "A"}
+    assert isinstance(ev.request, Load) and ev.action == "load" and ev.args["label"] == "A"
+
+
+def test_a_version_1_action_requested_is_lifted_to_the_typed_action():
+    v1 = msgspec.json.encode({"type": "action_requested", "action_id": 3, "action": "load",
+                              "args": {"recipe": "r", "sha256": "s"}, "experimental": False, "deadline_s": 5.0})
+    ev = decode_payload("action_requested", 1, v1)
+    assert ev == ActionRequested(action_id=3, request=Load(recipe="r", sha256="s"), deadline_s=5.0)

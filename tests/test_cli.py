@@ -157,12 +157,13 @@ def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_
 
     from flare_diag.daemon.cli.live import LiveView, panel
     from flare_diag.daemon.window.setup import read_plan
+    from flare_diag.events.actions import ValidateFixtures
     from flare_diag.events.schema import ActionDone, ActionRequested, PhaseStarted, RequestMeasured, WindowOpened
     _raw, plan = read_plan(small_plan)
     view = LiveView(Console(file=io.StringIO(), width=120))
     view.on_event(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
                                   gpu_source="simulator", rehearsal=True, candidate_recipe="c"))
-    view.on_event(2, ActionRequested(action_id=1, action="validate_fixtures"))
+    view.on_event(2, ActionRequested(action_id=1, request=ValidateFixtures(fixtures=[])))
     view.on_event(3, ActionDone(at_ns=0, action_id=1, ok=True, data={"fixtures": {"tok1024": {"sha256": ["a"] * 8}}}))
     view.on_event(4, PhaseStarted(phase="A.forward_prime", minute=1.0, estimated_end_minute=3.5))
     for k in range(3):

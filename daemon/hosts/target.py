@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -14,6 +15,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from flare_diag.daemon.hosts import metrics
+from flare_diag.events import actions as act
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
@@ -69,13 +71,14 @@ class Target:
         from flare_diag.daemon.hosts.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
 
-    def handlers(self) -> dict:
-        """The policy's actions (policies/actions.py), each to the method that carries it out."""
-        return {"validate_fixtures": self.validate_fixtures, "snapshot": self.snapshot,
-                "retain_recipe": self.retain_recipe, "preview": self.preview, "quiesce": self.quiesce,
-                "readmit": self.readmit, "unload": self.unload, "load": self.load, "read_identity": self.read_identity,
-                "scrape_metrics": self.scrape_metrics, "set_trace": self.set_trace, "manager_state": self.manager_state,
-                "health": self.health, "preflight": self.preflight, "send_request": self.send_request}
+    def handlers(self) -> dict[type[act.Action], Callable[[dict], Awaitable[dict]]]:
+        """Each action type (events/actions.py) to the method that carries it out."""
+        return {act.ValidateFixtures: self.validate_fixtures, act.Snapshot: self.snapshot,
+                act.RetainRecipe: self.retain_recipe, act.Preview: self.preview, act.Quiesce: self.quiesce,
+                act.Readmit: self.readmit, act.Unload: self.unload, act.Load: self.load,
+                act.ReadIdentity: self.read_identity, act.ScrapeMetrics: self.scrape_metrics,
+                act.SetTrace: self.set_trace, act.ManagerState: self.manager_state, act.Health: self.health,
+                act.Preflight: self.preflight, act.SendRequest: self.send_request}
 
     async def close(self) -> None:
         await self.client.aclose()

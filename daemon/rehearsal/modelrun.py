@@ -28,6 +28,7 @@ from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.window.runner import WATCH_EVERY_S
 from flare_diag.daemon.hosts.site import sim_site
 from flare_diag.daemon.hosts.target import PREFLIGHT_BODY
+from flare_diag.events import actions as act
 from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
 from flare_diag.events.window_fold import WindowFold
 from flare_diag.policies.plan import Plan
@@ -123,20 +124,21 @@ class ModelRun:
         self._at(self.now + int(WATCH_EVERY_S * S), self._watch)
 
     # --- actions
-    def handlers(self) -> dict:
-        """The policy's actions (policies/actions.py), each to the model's answer to it."""
-        return {"validate_fixtures": self._validate_fixtures, "snapshot": self._snapshot,
-                "retain_recipe": self._retain_recipe, "preview": self._preview, "quiesce": self._quiesce,
-                "readmit": self._readmit, "unload": self._unload, "load": self._load, "read_identity": self._read_identity,
-                "scrape_metrics": self._scrape_metrics, "set_trace": self._set_trace, "manager_state": self._manager_state,
-                "health": self._health, "preflight": self._preflight, "send_request": self._send_request}
+    def handlers(self) -> dict[type[act.Action], Callable[[_Action], None]]:
+        """Each action type (events/actions.py) to the model's answer to it."""
+        return {act.ValidateFixtures: self._validate_fixtures, act.Snapshot: self._snapshot,
+                act.RetainRecipe: self._retain_recipe, act.Preview: self._preview, act.Quiesce: self._quiesce,
+                act.Readmit: self._readmit, act.Unload: self._unload, act.Load: self._load,
+                act.ReadIdentity: self._read_identity, act.ScrapeMetrics: self._scrape_metrics,
+                act.SetTrace: self._set_trace, act.ManagerState: self._manager_state, act.Health: self._health,
+                act.Preflight: self._preflight, act.SendRequest: self._send_request}
 
     def _start(self, d: ActionRequested) -> None:
         a = self._actions[d.action_id] = _Action(d)
         if d.deadline_s:
             self._at(self.now + int(d.deadline_s * S), lambda: self._answer(a, self._failed(
                 d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")))
-        handler = self.handlers().get(d.action)
+        handler = self.handlers().get(type(d.request))
         if handler is None:
             self._answer(a, self._failed(d, "internal_error", f"{d.action}: not modelled"))
             return

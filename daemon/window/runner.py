@@ -43,7 +43,7 @@ class Runner:
         self.window_id = window_id
         self.scale = time_scale
         self.policy = WindowPolicy()
-        self.handlers = target.handlers()  # action -> the Target method that carries it out
+        self.handlers = target.handlers()  # action type -> the Target method that carries it out
         # inputs are never dropped: the stream is unbounded, and only this runner's tasks send on it
         self._send, self._receive = anyio.create_memory_object_stream[Input](math.inf)
         self.scopes: dict[int, anyio.CancelScope] = {}
@@ -224,7 +224,7 @@ class Runner:
             self._catching_up = False
 
     async def _execute(self, d: ActionRequested, scope: anyio.CancelScope) -> None:
-        fn = self.handlers[d.action]
+        fn = self.handlers[type(d.request)]
         res: Input | None = None
         with scope:
             try:

@@ -1,0 +1,123 @@
+"""The actions a window's policy may ask for, as data: one msgspec struct per action, a tagged union.
+
+`ActionRequested.request` (events/schema.py, schema v2) holds one of these; its tag, the `action`
+field, is the action's name. Every executor (the runner's `Target`, the model run) holds one handler
+per struct here, tested in tests/test_actions.py, and the policy can only ask for what decodes as one
+of them: a misspelt action or a missing argument fails when it is asked for, never mid-window.
+Logs written before v2 (`action` and `args` side by side) are lifted by the upcaster in schema.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+
+class Action(msgspec.Struct, tag_field="action", frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of every action; a subclass's tag is the action's name and is never renamed or reused."""
+
+    @property
+    def name(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+    def args(self) -> dict[str, Any]:
+        """The action's arguments as builtins (what an executor's handler and a report read)."""
+        return msgspec.structs.asdict(self)
+
+
+class ValidateFixtures(Action, tag="validate_fixtures"):
+    fixtures: list[str]
+
+
+class Snapshot(Action, tag="snapshot"):
+    what: Literal["incumbent", "router", "monitoring", "gpu", "configuration"]
+
+
+class RetainRecipe(Action, tag="retain_recipe"):
+    recipe: str | None
+    role: Literal["incumbent", "candidate"]
+    expect_sha256: str | None = None
+
+
+class Preview(Action, tag="preview"):
+    op: Literal["load", "unload"]
+    recipe: str | None
+    sha256: str | None
+    role: Literal["incumbent", "candidate", "rollback"]
+
+
+class Quiesce(Action, tag="quiesce"):
+    pass
+
+
+class Readmit(Action, tag="readmit"):
+    pass
+
+
+class Unload(Action, tag="unload"):
+    recipe: str | None
+    sha256: str | None
+    label: str | None = None
+
+
+class Load(Action, tag="load"):
+    recipe: str | None
+    sha256: str | None
+    label: str | None = None
+
+
+class ReadIdentity(Action, tag="read_identity"):
+    pass
+
+
+class ScrapeMetrics(Action, tag="scrape_metrics"):
+    pass
+
+
+class SetTrace(Action, tag="set_trace"):
+    enabled: bool
+
+
+class ManagerState(Action, tag="manager_state"):
+    pass
+
+
+class Health(Action, tag="health"):
+    pass
+
+
+class Preflight(Action, tag="preflight"):
+    path: Literal["direct", "routed"]
+
+
+class SendRequest(Action, tag="send_request"):
+    phase: str
+    fixture: str | None
+    order_index: int
+    body_index: int
+    body_sha256: str
+
+
+ACTION_TYPES: tuple[type[Action], ...] = (
+    ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load, ReadIdentity, ScrapeMetrics,
+    SetTrace, ManagerState, Health, Preflight, SendRequest,
+)
+AnyAction = Union[ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load,  # noqa: UP007
+                  ReadIdentity, ScrapeMetrics, SetTrace, ManagerState, Health, Preflight, SendRequest]
+BY_NAME: dict[str, type[Action]] = {t.__struct_config__.tag: t for t in ACTION_TYPES}  # type: ignore[misc]
+
+
+class UnknownAction(ValueError):
+    """A request the catalogue does not know, or arguments it does not take: a bug in the policy."""
+
+
+def make(name: str, args: dict[str, Any] | None = None) -> Action:
+    """The action `name` with `args`; UnknownAction unless it is in the catalogue and takes exactly those."""
+    spec = BY_NAME.get(name)
+    if spec is None:
+        raise UnknownAction(f"action {name!r}: not one of {', '.join(sorted(BY_NAME))}")
+    try:
+        return msgspec.convert(args or {}, spec)
+    except msgspec.ValidationError as exc:
+        raise UnknownAction(f"action {name!r}: {exc}") from None
