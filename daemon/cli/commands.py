@@ -216,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(exit 0 only when every run measured every required cell and restored in time)")
     pf.add_argument("--seed", type=int, default=0, help="with --simulate: the first seed (runs use SEED..SEED+N-1)")
     pf.add_argument("--scenario", default="flare-47581cca", help=f"with --simulate: the simulated host: {scenarios}")
+    from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
+    add_fleet(sub, _Parser)
     return p
 
 
@@ -743,6 +745,9 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd == "log":
             from flare_diag.daemon.cli.log_commands import run_log
             return run_log(args)
+        if args.cmd == "fleet":
+            from flare_diag.daemon.cli.fleet_commands import run_fleet
+            return run_fleet(args)
         if args.cmd in ("rehearse", "run"):
             return _window(args)
         if args.cmd == "sim":

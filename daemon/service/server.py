@@ -88,8 +88,9 @@ class ActiveWindow:
 class Service:
     def __init__(self, state_dir: Path, socket_path: Path, log, notifier: Notifier,
                  sites_dir: Path | None = None, trust_log: bool = False, metrics=None,
-                 archive_keep_days: int = ARCHIVE_KEEP_DAYS) -> None:
+                 archive_keep_days: int = ARCHIVE_KEEP_DAYS, fleet=None) -> None:
         self.archive_keep_days = archive_keep_days
+        self.fleet = fleet  # FleetLink (service/fleetlink.py) when the daemon has fleet settings
         self.metrics = metrics  # daemon.exporter.ServiceMetrics when --metrics-address is given
         self._aborts: dict[str, int] = {}  # windows aborted since the daemon started, by reason
         self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
@@ -134,10 +135,14 @@ class Service:
         self.store = await EventStore.open(self.db)
         self.store.checkpoint_key = key
         self.store.subscribe(self._on_commit)
+        if self.fleet is not None:
+            self.store.subscribe(self.fleet.shipper.committed)
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._signals)
+                if self.fleet is not None:
+                    tg.start_soon(self.fleet.run)
                 await self._recover()
                 listener = await self._listen()
                 tg.start_soon(self._serve, listener)
@@ -307,6 +312,8 @@ class Service:
                 await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
+            if self.fleet is not None:
+                self.fleet.window_closed()
             self.notify.status(self._status_line(), force=True)
             self._publish_metrics()
         if outcome is not None:
@@ -579,7 +586,8 @@ class Service:
             window = {**(window or {}), "stage": pol.stage, "minute": pol._minute()}
         return {"state": state, "needs_attention": needs,
                 "window": window, "last_window": self.last,
-                "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid()}
+                "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid(),
+                "fleet": self.fleet.status() if self.fleet is not None else None}
 
     async def _start(self, cmd: Start, uid: int, pid: int) -> bytes:
         if self.stopping:
@@ -620,17 +628,45 @@ class Service:
             await target.close()
             return control.error("another window started, or the daemon is stopping; no window starts")
         window_id = new_window_id(setup.plan)
+        if self.fleet is not None:
+            refused = await self._take_lease(window_id, uid, pid)
+            if refused is not None:
+                await target.close()
+                return refused
         if setup.probes:  # the forecast's requests, sent before the window opened
             await self.store.append_many(setup.probes, window_id=window_id)
         w = self._new_window(window_id, setup, target)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)
         self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
+        if self.fleet is not None:
+            self.fleet.launched()
         for warning in setup.site.warnings:
             self.log.warning("site profile warning", site=setup.site.name, warning=warning)
         self.log.info("window started", window_id=window_id, plan=setup.plan.name, site=setup.site.name,
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
+
+    async def _take_lease(self, window_id: str, uid: int, pid: int) -> bytes | None:
+        """The pool's lease before anything changes; the refusal to send when it is not granted."""
+        from flare_diag.daemon.fleet.config import FleetError
+        from flare_diag.daemon.fleet.lease import PoolFull
+        try:
+            with anyio.fail_after(self.fleet.cfg.lease_timeout_s):
+                await self.fleet.take_lease(window_id, f"uid {uid} pid {pid}")
+            return None
+        except PoolFull as exc:
+            why, code = str(exc), "busy"
+        except TimeoutError:
+            why, code = f"the fleet database did not answer within {self.fleet.cfg.lease_timeout_s:g} s", None
+        except FleetError as exc:
+            why, code = str(exc), None
+        except Exception as exc:  # noqa: BLE001 - psycopg's errors and the network's: refused, never started
+            why, code = f"the fleet lease could not be taken ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})", None
+        self.fleet.launched()
+        self.log.warning("start refused: no fleet lease", uid=uid, pid=pid, pool=self.fleet.cfg.pool, error=why)
+        extra = {"code": code} if code else {}
+        return control.error(f"no fleet lease for pool {self.fleet.cfg.pool}: {why}", **extra)
 
     async def _watch(self, cmd: Watch, conn: anyio.abc.SocketStream) -> None:
         """Streams committed events as JSON lines: the backlog from `from_seq`, then each commit."""
@@ -815,8 +851,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="let --metrics-address bind an address that is not loopback (the metrics carry no secret "
                          "but have no authentication: put them behind a firewall or a proxy that authenticates; "
                          "docs/operations.md); off by default")
+    ap.add_argument("--fleet", type=Path, default=None, metavar="FILE",
+                    help="fleet settings (TOML: dsn, host, pool; docs/fleet.md): ship every event to the fleet's "
+                         "PostgreSQL and take the pool's lease before each window; off by default")
     a = ap.parse_args(argv)
     log = configure(a.log_level)
+    fleet_cfg = None
+    if a.fleet is not None:
+        from flare_diag.daemon.fleet.config import FleetError, conninfo, load_config
+        try:
+            fleet_cfg = load_config(a.fleet)
+            dsn = conninfo(fleet_cfg.dsn, fleet_cfg.password_file)
+        except FleetError as exc:
+            print(f"flare-diagd: error: --fleet {a.fleet}: {exc}", file=sys.stderr)
+            return 2
     metrics = None
     if a.metrics_address is not None:
         from flare_diag.daemon.service.exporter import ServiceMetrics, parse_address
@@ -839,8 +887,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.archive_keep_days <= 36_500:
         print(f"flare-diagd: error: --archive-keep-days {a.archive_keep_days}: expected 0 to 36500", file=sys.stderr)
         return 2
-    svc = Service(a.state_dir or default_state_dir(), a.socket or default_socket(), log, Notifier(), a.sites_dir,
-                  a.trust_log, metrics, a.archive_keep_days)
+    state_dir = a.state_dir or default_state_dir()
+    fleet = None
+    if fleet_cfg is not None:
+        from flare_diag.daemon.service.fleetlink import FleetLink
+        fleet = FleetLink(fleet_cfg, dsn, state_dir / "log.db", log, lambda: svc.window.window_id if svc.window else None)
+    svc = Service(state_dir, a.socket or default_socket(), log, Notifier(), a.sites_dir,
+                  a.trust_log, metrics, a.archive_keep_days, fleet)
     try:
         return anyio.run(svc.run)
     except Exception as exc:

@@ -1,0 +1,170 @@
+"""`flare-diag fleet ...`: set up the fleet database, set pools, ship a log, and read what the fleet holds."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+from pathlib import Path
+
+import anyio
+
+from flare_diag.daemon.cli.common import EXIT_FAILED, EXIT_OK, UsageError
+
+
+def add_parser(sub, parser_class) -> None:
+    fl = sub.add_parser("fleet", help="the fleet database: init, pools, leases, shipping, status, verify",
+                        description="The fleet's PostgreSQL (docs/fleet.md). Every command takes --dsn (a libpq "
+                                    "connection string without a password) or --config (a daemon's fleet file); a "
+                                    "password comes from --password-file or $CREDENTIALS_DIRECTORY/fleet-password, "
+                                    "never from the command line.")
+    fsub = fl.add_subparsers(dest="fleet_cmd", required=True, parser_class=parser_class)
+
+    def conn_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--dsn", default=None, help="libpq connection string or URI, without a password")
+        p.add_argument("--config", type=Path, default=None, help="a fleet file (dsn, host, pool) instead of --dsn")
+        p.add_argument("--password-file", default="", help="a file holding the database password")
+
+    init = fsub.add_parser("init", help="apply the fleet's migrations (plain versioned SQL files) to a database")
+    init.add_argument("dsn_arg", metavar="DSN", nargs="?", default=None, help="the database (or --dsn/--config)")
+    conn_flags(init)
+    pool = fsub.add_parser("pool", help="pools of primaries")
+    psub = pool.add_subparsers(dest="pool_cmd", required=True, parser_class=parser_class)
+    ps = psub.add_parser("set", help="create a pool or change how many of its primaries may be down at once")
+    ps.add_argument("pool", help="the pool's name")
+    ps.add_argument("--max-down", type=int, required=True, metavar="K", help="at most K primaries of the pool down at once")
+    conn_flags(ps)
+    ls = fsub.add_parser("lease", help="pool leases")
+    lsub = ls.add_subparsers(dest="lease_cmd", required=True, parser_class=parser_class)
+    lr = lsub.add_parser("release", help="free a host's lease by hand (after a person restored it), logged with the caller")
+    lr.add_argument("host", help="the host whose lease to free")
+    lr.add_argument("--reason", required=True, help="why (kept in the fleet's lease log)")
+    conn_flags(lr)
+    sh = fsub.add_parser("ship", help="ship a log's events not yet in the fleet (what flare-diagd does continuously)")
+    sh.add_argument("log", type=Path, help="the host's log.db")
+    sh.add_argument("--host", default=None, help="the host's id (default: the config's)")
+    sh.add_argument("--pool", default=None, help="the host's pool (default: the config's)")
+    conn_flags(sh)
+    st = fsub.add_parser("status", help="per pool: K and who is down now; per host: head, shipping, running window, lease")
+    st.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    conn_flags(st)
+    wl = fsub.add_parser("windows", help="windows across the fleet, newest first")
+    wl.add_argument("--host", default=None)
+    wl.add_argument("--plan", default=None)
+    wl.add_argument("--verdict", default=None)
+    wl.add_argument("--since", default=None, help="an ISO date or time")
+    wl.add_argument("--json", action="store_true", help="one JSON object per line")
+    conn_flags(wl)
+    vf = fsub.add_parser("verify", help="a host's shipped chain recomputed, and its local log checked against it",
+                         description="Exit 0: the fleet's chain holds and the local log (when given) agrees with it; 1: the "
+                                     "first differing seq is named; 2: bad input.")
+    vf.add_argument("host", help="the host's id")
+    vf.add_argument("--log", type=Path, default=None, help="the host's local log.db to check against the fleet")
+    vf.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    conn_flags(vf)
+
+
+def _dsn(args: argparse.Namespace):
+    from flare_diag.daemon.fleet.config import FleetError, conninfo, load_config
+    try:
+        cfg = load_config(args.config) if args.config else None
+        dsn = getattr(args, "dsn_arg", None) or args.dsn or (cfg.dsn if cfg else None)
+        if not dsn:
+            raise UsageError("fleet: give the database as --dsn DSN or --config FILE")
+        return conninfo(dsn, args.password_file or (cfg.password_file if cfg else "")), cfg
+    except FleetError as exc:
+        raise UsageError(f"fleet: {exc}") from None
+
+
+def _caller() -> str:
+    try:
+        name = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no name for this uid: the uid says who
+        name = "?"
+    return f"{name} (uid {os.getuid()})"
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from flare_diag.daemon.fleet.config import FleetError
+    dsn, cfg = _dsn(args)
+    try:
+        return anyio.run(_run, args, dsn, cfg)
+    except FleetError as exc:
+        raise UsageError(f"fleet: {exc}") from None
+
+
+async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet import lease, views
+    from flare_diag.daemon.fleet.config import check_name
+    from flare_diag.daemon.fleet.db import connect, migrate
+    cmd = args.fleet_cmd
+    if cmd == "init":
+        applied = await migrate(dsn)
+        print(f"applied {', '.join(applied)}" if applied else "up to date: nothing to apply")
+        return EXIT_OK
+    if cmd == "pool":
+        check_name("pool", args.pool)
+        if not 0 <= args.max_down <= 10_000:
+            raise UsageError(f"--max-down {args.max_down}: expected 0 to 10000")
+        async with await connect(dsn) as conn:
+            async with conn.transaction():
+                await conn.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s) ON CONFLICT (pool) DO UPDATE "
+                                   "SET max_down = EXCLUDED.max_down", (args.pool, args.max_down))
+        print(f"pool {args.pool}: at most {args.max_down} down at once")
+        return EXIT_OK
+    if cmd == "lease":
+        async with await connect(dsn) as conn:
+            freed = await lease.release(conn, args.host, _caller(), args.reason)
+        print(f"{args.host}: lease released" if freed else f"{args.host}: held no lease")
+        return EXIT_OK if freed else EXIT_FAILED
+    if cmd == "ship":
+        from flare_diag.daemon.fleet.shipper import ship_once
+        host = args.host or (cfg.host if cfg else None)
+        pool = args.pool or (cfg.pool if cfg else None)
+        if not host or not pool:
+            raise UsageError("fleet ship: give --host and --pool, or --config")
+        if not args.log.is_file():
+            raise UsageError(f"{args.log}: no such log file")
+        n = 0
+        async with await connect(dsn) as conn:
+            while (res := await ship_once(conn, check_name("host", host), check_name("pool", pool), args.log,
+                                          cfg.batch if cfg else 2000)).events:
+                n += res.events
+        print(f"{host}: shipped {n} events; the fleet holds up to seq {res.head_seq}")
+        return EXIT_OK
+    if cmd == "status":
+        st = await views.status(dsn)
+        if args.json:
+            print(json.dumps(st))
+            return EXIT_OK
+        for p in st["pools"]:
+            who = ", ".join(f"{h['host']} ({h['window_id']}, {h['state']})" for h in p["held_by"]) or "none"
+            print(f"pool {p['pool']}: {p['down']} of {p['max_down']} down: {who}")
+        for h in st["hosts"]:
+            lease_txt = f"lease {h['lease']['window_id']} ({h['lease']['state']})" if h["lease"] else "no lease"
+            print(f"host {h['host']} ({h['pool']}): head {h['head_seq']}:{(h['head_hash'] or '')[:16]}, last event "
+                  f"{h['last_event_at'] or '-'}, running {h['running_window'] or '-'}, {lease_txt}")
+        for a in st["alarms"]:
+            print(f"ALARM {a['at']} {a['host']} {a['kind']}: {a['detail']}")
+        return EXIT_OK
+    if cmd == "windows":
+        rows = await views.windows(dsn, args.host, args.plan, args.verdict, args.since)
+        for r in rows:
+            if args.json:
+                print(json.dumps(r))
+            else:
+                restored = {True: "restoration verified", False: "restoration NOT verified", None: "-"}[r["restoration_verified"]]
+                print(f"{r['window_id']}  {r['host']}  {r['opened_at'] or '-'}  {r['outcome'] or 'OPEN'}  "
+                      f"verdict {r['verdict'] or '-'}  {restored}")
+        return EXIT_OK
+    res = await views.verify_host(dsn, args.host, args.log)
+    if args.json:
+        print(json.dumps(res))
+    elif res["ok"]:
+        print(f"ok: {args.host}'s chain holds to seq {res['central_head_seq']}"
+              + ("; the local log agrees" if args.log else ""))
+    else:
+        print(f"{args.host}: {res['problem']}" + (f" (first differing seq {res['first_differing_seq']})"
+                                                 if res["first_differing_seq"] else ""))
+    return EXIT_OK if res["ok"] else EXIT_FAILED

@@ -1,0 +1,54 @@
+"""Connections to the fleet database and its migrations: plain versioned SQL files, applied in order."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from flare_diag.daemon.fleet.config import FleetError, redact
+from flare_diag.resources import resource
+
+CONNECT_TIMEOUT_S = 5
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, file name, SQL) of every shipped migration, in order."""
+    folder = resource("flare_diag.daemon.fleet", "migrations")
+    out = []
+    for f in folder.iterdir():
+        m = re.match(r"^(\d{3})_[a-z0-9_]+\.sql$", f.name)
+        if m:
+            out.append((int(m.group(1)), f.name, f.read_text()))
+    return sorted(out)
+
+
+async def connect(dsn: str, autocommit: bool = False) -> psycopg.AsyncConnection:
+    """A connection, or FleetError naming the database (never its password) and why."""
+    try:
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise FleetError(f"fleet database {redact(dsn)}: cannot connect ({one_line(exc)})") from None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+async def migrate(dsn: str) -> list[str]:
+    """Applies the migrations the database lacks, each in one transaction; returns those applied."""
+    applied = []
+    async with await connect(dsn) as conn:
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE IF NOT EXISTS fleet_migrations (version integer PRIMARY KEY, "
+                               "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+            # one `fleet init` at a time: a second waits here rather than apply a migration twice
+            await conn.execute("LOCK TABLE fleet_migrations IN EXCLUSIVE MODE")
+            have = {r[0] for r in await (await conn.execute("SELECT version FROM fleet_migrations")).fetchall()}
+            for version, name, sql in migrations():
+                if version in have:
+                    continue
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO fleet_migrations (version, name) VALUES (%s, %s)", (version, name))
+                applied.append(name)
+    return applied

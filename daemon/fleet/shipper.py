@@ -1,0 +1,209 @@
+"""Shipping a host's committed events to the fleet database, in order, in batches, with COPY.
+
+Each batch continues the host's chain as the database holds it: under the host's row lock, the first
+shipped row's `prev_hash` must equal the stored head, and the local log must still hold the stored
+head itself (a log truncated or rewritten after shipping is a fork). A fork is refused on both sides:
+the database keeps an alarm, the daemon logs an error and stops shipping until a person looks. The
+database's own trigger on `hosts` (migrations/001_init.sql) checks the same continuity, so a shipper that
+skipped these checks could not move a head past a broken link either.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import psycopg
+
+from flare_diag.daemon.fleet.config import FleetConfig, FleetError
+from flare_diag.daemon.fleet.db import connect, one_line
+import flare_diag.events.schema  # noqa: F401  (registers the event types a window row is read from)
+from flare_diag.events.base import decode_payload
+
+COLUMNS = ("seq", "mono_ns", "wall_ns", "type", "schema_v", "window_id", "causation_seq", "payload", "prev_hash", "hash")
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM events"
+_COPY = "COPY events (host, " + ", ".join(COLUMNS) + ") FROM STDIN"
+# the events a fleet's window list is kept from
+_WINDOW_TYPES = frozenset({"window_opened", "window_closed", "verdict_reached", "restoration_recorded"})
+POLL_S = 5.0  # a shipper with nothing to wake it looks again this often
+BACKOFF_MAX_S = 30.0
+
+
+class Fork(FleetError):
+    """The local log does not continue the chain the database holds for this host."""
+
+    def __init__(self, host: str, seq: int, detail: str) -> None:
+        super().__init__(f"host {host}: fork at seq {seq}: {detail}")
+        self.seq = seq
+
+
+@dataclass
+class Shipped:
+    events: int
+    head_seq: int
+    local_head_seq: int
+    oldest_unshipped_wall_ns: int | None
+
+
+def _local_rows(db: Path, after: int, limit: int) -> tuple[tuple | None, list[tuple], int]:
+    """(the local row at `after` or None, up to `limit` rows after it, the local head seq)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        at = conn.execute(f"{_SELECT} WHERE seq = ?", (after,)).fetchone() if after else None
+        rows = conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
+        head = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        return at, rows, head
+    finally:
+        conn.close()
+
+
+def _window_updates(rows: list[tuple]) -> dict[str, dict]:
+    """What the shipped rows say of each window: plan, opening, closing, outcome, verdict, restoration."""
+    out: dict[str, dict] = {}
+    for seq, _mono, wall_ns, type_, schema_v, window_id, _c, payload, _p, _h in rows:
+        if not window_id:
+            continue
+        w = out.setdefault(window_id, {"last_seq": seq})
+        w["last_seq"] = seq
+        if type_ not in _WINDOW_TYPES:
+            continue
+        ev = decode_payload(type_, schema_v, payload)
+        if type_ == "window_opened":
+            w["plan"] = (ev.plan or {}).get("name")
+            w["opened_at"] = wall_ns
+        elif type_ == "window_closed":
+            w["closed_at"] = wall_ns
+            w["outcome"] = ev.outcome
+        elif type_ == "verdict_reached":
+            w["verdict"] = ev.hypothesis
+        elif type_ == "restoration_recorded":
+            w["restoration_verified"] = ev.verified
+    return out
+
+
+async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Path, batch: int = 2000) -> Shipped:
+    """Ships at most one batch; raises Fork when the local log does not continue the central chain."""
+    fork: Fork | None = None
+    async with conn.transaction():
+        await conn.execute("INSERT INTO hosts (host, pool) VALUES (%s, %s) ON CONFLICT (host) DO NOTHING", (host, pool))
+        cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
+        head_seq, head_hash = await cur.fetchone()
+        head_hash = bytes(head_hash) if head_hash is not None else None
+        at, rows, local_head = await anyio.to_thread.run_sync(_local_rows, db, head_seq, batch)
+        if head_seq and at is not None and at[9] != head_hash:
+            fork = Fork(host, head_seq, "the local log's event there differs from the one shipped (rewritten after shipping)")
+        elif head_seq and local_head < head_seq:
+            fork = Fork(host, local_head + 1, f"the local log ends at seq {local_head}, the fleet holds up to "
+                                              f"{head_seq} (truncated after shipping)")
+        elif rows and head_seq and rows[0][8] != head_hash:
+            fork = Fork(host, rows[0][0], "its prev_hash is not the shipped head's hash")
+        elif rows and rows[0][0] != head_seq + 1:
+            fork = Fork(host, head_seq + 1, f"the local log continues at seq {rows[0][0]} (a gap)")
+        if fork is None and rows:
+            async with conn.cursor().copy(_COPY) as copy:
+                for r in rows:
+                    await copy.write_row((host, *r))
+            for wid, w in _window_updates(rows).items():
+                await conn.execute(
+                    "INSERT INTO windows (host, window_id, pool, plan, opened_at, closed_at, outcome, verdict, "
+                    "restoration_verified, last_seq) VALUES (%s, %s, %s, %s, to_timestamp(%s / 1e9), "
+                    "to_timestamp(%s / 1e9), %s, %s, %s, %s) ON CONFLICT (host, window_id) DO UPDATE SET "
+                    "plan = COALESCE(EXCLUDED.plan, windows.plan), opened_at = COALESCE(EXCLUDED.opened_at, windows.opened_at), "
+                    "closed_at = COALESCE(EXCLUDED.closed_at, windows.closed_at), "
+                    "outcome = COALESCE(EXCLUDED.outcome, windows.outcome), verdict = COALESCE(EXCLUDED.verdict, windows.verdict), "
+                    "restoration_verified = COALESCE(EXCLUDED.restoration_verified, windows.restoration_verified), "
+                    "last_seq = EXCLUDED.last_seq",
+                    (host, wid, pool, w.get("plan"), w.get("opened_at"), w.get("closed_at"), w.get("outcome"),
+                     w.get("verdict"), w.get("restoration_verified"), w["last_seq"]))
+            last = rows[-1]
+            await conn.execute("UPDATE hosts SET head_seq = %s, head_hash = %s, last_event_at = to_timestamp(%s / 1e9), "
+                               "shipped_at = now() WHERE host = %s", (last[0], last[9], last[2], host))
+            head_seq = last[0]
+    if fork is not None:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO alarms (host, kind, detail) VALUES (%s, 'fork', %s)", (host, str(fork)))
+        raise fork
+    oldest = None
+    if local_head > head_seq:
+        nxt = await anyio.to_thread.run_sync(_local_rows, db, head_seq, 1)
+        oldest = nxt[1][0][2] if nxt[1] else None
+    return Shipped(len(rows), head_seq, local_head, oldest)
+
+
+class Shipper:
+    """The daemon's shipping task: wakes on every commit (and every POLL_S), ships until caught up, backs
+    off while the database is unreachable (the backlog waits in the local log), stops on a fork."""
+
+    def __init__(self, cfg: FleetConfig, dsn: str, db: Path, log) -> None:
+        self.cfg, self.dsn, self.db, self.log = cfg, dsn, db, log
+        self.shipped_seq = 0
+        self.local_seq = 0
+        self.oldest_unshipped_wall_ns: int | None = None
+        self.error: str | None = None
+        self.fork: str | None = None
+        self._wake = anyio.Event()
+        self._conn: psycopg.AsyncConnection | None = None
+
+    def committed(self, envs) -> None:
+        """A store listener: never blocks, never raises."""
+        if envs:
+            self.local_seq = max(self.local_seq, envs[-1].seq)
+            if self.oldest_unshipped_wall_ns is None:
+                self.oldest_unshipped_wall_ns = envs[0].wall_ns
+        self._wake.set()
+
+    def lag(self) -> dict:
+        behind = max(0, self.local_seq - self.shipped_seq)
+        seconds = 0.0
+        if behind and self.oldest_unshipped_wall_ns:
+            seconds = max(0.0, time.time() - self.oldest_unshipped_wall_ns / 1e9)
+        return {"host": self.cfg.host, "pool": self.cfg.pool, "shipped_seq": self.shipped_seq, "local_seq": self.local_seq,
+                "lag_events": behind, "lag_s": round(seconds, 3), "error": self.error, "fork": self.fork}
+
+    async def run(self) -> None:
+        backoff = 1.0
+        try:
+            while True:
+                if self.fork is not None:
+                    await anyio.sleep_forever()  # a person decides; shipping on would bless the fork
+                wake = self._wake = anyio.Event()  # a commit from here on wakes the wait below
+                try:
+                    if self._conn is None or self._conn.closed:
+                        self._conn = await connect(self.dsn)
+                    res = await ship_once(self._conn, self.cfg.host, self.cfg.pool, self.db, self.cfg.batch)
+                except Fork as f:
+                    self.fork = str(f)
+                    self.log.error("fleet shipping refused: fork", host=self.cfg.host, seq=f.seq, detail=str(f))
+                    continue
+                except (psycopg.Error, OSError, FleetError) as exc:
+                    if self.error is None:
+                        self.log.warning("fleet database unreachable: events wait in the local log",
+                                         error=one_line(exc), lag_events=self.lag()["lag_events"])
+                    self.error = one_line(exc)
+                    await self._close()
+                    await anyio.sleep(backoff)
+                    backoff = min(BACKOFF_MAX_S, backoff * 2)
+                    continue
+                if self.error is not None:
+                    self.log.info("fleet database reachable again", shipped_seq=res.head_seq, local_seq=res.local_head_seq)
+                self.error, backoff = None, 1.0
+                self.shipped_seq, self.local_seq = res.head_seq, max(self.local_seq, res.local_head_seq)
+                self.oldest_unshipped_wall_ns = res.oldest_unshipped_wall_ns
+                if res.events:
+                    continue
+                with anyio.move_on_after(POLL_S):
+                    await wake.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+
+    async def _close(self) -> None:
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            except Exception:  # noqa: BLE001 - a broken connection closes as it can
+                pass
+            self._conn = None

@@ -1,0 +1,96 @@
+"""What the fleet database says: per pool and per host (`fleet status`), windows (`fleet windows`),
+and a host's local log checked against its shipped chain (`fleet verify`)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+
+from flare_diag.daemon.fleet.db import connect
+from flare_diag.events.chain import GENESIS, event_hash
+
+
+async def status(dsn: str) -> dict:
+    """Per pool: K and the primaries down now with who holds them; per host: its head and shipping."""
+    async with await connect(dsn) as conn:
+        pools = await (await conn.execute(
+            "SELECT p.pool, p.max_down, COALESCE(json_agg(json_build_object('host', l.host, 'window_id', l.window_id, "
+            "'state', l.state, 'taken_at', l.taken_at) ORDER BY l.taken_at) FILTER (WHERE l.host IS NOT NULL), '[]') "
+            "FROM pools p LEFT JOIN leases l ON l.pool = p.pool GROUP BY p.pool, p.max_down ORDER BY p.pool")).fetchall()
+        hosts = await (await conn.execute(
+            "SELECT h.host, h.pool, h.head_seq, encode(h.head_hash, 'hex'), h.last_event_at, h.shipped_at, "
+            "(SELECT w.window_id FROM windows w WHERE w.host = h.host AND w.closed_at IS NULL "
+            " ORDER BY w.opened_at DESC LIMIT 1), l.window_id, l.state "
+            "FROM hosts h LEFT JOIN leases l ON l.host = h.host ORDER BY h.host")).fetchall()
+        alarms = await (await conn.execute("SELECT host, kind, detail, at FROM alarms ORDER BY id DESC LIMIT 20")).fetchall()
+    return {
+        "pools": [{"pool": p, "max_down": k, "down": len(d), "held_by": d} for p, k, d in pools],
+        "hosts": [{"host": h, "pool": pool, "head_seq": seq, "head_hash": hh,
+                   "last_event_at": le.isoformat() if le else None, "shipped_at": sa.isoformat() if sa else None,
+                   "running_window": run, "lease": None if lw is None else {"window_id": lw, "state": ls}}
+                  for h, pool, seq, hh, le, sa, run, lw, ls in hosts],
+        "alarms": [{"host": h, "kind": k, "detail": d, "at": at.isoformat()} for h, k, d, at in alarms],
+    }
+
+
+async def windows(dsn: str, host: str | None = None, plan: str | None = None, verdict: str | None = None,
+                  since: str | None = None, limit: int = 200) -> list[dict]:
+    where, args = [], []
+    for col, val in (("host", host), ("plan", plan), ("verdict", verdict)):
+        if val is not None:
+            where.append(f"{col} = %s")
+            args.append(val)
+    if since is not None:
+        where.append("opened_at >= %s::timestamptz")
+        args.append(since)
+    sql = ("SELECT host, window_id, pool, plan, opened_at, closed_at, outcome, verdict, restoration_verified FROM windows"
+           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY opened_at DESC NULLS LAST LIMIT %s")
+    async with await connect(dsn) as conn:
+        rows = await (await conn.execute(sql, (*args, limit))).fetchall()
+    return [{"host": h, "window_id": w, "pool": p, "plan": pl, "opened_at": o.isoformat() if o else None,
+             "closed_at": c.isoformat() if c else None, "outcome": out, "verdict": v, "restoration_verified": r}
+            for h, w, p, pl, o, c, out, v, r in rows]
+
+
+def _local_hashes(db: Path) -> dict[int, bytes]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT seq, hash FROM events"))
+    finally:
+        conn.close()
+
+
+async def verify_host(dsn: str, host: str, db: Path | None = None) -> dict:
+    """The host's shipped chain recomputed from its rows, then (given its local log) compared with the
+    local log seq by seq: the first differing seq names where the local log was rewritten or cut."""
+    res: dict = {"host": host, "ok": True, "central_head_seq": 0, "first_differing_seq": None, "problem": None}
+    async with await connect(dsn) as conn:
+        head = await (await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s", (host,))).fetchone()
+        if head is None:
+            return {**res, "ok": False, "problem": f"host {host} has shipped nothing"}
+        res["central_head_seq"] = head[0]
+        local = await anyio.to_thread.run_sync(_local_hashes, db) if db is not None else None
+        if local is not None:
+            res["local_head_seq"] = max(local, default=0)
+        prev = None
+        async with conn.cursor(name="verify") as cur:
+            await cur.execute("SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload, "
+                              "prev_hash, hash FROM events WHERE host = %s ORDER BY seq", (host,))
+            async for seq, type_, v, mono, wall, wid, cause, payload, prev_hash, h in cur:
+                prev_hash, h = bytes(prev_hash), bytes(h)
+                expect_prev = GENESIS if prev is None and seq == 1 else prev
+                if (expect_prev is not None and prev_hash != expect_prev) or \
+                        event_hash(prev_hash, seq, type_, v, mono, wall, wid, cause, bytes(payload)) != h:
+                    return {**res, "ok": False, "first_differing_seq": seq,
+                            "problem": f"the fleet's own chain for {host} breaks at seq {seq}"}
+                prev = h
+                if local is not None and res["first_differing_seq"] is None and local.get(seq) != h:
+                    res.update(ok=False, first_differing_seq=seq,
+                               problem=("the local log lacks seq %d (cut after shipping)" if seq not in local else
+                                        "the local log's seq %d differs from the one shipped (rewritten after shipping)")
+                               % seq)
+        if prev is not None and bytes(head[1]) != prev:
+            return {**res, "ok": False, "problem": "the fleet's head hash is not its last event's hash"}
+    return res

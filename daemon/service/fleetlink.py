@@ -1,0 +1,118 @@
+"""The service's link to the fleet: the shipper, the pool lease at `start`, and the lease's release.
+
+Only the lease is on a window's path, and only before anything changes: `start` refuses when the
+database cannot grant it. After that nothing here can block, slow or abort a window. The release is
+decided from the local log, not from memory: a window whose log records a verified restoration gives
+its lease back; one whose restoration did not verify leaves it held for a person. The same check runs
+after every window and every few seconds while none runs, so a daemon restarted mid-window, or one
+that lost the database at the wrong moment, releases its lease once its own log says it may.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import psycopg
+
+import flare_diag.events.schema  # noqa: F401  (registers the event types the release is decided from)
+from flare_diag.daemon.fleet import lease
+from flare_diag.daemon.fleet.config import FleetConfig
+from flare_diag.daemon.fleet.db import connect, one_line
+from flare_diag.daemon.fleet.shipper import Shipper
+from flare_diag.events.base import decode_payload
+
+RECONCILE_S = 5.0
+CALLER = "flare-diagd"
+
+
+def window_end(db: Path, window_id: str) -> tuple[bool, bool, bool]:
+    """(opened, closed, restoration verified) of a window, as its local log records them."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        opened = conn.execute("SELECT 1 FROM events WHERE window_id = ? AND type = 'window_opened'",
+                              (window_id,)).fetchone() is not None
+        rows = conn.execute("SELECT type, schema_v, payload FROM events WHERE window_id = ? AND type IN "
+                            "('window_closed', 'restoration_recorded') ORDER BY seq", (window_id,)).fetchall()
+    finally:
+        conn.close()
+    closed = verified = False
+    for type_, v, payload in rows:
+        ev = decode_payload(type_, v, payload)
+        if type_ == "window_closed":
+            closed = True
+        else:
+            verified = bool(ev.verified)
+    return opened, closed, verified
+
+
+class FleetLink:
+    def __init__(self, cfg: FleetConfig, dsn: str, db: Path, log, running) -> None:
+        self.cfg, self.dsn, self.db, self.log = cfg, dsn, db, log
+        self.running = running  # () -> the window id running now, or None
+        self.shipper = Shipper(cfg, dsn, db, log)
+        self.lease: dict | None = None  # as the database last said
+        self.lease_error: str | None = None
+        self.pending: str | None = None  # a window between its lease and its launch: running, for the release
+        self._wake = anyio.Event()
+
+    async def take_lease(self, window_id: str, caller: str) -> str:
+        """Before anything changes: 'taken' or 'kept'; PoolFull, NeedsPerson or FleetError refuse the start."""
+        self.pending = window_id
+        async with await connect(self.dsn) as conn:
+            got = await lease.take(conn, self.cfg.pool, self.cfg.host, window_id, f"{CALLER} for {caller}")
+            self.lease = await lease.held(conn, self.cfg.host)
+        self.log.info("fleet lease " + got, pool=self.cfg.pool, host=self.cfg.host, window_id=window_id)
+        return got
+
+    def launched(self) -> None:
+        """The window the lease was taken for runs (or was refused after all): the release follows its log."""
+        self.pending = None
+        self._wake.set()
+
+    def window_closed(self) -> None:
+        self._wake.set()
+
+    def status(self) -> dict:
+        return {**self.shipper.lag(), "lease": self.lease, "lease_error": self.lease_error}
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.shipper.run)
+            tg.start_soon(self._reconcile_forever)
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            wake = self._wake = anyio.Event()
+            try:
+                await self.reconcile()
+                self.lease_error = None
+            except (psycopg.Error, OSError, ValueError) as exc:
+                self.lease_error = one_line(exc)
+            with anyio.move_on_after(RECONCILE_S):
+                await wake.wait()
+
+    async def reconcile(self) -> None:
+        """Releases this host's lease once its window's log records a verified restoration, or marks it
+        for a person when the window closed without one; leaves it alone while the window runs."""
+        async with await connect(self.dsn) as conn:
+            held = await lease.held(conn, self.cfg.host)
+            if held is not None and held["state"] == "held" and held["window_id"] not in (self.running(), self.pending):
+                opened, closed, verified = await anyio.to_thread.run_sync(window_end, self.db, held["window_id"])
+                if not opened:
+                    # its start was refused after the lease was granted: nothing on the host changed
+                    await lease.release(conn, self.cfg.host, CALLER, "the window never opened",
+                                        window_id=held["window_id"])
+                elif closed and verified:
+                    await lease.release(conn, self.cfg.host, CALLER, "restoration verified and readmitted",
+                                        window_id=held["window_id"])
+                    self.log.info("fleet lease released", pool=self.cfg.pool, host=self.cfg.host,
+                                  window_id=held["window_id"])
+                elif closed:
+                    await lease.needs_person(conn, self.cfg.host, held["window_id"], CALLER,
+                                             "the window closed with its restoration not verified")
+                    self.log.error("fleet lease kept for a person: the restoration did not verify",
+                                   pool=self.cfg.pool, host=self.cfg.host, window_id=held["window_id"])
+                held = await lease.held(conn, self.cfg.host)
+            self.lease = held

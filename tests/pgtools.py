@@ -1,0 +1,89 @@
+"""A throwaway PostgreSQL server for the fleet's tests: initdb and pg_ctl into a temporary folder,
+listening on a unix socket only, stopped by the tests themselves. No mock database anywhere."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_COUNTER = itertools.count()
+
+
+def bindir() -> Path | None:
+    """Debian's server binaries (`postgresql` package), newest major first; None when not installed."""
+    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True):
+        if Path(d, "initdb").exists() and Path(d, "pg_ctl").exists():
+            return Path(d)
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        d = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip())
+        if (d / "initdb").exists():
+            return d
+    return None
+
+
+class PgServer:
+    """One server: `dsn` for its `postgres` database; `database()` makes a fresh one per test."""
+
+    def __init__(self) -> None:
+        self.bin = bindir()
+        if self.bin is None:
+            if os.environ.get("CI"):
+                raise RuntimeError("PostgreSQL's server binaries are missing; .ci/run installs Debian's postgresql")
+            pytest.skip("PostgreSQL's server binaries are not installed (apt install postgresql)")
+        # its own folder under /tmp, not pytest's (0700 root's): the server may run as another user
+        root = self.root = Path(tempfile.mkdtemp(prefix="flare-diag-pg-"))
+        self.data = root / "data"
+        self.sock = root / "sock"
+        self.sock.mkdir(parents=True)
+        # initdb refuses to run as root: the server then runs as Debian's postgres user
+        self.user = None
+        if os.geteuid() == 0:
+            self.user = pwd.getpwnam("postgres")
+            for p in (root, self.sock):
+                os.chown(p, self.user.pw_uid, self.user.pw_gid)
+        self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+        self.start()
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        cmd = [str(self.bin / argv[0]), *argv[1:]]
+        if self.user is not None:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed: {p.stdout}{p.stderr}")
+        return p
+
+    @property
+    def dsn(self) -> str:
+        return self.database_dsn("postgres")
+
+    def database_dsn(self, name: str) -> str:
+        return f"host={self.sock} port=5432 dbname={name} user=postgres"
+
+    def start(self) -> None:
+        opts = f"-k {self.sock} -c listen_addresses='' -c port=5432 -c max_connections=300 -c fsync=off"
+        self._run(["pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "server.log"), "-w", "-t", "60", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"], check=False)
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def database(self) -> str:
+        """A new, empty database on this server; its DSN."""
+        import psycopg
+        name = f"fleet_{os.getpid()}_{next(_COUNTER)}"
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.database_dsn(name)

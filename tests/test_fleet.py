@@ -1,0 +1,197 @@
+"""The fleet against a real PostgreSQL server: migrations, shipping in order with COPY, forks refused
+on both sides, the anchor outside the host, and pool leases decided by row locks."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from flare_diag.daemon.fleet import lease
+from flare_diag.daemon.fleet.db import migrate
+from flare_diag.daemon.fleet.shipper import Fork, ship_once
+from flare_diag.daemon.fleet.views import verify_host
+from tests.pgtools import PgServer
+
+CORPUS = Path(__file__).parent / "data" / "replay"
+
+
+@pytest.fixture(scope="module")
+def pg():
+    server = PgServer()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+async def fleet(pg) -> str:
+    dsn = pg.database()
+    await migrate(dsn)
+    return dsn
+
+
+def _log(tmp_path: Path, name: str = "completed-default") -> Path:
+    db = tmp_path / f"{name}.db"
+    with gzip.open(CORPUS / f"{name}.db.gz", "rb") as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return db
+
+
+def _local(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT seq, hash, payload FROM events ORDER BY seq").fetchall()
+
+
+async def _ship_all(dsn: str, host: str, db: Path, batch: int = 500) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        n = 0
+        while (res := await ship_once(conn, host, "pool-a", db, batch)).events:
+            n += res.events
+        return n
+
+
+async def _central(dsn: str, host: str) -> list[tuple]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        rows = await (await conn.execute("SELECT seq, hash, payload FROM events WHERE host = %s ORDER BY seq",
+                                         (host,))).fetchall()
+        return [(s, bytes(h), bytes(p)) for s, h, p in rows]
+
+
+async def test_init_applies_each_migration_once(pg):
+    dsn = pg.database()
+    first = await migrate(dsn)
+    again = await migrate(dsn)
+    assert first == ["001_init.sql"] and again == []
+
+
+async def test_a_shipped_log_equals_the_local_one_hash_by_hash(fleet, tmp_path):
+    db = _log(tmp_path)
+    n = await _ship_all(fleet, "h1", db)
+    assert n == len(_local(db)) and await _central(fleet, "h1") == _local(db)
+
+
+async def test_shipping_again_sends_nothing_twice(fleet, tmp_path):
+    db = _log(tmp_path)
+    await _ship_all(fleet, "h1", db)
+    assert await _ship_all(fleet, "h1", db) == 0
+    assert len(await _central(fleet, "h1")) == len(_local(db))
+
+
+async def test_the_fleet_lists_the_shipped_window_with_its_outcome_and_verdict(fleet, tmp_path):
+    db = _log(tmp_path, "restore-path")
+    await _ship_all(fleet, "h1", db)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        rows = await (await conn.execute("SELECT outcome, verdict, restoration_verified FROM windows WHERE host = 'h1'")).fetchall()
+    assert rows == [("completed", "restore_path", True)]
+
+
+async def test_central_events_refuse_update_and_delete(fleet, tmp_path):
+    await _ship_all(fleet, "h1", _log(tmp_path))
+    async with await psycopg.AsyncConnection.connect(fleet, autocommit=True) as conn:
+        for sql in ("UPDATE events SET payload = 'x' WHERE seq = 1", "DELETE FROM events WHERE seq = 1",
+                    "TRUNCATE events"):
+            with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                await conn.execute(sql)
+
+
+def _rewrite(db: Path, from_seq: int) -> None:
+    """Rewrites the local log from `from_seq` with a recomputed chain, as a forger with the file would."""
+    from flare_diag.events.chain import GENESIS, event_hash
+    with sqlite3.connect(db) as c:
+        c.execute("DROP TRIGGER IF EXISTS events_no_update")
+        rows = c.execute("SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload, prev_hash "
+                         "FROM events WHERE seq >= ? ORDER BY seq", (from_seq,)).fetchall()
+        prev = c.execute("SELECT hash FROM events WHERE seq = ?", (from_seq - 1,)).fetchone()
+        prev = prev[0] if prev else GENESIS
+        for seq, type_, v, mono, wall, wid, cause, payload, _p in rows:
+            if seq == from_seq:
+                payload = payload.replace(b'"ok":true', b'"ok":false', 1) if b'"ok":true' in payload else payload + b" "
+            h = event_hash(prev, seq, type_, v, mono, wall, wid, cause, payload)
+            c.execute("UPDATE events SET payload = ?, prev_hash = ?, hash = ? WHERE seq = ?", (payload, prev, h, seq))
+            prev = h
+
+
+async def test_a_local_log_rewritten_after_shipping_is_caught_at_the_first_differing_seq(fleet, tmp_path):
+    db = _log(tmp_path)
+    await _ship_all(fleet, "h1", db)
+    _rewrite(db, 40)
+    res = await verify_host(fleet, "h1", db)
+    assert not res["ok"] and res["first_differing_seq"] == 40
+
+
+async def test_a_fork_on_shipping_is_refused_and_raised_as_an_alarm(fleet, tmp_path):
+    db = _log(tmp_path)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        await ship_once(conn, "h1", "pool-a", db, 100)
+        _rewrite(db, 50)
+        with pytest.raises(Fork, match="seq 100"):
+            await ship_once(conn, "h1", "pool-a", db, 100)
+        alarms = await (await conn.execute("SELECT kind, detail FROM alarms WHERE host = 'h1'")).fetchall()
+        head = await (await conn.execute("SELECT head_seq FROM hosts WHERE host = 'h1'")).fetchone()
+    assert alarms and alarms[0][0] == "fork" and head == (100,)
+
+
+async def test_the_database_refuses_a_head_that_skips_its_own_chain_check(fleet, tmp_path):
+    db = _log(tmp_path)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        await ship_once(conn, "h1", "pool-a", db, 10)
+        with pytest.raises(psycopg.errors.RaiseException, match="not all held"):
+            await conn.execute("UPDATE hosts SET head_seq = 20 WHERE host = 'h1'")
+
+
+async def _pool(dsn: str, pool: str, k: int) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s) ON CONFLICT (pool) DO UPDATE SET "
+                           "max_down = EXCLUDED.max_down", (pool, k))
+
+
+async def test_two_hundred_concurrent_lease_attempts_never_grant_more_than_k(fleet):
+    await _pool(fleet, "pool-a", 3)
+    granted: list[str] = []
+    refused: list[str] = []
+
+    async def attempt(i: int) -> None:
+        async with await psycopg.AsyncConnection.connect(fleet) as conn:
+            try:
+                await lease.take(conn, "pool-a", f"h{i}", f"w{i}", "test")
+                granted.append(f"h{i}")
+            except lease.PoolFull:
+                refused.append(f"h{i}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(attempt, i)
+    assert len(granted) == 3 and len(refused) == 197
+
+
+async def test_a_full_pool_names_who_holds_its_slots(fleet):
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        await lease.take(conn, "pool-a", "h1", "w1", "test")
+        with pytest.raises(lease.PoolFull, match=r"h1 \(window w1, held\)"):
+            await lease.take(conn, "pool-a", "h2", "w2", "test")
+
+
+async def test_a_host_resuming_its_window_keeps_its_lease(fleet):
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        assert await lease.take(conn, "pool-a", "h1", "w1", "test") == "taken"
+        assert await lease.take(conn, "pool-a", "h1", "w1", "test") == "kept"
+
+
+async def test_a_lease_after_a_failed_restore_stays_held_until_a_person_releases_it(fleet):
+    await _pool(fleet, "pool-a", 2)
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        await lease.take(conn, "pool-a", "h1", "w1", "flare-diagd")
+        await lease.needs_person(conn, "h1", "w1", "flare-diagd", "restore_failed")
+        with pytest.raises(lease.NeedsPerson, match="did not verify"):
+            await lease.take(conn, "pool-a", "h1", "w2", "flare-diagd")
+        assert await lease.release(conn, "h1", "alice", "restored by hand")
+        log = await (await conn.execute("SELECT change, caller, reason FROM lease_log WHERE host = 'h1' ORDER BY id")).fetchall()
+    assert log == [("taken", "flare-diagd", ""), ("needs_a_person", "flare-diagd", "restore_failed"),
+                   ("released", "alice", "restored by hand")]
