@@ -19,6 +19,7 @@ from flare_diag.policies.planner import Calibration, Estimator
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
 
 WATCH_LOST_MIN_REAL_S = 5.0
+DRAIN_MIN_REAL_S = 5.0  # a drain's bound never shrinks below this much real time under a scaled clock
 
 
 class WindowCore(Driver):
@@ -108,7 +109,7 @@ class WindowCore(Driver):
         return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]
 
     def _closing_drain_end_ns(self) -> int:
-        return self._stop_ns() + int(self.plan.timing.drain_timeout_s * NS_PER_S)
+        return self._stop_ns() + int(self.drain_timeout_s(self.plan.timing.drain_timeout_s) * NS_PER_S)
 
     def _watch_deadlines(self) -> dict[str, int]:
         """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
@@ -123,6 +124,12 @@ class WindowCore(Driver):
         WATCH_LOST_MIN_REAL_S of real time. A scaled clock (a simulated site only) would otherwise
         shrink 30 window seconds to a fraction of a real second, which a loaded machine's poll can take."""
         return max(self.plan.timing.watch_lost_s, WATCH_LOST_MIN_REAL_S * self.time_scale)
+
+    def drain_timeout_s(self, planned: float) -> float:
+        """How long (window seconds) a drain may take to settle: the plan's bound, but never less than
+        DRAIN_MIN_REAL_S of real time. At x100, the plan's 10 s would leave a tenth of a real second for
+        the consecutive scrapes the drain rule needs, which a loaded machine cannot promise."""
+        return max(planned, DRAIN_MIN_REAL_S * self.time_scale)
 
     def _mark_stop(self) -> None:
         if not self.stop_marked:

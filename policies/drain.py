@@ -12,6 +12,8 @@ from flare_diag.policies.driver import Sleep
 
 
 def drain(w: WindowCore, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
+    """Polls until the drain rule holds or `timeout_s` (floored by WindowCore.drain_timeout_s) runs out."""
+    timeout_s = w.drain_timeout_s(timeout_s)
     start = w.now
     polls = [0]
     settled = yield from _drain_polls(w, timeout_s, router, polls)

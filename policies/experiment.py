@@ -84,7 +84,7 @@ def experiment(w: WindowCore) -> Proc:
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
                                router=w.snapshots.get("router") is not None)
     if not drained:
-        w._abort_inside("containment", f"the primary did not drain within {plan.timing.quiesce_drain_timeout_s} s of quiesce")
+        w._abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
     res = yield from w._act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
     if not res.ok:
         # the take-down itself failed: no candidate can load beside the incumbent, so restore
@@ -328,7 +328,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
     if not settled:
         w.current = None
-        w._cell(ph.id, "invalid", f"drain before the phase did not settle within {plan.timing.drain_timeout_s:g} s",
+        w._cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
                 comparable=ph.comparable)
         return
     before = dict(w.last_counters or {})
@@ -418,7 +418,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w._cell(ph.id, "invalid", f"its closing identity could not be read ({closing.detail or closing.error}), so the "
                 f"identity it was measured on is not known", **common)
     elif not settled:
-        w._cell(ph.id, "invalid", f"drain after the phase did not settle within {plan.timing.drain_timeout_s:g} s", **common)
+        w._cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
     elif failures:
         w._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
     else:

@@ -56,7 +56,7 @@ def last_gate(w: WindowCore, identity: dict) -> Generator[Any, Any, list[str]]:
     settled = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
     if not settled:
         busy = {g: v for g, v in ((g, (m.data.get("gauges") or {}).get(g) if m.ok else None) for g in rules.DRAIN_GAUGES) if v}
-        out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {plan.timing.drain_timeout_s:g} s "
+        out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s "
                    f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})")
     if not ident.ok:
         out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")

@@ -195,3 +195,17 @@ async def test_a_lease_after_a_failed_restore_stays_held_until_a_person_releases
         log = await (await conn.execute("SELECT change, caller, reason FROM lease_log WHERE host = 'h1' ORDER BY id")).fetchall()
     assert log == [("taken", "flare-diagd", ""), ("needs_a_person", "flare-diagd", "restore_failed"),
                    ("released", "alice", "restored by hand")]
+
+
+def test_a_window_report_rebuilt_from_the_fleet_is_the_hosts_own_byte_for_byte(fleet, tmp_path, capsysbinary):
+    from flare_diag.daemon.cli.commands import main
+    db = _log(tmp_path, "restore-path")
+    anyio.run(_ship_all, fleet, "h1", db)
+    from flare_diag.events.reader import LogReader
+    with LogReader(db) as r:
+        window = r.window_ids()[-1]
+    for fmt in ("json", "md", "html"):
+        assert main(["report", str(db), "--window", window, "--format", fmt]) == 0
+        own = capsysbinary.readouterr().out
+        assert main(["fleet", "report", window, "--format", fmt, "--dsn", fleet]) == 0
+        assert capsysbinary.readouterr().out == own and len(own) > 1000

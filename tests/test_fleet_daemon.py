@@ -54,8 +54,8 @@ def _daemon(tmp: Path, dsn: str) -> Daemon:
     return Daemon(tmp, args=("--fleet", str(_fleet_file(tmp, dsn)))).start()
 
 
-def _start(d: Daemon, small_plan: Path, sim: Sim):
-    return d.cli("start", str(small_plan), "--site", sim.site.stem, "--time-scale", str(SCALE), "--accept-partial")
+def _start(d: Daemon, small_plan: Path, sim: Sim, scale: float = SCALE):
+    return d.cli("start", str(small_plan), "--site", sim.site.stem, "--time-scale", str(scale), "--accept-partial")
 
 
 def _query(dsn: str, sql: str, args=()) -> list[tuple]:
@@ -199,3 +199,124 @@ def test_a_daemon_killed_mid_window_keeps_its_lease_restores_after_restart_and_o
     first_free = seen.index(0)
     assert first_free > 0 and all(n == 1 for n in seen[:first_free]) and all(n == 0 for n in seen[first_free:])
     assert _query(fleet_dsn, "SELECT change FROM lease_log ORDER BY id") == [("taken",), ("released",)]
+
+
+def _pool_plan(tmp: Path) -> Path:
+    """The shipped plan cut to its first incarnation's identity and prime on the eight-body fixture: a
+    whole window (take-down, load, measure, restore, readmit) in a few seconds at x100."""
+    from tests.daemontools import PLAN
+    text = PLAN.read_text()
+    head, _, rest = text.partition("[[phases]]")
+    phases = rest.split("[[phases]]")
+    keep = "[[phases]]" + phases[0] + "[[phases]]" + phases[1]
+    conditional = rest[rest.index("[[conditional]]"):]
+    p = tmp / "pool-window.toml"
+    p.write_text((head.replace('name = "2026-10-22-cache-diagnosis"', 'name = "pool-window"') + keep.split("[trace]")[0]
+                  + conditional).replace('fixture = "c1-52"', 'fixture = "tok1024"'))
+    return p
+
+
+def _control_start(d: Daemon, plan: Path, site: str, scale: float) -> dict:
+    """`start` over the control socket itself, as a script would (the CLI is one client of it): twelve
+    operators retrying through a CLI process each would spend the machine on interpreters."""
+    import json
+    import socket
+    cmd = {"cmd": "start", "plan_toml": plan.read_text(), "site": site, "plan_label": str(plan), "time_scale": scale,
+           "accept_partial": True}
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(120)
+        s.connect(str(d.socket))
+        s.sendall(json.dumps(cmd).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n") and (chunk := s.recv(65536)):
+            buf += chunk
+    return json.loads(buf)
+
+
+POOL_SCALE = 400  # the pool's windows are about leases, not timings: each closes in about a real second
+
+
+def _intervals(dsn: str) -> list[tuple[str, int, int]]:
+    """(host, quiesce answered, readmit answered) of every window, from the fleet's events alone."""
+    import flare_diag.events.schema  # noqa: F401
+    from flare_diag.events.base import decode_payload
+    rows = _query(dsn, "SELECT host, seq, type, schema_v, wall_ns, payload FROM events WHERE type IN "
+                       "('action_requested', 'action_done') ORDER BY host, seq")
+    asked: dict[tuple[str, int], str] = {}
+    out, down = [], {}
+    for host, _seq, type_, v, wall, payload in rows:
+        ev = decode_payload(type_, v, bytes(payload))
+        if type_ == "action_requested" and ev.action in ("quiesce", "readmit"):
+            asked[(host, ev.action_id)] = ev.action
+        elif type_ == "action_done" and ev.ok and (host, ev.action_id) in asked:
+            if asked[(host, ev.action_id)] == "quiesce":
+                down[host] = wall
+            else:
+                out.append((host, down.pop(host), wall))
+    assert not down, f"quiesced and never readmitted: {down}"
+    return out
+
+
+def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_primaries_out(tmp_path, fleet_dsn):
+    import threading
+    hosts, windows_each = 12, 3
+    _pool(fleet_dsn, 2)
+    plan = _pool_plan(tmp_path)
+    sims, daemons, errors = [], [], []
+    try:
+        for i in range(hosts):
+            d_tmp = tmp_path / f"h{i:02d}"
+            d_tmp.mkdir()
+            sims.append(Sim(d_tmp, time_scale=POOL_SCALE))
+            daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, f"h{i:02d}")))))
+        for d in daemons:
+            d.start()
+        go = threading.Barrier(hosts)
+
+        def operator(d: Daemon, sim: Sim) -> None:
+            try:
+                go.wait()
+                for _ in range(windows_each):
+                    while True:  # a full pool refuses (`busy`, exit 4 in the CLI): again once a slot frees
+                        reply = _control_start(d, plan, sim.site.stem, POOL_SCALE)
+                        if reply["ok"]:
+                            break
+                        assert reply.get("code") == "busy" and "is full" in reply["error"], reply
+                        _wait(lambda: _query(fleet_dsn, "SELECT COUNT(*) FROM leases")[0][0] < 2, 300, "a free slot")
+                    wid = reply["window_id"]
+                    # the daemon's own journal says when the window is over (no CLI process per poll)
+                    _wait(lambda: any(r.get("event") == "report published" and r.get("window_id") == wid
+                                      for r in d.records()), 300, f"window {wid} to close")
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=operator, args=(d, s)) for d, s in zip(daemons, sims)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        _wait(lambda: not _query(fleet_dsn, "SELECT 1 FROM leases"), 60, "every lease to be released")
+        _wait(lambda: all(_shipped_all_for(fleet_dsn, f"h{i:02d}", d.state / "log.db") for i, d in enumerate(daemons)),
+              60, "every event to be shipped")
+    finally:
+        for d in daemons:
+            d.stop()
+        for s in sims:
+            s.stop()
+    spans = _intervals(fleet_dsn)
+    edges = sorted([(t0, 1) for _h, t0, _t1 in spans] + [(t1, -1) for _h, _t0, t1 in spans], key=lambda e: (e[0], e[1]))
+    out = peak = 0
+    for _t, step in edges:
+        out += step
+        peak = max(peak, out)
+    assert len(spans) == hosts * windows_each and peak <= 2
+    verified = _query(fleet_dsn, "SELECT COUNT(*), COUNT(*) FILTER (WHERE restoration_verified) FROM windows")
+    changes = _query(fleet_dsn, "SELECT change, COUNT(*) FROM lease_log GROUP BY change ORDER BY change")
+    assert verified == [(hosts * windows_each, hosts * windows_each)]
+    assert changes == [("released", hosts * windows_each), ("taken", hosts * windows_each)]
+
+
+def _shipped_all_for(dsn: str, host: str, db: Path) -> bool:
+    central = [(s, bytes(h)) for s, h in _query(dsn, "SELECT seq, hash FROM events WHERE host = %s ORDER BY seq", (host,))]
+    return central == _local(db)

@@ -56,6 +56,10 @@ def add_parser(sub, parser_class) -> None:
     wl.add_argument("--since", default=None, help="an ISO date or time")
     wl.add_argument("--json", action="store_true", help="one JSON object per line")
     conn_flags(wl)
+    rp = fsub.add_parser("report", help="a window's report rebuilt from the fleet's events (the host's own, byte for byte)")
+    rp.add_argument("window", help="the window id")
+    rp.add_argument("--format", choices=["json", "md", "html"], default="json", help="the report's format")
+    conn_flags(rp)
     vf = fsub.add_parser("verify", help="a host's shipped chain recomputed, and its local log checked against it",
                          description="Exit 0: the fleet's chain holds and the local log (when given) agrees with it; 1: the "
                                      "first differing seq is named; 2: bad input.")
@@ -158,6 +162,15 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
                 print(f"{r['window_id']}  {r['host']}  {r['opened_at'] or '-'}  {r['outcome'] or 'OPEN'}  "
                       f"verdict {r['verdict'] or '-'}  {restored}")
         return EXIT_OK
+    if cmd == "report":
+        import sys
+
+        from flare_diag.daemon.reports.publish import render
+        rep = await views.report(dsn, args.window)
+        sys.stdout.buffer.write(render(rep, args.format))
+        sys.stdout.flush()
+        it = rep["integrity"]
+        return EXIT_OK if it["chain_ok"] and it["audit_ok"] else EXIT_FAILED
     res = await views.verify_host(dsn, args.host, args.log)
     if args.json:
         print(json.dumps(res))

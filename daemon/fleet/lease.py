@@ -54,6 +54,24 @@ async def take(conn: psycopg.AsyncConnection, pool: str, host: str, window_id: s
     return "taken"
 
 
+async def check_room(conn: psycopg.AsyncConnection, pool: str, host: str) -> None:
+    """Raises as `take` would if the pool had no room now, taking nothing: a start refused on a full pool
+    learns it before its preflight, and `take` still decides under the pool's lock."""
+    row = await (await conn.execute("SELECT max_down FROM pools WHERE pool = %s", (pool,))).fetchone()
+    if row is None:
+        raise FleetError(f"pool {pool} is not defined in the fleet database "
+                         f"(`flare-diag fleet pool set {pool} --max-down K`)")
+    holders = await (await conn.execute("SELECT host, window_id, state, detail FROM leases WHERE pool = %s "
+                                        "ORDER BY taken_at", (pool,))).fetchall()
+    mine = next((h for h in holders if h[0] == host), None)
+    if mine is not None and mine[2] == "needs_a_person":
+        raise NeedsPerson(f"host {host}: its lease is held for window {mine[1]}, whose restore did not verify "
+                          f"({mine[3]}); `flare-diag fleet lease release {host} --reason ...` once a person has "
+                          f"restored it")
+    if mine is None and len(holders) >= row[0]:
+        raise PoolFull(pool, row[0], [tuple(h[:3]) for h in holders])
+
+
 async def release(conn: psycopg.AsyncConnection, host: str, caller: str, reason: str,
                   window_id: str | None = None) -> bool:
     """Frees this host's lease (only the one for `window_id`, when given); False when none was held."""

@@ -48,16 +48,34 @@ class Shipped:
     oldest_unshipped_wall_ns: int | None
 
 
-def _local_rows(db: Path, after: int, limit: int) -> tuple[tuple | None, list[tuple], int]:
-    """(the local row at `after` or None, up to `limit` rows after it, the local head seq)."""
+CHUNK = 5000  # rows read from the local log while the previous ones are copied
+
+
+def _local_head(db: Path, after: int) -> tuple[tuple | None, int]:
+    """(the local row at `after` or None, the local head seq)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
         at = conn.execute(f"{_SELECT} WHERE seq = ?", (after,)).fetchone() if after else None
-        rows = conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
-        head = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
-        return at, rows, head
+        return at, conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
     finally:
         conn.close()
+
+
+def _read_rows(db: Path, after: int, limit: int, send) -> None:
+    """Sends up to `limit` rows after `after`, CHUNK at a time, from a worker thread."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        cur = conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
+        while rows := cur.fetchmany(CHUNK):
+            anyio.from_thread.run(send.send, rows)
+    finally:
+        conn.close()
+        anyio.from_thread.run(send.aclose)
+
+
+class _Broken(Exception):
+    def __init__(self, fork: Fork) -> None:
+        self.fork = fork
 
 
 def _window_updates(rows: list[tuple]) -> dict[str, dict]:
@@ -84,52 +102,80 @@ def _window_updates(rows: list[tuple]) -> dict[str, dict]:
     return out
 
 
+async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: int, head_hash: bytes | None,
+                batch: int) -> list[tuple]:
+    """COPYs the rows after the head as they are read; every link is checked on the way (a break
+    raises _Broken, and the caller's transaction rolls the copy back)."""
+    send, receive = anyio.create_memory_object_stream[list[tuple]](2)
+    out: list[tuple] = []
+    prev_seq, prev_hash = head_seq, head_hash
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, _read_rows, db, head_seq, batch, send)
+            async with receive, conn.cursor().copy(_COPY) as copy:
+                async for rows in receive:
+                    for r in rows:
+                        if r[0] != prev_seq + 1:
+                            raise _Broken(Fork(host, prev_seq + 1, f"the local log continues at seq {r[0]} (a gap)"))
+                        if prev_hash is not None and r[8] != prev_hash:
+                            raise _Broken(Fork(host, r[0], "its prev_hash is not the hash of the event before it" if out
+                                               else "its prev_hash is not the shipped head's hash"))
+                        await copy.write_row((host, *r))
+                        prev_seq, prev_hash = r[0], r[9]
+                    out.extend(rows)
+    except BaseExceptionGroup as group:
+        # the copy and the reader fail together (a fork read, a connection lost): say the first cause
+        first = group.subgroup(_Broken) or group.subgroup(Exception) or group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return out
+
+
 async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Path, batch: int = 2000) -> Shipped:
     """Ships at most one batch; raises Fork when the local log does not continue the central chain."""
     fork: Fork | None = None
-    async with conn.transaction():
-        await conn.execute("INSERT INTO hosts (host, pool) VALUES (%s, %s) ON CONFLICT (host) DO NOTHING", (host, pool))
-        cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
-        head_seq, head_hash = await cur.fetchone()
-        head_hash = bytes(head_hash) if head_hash is not None else None
-        at, rows, local_head = await anyio.to_thread.run_sync(_local_rows, db, head_seq, batch)
-        if head_seq and at is not None and at[9] != head_hash:
-            fork = Fork(host, head_seq, "the local log's event there differs from the one shipped (rewritten after shipping)")
-        elif head_seq and local_head < head_seq:
-            fork = Fork(host, local_head + 1, f"the local log ends at seq {local_head}, the fleet holds up to "
-                                              f"{head_seq} (truncated after shipping)")
-        elif rows and head_seq and rows[0][8] != head_hash:
-            fork = Fork(host, rows[0][0], "its prev_hash is not the shipped head's hash")
-        elif rows and rows[0][0] != head_seq + 1:
-            fork = Fork(host, head_seq + 1, f"the local log continues at seq {rows[0][0]} (a gap)")
-        if fork is None and rows:
-            async with conn.cursor().copy(_COPY) as copy:
-                for r in rows:
-                    await copy.write_row((host, *r))
-            for wid, w in _window_updates(rows).items():
-                await conn.execute(
-                    "INSERT INTO windows (host, window_id, pool, plan, opened_at, closed_at, outcome, verdict, "
-                    "restoration_verified, last_seq) VALUES (%s, %s, %s, %s, to_timestamp(%s / 1e9), "
-                    "to_timestamp(%s / 1e9), %s, %s, %s, %s) ON CONFLICT (host, window_id) DO UPDATE SET "
-                    "plan = COALESCE(EXCLUDED.plan, windows.plan), opened_at = COALESCE(EXCLUDED.opened_at, windows.opened_at), "
-                    "closed_at = COALESCE(EXCLUDED.closed_at, windows.closed_at), "
-                    "outcome = COALESCE(EXCLUDED.outcome, windows.outcome), verdict = COALESCE(EXCLUDED.verdict, windows.verdict), "
-                    "restoration_verified = COALESCE(EXCLUDED.restoration_verified, windows.restoration_verified), "
-                    "last_seq = EXCLUDED.last_seq",
-                    (host, wid, pool, w.get("plan"), w.get("opened_at"), w.get("closed_at"), w.get("outcome"),
-                     w.get("verdict"), w.get("restoration_verified"), w["last_seq"]))
-            last = rows[-1]
-            await conn.execute("UPDATE hosts SET head_seq = %s, head_hash = %s, last_event_at = to_timestamp(%s / 1e9), "
-                               "shipped_at = now() WHERE host = %s", (last[0], last[9], last[2], host))
-            head_seq = last[0]
+    try:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO hosts (host, pool) VALUES (%s, %s) ON CONFLICT (host) DO NOTHING", (host, pool))
+            cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
+            head_seq, head_hash = await cur.fetchone()
+            head_hash = bytes(head_hash) if head_hash is not None else None
+            at, local_head = await anyio.to_thread.run_sync(_local_head, db, head_seq)
+            if head_seq and at is not None and at[9] != head_hash:
+                raise _Broken(Fork(host, head_seq, "the local log's event there differs from the one shipped "
+                                                   "(rewritten after shipping)"))
+            if head_seq and local_head < head_seq:
+                raise _Broken(Fork(host, local_head + 1, f"the local log ends at seq {local_head}, the fleet holds up "
+                                                         f"to {head_seq} (truncated after shipping)"))
+            rows = await _copy(conn, host, db, head_seq, head_hash, batch) if local_head > head_seq else []
+            if rows:
+                for wid, w in _window_updates(rows).items():
+                    await conn.execute(
+                        "INSERT INTO windows (host, window_id, pool, plan, opened_at, closed_at, outcome, verdict, "
+                        "restoration_verified, last_seq) VALUES (%s, %s, %s, %s, to_timestamp(%s / 1e9), "
+                        "to_timestamp(%s / 1e9), %s, %s, %s, %s) ON CONFLICT (host, window_id) DO UPDATE SET "
+                        "plan = COALESCE(EXCLUDED.plan, windows.plan), opened_at = COALESCE(EXCLUDED.opened_at, windows.opened_at), "
+                        "closed_at = COALESCE(EXCLUDED.closed_at, windows.closed_at), "
+                        "outcome = COALESCE(EXCLUDED.outcome, windows.outcome), verdict = COALESCE(EXCLUDED.verdict, windows.verdict), "
+                        "restoration_verified = COALESCE(EXCLUDED.restoration_verified, windows.restoration_verified), "
+                        "last_seq = EXCLUDED.last_seq",
+                        (host, wid, pool, w.get("plan"), w.get("opened_at"), w.get("closed_at"), w.get("outcome"),
+                         w.get("verdict"), w.get("restoration_verified"), w["last_seq"]))
+                last = rows[-1]
+                await conn.execute("UPDATE hosts SET head_seq = %s, head_hash = %s, last_event_at = to_timestamp(%s / 1e9), "
+                                   "shipped_at = now() WHERE host = %s", (last[0], last[9], last[2], host))
+                head_seq = last[0]
+    except _Broken as b:
+        fork = b.fork
     if fork is not None:
         async with conn.transaction():
             await conn.execute("INSERT INTO alarms (host, kind, detail) VALUES (%s, 'fork', %s)", (host, str(fork)))
         raise fork
     oldest = None
     if local_head > head_seq:
-        nxt = await anyio.to_thread.run_sync(_local_rows, db, head_seq, 1)
-        oldest = nxt[1][0][2] if nxt[1] else None
+        nxt, _head = await anyio.to_thread.run_sync(_local_head, db, head_seq + 1)
+        oldest = nxt[2] if nxt else None
     return Shipped(len(rows), head_seq, local_head, oldest)
 
 
@@ -178,7 +224,7 @@ class Shipper:
                     self.fork = str(f)
                     self.log.error("fleet shipping refused: fork", host=self.cfg.host, seq=f.seq, detail=str(f))
                     continue
-                except (psycopg.Error, OSError, FleetError) as exc:
+                except Exception as exc:  # noqa: BLE001 - the database's, the network's or ours: never the window's
                     if self.error is None:
                         self.log.warning("fleet database unreachable: events wait in the local log",
                                          error=one_line(exc), lag_events=self.lag()["lag_events"])

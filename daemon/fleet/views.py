@@ -8,8 +8,11 @@ from pathlib import Path
 
 import anyio
 
+from flare_diag.daemon.fleet.config import FleetError
 from flare_diag.daemon.fleet.db import connect
+from flare_diag.daemon.reports.publish import build_report
 from flare_diag.events.chain import GENESIS, event_hash
+from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
 
 
 async def status(dsn: str) -> dict:
@@ -94,3 +97,38 @@ async def verify_host(dsn: str, host: str, db: Path | None = None) -> dict:
         if prev is not None and bytes(head[1]) != prev:
             return {**res, "ok": False, "problem": "the fleet's head hash is not its last event's hash"}
     return res
+
+
+async def rebuild_log(dsn: str, window_id: str, dest: Path) -> str:
+    """The log of the host that ran `window_id`, rebuilt from the fleet's events into `dest` (a new
+    SQLite log in the host's own format); returns the host's id."""
+    async with await connect(dsn) as conn:
+        row = await (await conn.execute("SELECT host FROM windows WHERE window_id = %s", (window_id,))).fetchone()
+        if row is None:
+            raise FleetError(f"window {window_id}: the fleet holds no such window")
+        host = row[0]
+        out = sqlite3.connect(dest)
+        try:
+            out.executescript(DDL)
+            out.execute("INSERT INTO meta (key, value) VALUES ('format', ?), ('store_version', ?)", (FORMAT, str(STORE_VERSION)))
+            async with conn.cursor(name="rebuild") as cur:
+                await cur.execute("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, "
+                                  "prev_hash, hash FROM events WHERE host = %s ORDER BY seq", (host,))
+                while rows := await cur.fetchmany(5000):
+                    out.executemany("INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, "
+                                    "payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                    [(*r[:7], bytes(r[7]), bytes(r[8]), bytes(r[9])) for r in rows])
+            out.commit()
+        finally:
+            out.close()
+    return host
+
+
+async def report(dsn: str, window_id: str) -> dict:
+    """A window's report rebuilt from the fleet's events: the same fold, verification and audit as the
+    host's own (reports/publish.build_report) over the same rows, hence the same bytes."""
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="flare-diag-fleet-report-") as tmp:
+        db = Path(tmp) / "log.db"
+        await rebuild_log(dsn, window_id, db)
+        return await anyio.to_thread.run_sync(build_report, db, window_id)

@@ -14,7 +14,6 @@ import sqlite3
 from pathlib import Path
 
 import anyio
-import psycopg
 
 import flare_diag.events.schema  # noqa: F401  (registers the event types the release is decided from)
 from flare_diag.daemon.fleet import lease
@@ -57,6 +56,11 @@ class FleetLink:
         self.pending: str | None = None  # a window between its lease and its launch: running, for the release
         self._wake = anyio.Event()
 
+    async def check_room(self) -> None:
+        """PoolFull or NeedsPerson now, before the start's preflight; takes nothing."""
+        async with await connect(self.dsn) as conn:
+            await lease.check_room(conn, self.cfg.pool, self.cfg.host)
+
     async def take_lease(self, window_id: str, caller: str) -> str:
         """Before anything changes: 'taken' or 'kept'; PoolFull, NeedsPerson or FleetError refuse the start."""
         self.pending = window_id
@@ -88,7 +92,9 @@ class FleetLink:
             try:
                 await self.reconcile()
                 self.lease_error = None
-            except (psycopg.Error, OSError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the lease waits in the database; the window never waits on it
+                if self.lease_error is None:
+                    self.log.warning("fleet lease not reconciled", host=self.cfg.host, error=one_line(exc))
                 self.lease_error = one_line(exc)
             with anyio.move_on_after(RECONCILE_S):
                 await wake.wait()

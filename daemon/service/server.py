@@ -601,6 +601,10 @@ class Service:
             # opened and never closed, and nothing is running it: its host may still be taken apart
             return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
+        if self.fleet is not None:  # a full pool is said before the preflight's reads, not after them
+            refused = await self._fleet_gate(self.fleet.check_room(), uid, pid)
+            if refused is not None:
+                return refused
         try:
             setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
                                   self.sites_dir, cmd.time_scale, cmd.caller_fixtures)
@@ -629,7 +633,7 @@ class Service:
             return control.error("another window started, or the daemon is stopping; no window starts")
         window_id = new_window_id(setup.plan)
         if self.fleet is not None:
-            refused = await self._take_lease(window_id, uid, pid)
+            refused = await self._fleet_gate(self.fleet.take_lease(window_id, f"uid {uid} pid {pid}"), uid, pid)
             if refused is not None:
                 await target.close()
                 return refused
@@ -647,13 +651,14 @@ class Service:
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
 
-    async def _take_lease(self, window_id: str, uid: int, pid: int) -> bytes | None:
-        """The pool's lease before anything changes; the refusal to send when it is not granted."""
+    async def _fleet_gate(self, call, uid: int, pid: int) -> bytes | None:
+        """The pool's room, or its lease, before anything changes: None when granted, else the refusal
+        to send (exit 4 for a full pool, naming who holds it; exit 2 for a database that cannot say)."""
         from flare_diag.daemon.fleet.config import FleetError
         from flare_diag.daemon.fleet.lease import PoolFull
         try:
             with anyio.fail_after(self.fleet.cfg.lease_timeout_s):
-                await self.fleet.take_lease(window_id, f"uid {uid} pid {pid}")
+                await call
             return None
         except PoolFull as exc:
             why, code = str(exc), "busy"

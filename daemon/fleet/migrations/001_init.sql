@@ -42,12 +42,12 @@ CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
   FOR EACH STATEMENT EXECUTE FUNCTION fleet_refuse_change();
 
--- the central side's own check: a host's head moves only forward, over events it holds, each linking
--- to the one before (the first to the old head); a shipper that skipped its checks cannot move it
+-- the central side's own check: a host's head moves only forward, over events it holds with no gap,
+-- and the first of them links to the old head (the shipper checks each link inside a batch, and
+-- `fleet verify` recomputes every hash); a shipper that skipped its checks cannot move it past a fork
 CREATE FUNCTION fleet_check_head() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   n bigint;
-  broken bigint;
 BEGIN
   IF NEW.head_seq = OLD.head_seq AND NEW.head_hash IS NOT DISTINCT FROM OLD.head_hash THEN
     RETURN NEW;
@@ -59,14 +59,9 @@ BEGIN
   IF n <> NEW.head_seq - OLD.head_seq THEN
     RAISE EXCEPTION 'host %: events % to % are not all held', NEW.host, OLD.head_seq + 1, NEW.head_seq;
   END IF;
-  SELECT e.seq INTO broken FROM (
-    SELECT seq, prev_hash, lag(hash) OVER (ORDER BY seq) AS before
-    FROM events WHERE host = NEW.host AND seq >= OLD.head_seq AND seq <= NEW.head_seq
-  ) e
-  WHERE e.seq > OLD.head_seq AND (e.before IS NOT NULL OR OLD.head_seq > 0) AND e.prev_hash IS DISTINCT FROM e.before
-  ORDER BY e.seq LIMIT 1;
-  IF broken IS NOT NULL THEN
-    RAISE EXCEPTION 'host %: fork at seq %: its prev_hash is not the hash before it', NEW.host, broken;
+  IF OLD.head_seq > 0 AND OLD.head_hash IS DISTINCT FROM
+      (SELECT prev_hash FROM events WHERE host = NEW.host AND seq = OLD.head_seq + 1) THEN
+    RAISE EXCEPTION 'host %: fork at seq %: its prev_hash is not the head''s hash', NEW.host, OLD.head_seq + 1;
   END IF;
   IF NEW.head_hash IS DISTINCT FROM (SELECT hash FROM events WHERE host = NEW.host AND seq = NEW.head_seq) THEN
     RAISE EXCEPTION 'host %: head hash is not the hash of seq %', NEW.host, NEW.head_seq;
