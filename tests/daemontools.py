@@ -62,11 +62,15 @@ class Daemon:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30) -> Daemon:
+    def start(self, timeout: float = 30, wait: bool = True) -> Daemon:
+        """Starts the process; with `wait`, returns once it is ready (else call `wait_ready`)."""
         self._out = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon", "--socket", str(self.socket), "--state-dir",
                                       str(self.state), "--sites-dir", str(self.sites), *self.args], cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=self.env,
                                      preexec_fn=self._limits if self.max_files else None)
+        return self.wait_ready(timeout) if wait else self
+
+    def wait_ready(self, timeout: float = 30) -> Daemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(r.get("event") == "ready" for r in self.records()[self._seen:]):

@@ -39,6 +39,22 @@ def sim(tmp_path):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def pool_plan(tmp_path_factory) -> Path:
+    """The shipped plan cut to its first incarnation's identity and prime on the eight-body fixture: a
+    whole window (take-down, load, measure, restore, readmit) in a few seconds at x100."""
+    from tests.daemontools import PLAN
+    text = PLAN.read_text()
+    head, _, rest = text.partition("[[phases]]")
+    phases = rest.split("[[phases]]")
+    keep = "[[phases]]" + phases[0] + "[[phases]]" + phases[1]
+    conditional = rest[rest.index("[[conditional]]"):]
+    p = tmp_path_factory.mktemp("plan") / "pool-window.toml"
+    p.write_text((head.replace('name = "2026-10-22-cache-diagnosis"', 'name = "pool-window"') + keep.split("[trace]")[0]
+                  + conditional).replace('fixture = "c1-52"', 'fixture = "tok1024"'))
+    return p
+
+
 def _pool(dsn: str, k: int, pool: str = "pool-a") -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s)", (pool, k))
@@ -54,8 +70,8 @@ def _daemon(tmp: Path, dsn: str) -> Daemon:
     return Daemon(tmp, args=("--fleet", str(_fleet_file(tmp, dsn)))).start()
 
 
-def _start(d: Daemon, small_plan: Path, sim: Sim, scale: float = SCALE):
-    return d.cli("start", str(small_plan), "--site", sim.site.stem, "--time-scale", str(scale), "--accept-partial")
+def _start(d: Daemon, pool_plan: Path, sim: Sim, scale: float = SCALE):
+    return d.cli("start", str(pool_plan), "--site", sim.site.stem, "--time-scale", str(scale), "--accept-partial")
 
 
 def _query(dsn: str, sql: str, args=()) -> list[tuple]:
@@ -83,11 +99,11 @@ def _shipped_all(dsn: str, db: Path) -> bool:
     return central == _local(db)
 
 
-def test_a_window_takes_the_pools_lease_ships_every_event_and_gives_the_lease_back(tmp_path, fleet_dsn, sim, small_plan):
+def test_a_window_takes_the_pools_lease_ships_every_event_and_gives_the_lease_back(tmp_path, fleet_dsn, sim, pool_plan):
     _pool(fleet_dsn, 1)
     d = _daemon(tmp_path, fleet_dsn)
     try:
-        p = _start(d, small_plan, sim)
+        p = _start(d, pool_plan, sim)
         assert p.returncode == 0, p.stderr
         window_id = p.stdout.strip().splitlines()[-1]
         assert _query(fleet_dsn, "SELECT host, window_id, state FROM leases") == [("h1", window_id, "held")]
@@ -104,13 +120,13 @@ def test_a_window_takes_the_pools_lease_ships_every_event_and_gives_the_lease_ba
 
 
 def test_a_start_on_a_full_pool_is_refused_with_exit_4_naming_the_holder_and_the_host_untouched(
-        tmp_path, fleet_dsn, sim, small_plan):
+        tmp_path, fleet_dsn, sim, pool_plan):
     _pool(fleet_dsn, 1)
     with psycopg.connect(fleet_dsn, autocommit=True) as c:
         c.execute("INSERT INTO leases (host, pool, window_id) VALUES ('h9', 'pool-a', 'w-other')")
     d = _daemon(tmp_path, fleet_dsn)
     try:
-        p = _start(d, small_plan, sim)
+        p = _start(d, pool_plan, sim)
         loaded = sim.get("/manager/v1/state")
     finally:
         d.stop()
@@ -122,11 +138,11 @@ def test_a_start_on_a_full_pool_is_refused_with_exit_4_naming_the_holder_and_the
         assert c.execute("SELECT COUNT(*) FROM events WHERE type = 'window_opened'").fetchone() == (0,)
 
 
-def test_a_start_with_the_fleet_database_unreachable_is_refused_and_changes_nothing(tmp_path, pg, sim, small_plan):
+def test_a_start_with_the_fleet_database_unreachable_is_refused_and_changes_nothing(tmp_path, pg, sim, pool_plan):
     gone = pg.database_dsn("no_such_database")
     d = _daemon(tmp_path, gone)
     try:
-        p = _start(d, small_plan, sim)
+        p = _start(d, pool_plan, sim)
         loaded = sim.get("/manager/v1/state")
     finally:
         d.stop()
@@ -201,21 +217,6 @@ def test_a_daemon_killed_mid_window_keeps_its_lease_restores_after_restart_and_o
     assert _query(fleet_dsn, "SELECT change FROM lease_log ORDER BY id") == [("taken",), ("released",)]
 
 
-def _pool_plan(tmp: Path) -> Path:
-    """The shipped plan cut to its first incarnation's identity and prime on the eight-body fixture: a
-    whole window (take-down, load, measure, restore, readmit) in a few seconds at x100."""
-    from tests.daemontools import PLAN
-    text = PLAN.read_text()
-    head, _, rest = text.partition("[[phases]]")
-    phases = rest.split("[[phases]]")
-    keep = "[[phases]]" + phases[0] + "[[phases]]" + phases[1]
-    conditional = rest[rest.index("[[conditional]]"):]
-    p = tmp / "pool-window.toml"
-    p.write_text((head.replace('name = "2026-10-22-cache-diagnosis"', 'name = "pool-window"') + keep.split("[trace]")[0]
-                  + conditional).replace('fixture = "c1-52"', 'fixture = "tok1024"'))
-    return p
-
-
 def _control_start(d: Daemon, plan: Path, site: str, scale: float) -> dict:
     """`start` over the control socket itself, as a script would (the CLI is one client of it): twelve
     operators retrying through a CLI process each would spend the machine on interpreters."""
@@ -257,20 +258,23 @@ def _intervals(dsn: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_primaries_out(tmp_path, fleet_dsn):
+def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_primaries_out(tmp_path, fleet_dsn, pool_plan):
     import threading
     hosts, windows_each = 12, 3
     _pool(fleet_dsn, 2)
-    plan = _pool_plan(tmp_path)
+    plan = pool_plan
     sims, daemons, errors = [], [], []
     try:
-        for i in range(hosts):
-            d_tmp = tmp_path / f"h{i:02d}"
-            d_tmp.mkdir()
-            sims.append(Sim(d_tmp, time_scale=POOL_SCALE))
-            daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, f"h{i:02d}")))))
+        from concurrent.futures import ThreadPoolExecutor
+        folders = [tmp_path / f"h{i:02d}" for i in range(hosts)]
+        for f in folders:
+            f.mkdir()
+        with ThreadPoolExecutor(hosts) as pool:  # twelve simulators start side by side
+            sims.extend(pool.map(lambda f: Sim(f, time_scale=POOL_SCALE), folders))
+        for i, f in enumerate(folders):
+            daemons.append(Daemon(f, args=("--fleet", str(_fleet_file(f, fleet_dsn, f"h{i:02d}")))).start(wait=False))
         for d in daemons:
-            d.start()
+            d.wait_ready(120)
         go = threading.Barrier(hosts)
 
         def operator(d: Daemon, sim: Sim) -> None:
@@ -320,3 +324,44 @@ def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_prima
 def _shipped_all_for(dsn: str, host: str, db: Path) -> bool:
     central = [(s, bytes(h)) for s, h in _query(dsn, "SELECT seq, hash FROM events WHERE host = %s ORDER BY seq", (host,))]
     return central == _local(db)
+
+
+def test_a_campaign_of_two_hosts_and_two_repeats_runs_every_run_through_a_pool_of_one(tmp_path, fleet_dsn, pool_plan):
+    import json
+    import subprocess
+    import sys
+
+    from tests.daemontools import ROOT
+    _pool(fleet_dsn, 1)
+    plan = pool_plan
+    sims, daemons = [], []
+    try:
+        for h in ("c1", "c2"):
+            d_tmp = tmp_path / h
+            d_tmp.mkdir()
+            sims.append(Sim(d_tmp, time_scale=POOL_SCALE))
+            daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, h)))).start())
+        fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
+        p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--hosts", "c1,c2", "--repeats", "2",
+                            "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", fleet_dsn],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        campaign = p.stdout.split()[1].rstrip(":")
+
+        def shown() -> dict:
+            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", fleet_dsn], cwd=ROOT, capture_output=True,
+                               text=True, timeout=60)
+            assert q.returncode == 0, q.stderr
+            return json.loads(q.stdout)
+
+        done = _wait(lambda: (s := shown())["summary"]["done"] == 4 and s, 300, "every run to be done")
+        loaded = [s.get("/manager/v1/state")["loaded"]["recipe"] for s in sims]
+    finally:
+        for d in daemons:
+            d.stop()
+        for s in sims:
+            s.stop()
+    assert done["summary"]["restorations_verified"] == 4 and loaded == ["glm-incumbent", "glm-incumbent"]
+    assert sorted((r["host"], r["repeat"]) for r in done["runs"]) == [("c1", 1), ("c1", 2), ("c2", 1), ("c2", 2)]
+    assert len({r["window_id"] for r in done["runs"]}) == 4
+    assert _query(fleet_dsn, "SELECT COUNT(*) FROM lease_log WHERE change = 'taken'") == [(4,)]

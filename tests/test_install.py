@@ -43,6 +43,7 @@ def test_the_wheel_ships_the_units_the_site_templates_the_build_script_and_the_d
     shipped = {"flare_diag/share/systemd/flare-diagd.service", "flare_diag/share/systemd/flare-diag.sysusers.conf",
                "flare_diag/share/systemd/flare-diag.tmpfiles.conf", "flare_diag/share/docs/operations.md",
                "flare_diag/share/docs/site-profile.md", "flare_diag/fixtures/engines/llamacpp/build.sh",
+               "flare_diag/daemon/fleet/migrations/001_init.sql",
                *(f"flare_diag/daemon/templates/{k}.toml" for k in ("flare", "vllm", "sglang", "llamacpp"))}
     assert shipped <= names, shipped - names
     docs = {p.name for p in (ROOT / "docs").glob("*.md")}

@@ -50,12 +50,26 @@ def add_parser(sub, parser_class) -> None:
     st.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     conn_flags(st)
     wl = fsub.add_parser("windows", help="windows across the fleet, newest first")
-    wl.add_argument("--host", default=None)
-    wl.add_argument("--plan", default=None)
-    wl.add_argument("--verdict", default=None)
+    wl.add_argument("--host", default=None, help="only this host's windows")
+    wl.add_argument("--plan", default=None, help="only windows of this plan (its name)")
+    wl.add_argument("--verdict", default=None, help="only windows with this verdict (e.g. row_checkpoint_churn)")
     wl.add_argument("--since", default=None, help="an ISO date or time")
     wl.add_argument("--json", action="store_true", help="one JSON object per line")
     conn_flags(wl)
+    cp = fsub.add_parser("campaign", help="one plan queued on several hosts, each run claimed by its host's daemon")
+    csub = cp.add_subparsers(dest="campaign_cmd", required=True, parser_class=parser_class)
+    cc = csub.add_parser("create", help="queue a plan's runs on hosts (repeats run side by side, repeat by repeat)")
+    cc.add_argument("--plan", type=Path, required=True, help="the plan (TOML); its content is stored, checked by hash")
+    cc.add_argument("--site", required=True, help="the site's name in each host's own sites directory")
+    cc.add_argument("--hosts", required=True, help="comma-separated host ids")
+    cc.add_argument("--repeats", type=int, default=1, help="runs per host (default 1)")
+    cc.add_argument("--time-scale", type=float, default=1.0, help="for simulated sites only (default 1)")
+    cc.add_argument("--accept-partial", action="store_true", help="start even if the forecast says required cells do not fit")
+    conn_flags(cc)
+    cs = csub.add_parser("show", help="every run of a campaign: state, window, outcome, verdict, restoration, report")
+    cs.add_argument("campaign", type=int, help="the campaign's number")
+    cs.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    conn_flags(cs)
     rp = fsub.add_parser("report", help="a window's report rebuilt from the fleet's events (the host's own, byte for byte)")
     rp.add_argument("window", help="the window id")
     rp.add_argument("--format", choices=["json", "md", "html"], default="json", help="the report's format")
@@ -161,6 +175,36 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
                 restored = {True: "restoration verified", False: "restoration NOT verified", None: "-"}[r["restoration_verified"]]
                 print(f"{r['window_id']}  {r['host']}  {r['opened_at'] or '-'}  {r['outcome'] or 'OPEN'}  "
                       f"verdict {r['verdict'] or '-'}  {restored}")
+        return EXIT_OK
+    if cmd == "campaign":
+        from flare_diag.daemon.fleet import campaigns
+        if args.campaign_cmd == "create":
+            try:
+                raw = args.plan.read_bytes()
+            except OSError as exc:
+                raise UsageError(f"{args.plan}: cannot be read ({exc.strerror or exc})") from None
+            from flare_diag.policies.plan import PlanError, decode_plan
+            try:
+                plan = decode_plan(raw, str(args.plan))
+            except PlanError as exc:
+                raise UsageError(str(exc)) from None
+            cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
+                                         args.repeats, args.time_scale, args.accept_partial, _caller())
+            print(f"campaign {cid}: {plan.name} on {args.hosts} x{args.repeats}")
+            return EXIT_OK
+        shown = await campaigns.show(dsn, args.campaign)
+        if args.json:
+            print(json.dumps(shown))
+            return EXIT_OK
+        s = shown["summary"]
+        print(f"campaign {shown['campaign']}: {shown['plan']} (sha256 {shown['plan_sha256'][:16]}) on site "
+              f"{shown['site']}: {s['done']} of {s['runs']} runs done, {s['restorations_verified']} restorations "
+              f"verified, verdicts {', '.join(s['verdicts']) or '-'}{' (all agree)' if s['verdicts_agree'] else ''}")
+        for r in shown["runs"]:
+            print(f"  run {r['run']:>3}  {r['host']}  repeat {r['repeat']}  {r['state']:8}  {r['window_id'] or '-'}  "
+                  f"{r['outcome'] or '-'}  verdict {r['verdict'] or '-'}  "
+                  f"restoration {'verified' if r['restoration_verified'] else '-' if r['restoration_verified'] is None else 'NOT verified'}"
+                  + (f"  ({r['detail']})" if r["detail"] and r["state"] != "done" else ""))
         return EXIT_OK
     if cmd == "report":
         import sys

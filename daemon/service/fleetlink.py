@@ -10,40 +10,46 @@ that lost the database at the wrong moment, releases its lease once its own log 
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from pathlib import Path
 
 import anyio
 
 import flare_diag.events.schema  # noqa: F401  (registers the event types the release is decided from)
-from flare_diag.daemon.fleet import lease
+from flare_diag.daemon.fleet import campaigns, lease
 from flare_diag.daemon.fleet.config import FleetConfig
 from flare_diag.daemon.fleet.db import connect, one_line
 from flare_diag.daemon.fleet.shipper import Shipper
 from flare_diag.events.base import decode_payload
 
 RECONCILE_S = 5.0
+CAMPAIGN_POLL_S = 5.0  # a daemon with nothing to wake it looks for queued runs this often
+CAMPAIGN_BUSY_S = 2.0  # after the pool refused a run, the wait before this host tries again
 CALLER = "flare-diagd"
 
 
-def window_end(db: Path, window_id: str) -> tuple[bool, bool, bool]:
-    """(opened, closed, restoration verified) of a window, as its local log records them."""
+def window_end(db: Path, window_id: str) -> dict:
+    """What a window's local log records of its end: opened, closed, outcome, verdict, restoration verified."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
         opened = conn.execute("SELECT 1 FROM events WHERE window_id = ? AND type = 'window_opened'",
                               (window_id,)).fetchone() is not None
         rows = conn.execute("SELECT type, schema_v, payload FROM events WHERE window_id = ? AND type IN "
-                            "('window_closed', 'restoration_recorded') ORDER BY seq", (window_id,)).fetchall()
+                            "('window_closed', 'restoration_recorded', 'verdict_reached') ORDER BY seq",
+                            (window_id,)).fetchall()
     finally:
         conn.close()
-    closed = verified = False
+    end = {"opened": opened, "closed": False, "outcome": None, "verdict": None, "verified": False}
     for type_, v, payload in rows:
         ev = decode_payload(type_, v, payload)
         if type_ == "window_closed":
-            closed = True
+            end.update(closed=True, outcome=ev.outcome)
+        elif type_ == "verdict_reached":
+            end["verdict"] = ev.hypothesis
         else:
-            verified = bool(ev.verified)
-    return opened, closed, verified
+            end["verified"] = bool(ev.verified)
+    return end
 
 
 class FleetLink:
@@ -54,6 +60,9 @@ class FleetLink:
         self.lease: dict | None = None  # as the database last said
         self.lease_error: str | None = None
         self.pending: str | None = None  # a window between its lease and its launch: running, for the release
+        self.starter = None  # set by the service: async (campaigns.Run) -> the start's reply as a dict
+        self.idle = lambda: False  # set by the service: whether a new window may start now
+        self.campaigns = False  # the database has campaigns (and this link is listening for runs)
         self._wake = anyio.Event()
 
     async def check_room(self) -> None:
@@ -85,6 +94,7 @@ class FleetLink:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.shipper.run)
             tg.start_soon(self._reconcile_forever)
+            tg.start_soon(self._campaigns_forever)
 
     async def _reconcile_forever(self) -> None:
         while True:
@@ -105,20 +115,78 @@ class FleetLink:
         async with await connect(self.dsn) as conn:
             held = await lease.held(conn, self.cfg.host)
             if held is not None and held["state"] == "held" and held["window_id"] not in (self.running(), self.pending):
-                opened, closed, verified = await anyio.to_thread.run_sync(window_end, self.db, held["window_id"])
-                if not opened:
+                end = await anyio.to_thread.run_sync(window_end, self.db, held["window_id"])
+                if not end["opened"]:
                     # its start was refused after the lease was granted: nothing on the host changed
                     await lease.release(conn, self.cfg.host, CALLER, "the window never opened",
                                         window_id=held["window_id"])
-                elif closed and verified:
+                elif end["closed"] and end["verified"]:
                     await lease.release(conn, self.cfg.host, CALLER, "restoration verified and readmitted",
                                         window_id=held["window_id"])
                     self.log.info("fleet lease released", pool=self.cfg.pool, host=self.cfg.host,
                                   window_id=held["window_id"])
-                elif closed:
+                elif end["closed"]:
                     await lease.needs_person(conn, self.cfg.host, held["window_id"], CALLER,
                                              "the window closed with its restoration not verified")
                     self.log.error("fleet lease kept for a person: the restoration did not verify",
                                    pool=self.cfg.pool, host=self.cfg.host, window_id=held["window_id"])
                 held = await lease.held(conn, self.cfg.host)
             self.lease = held
+            if self.campaigns:
+                await self._finish_runs(conn)
+
+    async def _finish_runs(self, conn) -> None:
+        """Campaign runs of this host whose windows have closed, marked done from the local log."""
+        for wid in await campaigns.running(conn, self.cfg.host):
+            if wid in (self.running(), self.pending):
+                continue
+            end = await anyio.to_thread.run_sync(window_end, self.db, wid)
+            if end["closed"] or not end["opened"]:
+                await campaigns.finish(conn, wid, end["outcome"], end["verdict"], end["verified"])
+                self.log.info("campaign run done", host=self.cfg.host, window_id=wid, outcome=end["outcome"])
+
+    async def _campaigns_forever(self) -> None:
+        """Claims this host's queued runs while no window runs: woken by NOTIFY, or every CAMPAIGN_POLL_S."""
+        quiet = False
+        while True:
+            try:
+                async with await connect(self.dsn, autocommit=True) as listen:
+                    await listen.execute("LISTEN flare_diag_runs")
+                    self.campaigns = True
+                    quiet = False
+                    while True:
+                        busy = await self._claim_and_start()
+                        if busy:  # the pool is full: its requeue notifies us at once, so wait it out
+                            await anyio.sleep(CAMPAIGN_BUSY_S)
+                        async for _note in listen.notifies(timeout=CAMPAIGN_POLL_S, stop_after=1):
+                            pass
+            except Exception as exc:  # noqa: BLE001 - campaigns wait in the database; no window waits on them
+                if not quiet:
+                    self.log.warning("fleet campaigns not followed", host=self.cfg.host, error=one_line(exc))
+                    quiet = True
+                await anyio.sleep(CAMPAIGN_POLL_S)
+
+    async def _claim_and_start(self) -> bool:
+        """Starts this host's next queued run if the daemon is idle; True when the pool was full."""
+        if self.starter is None or not self.idle() or self.pending is not None:
+            return False
+        async with await connect(self.dsn) as conn:
+            run = await campaigns.claim(conn, self.cfg.host)
+            if run is None:
+                return False
+            if hashlib.sha256(run.plan_toml.encode()).hexdigest() != run.plan_sha256:
+                await campaigns.mark(conn, run, "refused", detail="the plan's content does not match its sha256")
+                return False
+            reply = await self.starter(run)
+            if reply.get("ok"):
+                await campaigns.mark(conn, run, "running", reply["window_id"])
+                self.log.info("campaign run started", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                              window_id=reply["window_id"])
+                return False
+            if reply.get("code") == "busy":
+                await campaigns.mark(conn, run, "queued", detail=reply.get("error", ""))
+                return True
+            await campaigns.mark(conn, run, "refused", detail=reply.get("error", ""))
+            self.log.warning("campaign run refused", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                             error=reply.get("error"))
+            return False

@@ -651,6 +651,13 @@ class Service:
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
 
+    async def start_run(self, run) -> dict:
+        """A fleet campaign's run, started as an operator's `start` would be, by the daemon itself."""
+        reply = await self._start(Start(plan_toml=run.plan_toml, site=run.site, plan_label=run.label,
+                                        time_scale=run.time_scale, accept_partial=run.accept_partial),
+                                  os.getuid(), os.getpid())
+        return msgspec.json.decode(reply)
+
     async def _fleet_gate(self, call, uid: int, pid: int) -> bytes | None:
         """The pool's room, or its lease, before anything changes: None when granted, else the refusal
         to send (exit 4 for a full pool, naming who holds it; exit 2 for a database that cannot say)."""
@@ -899,6 +906,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet = FleetLink(fleet_cfg, dsn, state_dir / "log.db", log, lambda: svc.window.window_id if svc.window else None)
     svc = Service(state_dir, a.socket or default_socket(), log, Notifier(), a.sites_dir,
                   a.trust_log, metrics, a.archive_keep_days, fleet)
+    if fleet is not None:
+        fleet.starter = svc.start_run
+        fleet.idle = lambda: svc.window is None and svc.stuck is None and not svc.stopping
     try:
         return anyio.run(svc.run)
     except Exception as exc:

@@ -1,0 +1,117 @@
+"""Campaigns: one plan queued on several hosts (repeats included), each run claimed by its host's daemon.
+
+A run is claimed with `FOR UPDATE SKIP LOCKED` (two claimers never take the same run and never wait on
+each other), started as an operator's `start` would be (the plan's content from the database, checked
+against its hash; the site a name in the host's own sites directory), and closed from the host's own
+log once its window closes. A run refused because the pool is full goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import psycopg
+
+from flare_diag.daemon.fleet.config import FleetError, check_name
+from flare_diag.daemon.fleet.db import connect
+
+
+@dataclass
+class Run:
+    campaign: int
+    run: int
+    repeat: int
+    plan_toml: str
+    plan_sha256: str
+    site: str
+    time_scale: float
+    accept_partial: bool
+
+    @property
+    def label(self) -> str:
+        return f"campaign {self.campaign} run {self.run}"
+
+
+async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: list[str], repeats: int,
+                 time_scale: float, accept_partial: bool, caller: str) -> int:
+    for h in hosts:
+        check_name("host", h)
+    check_name("site", site)
+    if not hosts or len(set(hosts)) != len(hosts):
+        raise FleetError(f"--hosts {','.join(hosts)}: expected one or more distinct hosts")
+    if not 1 <= repeats <= 100:
+        raise FleetError(f"--repeats {repeats}: expected 1 to 100")
+    sha = hashlib.sha256(plan_toml.encode()).hexdigest()
+    async with await connect(dsn) as conn:
+        async with conn.transaction():
+            row = await (await conn.execute(
+                "INSERT INTO campaigns (plan_name, plan_toml, plan_sha256, site, time_scale, accept_partial, repeats, "
+                "created_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING campaign",
+                (plan_name, plan_toml, sha, site, time_scale, accept_partial, repeats, caller))).fetchone()
+            campaign = row[0]
+            n = 0
+            for r in range(1, repeats + 1):
+                for h in hosts:  # repeat by repeat, so that the hosts' runs of one repeat sit side by side
+                    n += 1
+                    await conn.execute("INSERT INTO runs (campaign, run, host, repeat) VALUES (%s, %s, %s, %s)",
+                                       (campaign, n, h, r))
+    return campaign
+
+
+async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
+    """This host's next queued run, claimed; None when it has none."""
+    async with conn.transaction():
+        row = await (await conn.execute(
+            "SELECT r.campaign, r.run, r.repeat, c.plan_toml, c.plan_sha256, c.site, c.time_scale, c.accept_partial "
+            "FROM runs r JOIN campaigns c USING (campaign) WHERE r.host = %s AND r.state = 'queued' "
+            "ORDER BY r.campaign, r.run LIMIT 1 FOR UPDATE OF r SKIP LOCKED", (host,))).fetchone()
+        if row is None:
+            return None
+        await conn.execute("UPDATE runs SET state = 'claimed', claimed_at = now() WHERE campaign = %s AND run = %s",
+                           (row[0], row[1]))
+    return Run(*row)
+
+
+async def mark(conn: psycopg.AsyncConnection, run: Run, state: str, window_id: str | None = None, detail: str = "") -> None:
+    async with conn.transaction():
+        await conn.execute("UPDATE runs SET state = %s, window_id = COALESCE(%s, window_id), detail = %s "
+                           "WHERE campaign = %s AND run = %s", (state, window_id, detail, run.campaign, run.run))
+
+
+async def running(conn: psycopg.AsyncConnection, host: str) -> list[str]:
+    """Window ids of this host's runs still marked running."""
+    rows = await (await conn.execute("SELECT window_id FROM runs WHERE host = %s AND state = 'running'", (host,))).fetchall()
+    return [r[0] for r in rows]
+
+
+async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | None, verdict: str | None,
+                 verified: bool) -> None:
+    async with conn.transaction():
+        await conn.execute("UPDATE runs SET state = 'done', finished_at = now(), outcome = %s, verdict = %s, "
+                           "restoration_verified = %s WHERE window_id = %s AND state = 'running'",
+                           (outcome, verdict, verified, window_id))
+
+
+async def show(dsn: str, campaign: int) -> dict:
+    async with await connect(dsn) as conn:
+        c = await (await conn.execute("SELECT campaign, plan_name, plan_sha256, site, repeats, created_at, created_by "
+                                      "FROM campaigns WHERE campaign = %s", (campaign,))).fetchone()
+        if c is None:
+            raise FleetError(f"campaign {campaign}: no such campaign")
+        runs = await (await conn.execute(
+            "SELECT run, host, repeat, state, window_id, outcome, verdict, restoration_verified, detail FROM runs "
+            "WHERE campaign = %s ORDER BY run", (campaign,))).fetchall()
+    rows = [{"run": r, "host": h, "repeat": rep, "state": s, "window_id": w, "outcome": o, "verdict": v,
+             "restoration_verified": rv, "detail": d, "report": f"flare-diag fleet report {w}" if w else None}
+            for r, h, rep, s, w, o, v, rv, d in runs]
+    done = [r for r in rows if r["state"] == "done"]
+    verdicts = sorted({r["verdict"] for r in done if r["verdict"]})
+    return {"campaign": c[0], "plan": c[1], "plan_sha256": c[2], "site": c[3], "repeats": c[4],
+            "created_at": c[5].isoformat(), "created_by": c[6], "runs": rows,
+            "summary": {"runs": len(rows), "done": len(done),
+                        "restorations_verified": sum(1 for r in done if r["restoration_verified"]),
+                        "verdicts": verdicts,
+                        # one plan (by hash), one site name, each run on the host it was queued for: the
+                        # repeats are matched in what the fleet can see; the windows' own logs hold the rest
+                        "verdicts_agree": len(verdicts) <= 1 and len(done) == len(rows)}}
