@@ -372,3 +372,14 @@ def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is
     left = next(a for a in r["alarms"] if a["kind"] == "primary_left_quiesced")
     assert "containment" in left["detail"] and "before readmit" in left["detail"]
     assert not [x for x in seen if "/readmit" in x.get("path", "")]
+
+
+def test_reproduce_fit_on_a_contract_hosts_lru_of_records_recovers_its_capacity_and_agrees_on_every_request(churn_window):
+    _rc, _r, out = churn_window
+    p = flare_diag("reproduce", str(out / "log.db"), "--fit", "--json")
+    fitted = json.loads(p.stdout)
+    assert p.returncode == 0, p.stderr
+    assert fitted["best"]["family"] == "lru_records" and fitted["best"]["capacity"] == 4
+    assert fitted["best"]["agreed"] == fitted["best"]["compared"] > 0
+    assert {f["family"] for f in fitted["runners_up"]} == {"seed_pools", "block_lru"}
+    assert set(fitted["policies"]) == {"lru", "fifo", "lfu"}

@@ -341,3 +341,56 @@ def test_drain_checks_are_summarised_and_shown_open_when_one_did_not_settle(log)
     assert "<details><summary>" + f"{len(r['drains'])} drains, all settled" in render_html(r)
     r["drains"][0] = {**r["drains"][0], "settled": False}
     assert "<details open><summary>" + f"{len(r['drains'])} drains, 1 did NOT settle" in render_html(r)
+
+
+@pytest.fixture(scope="module")
+def unmatched_log(tmp_path_factory) -> Path:
+    """Three candidate and three baseline repeats, and one window each that differs in its fixtures, its
+    concurrency or its identity."""
+    import copy
+
+    from tests.policy_world import plan_builtins
+    db = tmp_path_factory.mktemp("unmatched") / "log.db"
+    base = plan_builtins()
+    base.pop("trace", None)  # the trace arms and the optional control are not what is matched: leave them out
+    base["phases"] = [ph for ph in base["phases"] if not ph.get("optional")]
+    fixtures, concurrency, identity = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    for ph in fixtures["phases"]:
+        if ph.get("fixture") == "c1-52":
+            ph["fixture"] = "tok1024"
+    for ph in concurrency["phases"]:
+        if ph["id"] == "A.reverse_replay":
+            ph["concurrency"] = 4
+    identity["identity"]["model"] = "another-model"
+
+    async def write() -> None:
+        for w in ("c1", "c2", "c3", "b1", "b2", "b3"):
+            await write_window(db, window_id=w, plan=base)
+        for w, plan in (("fixtures", fixtures), ("concurrency", concurrency), ("identity", identity)):
+            await write_window(db, window_id=w, plan=plan)
+    asyncio.run(write())
+    return db
+
+
+@pytest.mark.parametrize("field,named", [("fixtures", "bytes"), ("concurrency", "[1] vs [1, 4]"),
+                                         ("identity", "model dec48abd vs another-model")])
+def test_report_compare_refuses_repeats_that_differ_naming_the_field(unmatched_log, capsys, field, named):
+    assert main(["report", "compare", str(unmatched_log), "--windows", "c1", "c2", field,
+                 "--baseline", "b1", "b2", "b3"]) == 2
+    err = capsys.readouterr().err
+    assert f"repeats are not matched: {field} differs between window c1 and window {field}" in err and named in err
+
+
+def test_report_compare_uses_exactly_the_repeats_asked_for(unmatched_log, capsys):
+    assert main(["report", "compare", str(unmatched_log), "--windows", "c1", "c2", "c3", "b1",
+                 "--baseline", "b2", "b3"]) == 2
+    assert "exactly 3 repeats a side" in capsys.readouterr().err
+
+
+def test_report_compare_says_whether_noise_could_explain_each_difference(repeats_log, capsys):
+    assert main(["report", "compare", str(repeats_log), "--windows", "c1", "c2", "c3", "--baseline", "b1", "b2", "b3",
+                 "--json"]) == 1
+    stats = json.loads(capsys.readouterr().out)["statistics"]
+    ttft = stats["median_ttft_ms"]
+    assert set(stats) == {"median_ttft_ms", "p95_end_to_end_ms", "decode_ms_per_token"}
+    assert ttft["change"] == 0 and ttft["noise_could_explain"] and len(ttft["interval"]) == 2

@@ -126,3 +126,12 @@ def test_reproduce_trace_with_out_writes_the_json_and_a_page_with_its_capacity_c
     assert json.loads((tmp_path / "reproduce.json").read_text()) == rep
     page = (tmp_path / "reproduce.html").read_text()
     assert "id=chart-capacity" in page and 'class="tick-x"' in page and "<script" not in page
+
+
+def test_reproduce_fit_on_a_rehearsals_log_picks_the_seeds_pools_at_the_windows_own_capacity(default_rehearsal, capsys):
+    out = default_rehearsal[2]
+    rc, fitted = _reproduce(capsys, str(out / "log.db"), "--fit")
+    assert rc == 0 and fitted["best"]["family"] == "seed_pools" and fitted["best"]["capacity"] == 52
+    assert fitted["best"]["agreed"] == fitted["best"]["compared"] > 200
+    assert all(f["agreed"] < fitted["best"]["agreed"] for f in fitted["runners_up"])
+    assert set(fitted["policies"]) == set(POLICIES)

@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
     rp.add_argument("--windows", nargs="+", default=None, help="with compare: the candidate's repeats")
     rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats")
+    rp.add_argument("--repeats", type=int, default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
     rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
 
     sim = sub.add_parser("sim", help="the simulated Flare host")
@@ -167,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "block_lru (the block-level baseline); default: none for a log, all four for a trace")
     rp2.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
                      help="a request agrees when predicted and observed host reuse differ by at most this")
+    rp2.add_argument("--fit", action="store_true",
+                     help="with a log: fit a family of host-cache models (an LRU over records, the seed's pools, "
+                          "a block LRU) and their capacity to the window's own requests; the best fit and the "
+                          "runners-up, and the policies compared on the fitted model (exit 0: the best fit agrees "
+                          "on every request)")
     rp2.add_argument("--trace", type=Path, default=None, metavar="FILE",
                      help="a Mooncake-format trace (JSON lines: input_length, output_length, hash_ids) instead of a log")
     rp2.add_argument("--capacity-blocks", type=int, action="append", default=[], metavar="N",
@@ -373,6 +379,12 @@ def _reproduce(args: argparse.Namespace) -> int:
         if not args.log.is_file():
             raise UsageError(f"{args.log}: no such log file")
         damaged = integrity_warning(args.log)
+        if args.fit:
+            from flare_diag.daemon.reproducer.fit import fit_window, render_fit
+            fitted = fit_window(args.log, args.window, sc, args.tolerance)
+            print(msgspec.json.encode(fitted).decode() if args.json else "\n".join(render_fit(fitted)))
+            return EXIT_OK if fitted.best.agreed == fitted.best.compared and fitted.best.compared and not damaged \
+                else EXIT_FAILED
         try:
             rep = reproduce_window(args.log, args.window, sc, parse_policies(args.policies, []), args.tolerance)
         except ReproduceError as exc:
@@ -694,25 +706,29 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.reports.compare import CompareError, compare
+    from flare_diag.daemon.reports.compare import CompareError, compare, noise_line
     if args.db is None or not args.db.is_file():
         raise UsageError(f"report compare: expected the log file after 'compare' (got {args.db})")
     if not args.windows or not args.baseline:
         raise UsageError("report compare: expected --windows A B C and --baseline X")
     try:
-        verdict, runs = compare(args.db, args.windows, args.baseline)
+        verdict, runs, stats = compare(args.db, args.windows, args.baseline, args.repeats)
     except CompareError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
         import json
+        import msgspec
         print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason, "runs": {
             w: {"role": "candidate" if w in args.windows else "baseline", "correct": run.correct,
-                "median_ttft_ms": run.primary, "protected": run.protected} for w, run in runs.items()}}))
+                "median_ttft_ms": run.primary, "protected": run.protected} for w, run in runs.items()},
+            "statistics": {s.metric: msgspec.to_builtins(s) for s in stats}}))
         return EXIT_OK if verdict.accepted else EXIT_FAILED
     for w, run in runs.items():
         role = "candidate" if w in args.windows else "baseline"
         prot = ", ".join(f"{k} {v:.1f}" for k, v in run.protected.items())
         print(f"{role:9} {w}: correct {'yes' if run.correct else 'no'}, median TTFT {run.primary:.1f} ms, {prot}")
+    for s in stats:
+        print(noise_line(s))
     print(verdict.reason)
     return EXIT_OK if verdict.accepted else EXIT_FAILED
 

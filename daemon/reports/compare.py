@@ -43,12 +43,125 @@ def run_of(report: dict) -> Run:
                           "decode_ms_per_token": statistics.median(per_tok) if per_tok else float("inf")})
 
 
-def compare(db: Path, windows: list[str], baseline: list[str]) -> tuple[Acceptance, dict[str, Run]]:
+# what repeats must share to be compared: within a side all of it; across the sides all but the plan's
+# name and the build (the candidate policy is another build: its image, commit and package differ)
+BUILD_FIELDS = ("image", "flare_commit", "package")
+
+
+def _matched_features(db: Path, window_id: str, report: dict) -> dict:
+    """What makes two windows repeats of one experiment, read from the window's own log."""
     from flare_diag.events.reader import LogReader
+    from flare_diag.events.schema import WindowOpened
+    with LogReader(db) as r:
+        opened = next((e.event() for e in r.iter_for_projection(window_id, {"window_opened"})), None)
+    if not isinstance(opened, WindowOpened):
+        raise CompareError(f"{db}: window {window_id} has no opening event")
+    plan = opened.plan
+    replays = [ph for ph in plan.get("phases", []) if ph.get("kind") == "replay" and ph.get("comparable", True)]
+    return {
+        "plan": plan.get("name"),
+        "fixtures": {"bytes": run_of(report).fixture_sha256, "files": dict(sorted(opened.fixtures_sha256.items()))},
+        "concurrency": sorted({ph.get("concurrency", 1) for ph in replays}),
+        "sampling": plan.get("sampling"),
+        "order": [[ph["id"], ph.get("fixture"), ph.get("order", "forward"), ph.get("select_last"), ph.get("passes", 1)]
+                  for ph in replays],
+        "site": opened.site,
+        "identity": plan.get("identity"),
+    }
+
+
+def _unmatched(features: dict[str, dict], side: list[str], other: list[str]) -> str | None:
+    """The first field in which the repeats differ, named with the two windows, or None."""
+    def differs(a: str, b: str, field: str) -> bool:
+        fa, fb = features[a][field], features[b][field]
+        if field == "identity" and (a in side) != (b in side):
+            fa = {k: v for k, v in (fa or {}).items() if k not in BUILD_FIELDS}
+            fb = {k: v for k, v in (fb or {}).items() if k not in BUILD_FIELDS}
+        return fa != fb
+    first = side[0]
+    for field in ("fixtures", "concurrency", "sampling", "order", "site", "identity", "plan"):
+        for w in side[1:] + (other if field != "plan" else []):
+            if differs(first, w, field):
+                return (f"repeats are not matched: {field} differs between window {first} and window {w}: "
+                        + _difference(features[first][field], features[w][field]))
+    return None
+
+
+def _difference(a, b) -> str:
+    """What differs, briefly: the keys of two mappings that differ (nested once), else both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        parts = []
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                inner = _difference(a.get(k), b.get(k)) if isinstance(a.get(k), dict) and isinstance(b.get(k), dict) \
+                    else f"{_short(a.get(k))} vs {_short(b.get(k))}"
+                parts.append(f"{k} {inner}")
+        return "; ".join(parts[:3])
+    return f"{_short(a)} vs {_short(b)}"
+
+
+def _short(v) -> str:
+    s = str(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _samples(report: dict) -> dict[str, list[float]]:
+    ok = [q for q in _comparable_requests(report) if q["outcome"] == "ok"]
+    return {
+        "median_ttft_ms": [q["first_token_ns"] / 1e6 for q in ok if q.get("first_token_ns") is not None],
+        "p95_end_to_end_ms": [q["end_ns"] / 1e6 for q in ok if q.get("end_ns") is not None],
+        "decode_ms_per_token": [(q["end_ns"] - q["first_token_ns"]) / 1e6 / q["completion_tokens"] for q in ok
+                                if q.get("end_ns") is not None and q.get("first_token_ns") is not None
+                                and q.get("completion_tokens")],
+    }
+
+
+def compare(db: Path, windows: list[str], baseline: list[str], repeats: int = 3) -> tuple[Acceptance, dict[str, Run], list]:
+    """The acceptance rule over exactly `repeats` matched windows a side, and the statistics beside it."""
+    from flare_diag.events.reader import LogReader
+    from flare_diag.policies.stats import compare_metric, p95
     with LogReader(db) as r:
         known = set(r.window_ids())
     missing = [w for w in (*windows, *baseline) if w not in known]
     if missing:
         raise CompareError(f"{db}: no window {missing[0]!r} in this log")
-    runs = {w: run_of(build_report(db, w)) for w in dict.fromkeys((*windows, *baseline))}
-    return accept([runs[w] for w in windows], [runs[w] for w in baseline]), runs
+    both = set(windows) & set(baseline)
+    if both:
+        raise CompareError(f"window {sorted(both)[0]} is given as both a candidate and a baseline repeat")
+    for name, side in (("--windows", windows), ("--baseline", baseline)):
+        if len(side) > repeats:
+            raise CompareError(f"{name}: {len(side)} windows; the rule uses exactly {repeats} repeats a side "
+                               f"(--repeats {repeats}), none averaged away")
+    reports = {w: build_report(db, w) for w in dict.fromkeys((*windows, *baseline))}
+    features = {w: _matched_features(db, w, rep) for w, rep in reports.items()}
+    for side, other in ((list(windows), list(baseline)), (list(baseline), list(windows))):
+        if side:
+            problem = _unmatched(features, side, other)
+            if problem:
+                raise CompareError(problem)
+    runs = {w: run_of(rep) for w, rep in reports.items()}
+    verdict = accept([runs[w] for w in windows], [runs[w] for w in baseline], repeats=repeats)
+    pooled = {side: {} for side in ("candidate", "baseline")}
+    for side, ws in (("candidate", windows), ("baseline", baseline)):
+        for w in ws:
+            for metric, xs in _samples(reports[w]).items():
+                pooled[side].setdefault(metric, []).extend(xs)
+    stats = []
+    for metric, stat in (("median_ttft_ms", statistics.median), ("p95_end_to_end_ms", p95),
+                         ("decode_ms_per_token", statistics.median)):
+        s = compare_metric(metric, pooled["baseline"].get(metric, []), pooled["candidate"].get(metric, []), stat)
+        if s is not None:
+            stats.append(s)
+    return verdict, runs, stats
+
+
+def noise_line(s) -> str:
+    """One line per metric: the change, its interval, the test, and what they say about noise."""
+    what = "benefit" if s.metric == "median_ttft_ms" else "change"
+    line = (f"{s.metric}: baseline {s.baseline:.1f}, candidate {s.candidate:.1f}: {what} {s.change:+.1%} "
+            f"(95% bootstrap interval {s.interval[0]:+.1%} to {s.interval[1]:+.1%}; Mann-Whitney p = "
+            f"{s.mann_whitney_p:.3g}; {s.n_baseline} and {s.n_candidate} requests): ")
+    line += "noise could explain it" if s.noise_could_explain else "not explained by noise"
+    if s.metric == "median_ttft_ms" and s.interval[0] < 0.05 <= s.interval[1]:
+        line += "; the interval crosses the 5% bar"
+    return line

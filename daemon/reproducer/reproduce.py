@@ -13,7 +13,7 @@ import msgspec
 
 from flare_diag.daemon.hosts.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import ActionDone, ActionRequested, RequestMeasured, VerdictReached, WindowOpened
+from flare_diag.events.schema import ActionDone, ActionRequested, RequestDone, RequestMeasured, VerdictReached, WindowOpened
 from flare_diag.daemon.simulator import MOONCAKE_BLOCK, BlockLRU, Incarnation, Scenario, read_trace, run_block_lru, run_host_cache
 
 # every strategy the model knows (the scenario's `eviction`), so a strategy added there is offered here too
@@ -31,6 +31,7 @@ class Sent(msgspec.Struct, frozen=True):
     order_index: int
     body_sha256: str
     observed: int | None  # the window's per-request host reused tokens; None where it was not observed
+    prompt_tokens: int | None = None  # the prompt tokens the host reported for it
 
 
 class Segment(msgspec.Struct):
@@ -95,6 +96,7 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
         opened, segments, gauges, hypothesis = None, [], {}, None
         loads: dict[int, str] = {}
         scrapes: set[int] = set()
+        prompts: dict[tuple[str, int], int | None] = {}
         for env in r.iter(window_id=wid):
             ev = env.event()
             if isinstance(ev, WindowOpened):
@@ -114,10 +116,13 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
                 if g.get("rows_capacity") is not None or g.get("pages_capacity") is not None:
                     gauges = {k: g.get(k) for k in ("rows_capacity", "pages_capacity")}
                     scrapes.clear()
+            elif isinstance(ev, RequestDone):
+                prompts[(ev.phase, ev.order_index)] = ev.prompt_tokens
             elif isinstance(ev, RequestMeasured) and ev.outcome == "ok" and segments:
                 obs = (ev.delta or {}).get("host_reused_tokens")
                 segments[-1].requests.append(Sent(ev.phase, ev.order_index, ev.body_sha256,
-                                                  None if obs is None else int(obs)))
+                                                  None if obs is None else int(obs),
+                                                  prompts.pop((ev.phase, ev.order_index), None)))
     if opened is None:
         raise ReproduceError(f"{db}: window {wid!r} has no window_opened event")
     return opened, segments, gauges, hypothesis

@@ -1,0 +1,184 @@
+"""`flare-diag reproduce LOG --fit`: which host-cache model, of which capacity, explains a window best.
+
+A family is a cache the host could have, with one free capacity; each is fitted to the window's own
+requests (their order, their incarnations, the tokens the host reported for each body) by trying
+capacities and counting the requests whose predicted host reuse equals the observed one:
+
+- `lru_records`: a plain LRU over whole-prompt records of N entries; a hit reuses the prompt the host
+  reported for that body (what the contract host keeps).
+- `seed_pools`: the seed's row and page pools with leaf-first eviction (flaresim's model), N rows and
+  the scenario's pages per row.
+- `block_lru`: an LRU over N prompt blocks, as a GPU prefix cache keeps them.
+
+The best fit (most requests agreeing; at equal agreement the simpler family, then the smaller N) is
+reported with the runners-up. A capacity at the top of what the window can tell apart (every body fits)
+is a lower bound, and said so. The policy comparison then runs on the fitted model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import msgspec
+
+from flare_diag.daemon.reproducer.reproduce import ReproduceError, Segment, _bodies, _replay, window_sequence
+from flare_diag.daemon.simulator import BlockLRU, Scenario, TokenSeq, render_prompt
+
+FAMILIES = ("lru_records", "seed_pools", "block_lru")
+RECORD_POLICIES = ("lru", "fifo", "lfu")  # what a records cache could evict by instead, compared at the fitted N
+
+
+class Fit(msgspec.Struct, frozen=True):
+    family: str
+    capacity: int
+    agreed: int
+    compared: int
+    lower_bound: bool = False  # every capacity from here up explains the window equally well
+
+    @property
+    def share(self) -> float:
+        return self.agreed / self.compared if self.compared else 0.0
+
+
+class FitReport(msgspec.Struct):
+    window_id: str
+    compared: int
+    best: Fit
+    runners_up: list[Fit]
+    policies: dict[str, int]  # eviction policy -> host tokens reused on the window's requests at the fitted capacity
+    note: str = ""
+
+
+def _records(segments: list[Segment], size: dict[str, int], n: int, policy: str = "lru") -> list[int]:
+    out = []
+    for seg in segments:  # each incarnation starts empty
+        cache: OrderedDict[str, int] = OrderedDict()
+        for s in seg.requests:
+            k = s.body_sha256
+            if k in cache:
+                if policy == "lru":
+                    cache.move_to_end(k)
+                cache[k] += 1
+                out.append(size.get(k, 0))
+                continue
+            out.append(0)
+            if n <= 0:
+                continue
+            cache[k] = 1
+            while len(cache) > n:
+                if policy == "lfu":  # least used first; among equals the oldest
+                    victim = min(cache, key=lambda key: cache[key])
+                    del cache[victim]
+                else:
+                    cache.popitem(last=False)
+    return out
+
+
+def _blocks(segments: list[Segment], chains: dict[str, list], sc: Scenario, n: int) -> list[int]:
+    out = []
+    for seg in segments:
+        cache = BlockLRU(n)
+        for s in seg.requests:
+            out.append(cache.request(chains[s.body_sha256]) * sc.block_tokens)
+    return out
+
+
+def _agreement(segments: list[Segment], predicted: list[int], tolerance: int) -> tuple[int, int]:
+    agreed = compared = 0
+    for s, p in zip((s for seg in segments for s in seg.requests), predicted):
+        if s.observed is None:
+            continue
+        compared += 1
+        agreed += abs(p - s.observed) <= tolerance
+    return agreed, compared
+
+
+def _coarse(top: int) -> list[int]:
+    """Capacities about 20 % apart from 0 to `top` (every one up to 8)."""
+    out, n = set(range(0, min(top, 8) + 1)), 8
+    while n < top:
+        n = int(n * 1.2) + 1
+        out.add(min(n, top))
+    return sorted(out)
+
+
+def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0) -> FitReport:
+    opened, segments, gauges, _hyp = window_sequence(db, window_id)
+    bodies = _bodies(opened)
+    sent = [s for seg in segments for s in seg.requests]
+    missing = {s.body_sha256 for s in sent} - set(bodies)
+    if missing:
+        raise ReproduceError(f"{len(missing)} body hash(es) the window sent are in none of its fixtures")
+    size = {}
+    for s in sent:
+        if s.prompt_tokens is not None:
+            size.setdefault(s.body_sha256, s.prompt_tokens)
+    distinct = len({s.body_sha256 for s in sent})
+    fits: list[Fit] = []
+
+    def best_of(family: str, top: int, predict, named: set[int] = frozenset()) -> Fit:
+        """The capacity that agrees best: a capacity the window's own gauges name first (it stands when it
+        agrees on every request), else a coarse search refined around its best."""
+        seen: dict[int, tuple[int, int]] = {}
+
+        def score(n: int) -> tuple[int, int]:
+            if n not in seen:
+                seen[n] = _agreement(segments, predict(n), tolerance)
+            return seen[n]
+
+        for n in sorted(named):
+            agreed, compared = score(n)
+            if agreed == compared:
+                return Fit(family, n, agreed, compared, lower_bound=n >= top)
+        coarse = _coarse(top)
+        for n in coarse:
+            score(n)
+        top_coarse = max(coarse, key=lambda n: (seen[n][0], -n))
+        i = coarse.index(top_coarse)
+        lo, hi = coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)]
+        for n in range(lo, hi + 1):
+            score(n)
+        n = max(seen, key=lambda k: (seen[k][0], -k))
+        return Fit(family, n, seen[n][0], seen[n][1], lower_bound=n >= top)
+
+    fits.append(best_of("lru_records", distinct, lambda n: _records(segments, size, n)))
+    ratio = sc.pages_capacity / max(1, sc.rows_capacity)
+    named = {int(gauges["rows_capacity"])} if gauges.get("rows_capacity") is not None else set()
+
+    def pools(n: int) -> list[int]:
+        pages = gauges.get("pages_capacity") if gauges.get("rows_capacity") == n and gauges.get("pages_capacity") else n * ratio
+        return _replay(segments, bodies, sc, n, max(1, int(pages)))[0]
+
+    fits.append(best_of("seed_pools", max(distinct * 4, *named, 1), pools, named))
+    chains = {k: TokenSeq(render_prompt(json.loads(bodies[k]).get("messages") or [])[0], sc.block_tokens).chain
+              for k in {s.body_sha256 for s in sent}}
+    blocks_top = sum(len(c) for c in chains.values()) + 1
+    fits.append(best_of("block_lru", blocks_top, lambda n: _blocks(segments, chains, sc, n)))
+    order = sorted(fits, key=lambda f: (-f.agreed, FAMILIES.index(f.family), f.capacity))
+    best = order[0]
+    if best.family == "lru_records":
+        policies = {p: sum(_records(segments, size, best.capacity, p)) for p in RECORD_POLICIES}
+        note = "policies compared on the fitted records cache"
+    elif best.family == "seed_pools":
+        policies = {}
+        for ev in ("lru_leaf", "marconi", "protect_full_prompt"):
+            sc_p = msgspec.structs.replace(sc, eviction=ev)
+            policies[ev] = sum(_replay(segments, bodies, sc_p, best.capacity, max(1, int(best.capacity * ratio)))[0])
+        note = "policies compared on the seed's pools at the fitted rows"
+    else:
+        policies = {"block_lru": sum(_blocks(segments, bodies, sc, best.capacity))}
+        note = "a block LRU has no policy of its own to compare"
+    return FitReport(opened.window_id, best.compared, best, order[1:], policies, note)
+
+
+def render_fit(rep: FitReport) -> list[str]:
+    def line(f: Fit) -> str:
+        cap = f"{'>= ' if f.lower_bound else ''}{f.capacity}"
+        unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks"}[f.family]
+        return f"{f.family} of {cap} {unit}: {f.agreed} of {f.compared} requests agree ({f.share:.1%})"
+    out = [f"window {rep.window_id}: best fit {line(rep.best)}"]
+    out += [f"  runner-up {line(f)}" for f in rep.runners_up]
+    out.append(f"{rep.note}: " + ", ".join(f"{p} {n:,} host tokens reused" for p, n in rep.policies.items()))
+    return out
