@@ -205,6 +205,7 @@ class _Projection:
              "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]}
         scale = float(f.clock.get("time_scale") or 1.0)
         r["trace"].update(trace_evidence(r["cells"], r["requests"], scale))
+        r["trace"].update(trace_overhead(r["trace"]["arms"], r["trace"]["pairs"], f.trace_rule))
         r["latency"] = phase_latency(r["requests"], scale)
         r["costs"] = phase_costs(r["requests"], scale)
         so = f.starting_observation
@@ -355,6 +356,44 @@ def trace_evidence(cells: list[dict], requests: list[dict], scale: float = 1.0) 
                                                else None) for k in TRACE_STATS}})
     return {"arms": arms, "pairs": pairs,
             "note": "descriptive: window seconds from each request's send, a few requests per arm, no significance test"}
+
+
+def trace_overhead(arms: list[dict], pairs: list[dict], rule: dict) -> dict:
+    """Per concurrency, across the off/on pairs: the median TTFT overhead (on minus off), relative to the
+    off arms' median, its spread and a bootstrap interval over the pairs; understood when the plan's
+    bounds hold (`[trace] overhead_max`, `overhead_interval_max`) on every concurrency."""
+    import statistics
+
+    from flare_diag.events.stats import bootstrap_interval
+    most = float(rule.get("overhead_max", 0.05))
+    widest = float(rule.get("overhead_interval_max", 0.10))
+    rows = []
+    for conc in sorted({p["concurrency"] for p in pairs}):
+        diffs = [p["ttft_p50_s_on_minus_off"] for p in pairs if p["concurrency"] == conc and p["measured"]
+                 and p["ttft_p50_s_on_minus_off"] is not None]
+        offs = [a["ttft_p50_s"] for a in arms if a["concurrency"] == conc and a["trace"] == "off"
+                and a["status"] == "measured" and a.get("ttft_p50_s")]
+        row = {"concurrency": conc, "pairs": len(diffs)}
+        if len(diffs) < 2 or not offs:
+            rows.append({**row, "understood": False, "why": f"{len(diffs)} measured pair(s): too few to say"})
+            continue
+        base = statistics.median(offs)
+        med = statistics.median(diffs)
+        # the interval of the median overhead, as a share of the off median: resample the pairs
+        lo, hi = bootstrap_interval([base] * len(diffs), [base + d for d in diffs], statistics.median)
+        lo, hi = -hi, -lo  # bootstrap_interval gives (base - x) / base; overhead is its negative
+        rel = med / base
+        width = hi - lo
+        why = []
+        if abs(rel) > most:
+            why.append(f"median overhead {rel:+.1%} beyond {most:.0%}")
+        if width > widest:
+            why.append(f"interval {width:.1%} wide, beyond {widest:.0%}")
+        rows.append({**row, "median_on_minus_off_s": round(med, 4), "relative": round(rel, 4),
+                     "spread_s": round(max(diffs) - min(diffs), 4), "interval_relative": [round(lo, 4), round(hi, 4)],
+                     "understood": not why, "why": "; ".join(why) or "within the plan's bounds"})
+    return {"overhead": rows, "overhead_understood": bool(rows) and all(r["understood"] for r in rows),
+            "overhead_rule": {"overhead_max": most, "overhead_interval_max": widest}}
 
 
 _HANDLERS = {  # None: the window fold alone reads it

@@ -15,7 +15,7 @@ from flare_diag.events.report_view import (
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
-    trace_arm_rows, trace_pair_rows, utc, val,
+    trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
 )
 
 CSS = """
@@ -266,6 +266,8 @@ def _evidence(r: dict) -> list[Segment]:
         p.append(_table(TRACE_ARM_HEAD, trace_arm_rows(tr), 3))
         p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
         p.append(_table(TRACE_PAIR_HEAD, trace_pair_rows(tr), 2))
+        if tr.get("overhead"):
+            p.append(f"<p>{escape(overhead_line(tr))}</p>" + _table(OVERHEAD_HEAD, overhead_rows(tr), 1))
     else:
         p.append("<p>none run</p>")
     sched = schedule_rows(r)

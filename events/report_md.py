@@ -11,7 +11,7 @@ from flare_diag.events.report_view import (
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
-    trace_arm_rows, trace_pair_rows, utc, val,
+    trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -107,6 +107,8 @@ def _evidence(r: dict) -> list[str]:
     if tr.get("arms"):
         out += md_table(TRACE_ARM_HEAD, trace_arm_rows(tr))
         out += ["", f"Off/on pairs, on minus off ({tr.get('note')}):", ""] + md_table(TRACE_PAIR_HEAD, trace_pair_rows(tr))
+        if tr.get("overhead"):
+            out += ["", overhead_line(tr), ""] + md_table(OVERHEAD_HEAD, overhead_rows(tr))
     else:
         out += ["- none run"]
     sched = schedule_rows(r)

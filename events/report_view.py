@@ -234,6 +234,26 @@ def trace_pair_rows(tr: dict) -> list[list[str]]:
             for p in tr.get("pairs", [])]
 
 
+OVERHEAD_HEAD = ["concurrency", "pairs", "median on−off TTFT (s)", "relative", "spread (s)", "95% interval", "understood"]
+
+
+def overhead_rows(tr: dict) -> list[list[str]]:
+    def pct(x) -> str:
+        return "—" if x is None else f"{x:+.1%}"
+    return [[f"C{o['concurrency']}", str(o["pairs"]), num(o.get("median_on_minus_off_s"), 3), pct(o.get("relative")),
+             num(o.get("spread_s"), 3),
+             "—" if not o.get("interval_relative") else f"{pct(o['interval_relative'][0])} to {pct(o['interval_relative'][1])}",
+             ("yes" if o["understood"] else "no") + f": {o['why']}"] for o in tr.get("overhead", [])]
+
+
+def overhead_line(tr: dict) -> str:
+    rule = tr.get("overhead_rule") or {}
+    return (f"Trace overhead {'understood' if tr.get('overhead_understood') else 'NOT understood'} (the plan's bounds: "
+            f"median overhead at most {rule.get('overhead_max', 0.05):.0%}, interval at most "
+            f"{rule.get('overhead_interval_max', 0.10):.0%} wide, at every concurrency); a capture stage is admitted "
+            f"only when it is, and the cache effects are too.")
+
+
 DRAIN_HEAD = ["purpose", "settled", "waited (window s)", "polls", "minute"]
 
 

@@ -20,6 +20,7 @@ class WindowFold:
         self.window_id = window_id
         self.plan = ""
         self.starting_observation: dict | None = None  # what the plan sets out to reproduce
+        self.trace_rule: dict = {}  # the plan's bounds for "trace overhead understood"
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
@@ -96,6 +97,8 @@ class WindowFold:
         self.trace_fixture = (ev.plan.get("trace") or {}).get("fixture")
         self.candidate_recipe = ev.candidate_recipe
         self.expected_identity = dict(ev.plan.get("identity") or {})
+        tr = ev.plan.get("trace")
+        self.trace_rule = {k: tr[k] for k in ("overhead_max", "overhead_interval_max") if isinstance(tr, dict) and k in tr}
         so = ev.plan.get("starting_observation")
         self.starting_observation = dict(so) if isinstance(so, dict) else None
         t = ev.plan.get("timing") or {}

@@ -155,11 +155,36 @@ class TraceArms(msgspec.Struct, forbid_unknown_fields=True):
     repetitions: int = 3
     concurrency: list[int] = msgspec.field(default_factory=lambda: [1, 4])
     optional: bool = True
+    # "trace overhead understood" (the seed's admission for a capture stage), per concurrency: the
+    # median on-minus-off TTFT over the pairs at most this share of the off arms' median, with a 95 %
+    # bootstrap interval at most this wide (in the same share)
+    overhead_max: float = 0.05
+    overhead_interval_max: float = 0.10
 
 
 class ConditionalStage(msgspec.Struct, forbid_unknown_fields=True):
     id: str
     admission: str
+
+
+class FollowOn(msgspec.Struct, forbid_unknown_fields=True):
+    """What a follow-on plan was derived from and what gates it passed (`flare-diag plan follow-on`)."""
+
+    stage: Literal["policy", "nsight"]
+    source_window: str
+    source_plan_sha256: str
+    verdict: str
+    policy: str = ""  # stage policy: the candidate eviction policy
+    baseline_policy: str = ""
+    reproducer: str = ""  # the reproducer's agreement with the source window
+    model_reused_tokens: dict[str, int] = {}  # policy -> host tokens the model reuses on the source's requests
+    trace_overhead: str = ""  # stage nsight: the source window's overhead finding
+    order: list[Literal["baseline", "candidate"]] = []  # the windows to run, in order
+    repeats: int = 3
+    min_benefit: float = 0.05
+    max_regression: float = 0.03
+    forced: bool = False
+    override: str = ""  # the gates --force passed over, as they were said
 
 
 class Plan(msgspec.Struct, forbid_unknown_fields=True):
@@ -177,6 +202,7 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     starting_observation: StartingObservation | None = None
     production: bool = True
     description: str = ""
+    follow_on: FollowOn | None = None
 
 
 FORBIDDEN_KINDS = {

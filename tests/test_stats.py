@@ -7,7 +7,7 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flare_diag.policies.stats import bootstrap_interval, compare_metric, mann_whitney_u, relative_change
+from flare_diag.events.stats import bootstrap_interval, compare_metric, mann_whitney_u, relative_change
 
 
 def test_mann_whitney_u_of_two_separated_samples_counts_every_pair():

@@ -209,6 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
     pc.add_argument("plan", type=Path, help="the plan (TOML)")
     pc.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    fo = psub.add_parser("follow-on", help="the second window's plan, from a window that earns it",
+                         description="From a row_checkpoint_churn window the reproducer reproduces, with a policy that "
+                                     "reuses more in the model (--policy), or from a window whose cache effects and trace "
+                                     "overhead are understood (--stage nsight). Exit 0: written; 2: refused (the gate "
+                                     "named) or bad input. docs/follow-on.md.")
+    fo.add_argument("source", type=Path, help="the source window's log.db, its out folder, or a report.json beside it")
+    fo.add_argument("--window", default=None, help="the source window (default: the log's last)")
+    fo.add_argument("--policy", default=None, help="the candidate eviction policy (lru_leaf, marconi, protect_full_prompt)")
+    fo.add_argument("--stage", choices=["policy", "nsight"], default="policy",
+                    help="policy: a policy window (default); nsight: admit the capture stage")
+    fo.add_argument("--repeats", type=int, default=3, help="matched repeats a side, interleaved ABBA (default 3)")
+    fo.add_argument("--scenario", default="flare-47581cca", help="the reproducer's model of the host (as `reproduce`)")
+    fo.add_argument("--force", action="store_true", help="write the plan despite a gate it fails, recording which")
+    fo.add_argument("--out", type=Path, required=True, help="where to write the plan (TOML); never overwritten")
     pf = psub.add_parser("forecast", help="the schedule a window would follow, and whether its required cells fit",
                          description="Exit 0: every required cell fits before the stop minute; 1: some do not; 2: bad input.")
     pf.add_argument("plan", type=Path, help="the plan (TOML)")
@@ -260,6 +274,27 @@ def _calibration(path: Path | None):
         return load_calibration(path)
     except InputError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _plan_follow_on(args: argparse.Namespace) -> int:
+    from flare_diag.daemon.reproducer.followon import Refused, follow_on, source_log, write_plan
+    from flare_diag.daemon.simulator import ScenarioError, load_scenario
+    if not 1 <= args.repeats <= 20:
+        raise UsageError(f"--repeats {args.repeats}: expected 1 to 20")
+    if args.out.exists():
+        raise UsageError(f"--out {args.out}: already exists; a plan is never overwritten")
+    try:
+        sc = load_scenario(args.scenario)
+        plan = follow_on(source_log(args.source), args.window, sc, args.policy, args.stage, args.repeats, args.force)
+    except (Refused, ScenarioError) as exc:
+        raise UsageError(str(exc)) from None
+    sha = write_plan(plan, args.out)
+    fo = plan.follow_on
+    print(f"{args.out}: {plan.name} (sha256 {sha[:16]})" + (f"; FORCED past: {fo.override}" if fo and fo.forced else ""))
+    if fo and fo.stage == "policy":
+        print(f"run {len(fo.order)} windows in this order ({', '.join(fo.order)}), then `flare-diag report compare LOG "
+              f"--windows <candidate ids> --baseline <baseline ids> --repeats {fo.repeats}`")
+    return EXIT_OK
 
 
 def _plan_forecast(args: argparse.Namespace) -> int:
@@ -779,6 +814,8 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd == "share":
             return _share(args)
         if args.cmd == "plan":
+            if args.plan_cmd == "follow-on":
+                return _plan_follow_on(args)
             return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
     except UsageError as exc:
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)

@@ -119,7 +119,7 @@ def _samples(report: dict) -> dict[str, list[float]]:
 def compare(db: Path, windows: list[str], baseline: list[str], repeats: int = 3) -> tuple[Acceptance, dict[str, Run], list]:
     """The acceptance rule over exactly `repeats` matched windows a side, and the statistics beside it."""
     from flare_diag.events.reader import LogReader
-    from flare_diag.policies.stats import compare_metric, p95
+    from flare_diag.events.stats import compare_metric, p95
     with LogReader(db) as r:
         known = set(r.window_ids())
     missing = [w for w in (*windows, *baseline) if w not in known]

@@ -1,0 +1,82 @@
+"""`plan follow-on`: the second window's plan, only from a window that earns it, and the capture stage
+only once cache effects and trace overhead are understood."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flare_diag.daemon.cli.commands import main
+from flare_diag.policies.plan import decode_plan
+from tests.simtools import flare_diag_here
+
+
+def _follow_on(capsys, *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = main(["plan", "follow-on", *args])
+    cap = capsys.readouterr()
+    return rc, cap.out + cap.err
+
+
+def test_a_churn_window_with_a_policy_that_reuses_more_gives_an_interleaved_follow_on_plan(default_rehearsal, capsys,
+                                                                                          tmp_path):
+    out = default_rehearsal[2]
+    rc, said = _follow_on(capsys, str(out), "--policy", "marconi", "--out", str(tmp_path / "p.toml"))
+    assert rc == 0, said
+    plan = decode_plan((tmp_path / "p.toml").read_bytes())
+    fo = plan.follow_on
+    assert fo.stage == "policy" and fo.policy == "marconi" and fo.baseline_policy == "lru_leaf" and not fo.forced
+    assert fo.order == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    assert fo.model_reused_tokens["marconi"] > fo.model_reused_tokens["lru_leaf"]
+    assert fo.reproducer.startswith("288 of 288") and fo.verdict == "row_checkpoint_churn"
+    source = json.loads((out / "report.json").read_text())
+    assert fo.source_window == source["window_id"] and fo.source_plan_sha256 == source["plan_sha256"]
+    assert [p.id for p in plan.phases] == source_phases(out)
+
+
+def source_phases(out: Path) -> list[str]:
+    return [p.id for p in decode_plan(
+        (Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_bytes()).phases]
+
+
+def test_a_policy_that_reuses_no_more_than_the_incumbents_is_refused_naming_why(default_rehearsal, capsys, tmp_path):
+    rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--policy", "lru_leaf", "--out", str(tmp_path / "p.toml"))
+    assert rc == 2 and "no more than the incumbent's lru_leaf" in said and not (tmp_path / "p.toml").exists()
+
+
+def test_force_writes_the_plan_and_records_the_gate_it_passed_over(default_rehearsal, capsys, tmp_path):
+    rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--policy", "lru_leaf", "--force",
+                          "--out", str(tmp_path / "p.toml"))
+    fo = decode_plan((tmp_path / "p.toml").read_bytes()).follow_on
+    assert rc == 0 and "FORCED" in said and fo.forced and "no more than the incumbent's" in fo.override
+
+
+def test_the_capture_stage_is_refused_while_the_trace_overhead_is_not_understood(default_rehearsal, capsys, tmp_path):
+    rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--stage", "nsight", "--out", str(tmp_path / "n.toml"))
+    assert rc == 2 and "the trace overhead is not understood" in said and "C1" in said
+
+
+@pytest.fixture(scope="module")
+def understood_window(tmp_path_factory, small_plan) -> Path:
+    """A rehearsal of the eight-body plan whose own bounds call its trace overhead understood."""
+    tmp = tmp_path_factory.mktemp("understood")
+    plan = tmp / "loose.toml"
+    plan.write_text(small_plan.read_text().replace("[trace]", "[trace]\noverhead_max = 0.5\noverhead_interval_max = 1.0", 1))
+    out = tmp / "out"
+    rc, stdout, stderr = flare_diag_here("rehearse", "--plan", str(plan), "--out", str(out))
+    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    return out
+
+
+def test_the_capture_stage_is_admitted_from_a_window_whose_cache_effects_and_overhead_are_understood(
+        understood_window, capsys, tmp_path):
+    report = json.loads((understood_window / "report.json").read_text())
+    assert report["trace"]["overhead_understood"] and report["verdict"]["hypothesis"] != "inconclusive"
+    rc, said = _follow_on(capsys, str(understood_window), "--stage", "nsight", "--out", str(tmp_path / "n.toml"))
+    plan = decode_plan((tmp_path / "n.toml").read_bytes())
+    assert rc == 0, said
+    assert plan.follow_on.stage == "nsight" and not plan.follow_on.forced
+    nsight = next(c for c in plan.conditional if c.id == "nsight_capture")
+    assert nsight.admission.startswith("admitted by follow-on from window " + report["window_id"])
