@@ -176,3 +176,22 @@ def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_
     assert "phase end at minute 3.5" in shown and "stop minute 70 in" in shown
     assert "wall clock 0:01:15" in shown
     assert "┃" in shown and "70 stop" in shown and "90 end" in shown  # the bar's marks
+
+
+def test_a_command_for_the_daemon_with_no_daemon_listening_exits_5_in_one_line(tmp_path, capsys):
+    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no flare-diagd listening" in err[0]
+
+
+def test_the_top_level_help_ends_with_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit codes: 0 completed" in out and "5 the daemon is not reachable" in out
+
+
+def test_report_takes_an_out_folder_for_the_log_it_holds(default_rehearsal, capsys):
+    out = default_rehearsal[2]
+    assert main(["report", str(out), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["window_id"] == default_rehearsal[1]["window_id"]

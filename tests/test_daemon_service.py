@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -487,10 +488,13 @@ def test_the_daemons_metrics_follow_a_window_from_idle_through_its_phases_to_its
         url = f"http://{addr}/metrics"
         idle = _scrape(url)
         assert idle[("flare_diag_state", (("state", "idle"),))] == 1 and idle[("flare_diag_window_running", ())] == 0
+        # every gauge from start-up, with NaN where there is nothing to say yet
+        assert math.isnan(idle[("flare_diag_last_restoration_verified", ())])
+        assert math.isnan(idle[("flare_diag_window_elapsed_seconds", ())]) and idle[("flare_diag_window_requests", ())] == 0
         wid = _start(d, sim)
         d.wait_for(lambda s: in_phase(s), what="a replay phase")
         running = _scrape(url)
-        assert running[("flare_diag_window_running", ())] == 1
+        assert running[("flare_diag_window_running", ())] == 1 and running[("flare_diag_window_elapsed_seconds", ())] > 0
         assert running[("flare_diag_window_stage", (("stage", "experiment"),))] == 1
         assert [k for k in running if k[0] == "flare_diag_window_phase" and dict(k[1])["window_id"] == wid]
         d.cli("abort", "--reason", "metrics test")

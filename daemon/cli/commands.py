@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from flare_diag.resources import resource
 from flare_diag.daemon.cli.common import (
-    EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, UsageError, integrity_warning, make_console, one_line,
+    EXIT_BAD_INPUT, EXIT_BUSY, EXIT_CODES, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, integrity_warning,
+    make_console, one_line,
 )
 
 class _Help(argparse.HelpFormatter):
@@ -35,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
     scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
-    p = _Parser(prog="flare-diag", description=__doc__)
+    p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
     p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
@@ -355,7 +356,10 @@ def _windows(args: argparse.Namespace) -> int:
                 db = Path(c.call(control.Status())["log"]["path"])
             finally:
                 c.close()
-        except (client.DaemonUnreachable, client.Refused) as exc:
+        except client.DaemonUnreachable as exc:
+            print(f"flare-diag: error: windows: no DB given and the daemon is not reachable ({exc})", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        except client.Refused as exc:
             raise UsageError(f"windows: no DB given and the daemon could not be asked for its log ({exc})") from None
     if not db.is_file():
         raise UsageError(f"windows {db}: no such log file")
@@ -689,7 +693,7 @@ def _client(args: argparse.Namespace) -> int:
         return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_UNREACHABLE
     except client.Refused as exc:
         if exc.code == "busy":  # not bad input: the same command works once the running window closes
             print(f"flare-diag: busy: the daemon refused {args.cmd}: {one_line(exc)}", file=sys.stderr)
@@ -702,8 +706,10 @@ def _report(args: argparse.Namespace) -> int:
     if args.target == "compare":
         return _compare(args)
     path = Path(args.target)
+    if path.is_dir() and (path / "log.db").is_file():  # an out folder: the log it holds
+        path = path / "log.db"
     if not path.is_file():
-        if args.target.endswith((".db", ".sqlite")) or "/" in args.target:
+        if args.target.endswith((".db", ".sqlite")) or "/" in args.target or path.is_dir():
             raise UsageError(f"{args.target}: no such log file")
         return _client(args)
     from flare_diag.daemon.reports.publish import build_report, publish_snapshot, render

@@ -6,7 +6,13 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_BUSY = 4  # `start`: the daemon is running another window (try again once it closes); 3 is taken by restore_failed
+EXIT_BUSY = 4  # `start`: the daemon is running another window, or the fleet pool is full (try again); 3 is restore_failed
+EXIT_UNREACHABLE = 5  # the daemon's socket does not answer: nothing was asked of it
+
+EXIT_CODES = ("exit codes: 0 completed (every required cell measured, incumbent restored and verified) or the "
+              "command succeeded; 1 partial or aborted with the incumbent restored, or an offline check failed; 2 bad "
+              "input or a refusal before anything changed; 3 the restoration did not verify: the primary needs a "
+              "person; 4 busy (the daemon runs another window, or the fleet pool is full); 5 the daemon is not reachable")
 
 
 class UsageError(Exception):

@@ -7,7 +7,9 @@ import json
 import sys
 
 import flare_diag.events.schema  # noqa: F401  (registers every event type)
-from flare_diag.daemon.cli.common import EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, UsageError, integrity_warning
+from flare_diag.daemon.cli.common import (
+    EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, integrity_warning,
+)
 from flare_diag.daemon.reports.publish import audit_log
 from flare_diag.events.base import UnknownEventError
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
@@ -59,7 +61,7 @@ def _archive(args: argparse.Namespace) -> int:
             c = client.Connection(client.socket_path(args.socket), timeout=600)
         except client.DaemonUnreachable as exc:
             print(f"flare-diag: error: {exc}", file=sys.stderr)
-            return EXIT_FAILED
+            return EXIT_UNREACHABLE
         try:
             rep = c.call(control.Archive(before=args.before))
         except client.Refused as exc:

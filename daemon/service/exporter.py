@@ -65,11 +65,13 @@ class ServiceMetrics(Collector):
         if w and w.get("phase"):
             phase.add_metric([w["window_id"], w["phase"]], 1.0)
         yield phase
-        if w:
-            if w.get("minute") is not None:
-                yield GaugeMetricFamily("flare_diag_window_minute", "the running window's minute since t0", value=w["minute"])
-            yield GaugeMetricFamily("flare_diag_window_requests", "requests the running window has measured",
-                                    value=float(w.get("requests") or 0))
+        # every gauge is present from start-up, in base units; a value with nothing to say is NaN
+        minute = (w or {}).get("minute")
+        yield GaugeMetricFamily("flare_diag_window_elapsed_seconds", "the running window's window-clock seconds since "
+                                "t0 (NaN when no window runs or before t0)",
+                                value=float("nan") if minute is None else minute * 60.0)
+        yield GaugeMetricFamily("flare_diag_window_requests", "requests the running window has measured (0 when none runs)",
+                                value=float((w or {}).get("requests") or 0))
         aborts = CounterMetricFamily("flare_diag_aborts", "windows aborted, by reason (since the daemon started)",
                                      labels=["reason"])
         for reason, n in sorted(s["aborts"].items()):
@@ -80,11 +82,14 @@ class ServiceMetrics(Collector):
         for o in OUTCOMES:
             outcome.add_metric([o], 1.0 if last and last.get("outcome") == o else 0.0)
         yield outcome
+        verified = float("nan")  # no window has closed since the daemon started
         if last is not None:
-            verified = last.get("outcome") is not None and not last.get("restoration_failed") \
+            ok = last.get("outcome") is not None and not last.get("restoration_failed") \
                 and last.get("outcome") != "restore_failed"
-            yield GaugeMetricFamily("flare_diag_last_restoration_verified",
-                                    "1 if the last closed window's restoration verified", value=1.0 if verified else 0.0)
+            verified = 1.0 if ok else 0.0
+        yield GaugeMetricFamily("flare_diag_last_restoration_verified",
+                                "1 if the last closed window's restoration verified, 0 if not, NaN before any closed",
+                                value=verified)
         left = s["stuck"] or bool(last and last.get("outcome") == "restore_failed")
         yield GaugeMetricFamily("flare_diag_primary_left_quiesced",
                                 "1 when no window runs and the primary may still be out of rotation: a restore that "
