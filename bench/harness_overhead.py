@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -30,7 +31,7 @@ from flare_diag.daemon.window.runner import Runner  # noqa: E402
 from flare_diag.daemon.hosts.site import sim_site  # noqa: E402
 from flare_diag.daemon.hosts.target import Target  # noqa: E402
 from flare_diag.daemon.window.setup import load_fixtures  # noqa: E402
-from flare_diag.events.actions import SendRequest
+from flare_diag.events.actions import SendRequest  # noqa: E402
 from flare_diag.events.schema import ActionRequested  # noqa: E402
 from flare_diag.events.store import EventStore  # noqa: E402
 from flare_diag.policies.plan import decode_plan  # noqa: E402
@@ -55,8 +56,8 @@ async def harnessed(runner: Runner, fixture, i: int, seq: list[int]) -> float:
                         request=SendRequest(phase="bench", order_index=seq[0], body_index=i, fixture=FIXTURE,
                                             body_sha256=fixture.sha256[i]))
     t0 = time.perf_counter()
-    await runner._execute(d)           # the action task: request, timings, classification
-    await runner.feed(runner.queue.get_nowait())  # its outcome appended to the log as an input
+    await runner._execute(d, anyio.CancelScope())  # the action task: request, timings, classification
+    await runner.feed(runner._receive.receive_nowait())  # its outcome appended to the log as an input
     return time.perf_counter() - t0
 
 

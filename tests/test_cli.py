@@ -187,7 +187,7 @@ def test_a_command_for_the_daemon_with_no_daemon_listening_exits_5_in_one_line(t
 def test_the_top_level_help_ends_with_the_exit_codes(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the help wraps at the terminal's width
     assert "exit codes: 0 completed" in out and "5 the daemon is not reachable" in out
 
 
@@ -195,3 +195,9 @@ def test_report_takes_an_out_folder_for_the_log_it_holds(default_rehearsal, caps
     out = default_rehearsal[2]
     assert main(["report", str(out), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["window_id"] == default_rehearsal[1]["window_id"]
+
+
+def test_share_says_where_the_host_api_reference_is_installed(capsys):
+    assert main(["share", "--json"]) == 0
+    path = Path(json.loads(capsys.readouterr().out)["host_api"])
+    assert path.is_file() and "/flare/v1/identity" in path.read_text()

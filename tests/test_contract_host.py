@@ -383,3 +383,35 @@ def test_reproduce_fit_on_a_contract_hosts_lru_of_records_recovers_its_capacity_
     assert fitted["best"]["agreed"] == fitted["best"]["compared"] > 0
     assert {f["family"] for f in fitted["runners_up"]} == {"seed_pools", "block_lru"}
     assert set(fitted["policies"]) == {"lru", "fifo", "lfu"}
+
+
+def test_init_site_systemd_gives_a_profile_that_site_check_accepts_with_credentials_laid_out_as_the_unit_hands_them(
+        tmp_path):
+    import os
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        sites, creds = tmp_path / "sites", tmp_path / "credentials"
+        p = flare_diag("init-site", "flare", str(sites), "--name", "pool7", "--systemd", "--credentials-dir", str(creds))
+        assert p.returncode == 0, p.stderr
+        dropin = (sites / "pool7.flare-diagd.conf").read_text()
+        loaded = {line.split("=", 1)[1].split(":", 1)[0]: line.split(":", 1)[1]
+                  for line in dropin.splitlines() if line.startswith("LoadCredential=")}
+        assert set(loaded) == {f"pool7.{s}.token" for s in ("serving", "manager", "router", "monitoring")}
+        assert all(Path(path).parent == creds and oct(Path(path).stat().st_mode & 0o777) == "0o600"
+                   for path in loaded.values())
+        # the operator writes the tokens and the URLs (the GPU view is this host's own service)
+        for svc in ("serving", "manager", "router", "monitoring", "gpu"):
+            (creds / f"pool7.{svc}.token").write_text(host.tokens[svc] + "\n")
+        text = (sites / "pool7.toml").read_text()
+        for i, svc in enumerate(("serving", "manager", "router", "monitoring")):
+            text = text.replace(f'"http://127.0.0.1:800{i}"', f'"{host.urls[svc]}"')
+        text = text.replace("REPLACE-candidate-recipe-name", "glm-candidate").replace(
+            'source = "nvml"', f'source = "sim"\nurl = "{host.urls["gpu"]}"\ntoken_file = "credential:pool7.gpu.token"')
+        (sites / "pool7.toml").write_text(text)
+        # systemd hands each credential over under its id, in a folder of its own: here, that folder
+        env = {**os.environ, "CREDENTIALS_DIRECTORY": str(creds)}
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(sites / "pool7.toml"),
+                            "--plan", str(PLAN)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        host.stop()
+    assert p.returncode == 0 and "NOT READY" not in p.stdout, p.stdout + p.stderr  # exit 0: every need observable

@@ -191,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("kind", choices=["flare", "vllm", "sglang", "llamacpp"], help="the engine the site serves")
     ins.add_argument("dir", type=Path, help="the folder to write into (created if missing)")
     ins.add_argument("--name", default=None, help="the profile's name, NAME.toml (default: KIND)")
+    ins.add_argument("--systemd", action="store_true",
+                     help="name the tokens as systemd credentials (credential:NAME.SERVICE.token), write their "
+                          "placeholders under --credentials-dir, and DIR/NAME.flare-diagd.conf: the unit's drop-in "
+                          "with exactly the LoadCredential= lines this site needs")
+    ins.add_argument("--credentials-dir", type=Path, default=Path("/etc/flare-diag/credentials"),
+                     help="with --systemd: where the credential files go")
     sh = sub.add_parser("share", help="print where this installation keeps the systemd units, site templates, "
                                       "engine build script and documents")
     sh.add_argument("--json", action="store_true", help="one JSON object instead of lines")
@@ -447,15 +453,22 @@ def _init_site(args: argparse.Namespace) -> int:
     from flare_diag.daemon.cli.initsite import init_site
     from flare_diag.daemon.window.setup import InputError
     try:
-        profile, written, kept = init_site(args.kind, args.dir, args.name)
+        profile, written, kept = init_site(args.kind, args.dir, args.name, args.systemd, args.credentials_dir)
     except InputError as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {profile}: edit every REPLACE value and the URLs (docs/site-profile.md describes each key)")
     for p in written:
-        print(f"wrote {p} (mode 0600): replace its placeholder with the service's token")
+        if p.suffix == ".conf":
+            print(f"wrote {p}: install it as /etc/systemd/system/flare-diagd.service.d/site-{profile.stem}.conf, "
+                  f"then `systemctl daemon-reload`")
+        else:
+            print(f"wrote {p} (mode 0600): replace its placeholder with the service's token")
     for p in kept:
         print(f"kept {p}: it already exists")
-    print(f"then: flare-diag site check {profile} --plan PLAN")
+    check = f"flare-diag site check {profile} --plan PLAN"
+    if args.systemd:
+        check = f"CREDENTIALS_DIRECTORY={args.credentials_dir} {check}  (as the unit will hand them over)"
+    print(f"then: {check}")
     return EXIT_OK
 
 
