@@ -30,3 +30,12 @@ def default_rehearsal(tmp_path_factory) -> tuple[int, dict, Path]:
     rc, stdout, stderr = flare_diag_here("rehearse", "--out", str(out))
     assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
     return rc, json.loads((out / "report.json").read_text()), out
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """One throwaway PostgreSQL server for the session (tests/pgtools.py); each test takes a database of its own."""
+    from tests.pgtools import PgServer
+    server = PgServer()
+    yield server
+    server.remove()

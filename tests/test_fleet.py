@@ -16,16 +16,8 @@ from flare_diag.daemon.fleet import lease
 from flare_diag.daemon.fleet.db import migrate
 from flare_diag.daemon.fleet.shipper import Fork, ship_once
 from flare_diag.daemon.fleet.views import verify_host
-from tests.pgtools import PgServer
 
 CORPUS = Path(__file__).parent / "data" / "replay"
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PgServer()
-    yield server
-    server.remove()
 
 
 @pytest.fixture

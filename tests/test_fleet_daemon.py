@@ -12,14 +12,6 @@ import psycopg
 import pytest
 
 from tests.daemontools import SCALE, Daemon, Sim, in_phase
-from tests.pgtools import PgServer
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PgServer()
-    yield server
-    server.remove()
 
 
 @pytest.fixture
@@ -65,8 +57,16 @@ def _fleet_file(tmp: Path, dsn: str, host: str = "h1") -> Path:
     return f
 
 
-def _daemon(tmp: Path, dsn: str) -> Daemon:
-    return Daemon(tmp, args=("--fleet", str(_fleet_file(tmp, dsn)))).start()
+def _daemon(tmp: Path, dsn: str, *more: str) -> Daemon:
+    return Daemon(tmp, args=("--fleet", str(_fleet_file(tmp, dsn)), *more)).start()
+
+
+def _metrics(d: Daemon) -> dict[str, float]:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    addr = next(r["address"] for r in d.records() if r.get("event") == "metrics serving")
+    text = httpx.get(f"http://{addr}/metrics", timeout=10).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
 
 
 def _start(d: Daemon, pool_plan: Path, sim: Sim, scale: float = SCALE):
@@ -100,7 +100,7 @@ def _shipped_all(dsn: str, db: Path) -> bool:
 
 def test_a_window_takes_the_pools_lease_ships_every_event_and_gives_the_lease_back(tmp_path, fleet_dsn, sim, pool_plan):
     _pool(fleet_dsn, 1)
-    d = _daemon(tmp_path, fleet_dsn)
+    d = _daemon(tmp_path, fleet_dsn, "--metrics-address", "127.0.0.1:0")
     try:
         p = _start(d, pool_plan, sim)
         assert p.returncode == 0, p.stderr
@@ -110,11 +110,13 @@ def test_a_window_takes_the_pools_lease_ships_every_event_and_gives_the_lease_ba
         _wait(lambda: not _query(fleet_dsn, "SELECT 1 FROM leases"), 30, "the lease to be released")
         _wait(lambda: _shipped_all(fleet_dsn, d.state / "log.db"), 30, "every event to be shipped")
         st = d.status()
+        metrics = _wait(lambda: (m := _metrics(d))["flare_diag_fleet_lease_held"] == 0 and m, 30, "the metrics")
     finally:
         d.stop()
     log = _query(fleet_dsn, "SELECT change, window_id FROM lease_log ORDER BY id")
     assert log == [("taken", window_id), ("released", window_id)]
     assert st["fleet"]["lag_events"] == 0 and st["fleet"]["lease"] is None
+    assert metrics["flare_diag_fleet_shipping_up"] == 1 and metrics["flare_diag_fleet_lag_events"] == 0
     assert _query(fleet_dsn, "SELECT restoration_verified FROM windows WHERE window_id = %s", (window_id,)) == [(True,)]
 
 
@@ -324,7 +326,7 @@ def _shipped_all_for(dsn: str, host: str, db: Path) -> bool:
     return central == _local(db)
 
 
-def test_a_campaign_of_two_hosts_and_two_repeats_runs_every_run_through_a_pool_of_one(tmp_path, fleet_dsn, pool_plan):
+def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing_the_one_refused(tmp_path, fleet_dsn, pool_plan):
     import json
     import subprocess
     import sys
@@ -340,7 +342,9 @@ def test_a_campaign_of_two_hosts_and_two_repeats_runs_every_run_through_a_pool_o
             sims.append(Sim(d_tmp, time_scale=POOL_SCALE))
             daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, h)))).start())
         fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
-        p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--hosts", "c1,c2", "--repeats", "2",
+        with psycopg.connect(fleet_dsn, autocommit=True) as c:  # another primary holds the pool's one slot
+            c.execute("INSERT INTO leases (host, pool, window_id) VALUES ('h9', 'pool-a', 'w-other')")
+        p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--hosts", "c1,c2", "--repeats", "1",
                             "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", fleet_dsn],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
@@ -352,14 +356,62 @@ def test_a_campaign_of_two_hosts_and_two_repeats_runs_every_run_through_a_pool_o
             assert q.returncode == 0, q.stderr
             return json.loads(q.stdout)
 
-        done = _wait(lambda: (s := shown())["summary"]["done"] == 4 and s, 300, "every run to be done")
+        _wait(lambda: any(r.get("event") == "campaign run requeued: the pool is full" for d in daemons for r in d.records()),
+              60, "a run refused on the full pool and requeued")
+        with psycopg.connect(fleet_dsn, autocommit=True) as c:  # the other primary is back: its slot frees
+            c.execute("DELETE FROM leases WHERE host = 'h9'")
+        done = _wait(lambda: (s := shown())["summary"]["done"] == 2 and s, 300, "every run to be done")
         loaded = [s.get("/manager/v1/state")["loaded"]["recipe"] for s in sims]
     finally:
         for d in daemons:
             d.stop()
         for s in sims:
             s.stop()
-    assert done["summary"]["restorations_verified"] == 4 and loaded == ["glm-incumbent", "glm-incumbent"]
-    assert sorted((r["host"], r["repeat"]) for r in done["runs"]) == [("c1", 1), ("c1", 2), ("c2", 1), ("c2", 2)]
-    assert len({r["window_id"] for r in done["runs"]}) == 4
-    assert _query(fleet_dsn, "SELECT COUNT(*) FROM lease_log WHERE change = 'taken'") == [(4,)]
+    assert done["summary"]["restorations_verified"] == 2 and loaded == ["glm-incumbent", "glm-incumbent"]
+    assert sorted(r["host"] for r in done["runs"]) == ["c1", "c2"] and len({r["window_id"] for r in done["runs"]}) == 2
+    assert _query(fleet_dsn, "SELECT COUNT(*) FROM lease_log WHERE change = 'taken'") == [(2,)]
+
+
+def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_acceptance_rule(tmp_path, fleet_dsn):
+    import json
+    import subprocess
+    import sys
+
+    from tests.daemontools import PLAN, ROOT
+    _pool(fleet_dsn, 1)
+    text = PLAN.read_text()
+    head, _, rest = text.partition("[[phases]]")
+    phases = rest.split("[[phases]]")
+    plan = tmp_path / "follow-on.toml"  # identity and a prime on the eight-body set, as a one-repeat follow-on
+    plan.write_text(head.replace('name = "2026-10-22-cache-diagnosis"', 'name = "follow-on"')
+                    + "[[phases]]" + phases[0] + "[[phases]]" + phases[1].split("[trace]")[0]
+                    + rest[rest.index("[[conditional]]"):]
+                    + '\n[follow_on]\nstage = "policy"\nsource_window = "w0"\nsource_plan_sha256 = "x"\n'
+                      'verdict = "row_checkpoint_churn"\npolicy = "marconi"\norder = ["baseline", "candidate"]\n'
+                      'repeats = 1\n')
+    plan.write_text(plan.read_text().replace('fixture = "c1-52"', 'fixture = "tok1024"'))
+    sim = Sim(tmp_path, time_scale=POOL_SCALE)
+    (tmp_path / "site-policy.toml").write_text(sim.site.read_text())  # the policy's build: here the same recipe
+    d = Daemon(tmp_path, args=("--fleet", str(_fleet_file(tmp_path, fleet_dsn, "f1")))).start()
+    fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
+    try:
+        p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--candidate-site", "site-policy",
+                            "--hosts", "f1", "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", fleet_dsn],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        campaign = p.stdout.split()[1].rstrip(":")
+
+        def shown() -> dict:
+            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", fleet_dsn], cwd=ROOT,
+                               capture_output=True, text=True, timeout=120)
+            assert q.returncode == 0, q.stderr
+            return json.loads(q.stdout)
+
+        done = _wait(lambda: (s := shown())["summary"]["done"] == 2 and s, 300, "both runs to be done")
+    finally:
+        d.stop()
+        sim.stop()
+    assert [(r["repeat"], r["side"]) for r in done["runs"]] == [(1, "baseline"), (2, "candidate")]
+    assert [r.get("site") for r in d.records() if r.get("event") == "window started"] == ["site", "site-policy"]
+    verdict = done["acceptance"]["f1"]
+    assert verdict["accepted"] is False and verdict["reason"].startswith("not accepted")

@@ -139,23 +139,12 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
     """The service in this process (its store can be made to fail), against flaresim as a process."""
     import anyio
 
-    from flare_diag.daemon.service.control import Start
     from flare_diag.daemon.service.logs import configure
-    from flare_diag.daemon.service.notify import Notifier
-    from flare_diag.daemon.service.server import Service
-    from tests.daemontools import SCALE, Sim
-    sim = Sim(tmp_path)
-    svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", configure("error"), Notifier(), sites_dir=tmp_path)
+    svc, sim, start = await _service_with_a_window(tmp_path, small_plan, configure("error"))
     seen: list[dict] = []
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(svc.run)
-            with anyio.fail_after(30):
-                while svc._tg is None or svc.store is None:
-                    await anyio.sleep(0.05)
-            reply = await svc._handle(Start(plan_toml=small_plan.read_text(), site=sim.site.stem, time_scale=SCALE,
-                                            accept_partial=True), 0, 0)
-            assert b'"ok":true' in reply.replace(b" ", b""), reply
+            await _serve_and_start(svc, start, tg)
             with anyio.fail_after(60):
                 while not (svc.window and svc.window.progress.phase_requests >= 2):
                     await anyio.sleep(0.05)
@@ -191,29 +180,16 @@ async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_comple
 
     import anyio
 
-    from flare_diag.daemon.service.control import Start
     from flare_diag.daemon.service.logs import configure
-    from flare_diag.daemon.service.notify import Notifier
-    from flare_diag.daemon.service.server import Service
-    from tests.daemontools import SCALE, Sim
 
     def a_broken_display(_envs):
         raise RuntimeError("a display bug")
 
     journal = io.StringIO()
-    sim = Sim(tmp_path)
-    svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", configure("info", journal), Notifier(),
-                  sites_dir=tmp_path)
+    svc, sim, start = await _service_with_a_window(tmp_path, small_plan, configure("info", journal))
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(svc.run)
-            with anyio.fail_after(30):
-                while svc._tg is None or svc.store is None:
-                    await anyio.sleep(0.05)
-            svc.store.subscribe(a_broken_display)
-            reply = await svc._handle(Start(plan_toml=small_plan.read_text(), site=sim.site.stem, time_scale=SCALE,
-                                            accept_partial=True), 0, 0)
-            assert b'"ok":true' in reply.replace(b" ", b""), reply
+            await _serve_and_start(svc, start, tg, lambda s: s.store.subscribe(a_broken_display))
             with anyio.fail_after(300):  # real seconds, at the rehearsal's scale
                 while "report published" not in journal.getvalue():
                     await anyio.sleep(0.1)
@@ -229,3 +205,26 @@ async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_comple
     report = json.loads(reports[0].read_text())
     assert len(reports) == 1 and report["window_id"] == window_id
     assert report["outcome"] in ("completed", "partial") and report["restoration"]["verified"]
+
+async def _service_with_a_window(tmp_path, small_plan, log):
+    """The service in this process (its store and listeners at hand), flaresim as a process, and the
+    start of a window of the eight-body plan on it: (the service, the simulator, the start command)."""
+    from flare_diag.daemon.service.control import Start
+    from flare_diag.daemon.service.notify import Notifier
+    from flare_diag.daemon.service.server import Service
+    from tests.daemontools import SCALE, Sim
+    sim = Sim(tmp_path)
+    svc = Service(tmp_path / "state", tmp_path / "run" / "control.sock", log, Notifier(), sites_dir=tmp_path)
+    return svc, sim, Start(plan_toml=small_plan.read_text(), site=sim.site.stem, time_scale=SCALE, accept_partial=True)
+
+
+async def _serve_and_start(svc, start, tg, before_start=None) -> None:
+    import anyio
+    tg.start_soon(svc.run)
+    with anyio.fail_after(30):
+        while svc._tg is None or svc.store is None:
+            await anyio.sleep(0.05)
+    if before_start is not None:
+        before_start(svc)
+    reply = await svc._handle(start, 0, 0)
+    assert b'"ok":true' in reply.replace(b" ", b""), reply

@@ -62,7 +62,10 @@ def add_parser(sub, parser_class) -> None:
     cc.add_argument("--plan", type=Path, required=True, help="the plan (TOML); its content is stored, checked by hash")
     cc.add_argument("--site", required=True, help="the site's name in each host's own sites directory")
     cc.add_argument("--hosts", required=True, help="comma-separated host ids")
-    cc.add_argument("--repeats", type=int, default=1, help="runs per host (default 1)")
+    cc.add_argument("--repeats", type=int, default=1, help="runs per host (default 1; a follow-on plan's order sets it)")
+    cc.add_argument("--candidate-site", default=None,
+                    help="with a follow-on plan: the site whose candidate recipe is the policy's build (its "
+                         "candidate runs go there, the baseline's to --site)")
     cc.add_argument("--time-scale", type=float, default=1.0, help="for simulated sites only (default 1)")
     cc.add_argument("--accept-partial", action="store_true", help="start even if the forecast says required cells do not fit")
     conn_flags(cc)
@@ -188,8 +191,10 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
                 plan = decode_plan(raw, str(args.plan))
             except PlanError as exc:
                 raise UsageError(str(exc)) from None
+            order = list(plan.follow_on.order) if plan.follow_on and plan.follow_on.stage == "policy" else None
             cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
-                                         args.repeats, args.time_scale, args.accept_partial, _caller())
+                                         args.repeats, args.time_scale, args.accept_partial, _caller(), order,
+                                         args.candidate_site)
             print(f"campaign {cid}: {plan.name} on {args.hosts} x{args.repeats}")
             return EXIT_OK
         shown = await campaigns.show(dsn, args.campaign)
@@ -200,8 +205,11 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
         print(f"campaign {shown['campaign']}: {shown['plan']} (sha256 {shown['plan_sha256'][:16]}) on site "
               f"{shown['site']}: {s['done']} of {s['runs']} runs done, {s['restorations_verified']} restorations "
               f"verified, verdicts {', '.join(s['verdicts']) or '-'}{' (all agree)' if s['verdicts_agree'] else ''}")
+        for host, acc in (shown["acceptance"] or {}).items():
+            print(f"  {host}: {acc['reason']}")
         for r in shown["runs"]:
-            print(f"  run {r['run']:>3}  {r['host']}  repeat {r['repeat']}  {r['state']:8}  {r['window_id'] or '-'}  "
+            print(f"  run {r['run']:>3}  {r['host']}  repeat {r['repeat']}{' ' + r['side'] if r['side'] else ''}  "
+                  f"{r['state']:8}  {r['window_id'] or '-'}  "
                   f"{r['outcome'] or '-'}  verdict {r['verdict'] or '-'}  "
                   f"restoration {'verified' if r['restoration_verified'] else '-' if r['restoration_verified'] is None else 'NOT verified'}"
                   + (f"  ({r['detail']})" if r["detail"] and r["state"] != "done" else ""))

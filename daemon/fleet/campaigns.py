@@ -34,12 +34,21 @@ class Run:
 
 
 async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: list[str], repeats: int,
-                 time_scale: float, accept_partial: bool, caller: str) -> int:
+                 time_scale: float, accept_partial: bool, caller: str, order: list[str] | None = None,
+                 candidate_site: str | None = None) -> int:
+    """`order`: a follow-on plan's sides (baseline/candidate), one a repeat; the candidate's runs use
+    `candidate_site` (the policy's build), the baseline's `site`."""
     for h in hosts:
         check_name("host", h)
     check_name("site", site)
     if not hosts or len(set(hosts)) != len(hosts):
         raise FleetError(f"--hosts {','.join(hosts)}: expected one or more distinct hosts")
+    if order:
+        repeats = len(order)
+        if not candidate_site:
+            raise FleetError("a follow-on plan's campaign needs --candidate-site NAME (the site whose candidate "
+                             "recipe is the policy's build)")
+        check_name("site", candidate_site)
     if not 1 <= repeats <= 100:
         raise FleetError(f"--repeats {repeats}: expected 1 to 100")
     sha = hashlib.sha256(plan_toml.encode()).hexdigest()
@@ -47,15 +56,16 @@ async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: lis
         async with conn.transaction():
             row = await (await conn.execute(
                 "INSERT INTO campaigns (plan_name, plan_toml, plan_sha256, site, time_scale, accept_partial, repeats, "
-                "created_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING campaign",
-                (plan_name, plan_toml, sha, site, time_scale, accept_partial, repeats, caller))).fetchone()
+                "created_by, candidate_site) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING campaign",
+                (plan_name, plan_toml, sha, site, time_scale, accept_partial, repeats, caller,
+                 candidate_site if order else None))).fetchone()
             campaign = row[0]
             n = 0
             for r in range(1, repeats + 1):
                 for h in hosts:  # repeat by repeat, so that the hosts' runs of one repeat sit side by side
                     n += 1
-                    await conn.execute("INSERT INTO runs (campaign, run, host, repeat) VALUES (%s, %s, %s, %s)",
-                                       (campaign, n, h, r))
+                    await conn.execute("INSERT INTO runs (campaign, run, host, repeat, side) VALUES (%s, %s, %s, %s, %s)",
+                                       (campaign, n, h, r, order[r - 1] if order else None))
     return campaign
 
 
@@ -63,7 +73,8 @@ async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
     """This host's next queued run, claimed; None when it has none."""
     async with conn.transaction():
         row = await (await conn.execute(
-            "SELECT r.campaign, r.run, r.repeat, c.plan_toml, c.plan_sha256, c.site, c.time_scale, c.accept_partial "
+            "SELECT r.campaign, r.run, r.repeat, c.plan_toml, c.plan_sha256, "
+            "CASE WHEN r.side = 'candidate' THEN c.candidate_site ELSE c.site END, c.time_scale, c.accept_partial "
             "FROM runs r JOIN campaigns c USING (campaign) WHERE r.host = %s AND r.state = 'queued' "
             "ORDER BY r.campaign, r.run LIMIT 1 FOR UPDATE OF r SKIP LOCKED", (host,))).fetchone()
         if row is None:
@@ -93,22 +104,45 @@ async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | N
                            (outcome, verdict, verified, window_id))
 
 
+async def acceptance(dsn: str, runs: list[dict], repeats: int) -> dict:
+    """Per host, the seed's acceptance rule (report compare's) over its candidate and baseline runs, each
+    run's report rebuilt from the fleet's events."""
+    from flare_diag.daemon.fleet.views import report
+    from flare_diag.daemon.reports.compare import run_of
+    from flare_diag.policies.acceptance import accept
+    out = {}
+    for host in sorted({r["host"] for r in runs}):
+        mine = [r for r in runs if r["host"] == host]
+        if any(r["state"] != "done" for r in mine):
+            out[host] = {"accepted": None, "reason": "runs still to finish"}
+            continue
+        sides: dict[str, list] = {"candidate": [], "baseline": []}
+        for r in mine:
+            sides[r["side"]].append(run_of(await report(dsn, r["window_id"])))
+        verdict = accept(sides["candidate"], sides["baseline"], repeats=repeats)
+        out[host] = {"accepted": verdict.accepted, "reason": verdict.reason,
+                     "primary_benefit": verdict.primary_benefit, "worst_regression": verdict.worst_regression}
+    return out
+
+
 async def show(dsn: str, campaign: int) -> dict:
     async with await connect(dsn) as conn:
-        c = await (await conn.execute("SELECT campaign, plan_name, plan_sha256, site, repeats, created_at, created_by "
-                                      "FROM campaigns WHERE campaign = %s", (campaign,))).fetchone()
+        c = await (await conn.execute("SELECT campaign, plan_name, plan_sha256, site, repeats, created_at, created_by, "
+                                      "candidate_site FROM campaigns WHERE campaign = %s", (campaign,))).fetchone()
         if c is None:
             raise FleetError(f"campaign {campaign}: no such campaign")
         runs = await (await conn.execute(
-            "SELECT run, host, repeat, state, window_id, outcome, verdict, restoration_verified, detail FROM runs "
+            "SELECT run, host, repeat, state, window_id, outcome, verdict, restoration_verified, detail, side FROM runs "
             "WHERE campaign = %s ORDER BY run", (campaign,))).fetchall()
-    rows = [{"run": r, "host": h, "repeat": rep, "state": s, "window_id": w, "outcome": o, "verdict": v,
+    rows = [{"run": r, "host": h, "repeat": rep, "side": side, "state": s, "window_id": w, "outcome": o, "verdict": v,
              "restoration_verified": rv, "detail": d, "report": f"flare-diag fleet report {w}" if w else None}
-            for r, h, rep, s, w, o, v, rv, d in runs]
+            for r, h, rep, s, w, o, v, rv, d, side in runs]
     done = [r for r in rows if r["state"] == "done"]
     verdicts = sorted({r["verdict"] for r in done if r["verdict"]})
-    return {"campaign": c[0], "plan": c[1], "plan_sha256": c[2], "site": c[3], "repeats": c[4],
-            "created_at": c[5].isoformat(), "created_by": c[6], "runs": rows,
+    follow_on = any(r["side"] for r in rows)
+    accepted = await acceptance(dsn, rows, c[4] // 2) if follow_on else None
+    return {"campaign": c[0], "plan": c[1], "plan_sha256": c[2], "site": c[3], "candidate_site": c[7],
+            "repeats": c[4], "created_at": c[5].isoformat(), "created_by": c[6], "runs": rows, "acceptance": accepted,
             "summary": {"runs": len(rows), "done": len(done),
                         "restorations_verified": sum(1 for r in done if r["restoration_verified"]),
                         "verdicts": verdicts,

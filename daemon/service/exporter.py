@@ -32,6 +32,7 @@ class ServiceMetrics(Collector):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._server = None
+        self.fleet = None  # () -> the fleet link's status (shipping lag, lease), read at each scrape
 
     def publish(self, snapshot: dict) -> None:
         """From the loop: the state the next scrape shows (replaced whole, never changed in place)."""
@@ -91,6 +92,16 @@ class ServiceMetrics(Collector):
                                 "1 if the last closed window's restoration verified, 0 if not, NaN before any closed",
                                 value=verified)
         left = s["stuck"] or bool(last and last.get("outcome") == "restore_failed")
+        if self.fleet is not None:
+            f = self.fleet()
+            yield GaugeMetricFamily("flare_diag_fleet_lag_events", "committed events not yet in the fleet database",
+                                    value=float(f.get("lag_events") or 0))
+            yield GaugeMetricFamily("flare_diag_fleet_lag_seconds", "age of the oldest committed event not yet shipped",
+                                    value=float(f.get("lag_s") or 0))
+            yield GaugeMetricFamily("flare_diag_fleet_shipping_up", "1 while the fleet database takes this host's events",
+                                    value=0.0 if f.get("error") or f.get("fork") else 1.0)
+            yield GaugeMetricFamily("flare_diag_fleet_lease_held", "1 while this host holds its pool's lease",
+                                    value=1.0 if f.get("lease") else 0.0)
         yield GaugeMetricFamily("flare_diag_primary_left_quiesced",
                                 "1 when no window runs and the primary may still be out of rotation: a restore that "
                                 "did not verify, or a window left unfinished; a person is needed",

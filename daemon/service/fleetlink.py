@@ -185,6 +185,8 @@ class FleetLink:
                 return False
             if reply.get("code") == "busy":
                 await campaigns.mark(conn, run, "queued", detail=reply.get("error", ""))
+                self.log.info("campaign run requeued: the pool is full", host=self.cfg.host, campaign=run.campaign,
+                              run=run.run)
                 return True
             await campaigns.mark(conn, run, "refused", detail=reply.get("error", ""))
             self.log.warning("campaign run refused", host=self.cfg.host, campaign=run.campaign, run=run.run,

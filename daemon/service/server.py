@@ -907,6 +907,8 @@ def main(argv: list[str] | None = None) -> int:
     svc = Service(state_dir, a.socket or default_socket(), log, Notifier(), a.sites_dir,
                   a.trust_log, metrics, a.archive_keep_days, fleet)
     if fleet is not None:
+        if metrics is not None:
+            metrics.fleet = fleet.status
         fleet.starter = svc.start_run
         fleet.idle = lambda: svc.window is None and svc.stuck is None and not svc.stopping
     try:

@@ -42,3 +42,7 @@ CREATE TRIGGER runs_notify AFTER INSERT OR UPDATE OF state ON runs
 
 GRANT SELECT ON campaigns TO flare_diag_host;
 GRANT SELECT, UPDATE ON runs TO flare_diag_host;
+
+-- a follow-on campaign (the plan's [follow_on] order): the candidate's runs go to a site of their own
+ALTER TABLE campaigns ADD COLUMN candidate_site text;
+ALTER TABLE runs ADD COLUMN side text CHECK (side IN ('baseline', 'candidate'));
