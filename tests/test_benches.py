@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -17,8 +19,33 @@ def test_the_identity_hold_bench_runs_and_prints_its_ratio():
 
 
 def test_the_fleet_bench_runs_and_prints_its_ratios():
-    p = subprocess.run([sys.executable, "bench/fleet.py", "--hosts", "8", "--events", "100", "--windows", "500",
+    p = subprocess.run([sys.executable, "bench/fleet.py", "--hosts", "8", "--events", "200", "--windows", "500", "--steady", "2",
                         "--ingest", "2000", "--leases", "40"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "(ratio " in p.stdout and "lag p50" in p.stdout and "fleet status" in p.stdout
+    assert "(ratio " in p.stdout and "lag p50" in p.stdout and "steady state" in p.stdout and "fleet status" in p.stdout
     assert "3 granted (never more than 3)" in p.stdout
+
+
+@pytest.mark.parametrize("bench,args,says", [
+    ("cache_model.py", ["--requests", "1000", "--synthetic", "5000", "--capacity-blocks", "512"], "ratio"),
+    ("event_log.py", ["--appends", "2000", "--verify", "5000"], "verify"),
+    ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
+    ("rehearse.py", ["--skip-wall"], "virtual time"),
+    ("report.py", ["--events", "20000", "--rounds", "1"], "ratio report/fold"),
+])
+def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
+    p = subprocess.run([sys.executable, f"bench/{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert says in p.stdout
+
+
+def test_the_forecast_accuracy_bench_runs_at_a_small_size_and_prints_its_error(tmp_path):
+    text = (ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_text()
+    head, _, rest = text.partition("[[phases]]")
+    head = head[:head.index("[starting_observation]")] + head[head.index("[[fixtures]]"):]
+    plan = tmp_path / "one-phase.toml"  # the plan cut to its first identity phase: a window in a second at x400
+    plan.write_text(head + "[[phases]]" + rest.split("[[phases]]")[0] + rest[rest.index("[[conditional]]"):])
+    p = subprocess.run([sys.executable, "bench/forecast_accuracy.py", "--scales", "400", "--plan", str(plan)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "largest |actual - forecast|" in p.stdout

@@ -650,7 +650,15 @@ def _site_check(args: argparse.Namespace) -> int:
 
     check = asyncio.run(probe())
     from flare_diag.daemon.hosts.site import scrub
-    print(scrub(json.dumps(check.as_dict()) if args.json else render(check), site.tokens.values()))
+    text = scrub(json.dumps(check.as_dict()) if args.json else render(check), site.tokens.values())
+    if args.json or not sys.stdout.isatty():
+        print(text)
+    else:  # on a terminal, what stops a window is red and readiness green (Text: a reason's brackets stay text)
+        from rich.text import Text
+        out = make_console()
+        for line in text.splitlines():
+            bad = line.startswith(("site check: NOT READY", "SERVICE DOWN")) or line.endswith("<- required")
+            out.print(Text(line, style="bold red" if bad else "green" if line.startswith("site check: ready") else ""))
     return EXIT_OK if check.ready else EXIT_FAILED
 
 
