@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from flare_diag.daemon.reports.publish import build_report
-from flare_diag.daemon.reproducer.reproduce import ReproduceError, reproduce_window
+from flare_diag.daemon.reproducer.reproduce import ReproduceError, choose_window, reproduce_window
 from flare_diag.daemon.simulator import Scenario
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import WindowOpened
@@ -59,13 +59,11 @@ def _opened(db: Path, window: str) -> WindowOpened:
 
 def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, stage: str, repeats: int,
               force: bool) -> Plan:
-    with LogReader(db) as r:
-        ids = r.window_ids()
-    if not ids:
-        raise Refused(f"{db}: the log holds no window")
-    window = window or ids[-1]
-    if window not in ids:
-        raise Refused(f"--window {window}: not in {db}")
+    try:
+        with LogReader(db) as r:
+            window = choose_window(r, db, window)
+    except ReproduceError as exc:
+        raise Refused(str(exc)) from None
     report = build_report(db, window)
     it = report["integrity"]
     if not (it["chain_ok"] and it["audit_ok"]):

@@ -83,16 +83,22 @@ class Reproduction(msgspec.Struct):
         return self.compared > 0 and self.agreed == self.compared
 
 
+def choose_window(r: LogReader, db: Path, window_id: str | None) -> str:
+    """The window asked for, or the log's last; ReproduceError naming the log's windows otherwise."""
+    ids = r.window_ids()
+    if not ids:
+        raise ReproduceError(f"{db}: no window in this log")
+    wid = window_id or ids[-1]
+    if wid not in ids:
+        raise ReproduceError(f"{db}: no window {wid!r} (windows: {', '.join(ids[-5:])})")
+    return wid
+
+
 def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list[Segment], dict, str | None]:
     """What the window sent, in order, per incarnation it loaded; the host-cache gauges it saw; and
     the hypothesis its verdict named (None: no verdict yet)."""
     with LogReader(db) as r:
-        ids = r.window_ids()
-        if not ids:
-            raise ReproduceError(f"{db}: no window in this log")
-        wid = window_id or ids[-1]
-        if wid not in ids:
-            raise ReproduceError(f"{db}: no window {wid!r} (windows: {', '.join(ids[-5:])})")
+        wid = choose_window(r, db, window_id)
         opened, segments, gauges, hypothesis = None, [], {}, None
         loads: dict[int, str] = {}
         scrapes: set[int] = set()
