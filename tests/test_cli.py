@@ -175,6 +175,8 @@ def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_
     assert "A.forward_prime: 3/8 requests" in shown  # the phase's total from the fixture the window validated
     assert "phase end at minute 3.5" in shown and "stop minute 70 in" in shown
     assert "wall clock 0:01:15" in shown
+    # one window minute in 75 wall seconds: the ETAs say their wall-clock time too (2.5 min -> 0:03:07)
+    assert "(in 2.5 min (~0:03:07 wall clock))" in " ".join(shown.split())
     assert "┃" in shown and "70 stop" in shown and "90 end" in shown  # the bar's marks
 
 

@@ -67,13 +67,25 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         t.add_row("stage", p.stage)
     t.add_row("requests", f"{p.requests} measured in the window")
     t.add_row("elapsed", f"window minute {m:.1f}; wall clock {_clock(now_wall - started_wall)}")
+    wall = now_wall - started_wall
+    # window seconds per wall second so far: where the two clocks differ (a paced or virtual rehearsal),
+    # each ETA says its wall-clock time too, so that "in 5.0 min" at x20 is not read as five minutes
+    rate = m * 60.0 / wall if wall >= 1.0 and m > 0 else None
+
+    def within(minutes: float) -> str:
+        minutes = max(0.0, minutes)
+        said = f"in {minutes:.1f} min"
+        if rate is not None and abs(rate - 1.0) > 0.05:
+            said += f" (~{_clock(minutes * 60.0 / rate)} wall clock)"
+        return said
+
     eta = []
     if p.phase and p.phase_estimated_end is not None:
-        eta.append(f"phase end at minute {p.phase_estimated_end:.1f} (in {max(0.0, p.phase_estimated_end - m):.1f} min)")
+        eta.append(f"phase end at minute {p.phase_estimated_end:.1f} ({within(p.phase_estimated_end - m)})")
     if p.stop_min is not None and p.stage in ("opening", "experiment"):
-        eta.append(f"stop minute {p.stop_min:g} in {max(0.0, p.stop_min - m):.1f} min")
+        eta.append(f"stop minute {p.stop_min:g} {within(p.stop_min - m)}")
     if p.window_min is not None:
-        eta.append(f"window end in {max(0.0, p.window_min - m):.1f} min")
+        eta.append(f"window end {within(p.window_min - m)}")
     if eta:
         t.add_row("ETA", "; ".join(eta))
     if p.abort:
