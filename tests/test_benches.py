@@ -40,11 +40,8 @@ def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, say
 
 
 def test_the_forecast_accuracy_bench_runs_at_a_small_size_and_prints_its_error(tmp_path):
-    text = (ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_text()
-    head, _, rest = text.partition("[[phases]]")
-    head = head[:head.index("[starting_observation]")] + head[head.index("[[fixtures]]"):]
-    plan = tmp_path / "one-phase.toml"  # the plan cut to its first identity phase: a window in a second at x400
-    plan.write_text(head + "[[phases]]" + rest.split("[[phases]]")[0] + rest[rest.index("[[conditional]]"):])
+    from tests.daemontools import one_phase_plan
+    plan = one_phase_plan(tmp_path / "one-phase.toml")  # a window in a second at x400
     p = subprocess.run([sys.executable, "bench/forecast_accuracy.py", "--scales", "400", "--plan", str(plan)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -33,17 +33,10 @@ def sim(tmp_path):
 
 @pytest.fixture(scope="module")
 def pool_plan(tmp_path_factory) -> Path:
-    """The shipped plan cut to its first incarnation's identity phase: a whole window (take-down, load,
-    identity verified, restore, readmit) in about a second at x400. The leases are the subject here."""
-    from tests.daemontools import PLAN
-    text = PLAN.read_text()
-    head, _, rest = text.partition("[[phases]]")
-    head = head[:head.index("[starting_observation]")] + head[head.index("[[fixtures]]"):]  # its phase is cut
-    first = "[[phases]]" + rest.split("[[phases]]")[0]
-    conditional = rest[rest.index("[[conditional]]"):]
-    p = tmp_path_factory.mktemp("plan") / "pool-window.toml"
-    p.write_text(head.replace('name = "2026-10-22-cache-diagnosis"', 'name = "pool-window"') + first + conditional)
-    return p
+    """A whole window (take-down, load, identity verified, restore, readmit) in about a second at x400:
+    the leases are the subject here."""
+    from tests.daemontools import one_phase_plan
+    return one_phase_plan(tmp_path_factory.mktemp("plan") / "pool-window.toml")
 
 
 def _pool(dsn: str, k: int, pool: str = "pool-a") -> None:
@@ -413,5 +406,7 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
         sim.stop()
     assert [(r["repeat"], r["side"]) for r in done["runs"]] == [(1, "baseline"), (2, "candidate")]
     assert [r.get("site") for r in d.records() if r.get("event") == "window started"] == ["site", "site-policy"]
+    # both sides run the same build on the wall clock: the rule's answer is noise, so what is held is that
+    # it ran on the two measured repeats (a benefit computed, a reason given), not which way it went
     verdict = done["acceptance"]["f1"]
-    assert verdict["accepted"] is False and verdict["reason"].startswith("not accepted")
+    assert verdict["reason"].startswith(("accepted", "not accepted")) and verdict["primary_benefit"] is not None

@@ -27,6 +27,11 @@ class NeedsPerson(FleetError):
     """This host's lease is held for a window whose restore did not verify."""
 
 
+def _needs_person(host: str, window_id: str, detail: str) -> NeedsPerson:
+    return NeedsPerson(f"host {host}: its lease is held for window {window_id}, whose restore did not verify "
+                       f"({detail}); `flare-diag fleet lease release {host} --reason ...` once a person has restored it")
+
+
 async def take(conn: psycopg.AsyncConnection, pool: str, host: str, window_id: str, caller: str) -> str:
     """'taken', or 'kept' when this host already holds a lease (a daemon resuming its own window)."""
     async with conn.transaction():
@@ -40,9 +45,7 @@ async def take(conn: psycopg.AsyncConnection, pool: str, host: str, window_id: s
                                          (host,))).fetchone()
         if mine is not None:
             if mine[1] == "needs_a_person":
-                raise NeedsPerson(f"host {host}: its lease is held for window {mine[0]}, whose restore did not "
-                                  f"verify ({mine[2]}); `flare-diag fleet lease release {host} --reason ...` once "
-                                  f"a person has restored it")
+                raise _needs_person(host, mine[0], mine[2])
             return "kept"
         holders = await (await conn.execute("SELECT host, window_id, state FROM leases WHERE pool = %s ORDER BY taken_at",
                                             (pool,))).fetchall()
@@ -65,9 +68,7 @@ async def check_room(conn: psycopg.AsyncConnection, pool: str, host: str) -> Non
                                         "ORDER BY taken_at", (pool,))).fetchall()
     mine = next((h for h in holders if h[0] == host), None)
     if mine is not None and mine[2] == "needs_a_person":
-        raise NeedsPerson(f"host {host}: its lease is held for window {mine[1]}, whose restore did not verify "
-                          f"({mine[3]}); `flare-diag fleet lease release {host} --reason ...` once a person has "
-                          f"restored it")
+        raise _needs_person(host, mine[1], mine[3])
     if mine is None and len(holders) >= row[0]:
         raise PoolFull(pool, row[0], [tuple(h[:3]) for h in holders])
 
