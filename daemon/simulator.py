@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from flare_diag.fixtures.flaresim.cache import TokenSeq
 from flare_diag.fixtures.flaresim.engine import Incarnation, render_prompt
-from flare_diag.fixtures.flaresim.host import FAULT_KINDS, NUMERIC_PARAMS, REQUEST_FAULTS, STRING_PARAMS, Host, describe
+from flare_diag.fixtures.flaresim.host import (
+    FAULT_KINDS, NUMERIC_PARAMS, RECIPES, REQUEST_FAULTS, STRING_PARAMS, Host, describe,
+)
 from flare_diag.fixtures.flaresim.metrics import families
 from flare_diag.fixtures.flaresim.replay import replay
 from flare_diag.fixtures.flaresim.scenario import Scenario, ScenarioError, list_scenarios, load_scenario
@@ -18,7 +20,7 @@ from flare_diag.fixtures.flaresim.trace import (
 )
 
 __all__ = [
-    "FAULT_KINDS", "MOONCAKE_BLOCK", "NUMERIC_PARAMS", "REQUEST_FAULTS", "STRING_PARAMS", "BlockLRU", "Host",
+    "FAULT_KINDS", "MOONCAKE_BLOCK", "NUMERIC_PARAMS", "RECIPES", "REQUEST_FAULTS", "STRING_PARAMS", "BlockLRU", "Host",
     "Incarnation", "Scenario", "ScenarioError", "TokenSeq", "TraceError", "build_app", "chunk_tokens", "describe",
     "families", "list_scenarios", "load_scenario", "read_trace", "render_prompt", "replay", "run_block_lru",
     "run_host_cache", "serve",

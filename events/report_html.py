@@ -16,6 +16,7 @@ from flare_diag.events.report_view import (
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
+    CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
 )
 
 CSS = """
@@ -209,8 +210,14 @@ def _cells(r: dict) -> list[Segment]:
         rows.append(f'<tr class="st-{escape(status)}"><td>{escape(row[0])}</td><td>{_badge(status)}</td>'
                     f'<td>{escape(row[2])}</td>' + "".join(f"<td class=num>{escape(x)}</td>" for x in row[3:10])
                     + f'<td>{"yes" if row[10] == "yes" else "<b>not comparable</b>"}</td></tr>')
-    return ["<h2>Cells</h2><table id=cells><thead><tr>" + "".join(f"<th>{escape(x)}</th>" for x in CELL_HEAD)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"]
+    out: list[Segment] = ["<h2>Cells</h2><table id=cells><thead><tr>" + "".join(f"<th>{escape(x)}</th>" for x in CELL_HEAD)
+                          + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"]
+    found, diffs = consistency_rows(r)
+    if found:
+        out.append(f"<h2 id=consistency>Output consistency</h2><p>{escape(CONSISTENCY_WORDS)}</p>"
+                   + _table(CONSISTENCY_HEAD, found, num_from=1)
+                   + (_table(CONSISTENCY_DIFF_HEAD, diffs) if diffs else ""))
+    return out
 
 
 def _evidence(r: dict) -> list[Segment]:

@@ -12,6 +12,7 @@ from flare_diag.events.report_view import (
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
+    CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -62,7 +63,13 @@ def _verdict(r: dict) -> list[str]:
 
 def _cells(r: dict) -> list[str]:
     rows = [[row[0], STATUS_MARK.get(row[1], row[1]), *row[2:]] for row in cell_rows(r)]
-    return ["", "## Cells", ""] + md_table(CELL_HEAD, rows)
+    out = ["", "## Cells", ""] + md_table(CELL_HEAD, rows)
+    found, diffs = consistency_rows(r)
+    if found:
+        out += ["", "## Output consistency", "", CONSISTENCY_WORDS, ""] + md_table(CONSISTENCY_HEAD, found)
+        if diffs:
+            out += [""] + md_table(CONSISTENCY_DIFF_HEAD, diffs)
+    return out
 
 
 def _evidence(r: dict) -> list[str]:

@@ -331,6 +331,8 @@ def needs_attention(r: dict) -> list[str]:
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    out += [f"OUTPUTS CHANGED UNDER REUSE in {c['phase']}: {c['reason']}" for c in r.get("cells") or []
+            if (c.get("consistency") or {}).get("differ")]
     it = r.get("integrity") or {}
     if it and not it.get("chain_ok"):  # nothing below can be trusted: say so first
         out.insert(0, f"LOG INTEGRITY FAILED: the chain does not verify ({it.get('problem') or 'see Integrity'})")
@@ -378,3 +380,27 @@ def request_rows(r: dict) -> list[tuple[str, ...]]:
     """Every request's table cells in report order (the phase first); md and html tables share them."""
     scale, wall = scale_of(r), len(request_columns(r)) != len(REQUEST_COLUMNS)
     return [request_row(q, scale, wall) for q in r.get("requests", [])]
+
+
+CONSISTENCY_HEAD = ("phase", "bodies compared", "reused on the warm pass", "answered differently", "finding")
+CONSISTENCY_DIFF_HEAD = ("phase", "body", "cold answer (sha256)", "warm answer (sha256)", "warm pass reused")
+
+
+def consistency_rows(r: dict) -> tuple[list[list[str]], list[list[str]]]:
+    """(one row per consistency phase, one row per body answered differently) for every format."""
+    rows, diffs = [], []
+    for c in r.get("cells") or []:
+        res = c.get("consistency")
+        if res is None:
+            continue
+        finding = ("INCONSISTENT" if res["differ"] else "consistent" if res.get("consistent") and res["reused_warm"]
+                   else "not exercised")
+        rows.append([c["phase"], f"{res['compared']:,}", f"{res['reused_warm']:,}", f"{len(res['differ']):,}", finding])
+        diffs += [[c["phase"], f"#{d['body_index']}", d["cold_sha256"][:16], d["warm_sha256"][:16],
+                   "yes" if d["reused"] else "no"] for d in res["differ"]]
+    return rows, diffs
+
+
+CONSISTENCY_WORDS = ("Greedy bodies (temperature 0) sent cold on a fresh incarnation, then again with the host's reuse; "
+                     "a cached state must not change an answer. An inconsistent build fails correctness whatever its "
+                     "latency.")

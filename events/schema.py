@@ -110,6 +110,9 @@ class RequestDone(Input, tag="request_done"):
     response_bytes: int = 0
     response_sha256: str = ""
     response_head: str = ""
+    # the generated text alone (reasoning, then content, each delta tagged): equal answers hash equal
+    # whatever the stream's ids and chunking; "" where it was not read (a failed request, a model run)
+    output_sha256: str = ""
 
 
 @register
@@ -301,6 +304,9 @@ class CellRecorded(Decision, tag="cell_recorded"):
     identity_held: bool | None = None
     hit_requests: list[int] = []  # order indices whose own counter delta showed a host hit (C1)
     drain_unseen: list[str] = []  # drain gauges the host does not expose, accepted by the plan
+    # an output-consistency phase's finding (policies/consistency.judge): bodies compared, reused on
+    # the warm pass, and those answered differently
+    consistency: dict | None = None
 
 
 @register

@@ -149,6 +149,8 @@ class WindowFold:
                                 "prime": ev.prime, "incarnation_id": ev.incarnation_id,
                                 "identity_held": ev.identity_held, "hit_requests": list(ev.hit_requests),
                                 "drain_unseen": list(ev.drain_unseen)}
+        if ev.consistency is not None:  # only a consistency phase's cell carries the key
+            self.cells[ev.phase]["consistency"] = ev.consistency
         if ev.phase == self.phase:
             self.phase = None
 

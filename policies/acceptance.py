@@ -16,6 +16,7 @@ class Run(msgspec.Struct, frozen=True):
     correct: bool
     primary: float
     protected: dict[str, float] = {}
+    incorrect: str = ""  # when not correct: which check failed, as the report says it
 
 
 class Acceptance(msgspec.Struct, frozen=True):
@@ -34,8 +35,10 @@ def accept(candidate: Sequence[Run], baseline: Sequence[Run], *, repeats: int = 
         return Acceptance(False, "not accepted: repeats were not run on the same fixture bytes")
     if not all(math.isfinite(r.primary) for r in (*candidate, *baseline)):
         return Acceptance(False, "not accepted: the primary metric was not measured in every repeat")
-    if not all(r.correct for r in candidate):
-        return Acceptance(False, "not accepted: the candidate failed independent correctness")
+    wrong = [r for r in candidate if not r.correct]
+    if wrong:
+        why = "; ".join(dict.fromkeys(r.incorrect for r in wrong if r.incorrect))
+        return Acceptance(False, "not accepted: the candidate failed independent correctness" + (f" ({why})" if why else ""))
     c = sum(r.primary for r in candidate) / len(candidate)
     b = sum(r.primary for r in baseline) / len(baseline)
     if b <= 0:

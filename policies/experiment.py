@@ -6,7 +6,7 @@ from collections.abc import Generator
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
-from flare_diag.policies import guards, rules
+from flare_diag.policies import consistency, guards, rules
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Act, Interrupt, Proc
@@ -290,6 +290,8 @@ def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:
     if ph.trace is not None:
         return (f"; trace {'on' if ph.trace else 'off'} at C{ph.concurrency}, one arm of an off/on pair: its"
                 f" timings are descriptive")
+    if ph.kind == "consistency":
+        return "; correctness evidence, not a latency arm"
     if not ph.comparable:
         full = len(w.fixtures.get(ph.fixture or "", {}).get("sha256", [])) or "full"
         return f"; non-fresh initial state, not comparable to the {full}-prompt arms"
@@ -333,6 +335,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         return
     before = dict(w.last_counters or {})
     prev = before
+    answers: list[consistency.Answer] = []  # a consistency phase's, in order: the cold pass, then the warm
     hit_requests: list[int] = []
     failures: list[str] = []
     natural = 0
@@ -376,6 +379,9 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
                 else:
                     nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
                     natural += nf is not None
+                if ph.kind == "consistency":
+                    answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
+                                                      rd.cached_tokens, delta.get("host_reused_tokens")))
                 w._emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
                                         body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
                                         delta=delta if ph.concurrency == 1 else {}))
@@ -421,6 +427,11 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w._cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
     elif failures:
         w._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
+    elif ph.kind == "consistency":
+        half = len(answers) // 2
+        result = consistency.judge(answers[:half], answers[half:])
+        status, why = consistency.finding(result)
+        w._cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
     else:
         why = f"{len(reqs)} requests" + (f", {natural} natural output failures recorded" if natural else "")
         if w.stop_marked:

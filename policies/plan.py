@@ -125,9 +125,14 @@ class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
     # where this fixture's bodies ask another max_tokens than [sampling] (the seed's 1024-token trace
     # fixture): every other sampling field is the plan's
     max_tokens: int | None = None
+    # where this fixture's bodies are greedy (an output-consistency phase's: temperature 0), or ask
+    # another temperature than [sampling] for another reason
+    temperature: float | None = None
 
 
-PhaseKind = Literal["identity", "replay"]
+# consistency: each body sent twice on a fresh incarnation, cold and then with the host's reuse, and
+# the answers compared (greedy bodies: cached state must not change an answer; MLPerf's TEST01/04)
+PhaseKind = Literal["identity", "replay", "consistency"]
 
 
 class PhaseSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -185,6 +190,8 @@ class FollowOn(msgspec.Struct, forbid_unknown_fields=True):
     max_regression: float = 0.03
     forced: bool = False
     override: str = ""  # the gates --force passed over, as they were said
+    # the greedy fixture of the plan's output-consistency phase (independent correctness)
+    consistency_fixture: str = ""
 
 
 class Plan(msgspec.Struct, forbid_unknown_fields=True):
@@ -290,6 +297,8 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
     for i, f in enumerate(plan.fixtures):
         if f.max_tokens is not None:
             _within(source, f"fixtures[{i}].max_tokens", f.max_tokens, 1, 1_000_000)
+        if f.temperature is not None:
+            _within(source, f"fixtures[{i}].temperature", f.temperature, 0, 2)
     _within(source, "fixtures (count)", len(plan.fixtures), 1, 64)
     _within(source, "phases (count)", len(plan.phases), 1, 1000)
     for i, ph in enumerate(plan.phases):
@@ -339,6 +348,23 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         if ph.id in seen:
             raise PlanError(f"{where}.id = {ph.id!r} is used twice")
         seen.add(ph.id)
+        if ph.kind == "consistency":
+            ref = next((f for f in plan.fixtures if f.name == ph.fixture), None)
+            if ref is None:
+                raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
+            greedy = ref.temperature if ref.temperature is not None else plan.sampling.temperature
+            if greedy != 0:
+                raise PlanError(f"{where}: a consistency phase needs greedy bodies: fixture {ph.fixture} asks temperature "
+                                f"{greedy:g}, expected 0 (set fixtures[].temperature = 0 for a greedy fixture)")
+            first = next(q for q in plan.phases if q.incarnation == ph.incarnation)
+            if not (first.kind == "identity" and first.fresh) or any(
+                    q.kind != "identity" for q in plan.phases[:i] if q.incarnation == ph.incarnation):
+                raise PlanError(f"{where}: a consistency phase runs first on a fresh incarnation (after only its fresh "
+                                f"identity phase), so that its cold answers meet an empty host cache")
+            if ph.concurrency != 1 or ph.passes != 1 or ph.order != "forward" or ph.select_last is not None \
+                    or ph.prime is not None:
+                raise PlanError(f"{where}: a consistency phase sends every body once cold and once with reuse, one at a "
+                                f"time: leave concurrency, passes, order, select_last and prime unset")
         if ph.kind == "replay":
             if ph.fixture not in fixtures:
                 raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")

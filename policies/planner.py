@@ -124,6 +124,10 @@ def phase_requests(ph: PhaseSpec, count: int) -> list[int]:
         idx = idx[-ph.select_last:]
     if ph.order == "reverse":
         idx.reverse()
+    if ph.kind == "consistency":
+        # every body cold, then every body again with the host's reuse, newest first: a forward rescan
+        # of a working set larger than the cache would find each body evicted and test nothing
+        return idx + idx[::-1]
     return idx * ph.passes
 
 
@@ -218,7 +222,7 @@ class Estimator:
 
     def phase_s(self, ph: PhaseSpec, skip: int = 0) -> float:
         """Window seconds a phase takes from its `skip`-th request on: rounds, and its drains."""
-        if ph.kind != "replay" or ph.fixture is None:
+        if ph.kind == "identity" or ph.fixture is None:
             return self.drain_s()
         key = (ph.id, ph.fixture, ph.order, ph.select_last, ph.passes, ph.concurrency, skip)
         memo = self._phase_memo.get(key)

@@ -33,12 +33,15 @@ def test_a_churn_window_with_a_policy_that_reuses_more_gives_an_interleaved_foll
     assert fo.reproducer.startswith("288 of 288") and fo.verdict == "row_checkpoint_churn"
     source = json.loads((out / "report.json").read_text())
     assert fo.source_window == source["window_id"] and fo.source_plan_sha256 == source["plan_sha256"]
-    assert [p.id for p in plan.phases] == source_phases(out)
+    # the source's required and comparable phases, then the output-consistency phase on a fresh incarnation
+    assert [p.id for p in plan.phases] == [*source_phases(out), "G.identity", "G.output_consistency"]
+    assert (tmp_path / plan.follow_on.consistency_fixture / "manifest.json").is_file()
 
 
 def source_phases(out: Path) -> list[str]:
     return [p.id for p in decode_plan(
-        (Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_bytes()).phases]
+        (Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_bytes()).phases
+        if not (p.optional and not p.comparable)]
 
 
 def test_a_policy_that_reuses_no_more_than_the_incumbents_is_refused_naming_why(default_rehearsal, capsys, tmp_path):

@@ -204,3 +204,23 @@ def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_e
     assert by_name["router.backend"] == "not applicable" and by_name["counter.host_lookups"] == "not observable"
     assert by_name["drain.requests_active"] == "observable" and by_name["recipe.candidate"] == "observable"
     assert _engines_stop(tmp_path)
+
+
+def test_peer_engine_runs_the_output_consistency_phase_cold_then_with_its_prompt_cache(tmp_path, llama_server, model):
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    head = plan.read_text().split("[[phases]]", 1)[0].replace('name = "peer-llamacpp"', 'name = "peer-consistency"')
+    plan.write_text(head + '[[phases]]\nid = "A.identity"\nincarnation = "A"\nkind = "identity"\nfresh = true\n\n'
+                    '[[phases]]\nid = "A.output_consistency"\nincarnation = "A"\nkind = "consistency"\n'
+                    'fixture = "peer-30"\ncomparable = false\n')
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    cell = next(c for c in r["cells"] if c["phase"] == "A.output_consistency")
+    res = cell["consistency"]
+    # every body answered twice and compared; the warm pass (newest first) met llama.cpp's prompt cache
+    assert res["compared"] == 30 and res["reused_warm"] > 0, cell["reason"]
+    # greedy decoding on one slot: a cached prompt must not change the answer
+    assert res["consistent"] and cell["status"] == "measured", cell["reason"]
+    assert r["restoration"]["verified"]

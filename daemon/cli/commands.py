@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pace the rehearsal on the wall clock at this factor (a live demonstration); "
                          "default: virtual time, as fast as the machine computes it")
     rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
+    rh.add_argument("--candidate", default="glm-candidate", metavar="RECIPE",
+                    help="the simulated host's recipe the window loads as its candidate: glm-candidate, or a policy "
+                         "build glm-candidate-POLICY (lru_leaf, marconi, protect_full_prompt) for a follow-on's sides "
+                         "(default glm-candidate)")
     rn = sub.add_parser("run", help="run a window against a site")
     rn.add_argument("--plan", type=Path, default=None, help="the window's plan (TOML)")
     rn.add_argument("--site", type=Path, default=None, help="the site profile (TOML)")
@@ -124,13 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
                              description="report DB [--window ID] | report WINDOW_ID (daemon) | "
                                          "report compare DB --windows A B C --baseline X [Y Z]"))
     rp.add_argument("target", help="a log file (offline), a window id (asks the daemon), or 'compare'")
-    rp.add_argument("db", nargs="?", type=Path, default=None, help="with compare: the log file")
+    rp.add_argument("db", nargs="?", type=Path, default=None,
+                    help="with compare: the log file holding the windows (optional when every window is given as the path "
+                         "of its own log or out folder)")
     rp.add_argument("--window", default=None, help="offline: the window (default: the last one in the log)")
     rp.add_argument("--format", choices=["json", "md", "html"], default="md", help="the report's format")
     rp.add_argument("--out", type=Path, default=None,
                     help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
-    rp.add_argument("--windows", nargs="+", default=None, help="with compare: the candidate's repeats")
-    rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats")
+    rp.add_argument("--windows", nargs="+", default=None,
+                    help="with compare: the candidate's repeats (window ids, or paths of their own logs or out folders)")
+    rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats (the same forms)")
     rp.add_argument("--repeats", type=int, default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
     rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
 
@@ -284,7 +291,7 @@ def _calibration(path: Path | None):
 
 
 def _plan_follow_on(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.reproducer.followon import Refused, follow_on, source_log, write_plan
+    from flare_diag.daemon.reproducer.followon import Refused, follow_on, source_log, write_consistency_fixture, write_plan
     from flare_diag.daemon.simulator import ScenarioError, load_scenario
     if not 1 <= args.repeats <= 20:
         raise UsageError(f"--repeats {args.repeats}: expected 1 to 20")
@@ -292,12 +299,17 @@ def _plan_follow_on(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: already exists; a plan is never overwritten")
     try:
         sc = load_scenario(args.scenario)
-        plan = follow_on(source_log(args.source), args.window, sc, args.policy, args.stage, args.repeats, args.force)
+        db = source_log(args.source)
+        plan = follow_on(db, args.window, sc, args.policy, args.stage, args.repeats, args.force)
+        greedy = write_consistency_fixture(plan, db, args.out)
     except (Refused, ScenarioError) as exc:
         raise UsageError(str(exc)) from None
     sha = write_plan(plan, args.out)
     fo = plan.follow_on
     print(f"{args.out}: {plan.name} (sha256 {sha[:16]})" + (f"; FORCED past: {fo.override}" if fo and fo.forced else ""))
+    if greedy is not None:
+        print(f"{greedy}: its output-consistency fixture (greedy bodies); keep it beside the plan, or in the daemon's "
+              f"sites directory for `flare-diag start`")
     if fo and fo.stage == "policy":
         print(f"run {len(fo.order)} windows in this order ({', '.join(fo.order)}), then `flare-diag report compare LOG "
               f"--windows <candidate ids> --baseline <baseline ids> --repeats {fo.repeats}`")
@@ -367,6 +379,8 @@ def _windows(args: argparse.Namespace) -> int:
             return EXIT_UNREACHABLE
         except client.Refused as exc:
             raise UsageError(f"windows: no DB given and the daemon could not be asked for its log ({exc})") from None
+    if db.is_dir() and (db / "log.db").is_file():
+        db = db / "log.db"
     if not db.is_file():
         raise UsageError(f"windows {db}: no such log file")
     try:
@@ -421,6 +435,8 @@ def _reproduce(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.capacity_blocks or args.capacity_rows or args.limit:
             raise UsageError("reproduce LOG: --capacity-blocks, --capacity-rows and --limit go with --trace")
+        if args.log.is_dir() and (args.log / "log.db").is_file():  # an out folder: the log it holds
+            args.log = args.log / "log.db"
         if not args.log.is_file():
             raise UsageError(f"{args.log}: no such log file")
         damaged = integrity_warning(args.log)
@@ -532,6 +548,11 @@ def _window(args: argparse.Namespace) -> int:
     plan_raw, plan = load_plan(args.plan)
     if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
         raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
+    if args.cmd == "rehearse":
+        from flare_diag.daemon.simulator import RECIPES
+        if args.candidate not in RECIPES or args.candidate == "glm-incumbent":
+            raise UsageError(f"--candidate {args.candidate}: expected one of the simulated host's candidate recipes "
+                             f"({', '.join(r for r in RECIPES if r != 'glm-incumbent')})")
     out = _out_dir(args.out)
     console = make_console(stderr=args.json, guarded=True)
     events_out = _guarded_stdout() if args.json else None
@@ -547,7 +568,8 @@ def _window(args: argparse.Namespace) -> int:
             if not 0 <= args.seed < 2**63:
                 raise UsageError(f"--seed {args.seed}: expected a whole number from 0 to 2^63-1")
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console,
-                              _calibration(args.calibrate), args.accept_partial, str(args.plan), args.seed, events_out)
+                              _calibration(args.calibrate), args.accept_partial, str(args.plan), args.seed, events_out,
+                              args.candidate)
         else:
             import asyncio
             setup = setup_for_site(args.plan, args.site, args.time_scale)
@@ -769,7 +791,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from flare_diag.daemon.reports.compare import CompareError, compare, noise_line
-    if args.db is None or not args.db.is_file():
+    if args.db is not None and not args.db.is_file():
         raise UsageError(f"report compare: expected the log file after 'compare' (got {args.db})")
     if not args.windows or not args.baseline:
         raise UsageError("report compare: expected --windows A B C and --baseline X")
@@ -777,18 +799,21 @@ def _compare(args: argparse.Namespace) -> int:
         verdict, runs, stats = compare(args.db, args.windows, args.baseline, args.repeats)
     except CompareError as exc:
         raise UsageError(str(exc)) from None
+    candidates = set(list(runs)[:len(args.windows)])
     if args.json:
         import json
         import msgspec
         print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason, "runs": {
-            w: {"role": "candidate" if w in args.windows else "baseline", "correct": run.correct,
-                "median_ttft_ms": run.primary, "protected": run.protected} for w, run in runs.items()},
+            w: {"role": "candidate" if w in candidates else "baseline", "correct": run.correct,
+                "incorrect": run.incorrect, "median_ttft_ms": run.primary, "protected": run.protected}
+            for w, run in runs.items()},
             "statistics": {s.metric: msgspec.to_builtins(s) for s in stats}}))
         return EXIT_OK if verdict.accepted else EXIT_FAILED
     for w, run in runs.items():
-        role = "candidate" if w in args.windows else "baseline"
+        role = "candidate" if w in candidates else "baseline"
         prot = ", ".join(f"{k} {v:.1f}" for k, v in run.protected.items())
-        print(f"{role:9} {w}: correct {'yes' if run.correct else 'no'}, median TTFT {run.primary:.1f} ms, {prot}")
+        print(f"{role:9} {w}: correct {'yes' if run.correct else 'no (' + run.incorrect + ')'}, median TTFT "
+              f"{run.primary:.1f} ms, {prot}")
     for s in stats:
         print(noise_line(s))
     print(verdict.reason)

@@ -160,32 +160,35 @@ class Interrupts:
 
 def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float | None,
              console: Console, calibration: Calibration | None = None, accept_partial: bool = False,
-             plan_path: str = "", seed: int = 0, events_out: TextIO | None = None) -> dict:
+             plan_path: str = "", seed: int = 0, events_out: TextIO | None = None,
+             candidate: str = "glm-candidate") -> dict:
     """A whole window against flaresim served in this process: in virtual time (`time_scale` None),
     or live-paced on the wall clock at `time_scale`."""
     main = rehearse_async(plan_raw, plan, scenario, faults, out, console, time_scale=time_scale,
                           calibration=calibration, accept_partial=accept_partial, plan_path=plan_path, seed=seed,
-                          events_out=events_out)
+                          events_out=events_out, candidate=candidate)
     return virtualtime.run(main) if time_scale is None else asyncio.run(main)
 
 
 async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
                          time_scale: float | None = None, calibration: Calibration | None = None,
                          accept_partial: bool = False, plan_path: str = "", seed: int = 0,
-                         events_out: TextIO | None = None) -> dict:
-    """`rehearse` on the running loop (a VirtualTimeLoop for virtual time)."""
+                         events_out: TextIO | None = None, candidate: str = "glm-candidate") -> dict:
+    """`rehearse` on the running loop (a VirtualTimeLoop for virtual time); `candidate`: the simulated
+    host's recipe the window loads (a follow-on's baseline or policy build)."""
     import secrets
     virtual = time_scale is None
     if virtual and not virtualtime.is_virtual():
         raise RuntimeError("a virtual-time rehearsal needs a VirtualTimeLoop (daemon.virtualtime.run)")
     token = secrets.token_hex(SIM_TOKEN_BYTES)
-    async with served_flaresim(scenario, token, time_scale or 1.0, seed) as (_host, site):
+    async with served_flaresim(scenario, token, time_scale or 1.0, seed, candidate) as (_host, site):
         pace = "virtual time (the simulator's cost model)" if virtual else f"wall clock x{time_scale:g}"
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
         # fixtures beside the plan first (an operator's own bodies), then the built-in ones
         beside = [Path(plan_path).parent.resolve()] if plan_path else []
         setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, beside), time_scale or 1.0, rehearsal=True,
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
-                            clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True)
+                            clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True,
+                            fixture_dirs=[str(d) for d in beside])
         return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport),
                                 events_out)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from itertools import compress
+from operator import itemgetter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,9 @@ from flare_diag.events.base import decode_payload
 
 COLUMNS = ("seq", "mono_ns", "wall_ns", "type", "schema_v", "window_id", "causation_seq", "payload", "prev_hash", "hash")
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM events"
-_COPY = "COPY events (host, " + ", ".join(COLUMNS) + ") FROM STDIN"
+# binary COPY: the bytea columns go as they are, not hex-escaped (about 30 % less time than text)
+_COPY = "COPY events (host, " + ", ".join(COLUMNS) + ") FROM STDIN (FORMAT BINARY)"
+COPY_TYPES = ("text", "bigint", "bigint", "bigint", "text", "integer", "text", "bigint", "bytea", "bytea", "bytea")
 # the events a fleet's window list is kept from
 _WINDOW_TYPES = frozenset({"window_opened", "window_closed", "verdict_reached", "restoration_recorded"})
 POLL_S = 5.0  # a shipper with nothing to wake it looks again this often
@@ -61,11 +65,13 @@ def _local_head(db: Path, after: int) -> tuple[tuple | None, int]:
         conn.close()
 
 
-def _read_rows(db: Path, after: int, limit: int, send) -> None:
-    """Sends up to `limit` rows after `after`, CHUNK at a time, from a worker thread."""
+def _read_rows(db: Path, host: str, after: int, limit: int, send) -> None:
+    """Sends up to `limit` rows after `after`, CHUNK at a time, from a worker thread; each row starts
+    with the host, so it goes to COPY as it was read."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
-        cur = conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit))
+        cur = conn.execute(f"SELECT ?, {', '.join(COLUMNS)} FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                           (host, after, limit))
         while rows := cur.fetchmany(CHUNK):
             anyio.from_thread.run(send.send, rows)
     finally:
@@ -79,15 +85,17 @@ class _Broken(Exception):
 
 
 def _window_updates(rows: list[tuple]) -> dict[str, dict]:
-    """What the shipped rows say of each window: plan, opening, closing, outcome, verdict, restoration."""
-    out: dict[str, dict] = {}
-    for seq, _mono, wall_ns, type_, schema_v, window_id, _c, payload, _p, _h in rows:
+    """What the shipped rows (host first) say of each window: plan, opening, closing, outcome, verdict,
+    restoration, and the last seq shipped."""
+    # map/itemgetter/compress keep the per-row work in C: this runs over every shipped row
+    last = dict(zip(map(itemgetter(6), rows), map(itemgetter(1), rows)))
+    last.pop(None, None)
+    out: dict[str, dict] = {wid: {"last_seq": seq} for wid, seq in last.items() if wid}
+    marked = compress(rows, map(_WINDOW_TYPES.__contains__, map(itemgetter(4), rows)))
+    for _host, _seq, _mono, wall_ns, type_, schema_v, window_id, _c, payload, _p, _h in marked:
         if not window_id:
             continue
-        w = out.setdefault(window_id, {"last_seq": seq})
-        w["last_seq"] = seq
-        if type_ not in _WINDOW_TYPES:
-            continue
+        w = out[window_id]
         ev = decode_payload(type_, schema_v, payload)
         if type_ == "window_opened":
             w["plan"] = (ev.plan or {}).get("name")
@@ -102,6 +110,18 @@ def _window_updates(rows: list[tuple]) -> dict[str, dict]:
     return out
 
 
+def _first_break(rows: list[tuple], prev_seq: int, prev_hash: bytes | None) -> int | None:
+    """The index of the first row (host first) that does not continue the chain, or None."""
+    seqs = list(map(itemgetter(1), rows))
+    if seqs != list(range(prev_seq + 1, prev_seq + 1 + len(rows))):
+        return next(i for i, s in enumerate(seqs) if s != prev_seq + 1 + i)
+    if prev_hash is not None and rows[0][9] != prev_hash:
+        return 0
+    if list(map(itemgetter(10), rows[:-1])) != list(map(itemgetter(9), rows[1:])):
+        return next(i + 1 for i, (a, b) in enumerate(zip(rows, rows[1:])) if a[10] != b[9])
+    return None
+
+
 async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: int, head_hash: bytes | None,
                 batch: int) -> list[tuple]:
     """COPYs the rows after the head as they are read; every link is checked on the way (a break
@@ -111,17 +131,22 @@ async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: in
     prev_seq, prev_hash = head_seq, head_hash
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, _read_rows, db, head_seq, batch, send)
+            tg.start_soon(anyio.to_thread.run_sync, _read_rows, db, host, head_seq, batch, send)
             async with receive, conn.cursor().copy(_COPY) as copy:
+                copy.set_types(COPY_TYPES)
                 async for rows in receive:
+                    # a chunk is checked whole before any of it is copied: the per-row cost stays in C
+                    bad = _first_break(rows, prev_seq, prev_hash)
+                    if bad is not None:
+                        r = rows[bad]
+                        expected = prev_seq + 1 + bad
+                        if r[1] != expected:
+                            raise _Broken(Fork(host, expected, f"the local log continues at seq {r[1]} (a gap)"))
+                        raise _Broken(Fork(host, r[1], "its prev_hash is not the hash of the event before it"
+                                           if out or bad else "its prev_hash is not the shipped head's hash"))
                     for r in rows:
-                        if r[0] != prev_seq + 1:
-                            raise _Broken(Fork(host, prev_seq + 1, f"the local log continues at seq {r[0]} (a gap)"))
-                        if prev_hash is not None and r[8] != prev_hash:
-                            raise _Broken(Fork(host, r[0], "its prev_hash is not the hash of the event before it" if out
-                                               else "its prev_hash is not the shipped head's hash"))
-                        await copy.write_row((host, *r))
-                        prev_seq, prev_hash = r[0], r[9]
+                        await copy.write_row(r)
+                    prev_seq, prev_hash = rows[-1][1], rows[-1][10]
                     out.extend(rows)
     except BaseExceptionGroup as group:
         # the copy and the reader fail together (a fork read, a connection lost): say the first cause
@@ -164,8 +189,8 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
                          w.get("verdict"), w.get("restoration_verified"), w["last_seq"]))
                 last = rows[-1]
                 await conn.execute("UPDATE hosts SET head_seq = %s, head_hash = %s, last_event_at = to_timestamp(%s / 1e9), "
-                                   "shipped_at = now() WHERE host = %s", (last[0], last[9], last[2], host))
-                head_seq = last[0]
+                                   "shipped_at = now() WHERE host = %s", (last[1], last[10], last[3], host))
+                head_seq = last[1]
     except _Broken as b:
         fork = b.fork
     if fork is not None:

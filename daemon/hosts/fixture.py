@@ -115,3 +115,50 @@ def load_fixture(path: Path) -> Fixture:
                            or not all(isinstance(x, int) and x >= 0 for x in pt)):
         raise FixtureError(f"{path}: manifest prompt_tokens: expected one whole number per body ({len(bodies)})")
     return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}), pt)
+
+
+GREEDY_SEED = 20261022  # sent to engines that take a seed; greedy decoding should not need it
+
+
+def greedy_variant(fx: Fixture, name: str, max_tokens: int) -> Fixture:
+    """The fixture's bodies made greedy (temperature 0, a fixed seed) with at most `max_tokens` each:
+    the same messages, so the same prompts and the same host reuse, and answers that must not vary."""
+    bodies = []
+    for i, raw in enumerate(fx.bodies):
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise FixtureError(f"fixture {fx.name}: body {i} is not JSON") from None
+        body["temperature"] = 0
+        body["seed"] = GREEDY_SEED
+        for key in ("max_tokens", "max_completion_tokens"):
+            if key in body:
+                body[key] = min(int(body[key]), max_tokens)
+        if "max_tokens" not in body and "max_completion_tokens" not in body:
+            body["max_tokens"] = max_tokens
+        bodies.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+    sampling = {**fx.sampling, "temperature": 0, "max_tokens": min(int(fx.sampling.get("max_tokens") or max_tokens), max_tokens)}
+    return Fixture(name, bodies, [hashlib.sha256(b).hexdigest() for b in bodies], sampling, fx.prompt_tokens)
+
+
+def write_fixture(folder: Path, fx: Fixture, derived_from: dict | None = None) -> Path:
+    """Writes `fx` as a fixture folder `folder/fx.name` (bodies.jsonl and its manifest); never over
+    another: a folder already holding these very bodies is kept as it is."""
+    d = folder / fx.name
+    if d.exists():
+        try:
+            same = load_fixture(d).sha256 == fx.sha256
+        except FixtureError:
+            same = False
+        if same:
+            return d
+        raise FixtureError(f"{d}: already exists with other bodies; a fixture is never overwritten")
+    d.mkdir(parents=True)
+    (d / "bodies.jsonl").write_bytes(b"".join(b + b"\n" for b in fx.bodies))
+    manifest: dict = {"name": fx.name, "count": len(fx.bodies), "sha256": fx.sha256, "sampling": fx.sampling}
+    if fx.prompt_tokens is not None:
+        manifest["prompt_tokens"] = fx.prompt_tokens
+    if derived_from:
+        manifest["derived_from"] = derived_from
+    (d / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return d

@@ -262,6 +262,9 @@ class Target:
         usage = None
         finish = None
         digest = hashlib.sha256()
+        # the answer itself, its reasoning and its content, without the stream's ids, framing or
+        # chunking: what an output-consistency phase compares between a cold answer and a reused one
+        said_r, said_c = hashlib.sha256(), hashlib.sha256()
         head = bytearray()
         total = 0
         done = False
@@ -299,6 +302,10 @@ class Target:
                         visible = True
                     if delta.get("reasoning_content"):
                         reasoning = True
+                    if delta.get("reasoning_content"):
+                        said_r.update(delta["reasoning_content"].encode())
+                    if delta.get("content"):
+                        said_c.update(delta["content"].encode())
                     if delta.get("content") or delta.get("reasoning_content"):
                         first_token = first_token if first_token is not None else now
                         last_token = now
@@ -315,6 +322,7 @@ class Target:
                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                    first_byte_ns=first_byte, first_token_ns=first_token, last_token_ns=last_token,
                    end_ns=_now_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
+                   output_sha256=hashlib.sha256(said_r.digest() + said_c.digest()).hexdigest(),
                    response_head=head.decode("utf-8", "replace"))
         return out
 

@@ -6,8 +6,9 @@ run drives the same `WindowPolicy` against the same host model (flaresim's `Host
 cache and keyed service-time noise, so a seed gives a request the same service time here as in a
 rehearsal) through a discrete-event loop in virtual time, answering each action with the data the
 `Target` would read from the simulator's API. No HTTP, no log, no report: a model run is a forecast's
-sample, never evidence. What it does not model: response bytes (the policy does not read them) and
-faults. `tests/test_model_run.py` holds it to a full rehearsal of the same plan and seed.
+sample, never evidence. What it does not model: response bytes and answers' text (a consistency phase
+sees one stand-in answer per body, as from a sound build) and faults. `tests/test_model_run.py` holds
+it to a full rehearsal of the same plan and seed.
 """
 
 from __future__ import annotations
@@ -343,7 +344,10 @@ class ModelRun:
                 reasoning_only=p.gen.reasoning_tokens > 0 and p.gen.content_tokens == 0,
                 prompt_tokens=p.prompt_len, completion_tokens=p.gen.total,
                 cached_tokens=max(p.lookup.reused, p.lookup.gpu_hit_tokens),
-                first_byte_ns=first, first_token_ns=first if p.gen.total else None, last_token_ns=end, end_ns=end)
+                first_byte_ns=first, first_token_ns=first if p.gen.total else None, last_token_ns=end, end_ns=end,
+                # the model holds no answers' text: a sound build's stand-in, one per body, so that a
+                # consistency phase is forecast as it runs on a sound host (consistent)
+                output_sha256=_sha(raw))
         self._generation(a, raw, "chat completion", False, answer)
 
     def _preflight(self, a: _Action) -> None:

@@ -101,7 +101,8 @@ async def inject_faults(base: str, token: str, faults: list[dict], transport: ht
 
 
 @asynccontextmanager
-async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, seed: int = 0) -> AsyncIterator[tuple[object, Site]]:
+async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, seed: int = 0,
+                          candidate: str = "glm-candidate") -> AsyncIterator[tuple[object, Site]]:
     """flaresim served in this process on the running loop's clock (virtual on a VirtualTimeLoop), and
     the site that reaches it: (its Host, the Site). The one place the daemon serves the simulator,
     as a rehearsal's host."""
@@ -112,4 +113,4 @@ async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, se
         raise InputError(str(exc)) from None
     host = Host(sc, time_scale=time_scale, token=token, clock=asyncio.get_running_loop().time, seed=seed)
     async with serve_in_process(build_app(host)) as transport:
-        yield host, sim_site(SIM_URL, token, transport=transport)
+        yield host, sim_site(SIM_URL, token, candidate=candidate, transport=transport)

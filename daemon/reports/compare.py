@@ -23,7 +23,8 @@ def run_of(report: dict) -> Run:
     """One window as one repeat.
 
     fixed bytes: the SHA-256 over the sorted body hashes it replayed in comparable measured cells;
-    correct: completed, restore verified, log intact, and every one of those requests answered;
+    correct: completed, restore verified, log intact, every one of those requests answered, and every
+    output-consistency phase consistent (a cached state changed no answer);
     primary: median time to first token (ms, lower is better);
     protected: p95 end-to-end latency and median decode time per completion token (ms, lower is better).
     """
@@ -32,13 +33,26 @@ def run_of(report: dict) -> Run:
     fixed = hashlib.sha256("\n".join(bodies).encode()).hexdigest()
     ok = [q for q in reqs if q["outcome"] == "ok"]
     it = report["integrity"]
-    correct = bool(report.get("outcome") == "completed" and (report.get("restoration") or {}).get("verified")
-                   and it.get("chain_ok") and it.get("audit_ok") and reqs and len(ok) == len(reqs))
+    checks = [
+        (report.get("outcome") == "completed", f"window outcome {report.get('outcome')}"),
+        (bool((report.get("restoration") or {}).get("verified")), "restoration not verified"),
+        (bool(it.get("chain_ok") and it.get("audit_ok")), "the log does not verify"),
+        (bool(reqs) and len(ok) == len(reqs), f"{len(reqs) - len(ok)} of {len(reqs)} comparable requests not answered"),
+    ]
+    for c in report["cells"]:
+        res = c.get("consistency")
+        if res is not None:  # cached state must not change an answer (output consistency)
+            checks.append((bool(res.get("consistent")) and not res["differ"],
+                           f"outputs changed under reuse in {c['phase']} ({len(res['differ'])} of {res['compared']} "
+                           f"greedy bodies)" if res["differ"] else f"{c['phase']}: no answers compared"))
+    failed = [why for good, why in checks if not good]
+    correct = not failed
     ttft = [q["first_token_ns"] / 1e6 for q in ok if q.get("first_token_ns") is not None]
     ends = sorted(q["end_ns"] / 1e6 for q in ok if q.get("end_ns") is not None)
     per_tok = [(q["end_ns"] - q["first_token_ns"]) / 1e6 / q["completion_tokens"] for q in ok
                if q.get("end_ns") is not None and q.get("first_token_ns") is not None and q.get("completion_tokens")]
-    return Run(fixture_sha256=fixed, correct=correct, primary=statistics.median(ttft) if ttft else float("inf"),
+    return Run(fixture_sha256=fixed, correct=correct, incorrect="; ".join(failed),
+               primary=statistics.median(ttft) if ttft else float("inf"),
                protected={"p95_end_to_end_ms": ends[int(0.95 * (len(ends) - 1))] if ends else float("inf"),
                           "decode_ms_per_token": statistics.median(per_tok) if per_tok else float("inf")})
 
@@ -116,24 +130,55 @@ def _samples(report: dict) -> dict[str, list[float]]:
     }
 
 
-def compare(db: Path, windows: list[str], baseline: list[str], repeats: int = 3) -> tuple[Acceptance, dict[str, Run], list]:
-    """The acceptance rule over exactly `repeats` matched windows a side, and the statistics beside it."""
+def window_refs(db: Path | None, given: list[str]) -> dict[str, Path]:
+    """Each repeat as (window id -> its log): a window id in `db`, or the path of another window's
+    log (a log.db, or the out folder holding one) whose log holds that one window."""
     from flare_diag.events.reader import LogReader
+    known: dict[Path, list[str]] = {}
+
+    def ids(path: Path) -> list[str]:
+        if path not in known:
+            with LogReader(path) as r:
+                known[path] = list(r.window_ids())
+        return known[path]
+
+    out: dict[str, Path] = {}
+    for g in given:
+        p = Path(g)
+        log = p / "log.db" if p.is_dir() else p
+        if log.is_file() and (p.is_dir() or p.suffix == ".db" or db is None):
+            found = ids(log)
+            if len(found) != 1:
+                raise CompareError(f"{g}: its log holds {len(found)} windows; give the log and the window ids instead")
+            wid = found[0]
+        elif db is not None and g in ids(db):
+            wid, log = g, db
+        else:
+            raise CompareError(f"{g}: no such window in {db}" if db is not None else
+                               f"{g}: neither a window's log nor its out folder")
+        if wid in out:
+            raise CompareError(f"window {wid} is given twice")
+        out[wid] = log
+    return out
+
+
+def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: int = 3
+            ) -> tuple[Acceptance, dict[str, Run], list]:
+    """The acceptance rule over exactly `repeats` matched windows a side, and the statistics beside it.
+    Each window is an id in `db` or the path of its own log; the runs come back keyed by window id."""
     from flare_diag.events.stats import compare_metric, p95
-    with LogReader(db) as r:
-        known = set(r.window_ids())
-    missing = [w for w in (*windows, *baseline) if w not in known]
-    if missing:
-        raise CompareError(f"{db}: no window {missing[0]!r} in this log")
-    both = set(windows) & set(baseline)
-    if both:
-        raise CompareError(f"window {sorted(both)[0]} is given as both a candidate and a baseline repeat")
     for name, side in (("--windows", windows), ("--baseline", baseline)):
         if len(side) > repeats:
             raise CompareError(f"{name}: {len(side)} windows; the rule uses exactly {repeats} repeats a side "
                                f"(--repeats {repeats}), none averaged away")
-    reports = {w: build_report(db, w) for w in dict.fromkeys((*windows, *baseline))}
-    features = {w: _matched_features(db, w, rep) for w, rep in reports.items()}
+    cand, base = window_refs(db, windows), window_refs(db, baseline)
+    logs = {**cand, **base}
+    windows, baseline = list(cand), list(base)
+    both = set(windows) & set(baseline)
+    if both:
+        raise CompareError(f"window {sorted(both)[0]} is given as both a candidate and a baseline repeat")
+    reports = {w: build_report(logs[w], w) for w in dict.fromkeys((*windows, *baseline))}
+    features = {w: _matched_features(logs[w], w, rep) for w, rep in reports.items()}
     for side, other in ((list(windows), list(baseline)), (list(baseline), list(windows))):
         if side:
             problem = _unmatched(features, side, other)

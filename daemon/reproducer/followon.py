@@ -24,7 +24,10 @@ from flare_diag.daemon.reproducer.reproduce import ReproduceError, choose_window
 from flare_diag.daemon.simulator import Scenario
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import WindowOpened
-from flare_diag.policies.plan import FollowOn, Plan, plan_from_builtins
+from flare_diag.daemon.hosts.fixture import (Fixture, FixtureError, find_fixture, greedy_variant, load_fixture,
+                                              write_fixture)
+from flare_diag.daemon.window.setup import fixture_digest
+from flare_diag.policies.plan import FixtureRef, FollowOn, PhaseSpec, Plan, plan_from_builtins
 
 
 class Refused(ValueError):
@@ -99,6 +102,7 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
         if reuse[policy] <= reuse[sc.eviction]:
             missed.append(f"{policy} reuses {reuse[policy]:,} host tokens in the model on the window's requests, "
                           f"no more than the incumbent's {sc.eviction} ({reuse[sc.eviction]:,})")
+        greedy = _greedy_fixture(source, opened)
         fo = FollowOn("policy", window, opened.plan_sha256, verdict, policy=policy, baseline_policy=sc.eviction,
                       reproducer=f"{rep.agreed} of {rep.compared} requests agree (scenario {sc.name})",
                       model_reused_tokens=reuse, order=abba(repeats), repeats=repeats)  # type: ignore[arg-type]
@@ -108,6 +112,9 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
         fo = msgspec.structs.replace(fo, forced=True, override="; ".join(missed))
     suffix = "nsight" if stage == "nsight" else f"policy-{policy}"
     conditional = source.conditional
+    if stage == "policy":
+        source = _with_consistency(source, greedy)
+        fo = msgspec.structs.replace(fo, consistency_fixture=greedy.name)
     if stage == "nsight":
         conditional = [msgspec.structs.replace(c, admission=f"admitted by follow-on from window {window}"
                                                + (" (forced)" if fo.forced else ""))
@@ -119,6 +126,61 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
                                                    f"ABBA; accepted by `report compare` (>= 5 % benefit, <= 3 % "
                                                    f"regression, correct)" if stage == "policy" else
                                                    "the capture stage admitted on its evidence")))
+
+
+CONSISTENCY_MAX_TOKENS = 256  # greedy answers long enough to differ, short enough to cost minutes
+
+
+def _greedy_fixture(source: Plan, opened: WindowOpened) -> Fixture:
+    """The greedy variant of the fixture the source window's comparable replays read, derived from the
+    exact bytes that window replayed (refused when the fixture changed since)."""
+    name = next((ph.fixture for ph in source.phases if ph.kind == "replay" and ph.comparable and ph.fixture), None)
+    if name is None:
+        raise Refused("the source window's plan has no comparable replay phase to derive a consistency fixture from")
+    try:
+        fx = load_fixture(find_fixture(name, [Path(d) for d in opened.fixture_dirs]))
+    except FixtureError as exc:
+        raise Refused(f"the source window's fixture {name}: {exc}") from None
+    if opened.fixtures_sha256.get(name) not in (None, fixture_digest(fx)):
+        raise Refused(f"fixture {name} changed since window {opened.window_id} replayed it; a follow-on is derived from "
+                      f"the bytes the window replayed")
+    try:
+        return greedy_variant(fx, f"{name}-greedy", CONSISTENCY_MAX_TOKENS)
+    except FixtureError as exc:
+        raise Refused(str(exc)) from None
+
+
+def _with_consistency(plan: Plan, greedy: Fixture) -> Plan:
+    """The plan with an output-consistency phase on a fresh incarnation of its own, after every other
+    phase: the greedy bodies cold on an empty host cache, then again with its reuse. The optional,
+    non-comparable phases and the trace arms, which the acceptance rule does not read, give it their
+    minutes (the source plan's required cells and the consistency phase do not fit 70 minutes together)."""
+    label = next(c for c in "GHIJKLMNOPQRSTUVWXYZ" if all(ph.incarnation != c for ph in plan.phases))
+    kept = [ph for ph in plan.phases if not (ph.optional and not ph.comparable)]
+    phases = [*kept,
+              PhaseSpec(id=f"{label}.identity", incarnation=label, kind="identity", fresh=True),
+              PhaseSpec(id=f"{label}.output_consistency", incarnation=label, kind="consistency", fixture=greedy.name,
+                        comparable=False)]
+    ref = FixtureRef(greedy.name, max_tokens=int(greedy.sampling["max_tokens"]), temperature=0.0)
+    used = {ph.fixture for ph in phases if ph.fixture}
+    fixtures = [f for f in plan.fixtures if f.name in used]
+    return msgspec.structs.replace(plan, fixtures=[*fixtures, ref], phases=phases, trace=None)
+
+
+def write_consistency_fixture(plan: Plan, opened_db: Path, out: Path) -> Path | None:
+    """Writes the plan's greedy fixture beside the plan file (`out`'s folder), where `run --plan`
+    looks for fixtures; None for a plan without one."""
+    fo = plan.follow_on
+    if fo is None or not fo.consistency_fixture:
+        return None
+    opened = _opened(opened_db, fo.source_window)
+    greedy = _greedy_fixture(plan_from_builtins(opened.plan, "the source window's plan"), opened)
+    src = next(ph.fixture for ph in plan.phases if ph.kind == "replay" and ph.comparable and ph.fixture)
+    try:
+        return write_fixture(out.parent, greedy, {"fixture": src, "window": fo.source_window,
+                                                  "digest": opened.fixtures_sha256.get(src or "", "")})
+    except FixtureError as exc:
+        raise Refused(str(exc)) from None
 
 
 def _without_none(node):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.daemon.hosts.fixture import BUILTIN, FixtureError, find_fixture, load_fixture
+from flare_diag.daemon.hosts.fixture import FixtureError, find_fixture, load_fixture
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import ActionDone, ActionRequested, RequestDone, RequestMeasured, VerdictReached, WindowOpened
 from flare_diag.daemon.simulator import MOONCAKE_BLOCK, BlockLRU, Incarnation, Scenario, read_trace, run_block_lru, run_host_cache
@@ -145,7 +145,7 @@ def _bodies(opened: WindowOpened) -> dict[str, bytes]:
         try:
             fx = load_fixture(find_fixture(name, dirs))
         except FixtureError as exc:
-            raise ReproduceError(f"fixture {name!r}: {exc} (searched {', '.join(map(str, dirs + [BUILTIN]))})") from None
+            raise ReproduceError(str(exc)) from None  # it names the fixture and where it was looked for
         out.update(zip(fx.sha256, fx.bodies))
     return out
 

@@ -161,7 +161,7 @@ class _Probe:
             self.add("metrics", NOT_OBSERVABLE, exc.detail, required=True)
             return
         counters, gauges, labels = m["counters"], m["gauges"], m["labels"]
-        replay = self.plan is None or any(p.kind == "replay" for p in self.plan.phases)
+        replay = self.plan is None or any(p.kind != "identity" for p in self.plan.phases)
         for c in COUNTERS:
             have = counters.get(c) is not None or any(k.startswith(f"{c}.") for k in counters)
             required = c == "host_reused_tokens" and replay  # the verdict cannot be reached without it
