@@ -99,12 +99,20 @@ class SendRequest(Action, tag="send_request"):
     body_sha256: str
 
 
+class SteadyState(Action, tag="steady_state"):
+    """The plan's steady-state guards evaluated once on the site's Prometheus: before the quiesce, and
+    after the readmission (between them the runner's guard watch evaluates them on its own)."""
+
+    when: Literal["before", "after"]
+    queries: dict[str, str]  # guard name -> its PromQL
+
+
 ACTION_TYPES: tuple[type[Action], ...] = (
     ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load, ReadIdentity, ScrapeMetrics,
-    SetTrace, ManagerState, Health, Preflight, SendRequest,
+    SetTrace, ManagerState, Health, Preflight, SendRequest, SteadyState,
 )
 AnyAction = Union[ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load,  # noqa: UP007
-                  ReadIdentity, ScrapeMetrics, SetTrace, ManagerState, Health, Preflight, SendRequest]
+                  ReadIdentity, ScrapeMetrics, SetTrace, ManagerState, Health, Preflight, SendRequest, SteadyState]
 BY_NAME: dict[str, type[Action]] = {t.__struct_config__.tag: t for t in ACTION_TYPES}  # type: ignore[misc]
 
 

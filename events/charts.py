@@ -295,3 +295,45 @@ def ranges(title: str, panels: list[tuple[str, list[tuple[str, float | None, flo
             body.append(f'<circle cx="{sx(p50):.1f}" cy="{y}" r="3.5" fill="{PALETTE[1]}"/>')
     body += _legend([("p50", PALETTE[1]), ("p90 (bar end)", PALETTE[0])], 10 + ml, h - 4)
     return _svg(title, h, body)
+
+
+def guard(title: str, points: list[tuple[float, float, bool]], threshold: float, y_label: str,
+          spans: Sequence[tuple[float, float, str]] = (), marks: Sequence[tuple[float, str]] = ()) -> str:
+    """A steady-state guard over the window: its value at each evaluation (a breach drawn red), its
+    threshold as a dashed line, the phases as shaded spans (start, end, label) and labelled marks."""
+    if not points:
+        return empty(title)
+    ml, mt, h = 80, 40, 290
+    xs = [p[0] for p in points] + [m[0] for m in marks] + [x for s in spans for x in s[:2]]
+    sx = Scale(min(xs), max(xs), ml, W - 20)
+    ys = [p[1] for p in points] + [threshold]
+    lo = min(0.0, min(ys))
+    sy = Scale(lo, max(max(ys) * 1.1, lo + 1e-9), h - 70, mt)
+    body: list[str] = []
+    for i, (x0, x1, label) in enumerate(spans):
+        body.append(f'<rect x="{sx(x0):.1f}" y="{mt}" width="{max(sx(x1) - sx(x0), 1):.1f}" height="{h - 70 - mt}" '
+                    f'fill="{"#eef4fb" if i % 2 == 0 else "#f6f6f6"}"><title>{escape(label)}</title></rect>')
+    body += _y_axis(sy, ml, W - 20, y_label) + _x_axis(sx, h - 70, "window minute (min)")
+    ty = sy(threshold)
+    body.append(f'<line x1="{ml}" y1="{ty:.1f}" x2="{W - 20}" y2="{ty:.1f}" stroke="#d62728" stroke-dasharray="6 3"/>')
+    body.append(f'<text x="{W - 22}" y="{ty - 4:.1f}" font-size="10" fill="#d62728" text-anchor="end">'
+                f'threshold {escape(fmt(threshold))}</text>')
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _b in _thin_points(points))
+    body.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.6" points="{path}"/>')
+    for x, y, bad in points:
+        if bad:
+            body.append(f'<circle class="breach" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.2" fill="#d62728">'
+                        f'<title>breach at minute {x:.2f}: {escape(fmt(y))}</title></circle>')
+    for i, (x, label) in enumerate(marks):
+        px = sx(x)
+        body.append(f'<line x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{h - 70}" stroke="#888" stroke-dasharray="4 3"/>')
+        body.append(f'<text x="{px + 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555">{escape(label)}</text>')
+    body += _legend([("value", PALETTE[0]), ("breach", "#d62728")], ml, h - 8)
+    return _svg(title, h, body)
+
+
+def _thin_points(s: list[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
+    if len(s) <= MAX_POINTS:
+        return s
+    step = len(s) / (MAX_POINTS - 1)
+    return [s[int(i * step)] for i in range(MAX_POINTS - 1)] + [s[-1]]

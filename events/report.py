@@ -6,6 +6,8 @@ environment, and every collection is emitted in log order.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Iterator
 
 import msgspec
@@ -46,6 +48,8 @@ class _Projection:
         self.actions: dict[int, tuple[str, dict]] = {}
         self.responses: dict[tuple[str, int], dict] = {}
         self.load_label = "incumbent before take-down"
+        self.steady: dict = {"guards": {}}  # guard name -> its declaration and its evaluations
+        self.readmitted_at: int | None = None
 
     def minute(self, at_ns: int) -> float | None:
         return self.fold.minute_at(at_ns)
@@ -76,6 +80,13 @@ class _Projection:
     def action_done(self, env: Envelope, ev) -> None:
         action, args = self.actions.pop(ev.action_id, ("", {}))
         if not ev.ok or not action:
+            return
+        if action == "readmit":
+            self.readmitted_at = ev.at_ns  # the guards' evaluations from here on are the pool after the window
+            return
+        if action == "steady_state":
+            d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
+            self._guard_values(ev.at_ns, d.get("when") or args.get("when") or "", d.get("guards") or {})
             return
         if action == "scrape_metrics":
             if self.occupied is not None:
@@ -126,6 +137,13 @@ class _Projection:
                 occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
                 occ[f"{k}_last"] = v  # the latest reading: after the closing drain, what the phase left
         occ["scrapes"] += 1
+
+    def window_opened(self, env: Envelope, ev) -> None:
+        self.fold.apply(env.seq, ev, env.wall_ns)
+        self.steady["guards"] = {g["name"]: {**{k: g.get(k) for k in ("name", "query", "breach_if", "threshold",
+                                                                       "consecutive", "interval_s", "during", "dry_run")},
+                                             "series": []}
+                                 for g in self.fold.guards if isinstance(g.get("name"), str)}
 
     def phase_started(self, env: Envelope, ev) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
@@ -189,6 +207,28 @@ class _Projection:
             self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
                                                "body_index": ev.body_index, "kind": ev.natural_failure})
 
+    def watch_observed(self, env: Envelope, ev) -> None:
+        if ev.source != "prometheus":
+            return
+        d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
+        after = self.readmitted_at is not None and ev.at_ns >= self.readmitted_at
+        self._guard_values(ev.at_ns, "after" if after else "during", {d.get("guard"): d})
+
+    def _guard_values(self, at_ns: int, when: str, answers: dict) -> None:
+        """Each guard's evaluations: minute, value (the one it is judged on), when (before the quiesce,
+        during the window, after the readmission), and whether it breached."""
+        guards = self.steady["guards"]
+        for name, a in answers.items():
+            g = guards.get(name)
+            if g is None or not isinstance(a, dict):
+                continue
+            vals = [v for v in a.get("values") or [] if isinstance(v, (int, float)) and math.isfinite(v)]
+            value = (max(vals) if g["breach_if"] in (">", ">=") else min(vals)) if vals else None
+            t = g["threshold"]
+            breach = value is not None and {">": value > t, ">=": value >= t, "<": value < t, "<=": value <= t}[g["breach_if"]]
+            g["series"].append({"minute": self.minute(at_ns), "when": when, "value": value, "breach": breach,
+                                **({"error": a["error"]} if a.get("error") else {})})
+
     def drain_observed(self, env: Envelope, ev) -> None:
         self.r["drains"].append({"purpose": ev.purpose, "settled": ev.settled, "waited_s": ev.waited_s,
                                  "polls": ev.polls, "minute": ev.minute})
@@ -210,6 +250,8 @@ class _Projection:
         r["costs"] = phase_costs(r["requests"], scale)
         so = f.starting_observation
         r["starting_observation"] = starting_observation(so, f.cells, r["occupancy"]) if so else None
+        if self.steady["guards"]:  # only a plan with guards has the section (other reports keep their bytes)
+            r["steady_state"] = {"evaluated": f.steady_state, "guards": list(self.steady["guards"].values())}
         return r
 
 
@@ -397,7 +439,8 @@ def trace_overhead(arms: list[dict], pairs: list[dict], rule: dict) -> dict:
 
 
 _HANDLERS = {  # None: the window fold alone reads it
-    "window_opened": None, "action_done": _Projection.action_done,
+    "window_opened": _Projection.window_opened, "action_done": _Projection.action_done,
+    "watch_observed": _Projection.watch_observed,
     "request_done": _Projection.request_done, "action_requested": _Projection.action_requested,
     "time_marked": None, "phase_started": _Projection.phase_started, "cell_recorded": _Projection.cell_recorded,
     "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,
@@ -406,7 +449,8 @@ _HANDLERS = {  # None: the window fold alone reads it
 }
 
 
-_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview"})
+_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview",
+                              "steady_state", "readmit"})
 
 
 class _ActionTag(msgspec.Struct):
@@ -477,12 +521,21 @@ class _GaugesView(msgspec.Struct):
     gauges: dict[str, int | float | None] = {}
 
 
+class _WatchView(msgspec.Struct):
+    at_ns: int
+    source: str
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
 _counters = msgspec.json.Decoder(_CountersView)
 _gauges = msgspec.json.Decoder(_GaugesView)
 _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": msgspec.json.Decoder(_DoneView),
-          "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView)}
+          "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView),
+          "watch_observed": msgspec.json.Decoder(_WatchView)}
 
 
+# (a watch's answer is an input too, but the fold's clock stays with the ones above: the report's
+# minutes were always read from them, and a watch read only for the guards must not move them)
 _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
 _VERSION = {t: event_type(t).schema_v for t in _LIGHT}  # a view reads its type's current version only
 _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS) for t, h in _HANDLERS.items()}

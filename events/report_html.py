@@ -17,6 +17,7 @@ from flare_diag.events.report_view import (
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
+    GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
 )
 
 CSS = """
@@ -125,6 +126,29 @@ def latency_chart(r: dict) -> str:
                          "window seconds from send (s)")
 
 
+def guard_charts(r: dict) -> str:
+    """One chart per steady-state guard, beside the phases (shaded) and the abort and restore marks."""
+    ss = r.get("steady_state") or {}
+    spans = [(c["started_minute"], c["ended_minute"], c["phase"]) for c in r.get("cells", [])
+             if c.get("started_minute") is not None and c.get("ended_minute") is not None]
+    marks = []
+    a = r.get("abort")
+    if a and a.get("minute") is not None:
+        marks.append((a["minute"], f"abort: {a['reason']}"))
+    res = r.get("restoration") or {}
+    if res.get("started_minute") is not None:
+        marks.append((res["started_minute"], "restore"))
+    if res.get("finished_minute") is not None:
+        marks.append((res["finished_minute"], "restored"))
+    out = []
+    for g in ss.get("guards", []):
+        title = f"Guard {g['name']}" + (" (dry run)" if g.get("dry_run") else "")
+        out.append(_figure(f"chart-guard-{g['name']}", charts.guard(title, guard_points(g), g["threshold"], "value",
+                                                                      spans, marks),
+                           f"{g['query']}: breaches when {g['breach_if']} {g['threshold']:g}; red points breached."))
+    return "".join(out)
+
+
 def counter_chart(r: dict) -> str:
     cols = r.get("counters") or {}
     minutes = cols.get("minute", [])
@@ -162,6 +186,9 @@ def html_segments(r: dict, request_cells: list[tuple[str, ...]] | None = None) -
                         f"<meta name=viewport content=\"width=device-width,initial-scale=1\">"
                         f"<title>flare-diag report {escape(r['window_id'])}</title><style>{CSS}</style></head><body>"]
     p += _head(r) + _verdict(r) + _cells(r)
+    if r.get("steady_state"):
+        p.append("<h2 id=steady-state>Steady state</h2><p>" + escape(STEADY_WORDS) + "</p>"
+                 + _table(GUARD_HEAD, guard_rows(r)) + "<div class=charts>" + guard_charts(r) + "</div>")
     p.append("<h2>Charts</h2><div class=charts>"
              + "".join(_figure(cid, make(r), cap) for cid, make, cap in CHARTS) + "</div>")
     p += _evidence(r)

@@ -13,6 +13,7 @@ from flare_diag.events.report_view import (
     occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
+    GUARD_HEAD, STEADY_WORDS, guard_rows,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -64,6 +65,8 @@ def _verdict(r: dict) -> list[str]:
 def _cells(r: dict) -> list[str]:
     rows = [[row[0], STATUS_MARK.get(row[1], row[1]), *row[2:]] for row in cell_rows(r)]
     out = ["", "## Cells", ""] + md_table(CELL_HEAD, rows)
+    if r.get("steady_state"):
+        out += ["", "## Steady state", "", STEADY_WORDS, ""] + md_table(GUARD_HEAD, guard_rows(r))
     found, diffs = consistency_rows(r)
     if found:
         out += ["", "## Output consistency", "", CONSISTENCY_WORDS, ""] + md_table(CONSISTENCY_HEAD, found)

@@ -12,7 +12,7 @@ Hypothesis = Literal["not_reproduced", "row_checkpoint_churn", "restore_path", "
 # contract section 4's reasons, and the departures' (docs/departures.md: engine_lost, store_failure)
 AbortReason = Literal["identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                       "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                      "preflight"]
+                      "preflight", "steady_state"]
 
 
 class _S(msgspec.Struct, forbid_unknown_fields=False):

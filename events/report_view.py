@@ -404,3 +404,40 @@ def consistency_rows(r: dict) -> tuple[list[list[str]], list[list[str]]]:
 CONSISTENCY_WORDS = ("Greedy bodies (temperature 0) sent cold on a fresh incarnation, then again with the host's reuse; "
                      "a cached state must not change an answer. An inconsistent build fails correctness whatever its "
                      "latency.")
+
+
+GUARD_HEAD = ("guard", "breaches when", "consecutive", "guards", "before quiesce", "during: evaluations",
+              "during: breaches", "after readmission", "mode")
+
+
+def _guard_value(points: list[dict]) -> str:
+    if not points:
+        return "not evaluated"
+    p = points[-1]
+    if p.get("value") is None:
+        return "no number" + (f" ({p['error']})" if p.get("error") else "")
+    return f"{p['value']:.4g}" + (" BREACHED" if p.get("breach") else " holds")
+
+
+def guard_rows(r: dict) -> list[list[str]]:
+    """One row per steady-state guard: its rule, and what it read before, during and after the window."""
+    rows = []
+    for g in (r.get("steady_state") or {}).get("guards", []):
+        by = {w: [p for p in g["series"] if p["when"] == w] for w in ("before", "during", "after")}
+        rows.append([g["name"], f"{g['breach_if']} {g['threshold']:g}", str(g.get("consecutive")), str(g.get("during")),
+                     _guard_value(by["before"]), f"{len(by['during']):,}",
+                     f"{sum(1 for p in by['during'] if p['breach']):,}", _guard_value(by["after"]),
+                     "dry run (logged, never aborts)" if g.get("dry_run") else "enforced"])
+    return rows
+
+
+def guard_points(g: dict) -> list[tuple[float, float, bool]]:
+    """A guard's evaluations with a number, as (minute, value, breached): before the quiesce at minute 0."""
+    return [(p["minute"] if p["minute"] is not None else 0.0, p["value"], bool(p["breach"]))
+            for p in g["series"] if p.get("value") is not None]
+
+
+STEADY_WORDS = ("Each guard is a PromQL query on the site's Prometheus, evaluated before the quiesce, every interval "
+                "while the window runs, and after the readmission; its consecutive breaches abort the experiment "
+                "(steady_state), or raise an alarm during the restore. A dry-run guard is evaluated and logged and "
+                "never aborts.")

@@ -65,6 +65,9 @@ class WindowOpened(Input, tag="window_opened"):
     # the seed its simulator drew service-time noise from
     clock: str = "wall"
     sim_seed: int | None = None
+    # the site's Prometheus is there to evaluate the plan's steady-state guards (a model run, which
+    # has none, opens its windows without it: its guards are neither evaluated nor depended on)
+    steady_state: bool = False
 
 
 @register

@@ -21,6 +21,8 @@ class WindowFold:
         self.plan = ""
         self.starting_observation: dict | None = None  # what the plan sets out to reproduce
         self.trace_rule: dict = {}  # the plan's bounds for "trace overhead understood"
+        self.guards: list[dict] = []  # the plan's steady-state guards, as declared
+        self.steady_state = False  # whether the window evaluated them on the site's Prometheus
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
@@ -101,6 +103,9 @@ class WindowFold:
         self.trace_rule = {k: tr[k] for k in ("overhead_max", "overhead_interval_max") if isinstance(tr, dict) and k in tr}
         so = ev.plan.get("starting_observation")
         self.starting_observation = dict(so) if isinstance(so, dict) else None
+        gs = ev.plan.get("guards")
+        self.guards = [dict(g) for g in gs if isinstance(g, dict)] if isinstance(gs, list) else []
+        self.steady_state = bool(ev.steady_state)
         t = ev.plan.get("timing") or {}
         self.timing = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
                        "restore_reserve_min": t.get("restore_reserve_min")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
-from flare_diag.policies import guards, rules
+from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration, Estimator
@@ -79,6 +79,8 @@ class WindowCore(Driver):
         self.current_since_ns = 0  # window time the running phase began
         self.drifted = False  # an identity read inside a phase differed: the open cell's identity did not hold
         self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
+        self.steady_state = False  # the plan's guards are evaluated on the site's Prometheus (WindowOpened)
+        self.guard_runs = steady.Tally()  # each guard's consecutive breaches, and what a dry run has said
 
     @property
     def closed(self) -> bool:
@@ -117,7 +119,15 @@ class WindowCore(Driver):
         it has a router; counted from t0, when the window starts depending on them."""
         lost = int(self.watch_lost_s() * NS_PER_S)
         srcs = [s for s in ("gpu", "router") if self.snapshots.get(s) is not None]
+        # a steady-state guard that can abort the experiment depends on Prometheus answering it with a number
+        srcs += [f"guard:{g.name}" for g in self.enforced_guards("experiment")]
         return {s: max(self.watch_last.get(s, 0), self.t0 or 0) + lost for s in srcs}
+
+    def enforced_guards(self, stage: str) -> list[steady.Guard]:
+        """The guards that act (not dry runs) in `stage`, when the window has a Prometheus to ask."""
+        if not self.steady_state or self.plan is None:
+            return []
+        return [g for g in self.plan.guards if not g.dry_run and steady.guards_stage(g, stage)]
 
     def watch_lost_s(self) -> float:
         """How long (window seconds) a watch may stay silent: the plan's bound, but never less than

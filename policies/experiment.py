@@ -6,7 +6,7 @@ from collections.abc import Generator
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
-from flare_diag.policies import consistency, guards, rules
+from flare_diag.policies import consistency, guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Act, Interrupt, Proc
@@ -73,6 +73,7 @@ def experiment(w: WindowCore) -> Proc:
     for r in previews:
         if not r.ok or r.data.get("ok") is not True:
             w._fail_inside(r, "preview refused")
+    yield from steady_state_before(w)
     w.took_down = True  # from the quiesce's request on, the host may be changed (its reply may be lost)
     res = yield from w._act("quiesce", {})
     if not res.ok and res.error != "not_applicable":
@@ -96,6 +97,22 @@ def experiment(w: WindowCore) -> Proc:
             raise Interrupt("stop_minute")
         yield from run_arm(w, arm)
     w._close_open_cells("completed")
+
+
+def steady_state_before(w: WindowCore) -> Proc:
+    """The steady-state guards once, before anything changes: a pool already unhealthy is not one to
+    take a primary out of (Chaos Toolkit's hypothesis before the method). A guard the evaluation could
+    not answer does not stop the window here; the guard watch's silence bound does, if it lasts."""
+    if not w.steady_state or not w.plan.guards:
+        return
+    res = yield from w._act("steady_state", {"when": "before", "queries": {g.name: g.query for g in w.plan.guards}})
+    if not res.ok:
+        return
+    for g in w.enforced_guards("experiment"):
+        value = steady.worst(g, (res.data.get("guards", {}).get(g.name) or {}).get("values") or [])
+        if value is not None and steady.breached(g, value):
+            w._abort_inside("steady_state", f"before the quiesce the pool is already unhealthy: guard {g.name}: "
+                                            f"{value:.6g} {g.breach_if} {g.threshold:g} ({g.query}); nothing was changed")
 
 
 def run_arm(w: WindowCore, arm: Arm) -> Proc:

@@ -9,6 +9,8 @@ from typing import Literal
 
 import msgspec
 
+from flare_diag.policies.steady import Guard, GuardError, check_guards
+
 
 class PlanError(ValueError):
     """A plan that cannot run; the message names the first bad field."""
@@ -210,6 +212,8 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     production: bool = True
     description: str = ""
     follow_on: FollowOn | None = None
+    # the routed pool's steady state, watched on the site's Prometheus (policies/steady.py)
+    guards: list[Guard] = []
 
 
 FORBIDDEN_KINDS = {
@@ -397,6 +401,10 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
             raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {sorted(fixtures)}")
         if plan.trace.repetitions < 1 or not plan.trace.concurrency:
             raise PlanError(f"{source}: trace: repetitions and concurrency must be non-empty")
+    try:
+        check_guards(plan.guards, source)
+    except GuardError as exc:
+        raise PlanError(str(exc)) from None
     if not 0 < plan.sampling.top_p <= 1:
         raise PlanError(f"{source}: sampling.top_p = {plan.sampling.top_p}, expected in (0, 1]")
 

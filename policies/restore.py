@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from flare_diag.events.schema import NS_PER_MIN, Alarm, RestorationRecorded, VerdictReached, WindowClosed
-from flare_diag.policies import guards, rules
-from flare_diag.policies.driver import Proc, Quiet
+from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, Alarm, RestorationRecorded, VerdictReached, WindowClosed
+from flare_diag.policies import guards, rules, steady
+from flare_diag.policies.driver import Proc, Quiet, Sleep
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.interpret import findings, verdict
@@ -68,6 +68,42 @@ def last_gate(w: WindowCore, identity: dict) -> Generator[Any, Any, list[str]]:
         if hit := guards.judge("identity", ident.data, ictx):
             out.append(f"{hit[0]}: {hit[1]}")
     return out
+
+
+STEADY_AFTER_MAX_MIN = 5.0  # how long after the readmission the guards are waited for
+
+
+def steady_state_after(w: WindowCore) -> Proc:
+    """The steady-state guards after the readmission, until every enforced guard holds or the window's
+    end is near: a rate over the last minute still holds the window's breach for a while, so one
+    evaluation right after the readmit would blame the pool for the past. A pool that has not
+    recovered is an alarm for a person; the incumbent's restoration stands on its own checks."""
+    if not w.steady_state or not w.plan.guards:
+        return
+    queries = {g.name: g.query for g in w.plan.guards}
+    enforced = w.enforced_guards("restore") or [g for g in w.plan.guards if not g.dry_run]
+    step = min(g.interval_s for g in w.plan.guards)
+    end = w.now + int(STEADY_AFTER_MAX_MIN * NS_PER_MIN)
+    if w.t0 is not None:
+        end = min(end, w.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
+    while True:
+        res = yield from w._act("steady_state", {"when": "after", "queries": queries})
+        answers = res.data.get("guards", {}) if res.ok else {}
+        broken = []
+        for g in enforced:
+            value = steady.worst(g, (answers.get(g.name) or {}).get("values") or [])
+            if value is None or steady.breached(g, value):
+                broken.append((g, value))
+        if not broken:
+            return
+        if w.now + int(step * NS_PER_S) >= end:
+            w._emit(Alarm(kind="steady_state_after", detail=f"the pool's steady state did not hold within "
+                                                             f"{STEADY_AFTER_MAX_MIN:g} min of the readmission (or by the "
+                                                             f"window end): " + "; ".join(
+                f"guard {g.name}: " + ("no number from Prometheus" if v is None else f"{v:.6g} {g.breach_if} {g.threshold:g}")
+                for g, v in broken)))
+            return
+        yield Sleep(w.now + int(step * NS_PER_S))
 
 
 def restore(w: WindowCore) -> Proc:
@@ -147,6 +183,8 @@ def restore(w: WindowCore) -> Proc:
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
         routed = yield from w._act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+    if checks.get("readmitted"):
+        yield from steady_state_after(w)
     checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
     # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
     # the window end did not keep it, whatever else it verified

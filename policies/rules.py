@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                  "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                 "preflight")
+                 "preflight", "steady_state")
 
 # Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
 # window refused a host it never changed), with the class kept in the detail.

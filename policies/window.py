@@ -16,7 +16,7 @@ from flare_diag.events.schema import (
     ActionDone, Alarm, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort, NS_PER_MIN,
     RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
 )
-from flare_diag.policies import guards, rules
+from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.driver import Sleep
 from flare_diag.policies.experiment import experiment
@@ -48,7 +48,8 @@ class WindowPolicy(WindowCore):
         elif isinstance(inp, (ActionDone, RequestDone)):
             self._outcome(inp)
         elif isinstance(inp, WatchObserved):
-            self.watch_last[inp.source] = inp.at_ns
+            if inp.source != "prometheus":
+                self.watch_last[inp.source] = inp.at_ns
             self._watch(inp)
         elif isinstance(inp, WatchFailed):
             self.watch_failure[inp.source] = f"{inp.error}: {inp.detail}" if inp.detail else inp.error
@@ -100,6 +101,12 @@ class WindowPolicy(WindowCore):
         if self.stage == "experiment":
             for src, deadline in self._watch_deadlines().items():
                 if self.now > deadline:
+                    if src.startswith("guard:"):
+                        last = self.watch_failure.get("prometheus")
+                        self._abort_from_outside("watch_lost", f"steady-state guard {src[6:]} has had no number from "
+                                                 f"Prometheus for over {self.watch_lost_s():g} s, so it cannot be enforced"
+                                                 + (f" (last failure: {last})" if last else ""))
+                        return
                     last = self.watch_failure.get(src)
                     self._abort_from_outside("watch_lost", f"the {'GPU' if src == 'gpu' else 'router'} watch has not answered "
                                              f"for over {self.watch_lost_s():g} s"
@@ -126,6 +133,7 @@ class WindowPolicy(WindowCore):
         self.window_id = inp.window_id
         self.time_scale = inp.time_scale if inp.time_scale and inp.time_scale > 0 else 1.0
         self.candidate_recipe = inp.candidate_recipe
+        self.steady_state = inp.steady_state
         self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None
         self.arms = arms(self.plan)
@@ -186,6 +194,9 @@ class WindowPolicy(WindowCore):
             self.xids_known += len(inp.data.get("xid_events") or [])
         if self.stage not in ("experiment", "restore"):
             return
+        if inp.source == "prometheus":
+            self._guard_evaluated(inp)
+            return
         polled = inp.data.get("polled_at_ns", inp.at_ns)
         ctx = guards.Context(self.plan.growth, self.snapshots.get("gpu"), self.snapshots.get("router"))
         if inp.source == "router":
@@ -217,6 +228,36 @@ class WindowPolicy(WindowCore):
         # memory here, everything at the last gate) once the incumbent is back and until its readmit
         elif hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested:
             self._restore_fault(f"{hit[0]}: {hit[1]}")
+
+    def _guard_evaluated(self, inp: WatchObserved) -> None:
+        """One steady-state guard's evaluation by the runner's watch: `consecutive` breaches in a row
+        abort the experiment (`steady_state`); during the restore they raise an alarm and the restore
+        goes on (readmitting the primary is what relieves the pool); a dry run only says what it would
+        have done, once."""
+        g = next((x for x in (self.plan.guards if self.steady_state else []) if x.name == inp.data.get("guard")), None)
+        if g is None:
+            return
+        value = steady.worst(g, inp.data.get("values") or [])
+        if value is not None:
+            self.watch_last[f"guard:{g.name}"] = inp.at_ns
+        run = self.guard_runs.observe(g, value)
+        stage = "experiment" if self.stage == "experiment" else "restore"
+        if value is None or run < g.consecutive or not steady.guards_stage(g, stage):
+            return
+        what = steady.breach_words(g, value, run)
+        if g.dry_run:
+            if g.name not in self.guard_runs.dry_run_said:
+                self.guard_runs.dry_run_said.add(g.name)
+                m = self._minute()
+                self._emit(Alarm(kind="guard_dry_run", detail=f"dry run: would have {'aborted' if stage == 'experiment' else 'alarmed'} "
+                                                              + (f"at minute {m:.2f}" if m is not None else "before the quiesce")
+                                                              + f": {what}"))
+        elif stage == "experiment":
+            self._abort_from_outside("steady_state", what)
+        elif g.name not in self.guard_runs.restore_said and not self.readmit_requested:
+            # once per run of breaches; after the readmit the restore's own evaluation judges the pool
+            self.guard_runs.restore_said.add(g.name)
+            self._emit(Alarm(kind="steady_state_during_restore", detail=what))
 
     def _abort_from_outside(self, reason: str, detail: str) -> None:
         if self.stage != "experiment":

@@ -52,6 +52,7 @@ class World:
         self.drain_stuck = False
         self.identity_override: dict = {}
         self.admitted = True
+        self.pool: Callable[[World, str], float | None] = lambda _w, _n: 0.0  # every guard's value: healthy
         self.watch_silent: set[str] = set()
         self.engine_down = False  # /health answers 503
 
@@ -123,9 +124,16 @@ class World:
             data = {"status": 503 if self.engine_down else 200}
         elif a == "manager_state":
             data = {"loaded": self.loaded, "busy": False}
+        elif a == "steady_state":
+            data = {"when": args["when"], "guards": {n: self.guard_answer(n) for n in args["queries"]}}
         elif a == "send_request":
             return self._request(d)
         return ActionDone(at_ns=self.now, action_id=d.action_id, ok=True, data=data)
+
+    def guard_answer(self, name: str) -> dict:
+        """What Prometheus answers for a guard now: `pool(world, name)` is its value, None for no series."""
+        v = self.pool(self, name)
+        return {"values": [] if v is None else [v], "series": 0 if v is None else 1}
 
     def _request(self, d: ActionRequested) -> RequestDone:
         self.requests_sent += 1
@@ -170,6 +178,10 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
     def watches(until: int) -> None:
         while last_watch[0] + WATCH_EVERY < until and not policy.closed:
             last_watch[0] += WATCH_EVERY
+            if policy.steady_state and "prometheus" not in world.watch_silent:
+                for g in policy.plan.guards:  # every guard at the watch's pace (the runner's is interval_s)
+                    feed(WatchObserved(at_ns=last_watch[0], source="prometheus",
+                                       data={"guard": g.name, **world.guard_answer(g.name)}))
             for src in ("gpu", "router"):
                 if src in world.watch_silent:
                     continue

@@ -24,6 +24,13 @@ class Gpu(msgspec.Struct, forbid_unknown_fields=True):
     token_file: str | None = None
 
 
+class SteadyState(msgspec.Struct, forbid_unknown_fields=True):
+    """The site's Prometheus, which the plan's steady-state guards query."""
+
+    prometheus_url: str
+    token_file: str | None = None
+
+
 class LocalRecipeSpec(msgspec.Struct, forbid_unknown_fields=True):
     args: list[str]   # {model}, {port} and {host} are filled in; the serving token goes in as --api-key-file
     model: str        # relative to the profile
@@ -59,6 +66,7 @@ class SiteProfile(msgspec.Struct, forbid_unknown_fields=True):
     metrics_profile: Literal["flare", "llamacpp", "vllm", "sglang"] = "flare"
     metrics: dict[str, str] = {}  # contract family -> engine selector, on top of metrics_profile
     forecast: Forecast = msgspec.field(default_factory=Forecast)
+    steady_state: SteadyState | None = None
 
 
 class Site(msgspec.Struct):
@@ -102,7 +110,7 @@ class SiteError(ValueError):
 
 
 # the profile's sections that may name a token file
-TOKEN_SERVICES = ("serving", "manager", "router", "monitoring", "gpu")
+TOKEN_SERVICES = ("serving", "manager", "router", "monitoring", "gpu", "steady_state")
 # what `flare-diag init-site` writes into a token file until the operator puts the real token there
 PLACEHOLDER_TOKEN = "REPLACE-WITH-THE-SERVICE-TOKEN"
 
@@ -175,6 +183,9 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         svc = getattr(prof, name)
         if svc is not None and not _http_url(svc.url):
             raise SiteError(f"{path}: {name}.url {svc.url[:100]!r}: expected an http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
+    if prof.steady_state is not None and not _http_url(prof.steady_state.prometheus_url):
+        raise SiteError(f"{path}: steady_state.prometheus_url {prof.steady_state.prometheus_url[:100]!r}: expected an "
+                        f"http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
     if prof.gpu.url is not None and not _http_url(prof.gpu.url):
         raise SiteError(f"{path}: gpu.url {prof.gpu.url[:100]!r}: expected an http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
     return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,

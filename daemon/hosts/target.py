@@ -16,6 +16,7 @@ from httpx_sse import aconnect_sse
 
 from flare_diag.daemon.hosts import metrics
 from flare_diag.events import actions as act
+from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
@@ -59,6 +60,9 @@ class Target:
         self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0),
                                        transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
+        # the site's Prometheus, which the plan's steady-state guards query (never through the
+        # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)
+        self.prometheus = Prometheus(site) if site.profile.steady_state is not None else None
         # the host's ports: a manager service and the engine's endpoints over HTTP, or a local engine
         # the daemon runs itself, which is both (daemon/hosts/ports.py)
         self.manager: Manager
@@ -78,11 +82,14 @@ class Target:
                 act.Readmit: self.readmit, act.Unload: self.unload, act.Load: self.load,
                 act.ReadIdentity: self.read_identity, act.ScrapeMetrics: self.scrape_metrics,
                 act.SetTrace: self.set_trace, act.ManagerState: self.manager_state, act.Health: self.health,
+                act.SteadyState: self.steady_state,
                 act.Preflight: self.preflight, act.SendRequest: self.send_request}
 
     async def close(self) -> None:
         await self.client.aclose()
         await self.fresh.aclose()
+        if self.prometheus is not None:
+            await self.prometheus.close()
         await self.manager.close()
         if self._xids is not None:
             await asyncio.to_thread(self._xids.stop)  # joins the NVML event thread: not on the loop
@@ -173,6 +180,19 @@ class Target:
         if self.recipe_dir is not None and args.get("keep", True):  # a site check reads, never writes
             out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
         return out
+
+    async def steady_state(self, args: dict) -> dict:
+        """Every guard's query once: {"when", "guards": {name: {"values", "series"} | {"error"}}}; a
+        guard whose query failed says why, the others still answer."""
+        if self.prometheus is None:
+            raise ActionFailed("not_applicable", "the site has no [steady_state] prometheus_url")
+        out: dict = {}
+        for name, query in args["queries"].items():
+            try:
+                out[name] = await self.prometheus.query(query)
+            except ActionFailed as exc:
+                out[name] = {"error": exc.detail}
+        return {"when": args["when"], "guards": out}
 
     async def gpu_view(self) -> dict:
         g = self.p.gpu

@@ -132,7 +132,12 @@ class ModelRun:
                 act.Readmit: self._readmit, act.Unload: self._unload, act.Load: self._load,
                 act.ReadIdentity: self._read_identity, act.ScrapeMetrics: self._scrape_metrics,
                 act.SetTrace: self._set_trace, act.ManagerState: self._manager_state, act.Health: self._health,
-                act.Preflight: self._preflight, act.SendRequest: self._send_request}
+                act.Preflight: self._preflight, act.SendRequest: self._send_request,
+                act.SteadyState: self._steady_state}
+
+    def _steady_state(self, a: _Action) -> None:
+        # a model run has no Prometheus: its windows open without the guards (WindowOpened.steady_state)
+        raise ActionFailed("not_applicable", "a model run has no Prometheus to evaluate guards on")
 
     def _start(self, d: ActionRequested) -> None:
         a = self._actions[d.action_id] = _Action(d)

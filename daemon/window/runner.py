@@ -13,6 +13,7 @@ import math
 from collections import deque
 
 import anyio
+import msgspec
 import anyio.abc
 import time
 from collections.abc import Callable
@@ -265,6 +266,8 @@ class Runner:
             if self.target.p.router is not None:
                 tg.start_soon(self._watch_router)
             tg.start_soon(self._watch_identity)
+            if self.target.prometheus is not None:
+                tg.start_soon(self._watch_guards)
 
     def _poll_deadline_s(self) -> float:
         t = self.policy.plan.timing if self.policy.plan is not None else None
@@ -321,6 +324,31 @@ class Runner:
                                                      data={"identity": ident, "polled_at_ns": polled}))
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("identity", exc))
+
+    async def _watch_guards(self) -> None:
+        """Each steady-state guard evaluated every `interval_s` window seconds, a task per guard, each
+        evaluation an input (a failed one a WatchFailed of source `prometheus`, naming the guard)."""
+        while self.policy.plan is None:  # the window's plan arrives with its opening (or its replay)
+            await anyio.sleep(0.01)
+        if not self.policy.steady_state:
+            return
+        async with anyio.create_task_group() as tg:
+            for g in self.policy.plan.guards:
+                tg.start_soon(self._watch_guard, g)
+
+    async def _watch_guard(self, g) -> None:
+        prom = self.target.prometheus
+        while True:
+            await anyio.sleep(g.interval_s / self.scale)
+            polled = self.now()
+            try:
+                with anyio.fail_after(self._poll_deadline_s()):
+                    r = await prom.query(g.query)  # type: ignore[union-attr]
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="prometheus",
+                                                     data={"guard": g.name, **r, "polled_at_ns": polled}))
+            except Exception as exc:
+                f = self._watch_failed("prometheus", exc)
+                self._send.send_nowait(msgspec.structs.replace(f, detail=f"guard {g.name}: {f.detail}"))
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
         f = classify_exception(exc, f"{source} watch")

@@ -77,7 +77,8 @@ class WindowSetup:
                             site_profile_toml=self.site.profile_toml,
                             fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())},
                             expected_incumbent_sha256=self.expected_incumbent, clock=self.clock,
-                            sim_seed=self.sim_seed)
+                            sim_seed=self.sim_seed,
+                            steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None)
 
 
 def new_window_id(plan: Plan) -> str:

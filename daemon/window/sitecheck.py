@@ -16,6 +16,7 @@ import httpx
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
+from flare_diag.policies import steady
 from flare_diag.policies.plan import Plan, expected_identity
 from flare_diag.policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
@@ -60,8 +61,10 @@ class SiteCheck:
         tally = ", ".join(f"{n} {s}" for s, n in counts.items())
         if self.ready:
             return f"site check: ready: everything the plan needs is observable on site {self.site} ({tally})"
+        unhealthy = [f"{c.name}: {c.reason}" for c in self.capabilities if c.missing and c.fits is False
+                     and c.name.startswith("guard.")]
         return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
-                f"({tally})")
+                f"({tally})" + "".join(f"; {u}" for u in unhealthy))
 
     def as_dict(self) -> dict:
         return {"site": self.site, "plan": self.plan, "ready": self.ready, "missing": self.missing,
@@ -98,7 +101,7 @@ class _Probe:
             raise ActionFailed(f.error, f.detail) from None
 
     async def run(self) -> SiteCheck:
-        for step in (self.serving, self.metrics, self.manager, self.router, self.monitoring, self.gpu):
+        for step in (self.serving, self.metrics, self.manager, self.router, self.monitoring, self.gpu, self.steady_state):
             try:
                 await step()
             except _ServiceDown:
@@ -279,6 +282,48 @@ class _Probe:
                  fits="xid_events" in v and not v.get("xid_watch_error"))
         self.add("gpu.memory", OBSERVABLE if mem else NOT_OBSERVABLE,
                  "used and total memory read" if mem else "GPU memory not reported: the memory rule cannot fire")
+
+
+    async def steady_state(self) -> None:
+        """Every guard of the plan: each series its query reads known to the site's Prometheus or not,
+        and its value now; a guard (not a dry run) already breached means a pool already unhealthy,
+        which no window may take a primary out of."""
+        guards = self.plan.guards if self.plan is not None else []
+        if not guards:
+            return
+        prom = self.t.prometheus
+        if prom is None:
+            for g in guards:
+                self.add(f"guard.{g.name}", NOT_OBSERVABLE, "the site has no [steady_state] prometheus_url to evaluate "
+                         "it on", required=not g.dry_run)
+            return
+        for g in guards:
+            for sel in steady.selectors(g.query):
+                try:
+                    n = await prom.series(sel)
+                except ActionFailed as exc:
+                    self.add(f"guard.{g.name}.series {sel}", NOT_OBSERVABLE, exc.detail, required=not g.dry_run)
+                    continue
+                self.add(f"guard.{g.name}.series {sel}", OBSERVABLE if n else NOT_OBSERVABLE,
+                         f"{n} series in Prometheus" if n else f"Prometheus at {prom.url} knows no such series",
+                         required=not g.dry_run)
+            try:
+                r = await prom.query(g.query)
+            except ActionFailed as exc:
+                self.add(f"guard.{g.name}", NOT_OBSERVABLE, exc.detail, required=not g.dry_run)
+                continue
+            value = steady.worst(g, r["values"])
+            if value is None:
+                self.add(f"guard.{g.name}", NOT_OBSERVABLE, f"the query answered no number ({r['series']} series)",
+                         required=not g.dry_run)
+                continue
+            bad = steady.breached(g, value)
+            self.add(f"guard.{g.name}", OBSERVABLE,
+                     f"{value:.6g} now; breaches when {g.breach_if} {g.threshold:g}"
+                     + (" (dry run: logged, never aborts)" if g.dry_run else "")
+                     + (": BREACHED: the pool is already unhealthy; nothing may be taken out of it" if bad and not g.dry_run
+                        else ": breached now" if bad else ""),
+                     required=not g.dry_run, fits=not bad)
 
 
 def _num(v: float) -> str:
