@@ -120,15 +120,20 @@ def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
-          marks: Sequence[tuple[float, str]] = ()) -> str:
-    """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label)."""
+          marks: Sequence[tuple[float, str]] = (), x_span: tuple[float, float] | None = None) -> str:
+    """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label). A later
+    series is drawn dashed over an earlier one, so two series with equal values both stay visible.
+    `x_span`: the x axis exactly this span (a window's minutes), not widened to round ticks."""
     series = [(n, _thin(s)) for n, s in series if s]
     pts = [p for _n, s in series for p in s]
     if not pts:
         return empty(title)
     xs = [p[0] for p in pts] + [m[0] for m in marks]
     ml, mt, h = 80, 40, 270
-    sx = Scale(min(xs), max(xs), ml, W - 20)
+    if x_span is not None:
+        sx = Scale(min(x_span[0], *xs), max(x_span[1], *xs), ml, W - 20, tight=True)
+    else:
+        sx = Scale(min(xs), max(xs), ml, W - 20)
     sy = Scale(0, max(max(p[1] for p in pts), 1), h - 50, mt)
     body = _y_axis(sy, ml, W - 20, y_label) + _x_axis(sx, h - 50, x_label)
     for i, (_name, s) in enumerate(series):
@@ -137,7 +142,8 @@ def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_lab
             body.append(f'<circle cx="{sx(s[0][0]):.1f}" cy="{sy(s[0][1]):.1f}" r="3" fill="{c}"/>')
         else:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
-            body.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{path}"/>')
+            dash = "" if i == 0 else f' stroke-dasharray="{4 + 3 * i} {3 + i}"'
+            body.append(f'<polyline fill="none" stroke="{c}" stroke-width="{2.6 if i == 0 else 1.8}"{dash} points="{path}"/>')
     for i, (x, label) in enumerate(marks):
         px = sx(x)
         body.append(f'<line x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{h - 50}" stroke="#888" stroke-dasharray="4 3"/>')
@@ -173,13 +179,14 @@ def gantt(title: str, rows: list[tuple[str, float, float, str]], window_min: flo
     the window's end and the restore reservation between them, plus labelled marks (an abort)."""
     if not rows:
         return empty(title)
-    ml, mt, row = 150, 44, 15
+    ml, mt, row = 150, 58, 15
     plot_bottom = mt + row * len(rows) + 4
     h = plot_bottom + 56
-    sx = Scale(0, window_min, ml, W - 20, target=9)
+    sx = Scale(0, window_min, ml, W - 20, target=9, tight=True)
+    # the band's name sits above the stop and end labels, on a row of its own
     body = [f'<rect x="{sx(stop_min):.1f}" y="{mt - 6}" width="{sx(window_min) - sx(stop_min):.1f}" '
             f'height="{plot_bottom - mt + 6}" fill="#f3ecff"/>',
-            f'<text x="{(sx(stop_min) + sx(window_min)) / 2:.1f}" y="{mt - 9}" font-size="10" fill="#5b3f8c" '
+            f'<text x="{(sx(stop_min) + sx(window_min)) / 2:.1f}" y="{mt - 34}" font-size="10" fill="#5b3f8c" '
             f'text-anchor="middle">restore reservation</text>']
     body += _x_axis(sx, plot_bottom, "window minute (min)", top=mt - 6)
     for x, label, colour in ((stop_min, f"stop {fmt(stop_min)}", "#b8860b"), (window_min, f"end {fmt(window_min)}", "#444")):

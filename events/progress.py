@@ -31,6 +31,7 @@ class WindowProgress(WindowFold):
         return {"window_id": self.window_id, "plan": self.plan, "rehearsal": bool(self.rehearsal), "stage": self.stage,
                 "phase": self.phase, "phase_requests": self.phase_requests, "phase_total": self.phase_total,
                 "phase_estimated_end_minute": self.phase_estimated_end, "requests": self.requests,
+                "requests_planned": self.requests_planned,
                 "minute": self.minute, "stop_min": self.stop_min, "window_min": self.window_min,
                 "abort": self.abort, "cells": {p: c["status"] for p, c in self.cells.items()}, "outcome": self.outcome,
                 "verdict": (self.verdict or {}).get("hypothesis"), "restoration_failed": self.restoration_failed,

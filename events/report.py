@@ -50,6 +50,7 @@ class _Projection:
         self.load_label = "incumbent before take-down"
         self.steady: dict = {"guards": {}}  # guard name -> its declaration and its evaluations
         self.readmitted_at: int | None = None
+        self.operator: dict | None = None  # who sent the operator abort (uid, pid), as the control socket saw
 
     def minute(self, at_ns: int) -> float | None:
         return self.fold.minute_at(at_ns)
@@ -207,6 +208,10 @@ class _Projection:
             self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
                                                "body_index": ev.body_index, "kind": ev.natural_failure})
 
+    def operator_abort(self, env: Envelope, ev) -> None:
+        if self.operator is None:  # the first one aborted; a later one found the window restoring
+            self.operator = {"uid": ev.uid, "pid": ev.pid}
+
     def watch_observed(self, env: Envelope, ev) -> None:
         if ev.source != "prometheus":
             return
@@ -250,6 +255,8 @@ class _Projection:
         r["costs"] = phase_costs(r["requests"], scale)
         so = f.starting_observation
         r["starting_observation"] = starting_observation(so, f.cells, r["occupancy"]) if so else None
+        if r["abort"] and r["abort"].get("reason") == "operator" and self.operator:
+            r["abort"] = {**r["abort"], **{k: v for k, v in self.operator.items() if v is not None}}
         if self.steady["guards"]:  # only a plan with guards has the section (other reports keep their bytes)
             r["steady_state"] = {"evaluated": f.steady_state, "guards": list(self.steady["guards"].values())}
         return r
@@ -440,7 +447,7 @@ def trace_overhead(arms: list[dict], pairs: list[dict], rule: dict) -> dict:
 
 _HANDLERS = {  # None: the window fold alone reads it
     "window_opened": _Projection.window_opened, "action_done": _Projection.action_done,
-    "watch_observed": _Projection.watch_observed,
+    "watch_observed": _Projection.watch_observed, "operator_abort": _Projection.operator_abort,
     "request_done": _Projection.request_done, "action_requested": _Projection.action_requested,
     "time_marked": None, "phase_started": _Projection.phase_started, "cell_recorded": _Projection.cell_recorded,
     "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,

@@ -18,6 +18,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
+    VERDICT_WORDS, abort_words, identity_columns, natural_failures_line,
 )
 
 CSS = """
@@ -39,7 +40,9 @@ tr.st-failed td{background:#fff6f6}tr.st-invalid td{background:#fffbea}tr.st-def
 .attention{border:2px solid #8c1d18;background:#fbeaea;padding:.4em .8em;margin:1em 0}.attention ul{margin:.3em 0}
 table.requests td{text-align:right;font-variant-numeric:tabular-nums}table.requests td:first-child{text-align:left}
 .pass{color:#17602a}.fail{color:#8c1d18;font-weight:700}.na{color:#777}.mism{color:#8c1d18;font-weight:700}
-details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px}.meta{color:#555}
+details{margin:.4em 0}summary{cursor:pointer}figure{margin:1em 0}code{font-size:12px;overflow-wrap:anywhere}.meta{color:#555}
+.tw{max-width:100%;overflow-x:auto}table#cells{width:100%}table#cells td:last-child{min-width:14em}
+@media (max-width:900px){body{font-size:13px;padding:0 .4em}td,th{padding:2px 4px}}
 .charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,56em),1fr));gap:0 2em}
 """
 
@@ -58,7 +61,7 @@ def _table(head: list[str] | tuple[str, ...], rows: list[list[str]], num_from: i
     h = "".join(f"<th>{escape(c)}</th>" for c in head)
     body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= num_from else ""}>{escape(c)}</td>' for i, c in enumerate(r))
                    + "</tr>" for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class=tw><table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def _figure(chart_id: str, svg: str, caption: str = "") -> str:
@@ -153,13 +156,18 @@ def counter_chart(r: dict) -> str:
     cols = r.get("counters") or {}
     minutes = cols.get("minute", [])
     series = []
-    for k in ("host_reused_tokens", "host_fetched_tokens", "gpu_reused_tokens"):
+    for k in ("host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens"):  # reused dashed over fetched
         s = [(m, v) for m, v in zip(minutes, cols.get(k, [])) if m is not None and v is not None]
         if s:
             series.append((k, s))
     t = r.get("timing") or {}
     marks = [(t[k], label) for k, label in (("stop_min", "stop"), ("window_min", "window end")) if t.get(k) is not None]
-    return charts.lines("Cumulative counters over the window", series, "window minute (min)", "cumulative (tokens)", marks)
+    # every new incarnation starts its counters at zero (contract 1): say where, so a drop is not read as a fault
+    marks += [(c["started_minute"], f"{c['phase'].split('.')[0]} loaded: counters reset") for c in r.get("cells", [])
+              if c["phase"].endswith(".identity") and c.get("started_minute") is not None]
+    span = (0.0, float(t["window_min"])) if t.get("window_min") else None
+    return charts.lines("Cumulative counters over the window", series, "window minute (min)", "cumulative (tokens)",
+                        sorted(marks), x_span=span)
 
 
 def drain_chart(r: dict) -> str:
@@ -204,7 +212,8 @@ def _head(r: dict) -> list[Segment]:
     out: list[Segment] = [
         f"<h1>Window {escape(r['window_id'])}</h1>",
         f"<p id=outcome class=outcome>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"
-        + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> ({escape(a['detail'])})" if a else "")
+        + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> ({escape(abort_words(a))})"
+           if a else "")
         + "</p>",
         f"<p id=restoration-line class=\"restored {'ok' if res.get('verified') else 'bad'}\">{escape(restoration_line(r))}</p>"]
     attention = needs_attention(r)
@@ -222,7 +231,9 @@ def _head(r: dict) -> list[Segment]:
 def _verdict(r: dict) -> list[Segment]:
     v = r.get("verdict") or {}
     cav = caveats(r)
-    return [f"<section id=verdict class=verdict><h2>Verdict: {escape(val(v.get('hypothesis')))}</h2>"
+    words = VERDICT_WORDS.get(v.get("hypothesis") or "")
+    title = (f"{escape(words)} <code>{escape(v['hypothesis'])}</code>" if words else escape(val(v.get("hypothesis"))))
+    return [f"<section id=verdict class=verdict><h2>Verdict: {title}</h2>"
             f"<p>{escape(val(v.get('basis')))}</p>"
             + (("<p><b>Caveats</b></p><ul>" + "".join(f"<li>{escape(c)}</li>" for c in cav) + "</ul>") if cav else "")
             + f"<p><b>Next step:</b> {escape(val(v.get('next_experiment')))}</p>"
@@ -233,12 +244,15 @@ def _verdict(r: dict) -> list[Segment]:
 def _cells(r: dict) -> list[Segment]:
     rows = []
     for row in cell_rows(r):
-        status = row[1]
-        rows.append(f'<tr class="st-{escape(status)}"><td>{escape(row[0])}</td><td>{_badge(status)}</td>'
-                    f'<td>{escape(row[2])}</td>' + "".join(f"<td class=num>{escape(x)}</td>" for x in row[3:10])
-                    + f'<td>{"yes" if row[10] == "yes" else "<b>not comparable</b>"}</td></tr>')
-    out: list[Segment] = ["<h2>Cells</h2><table id=cells><thead><tr>" + "".join(f"<th>{escape(x)}</th>" for x in CELL_HEAD)
-                          + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>"]
+        status = row[1].split(" · ")[0]
+        note = " <small>not comparable</small>" if "not comparable" in row[1] else ""
+        rows.append(f'<tr class="st-{escape(status)}"><td>{escape(row[0])}</td><td>{_badge(status)}{note}</td>'
+                    + "".join(f"<td class=num>{escape(x)}</td>" for x in row[2:6]) + f"<td>{escape(row[6])}</td></tr>")
+    nf = natural_failures_line(r)
+    out: list[Segment] = ["<h2>Cells</h2><div class=tw><table id=cells><thead><tr>"
+                          + "".join(f"<th>{escape(x)}</th>" for x in CELL_HEAD)
+                          + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
+                          + (f"<p class=meta>{escape(nf)}</p>" if nf else "")]
     found, diffs = consistency_rows(r)
     if found:
         out.append(f"<h2 id=consistency>Output consistency</h2><p>{escape(CONSISTENCY_WORDS)}</p>"
@@ -250,18 +264,18 @@ def _cells(r: dict) -> list[Segment]:
 def _evidence(r: dict) -> list[Segment]:
     p: list[Segment] = ["<h2>Evidence</h2>"]
     ident = r.get("identity") or {}
-    obs = ident.get("observed", [])
     exp = ident.get("expected") or {}
     p.append("<h3>Identity</h3>"
              f"<p>Incumbent recipe sha256 before: <code>{escape(val(ident.get('incumbent_sha256_before')))}</code>; "
              f"after restore: <code>{escape(val(ident.get('incumbent_sha256_after')))}</code>. "
              f"Candidate recipe: {escape(val(ident.get('candidate_recipe')))}.</p>"
              "<ul>" + "".join(f"<li>{escape(line[2:])}</li>" for line in recipe_lines(r)) + "</ul>")
-    head = "".join(f"<th>{escape(x)}</th>" for x in ["field", "expected"] + [o["label"] for o in obs])
+    cols = identity_columns(r)
+    head = "".join(f"<th>{escape(x)}</th>" for x in ["field", "expected"] + [label for label, _o in cols])
     body = "".join("<tr>" + f"<td>{escape(k)}</td><td>{escape(val(exp[k]))}</td>" + "".join(
         (f'<td><span class=mism>{escape(val(o["identity"].get(k)))} ≠</span></td>' if k in o["mismatches"]
-         else f'<td>{escape(val(o["identity"].get(k)))}</td>') for o in obs) + "</tr>" for k in exp)
-    p.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+         else f'<td>{escape(val(o["identity"].get(k)))}</td>') for _l, o in cols) + "</tr>" for k in exp)
+    p.append(f"<div class=tw><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
     snaps = snapshot_rows(r)
     p.append("<h3>Router, monitoring, GPU and configuration</h3>"
              + (_table(["snapshot", "when", "minute", "what it showed"], snaps) if snaps else "<p>none recorded</p>"))
@@ -340,10 +354,10 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
     for phase, qs in by_phase.items():
         # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
         p.append([f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
-                  f"<table class=requests><thead><tr>{head}</tr></thead><tbody>",
+                  f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>",
                   *["<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>"
                     for row in qs],
-                  "</tbody></table></details>"])
+                  "</tbody></table></div></details>"])
     if not by_phase:
         p.append("<p>none</p>")
     return p

@@ -14,6 +14,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
+    VERDICT_WORDS, abort_words, identity_columns, natural_failures_line,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -38,7 +39,7 @@ def _head(r: dict) -> list[str]:
            f"Outcome: **{val(r.get('outcome'))}**", "", f"**{restoration_line(r)}**"]
     if r.get("abort"):
         a = r["abort"]
-        out[2] += f" — aborted at minute {val(a['minute'])}: **{a['reason']}** ({a['detail']})"
+        out[2] += f" — aborted at minute {val(a['minute'])}: **{a['reason']}** ({abort_words(a)})"
     attention = needs_attention(r)
     if attention:
         out += ["", "> **Needs attention**"] + [f"> - {x}" for x in attention]
@@ -51,7 +52,9 @@ def _head(r: dict) -> list[str]:
 
 def _verdict(r: dict) -> list[str]:
     v = r.get("verdict") or {}
-    out = ["", "## Verdict", "", f"**{val(v.get('hypothesis'))}** — {val(v.get('basis'))}", ""]
+    words = VERDICT_WORDS.get(v.get("hypothesis") or "")
+    title = f"**{words}** (`{v['hypothesis']}`)" if words else f"**{val(v.get('hypothesis'))}**"
+    out = ["", "## Verdict", "", f"{title} — {val(v.get('basis'))}", ""]
     cav = caveats(r)
     if cav:
         out += ["Caveats:", ""] + [f"- {c}" for c in cav] + [""]
@@ -63,8 +66,14 @@ def _verdict(r: dict) -> list[str]:
 
 
 def _cells(r: dict) -> list[str]:
-    rows = [[row[0], STATUS_MARK.get(row[1], row[1]), *row[2:]] for row in cell_rows(r)]
+    rows = []
+    for row in cell_rows(r):
+        status, _, rest = row[1].partition(" · ")
+        rows.append([row[0], STATUS_MARK.get(status, status) + (f" · {rest}" if rest else ""), *row[2:]])
     out = ["", "## Cells", ""] + md_table(CELL_HEAD, rows)
+    nf = natural_failures_line(r)
+    if nf:
+        out += ["", nf]
     if r.get("steady_state"):
         out += ["", "## Steady state", "", STEADY_WORDS, ""] + md_table(GUARD_HEAD, guard_rows(r))
     found, diffs = consistency_rows(r)
@@ -79,13 +88,13 @@ def _evidence(r: dict) -> list[str]:
     out = ["", "## Evidence"]
     ident = r.get("identity") or {}
     exp = ident.get("expected") or {}
-    obs = ident.get("observed", [])
     out += ["", "### Identity", "",
             f"Incumbent recipe sha256 before: {val(ident.get('incumbent_sha256_before'))}; after restore: "
             f"{val(ident.get('incumbent_sha256_after'))}. Candidate recipe: {val(ident.get('candidate_recipe'))}.", "",
             *recipe_lines(r), ""]
-    out += md_table(["field", "expected"] + [o["label"] for o in obs],
-                    [[k, val(exp[k])] + [val(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "") for o in obs]
+    cols = identity_columns(r)
+    out += md_table(["field", "expected"] + [label for label, _o in cols],
+                    [[k, val(exp[k])] + [val(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "") for _l, o in cols]
                      for k in exp])
     snaps = snapshot_rows(r)
     out += ["", "### Router, monitoring, GPU and configuration", ""]

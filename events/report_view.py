@@ -8,8 +8,39 @@ import time
 from flare_diag.events.window_fold import RESTORE_CHECKS, failed_checks
 
 # every count and time column names its unit
-CELL_HEAD = ["phase", "status", "reason", "requests", "host lookups (requests)", "host hits (requests)",
-             "host fetched (tokens)", "host reused (tokens)", "GPU hits (tokens)", "GPU reused (tokens)", "comparable"]
+# narrow enough for 800 px: the host's two counts and two token totals share a column each, the
+# comparability is said in the status, and the reason (the widest) comes last
+CELL_HEAD = ["phase", "status", "requests", "host hits / lookups (requests)", "host reused / fetched (tokens)",
+             "GPU reused (tokens)", "reason"]
+
+# each hypothesis in words, for the person reading the report; the code name stays beside it
+VERDICT_WORDS = {
+    "row_checkpoint_churn": "Host cache churn: checkpoints were evicted before their replay could reuse them",
+    "not_reproduced": "Not reproduced: the host cache reused what it had stored",
+    "restore_path": "Restore path: checkpoints were found, but their state never reached the GPU",
+    "key_or_checkpoint_eligibility": "Keys or eligibility: no usable checkpoint was found, even for the newest bodies",
+    "inconclusive": "Inconclusive: the cells that decide were not measured",
+}
+
+
+def verdict_title(v: dict | None) -> str:
+    """"Host cache churn: ... (row_checkpoint_churn)"; the code name alone if it has no words."""
+    hyp = (v or {}).get("hypothesis")
+    if hyp is None:
+        return "n/a"
+    words = VERDICT_WORDS.get(hyp)
+    return f"{words} ({hyp})" if words else str(hyp)
+
+
+def n(v: object) -> str:
+    """A count with thousands separators; None is not observable (n/a), never zero."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def val(v: object) -> str:
@@ -24,7 +55,10 @@ def val(v: object) -> str:
 
 
 def num(v: float | None, places: int = 1) -> str:
-    return "n/a" if v is None else f"{v:.{places}f}"
+    if v is None:
+        return "n/a"
+    out = f"{v:,.{places}f}"
+    return out[1:] if out.startswith("-") and not out.strip("-0.,") else out  # never "-0.0"
 
 
 def utc(wall_ns: int | None) -> str:
@@ -121,15 +155,70 @@ def reproducer_command(r: dict) -> str | None:
     return f"flare-diag reproduce LOG --window {r['window_id']} --policies lru_leaf,marconi,protect_full_prompt,block_lru"
 
 
+def _pair(a: object, b: object) -> str:
+    return "n/a" if a is None and b is None else f"{n(a)} / {n(b)}"
+
+
+def _short_reason(c: dict) -> str:
+    """The cell's reason without what the table says elsewhere: its natural output failures (the line
+    under the table) and a trace arm's standing caveat."""
+    why = c["reason"]
+    nf = c.get("natural_failures") or 0
+    if nf:
+        why = why.replace(f", {nf} natural output failures recorded", "")
+    return why
+
+
+def _cell_row(c: dict) -> list[str]:
+    h, g = c.get("host") or {}, c.get("gpu") or {}
+    status = c["status"] + ("" if c["comparable"] else " · not comparable")
+    return [c["phase"], status, n(c["requests"]), _pair(h.get("hits"), h.get("lookups")),
+            _pair(h.get("reused_tokens"), h.get("fetched_tokens")), n(g.get("reused_tokens")), _short_reason(c)]
+
+
+def _sum(cells: list[dict], part: str, key: str) -> int | None:
+    vals = [(c.get(part) or {}).get(key) for c in cells]
+    return None if any(v is None for v in vals) else sum(vals)  # type: ignore[arg-type]
+
+
 def cell_rows(r: dict) -> list[list[str]]:
+    """One row per cell; the trace arms, when every one was measured, as one row (their figures are in
+    the Trace section): a reason repeated twelve times is read once."""
+    cells = r["cells"]
+    arms = [c for c in cells if c["phase"].startswith("trace.C")]
+    grouped = bool(arms) and all(c["status"] == "measured" for c in arms)
     rows = []
-    for c in r["cells"]:
-        h, g = c.get("host") or {}, c.get("gpu") or {}
-        rows.append([c["phase"], c["status"], c["reason"], str(c["requests"]),
-                     *[val(x) for x in (h.get("lookups"), h.get("hits"), h.get("fetched_tokens"), h.get("reused_tokens"),
-                                        g.get("hits"), g.get("reused_tokens"))],
-                     "yes" if c["comparable"] else "no — not comparable"])
+    for c in cells:
+        if grouped and c["phase"].startswith("trace.C"):
+            if c is arms[0]:
+                conc = sorted({p.split(".")[1] for p in (a["phase"] for a in arms)})
+                rows.append([f"trace arms ({len(arms)})", "measured · not comparable",
+                             n(sum(a["requests"] for a in arms)),
+                             _pair(_sum(arms, "host", "hits"), _sum(arms, "host", "lookups")),
+                             _pair(_sum(arms, "host", "reused_tokens"), _sum(arms, "host", "fetched_tokens")),
+                             n(_sum(arms, "gpu", "reused_tokens")),
+                             f"every off/on arm at {' and '.join(conc)} measured; their timings are descriptive "
+                             f"(section Trace)"])
+            continue
+        rows.append(_cell_row(c))
     return rows
+
+
+def natural_failures_line(r: dict) -> str | None:
+    """The natural output failures (kept apart from aborts), once for the whole table."""
+    by: dict[int, list[str]] = {}
+    for c in r["cells"]:
+        if c.get("natural_failures"):
+            by.setdefault(c["natural_failures"], []).append(c["phase"])
+    if not by:
+        return None
+    parts = []
+    for k, phases in sorted(by.items(), key=lambda kv: -kv[0]):
+        arms = [p for p in phases if p.startswith("trace.C")]
+        named = [p for p in phases if not p.startswith("trace.C")] + ([f"{len(arms)} trace arms"] if arms else [])
+        parts.append(f"{k:,} in {'each of ' if len(phases) > 1 else ''}{', '.join(named)}")
+    return ("Natural output failures (a request that ran out of tokens or answered nothing visible; kept apart "
+            "from aborts): " + "; ".join(parts) + ".")
 
 
 SCHEDULE_HEAD = ["phase", "status", "started (min)", "started (UTC)", "estimated end (min)", "ended (min)",
@@ -174,9 +263,13 @@ def occupancy_rows(r: dict) -> list[list[str]]:
 LATENCY_HEAD = ["phase", "requests", "TTFT p50 (s)", "TTFT p90 (s)", "latency p50 (s)", "latency p90 (s)"]
 
 
+def _not_trace_arm(x: dict) -> bool:
+    return not x["phase"].startswith("trace.C")  # the trace arms' figures are the Trace section's own
+
+
 def latency_rows(r: dict) -> list[list[str]]:
-    return [[x["phase"], str(x["requests"]), num(x["ttft_p50_s"], 2), num(x["ttft_p90_s"], 2),
-             num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or []]
+    return [[x["phase"], n(x["requests"]), num(x["ttft_p50_s"], 2), num(x["ttft_p90_s"], 2),
+             num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or [] if _not_trace_arm(x)]
 
 
 COST_HEAD = ["phase", "requests", "queue wait p50 (s)", "queue wait p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
@@ -185,7 +278,7 @@ COST_HEAD = ["phase", "requests", "queue wait p50 (s)", "queue wait p90 (s)", "T
 
 
 def cost_rows(r: dict) -> list[list[str]]:
-    return [[x["phase"], str(x["requests"]), num(x["queue_wait_s_p50"], 3), num(x["queue_wait_s_p90"], 3),
+    return [[x["phase"], n(x["requests"]), num(x["queue_wait_s_p50"], 3), num(x["queue_wait_s_p90"], 3),
              num(x["ttft_s_p50"], 2), num(x["ttft_s_p90"], 2), num(x["decode_ms_per_token_p50"], 2),
              num(x["decode_ms_per_token_p90"], 2), num(x["output_tokens_per_s_p50"], 1),
              num(x["output_tokens_per_s_p90"], 1), "not exposed" if x.get("host_transfer_s") is None
@@ -441,3 +534,32 @@ STEADY_WORDS = ("Each guard is a PromQL query on the site's Prometheus, evaluate
                 "while the window runs, and after the readmission; its consecutive breaches abort the experiment "
                 "(steady_state), or raise an alarm during the restore. A dry-run guard is evaluated and logged and "
                 "never aborts.")
+
+
+def abort_words(a: dict) -> str:
+    """An abort's detail, and who asked for it when a person did (uid and pid from the control socket)."""
+    who = [f"{k} {a[k]}" for k in ("uid", "pid") if a.get(k) is not None]
+    return (f"asked by {', '.join(who)}: " if who else "") + str(a.get("detail", ""))
+
+
+def identity_columns(r: dict) -> list[tuple[str, dict]]:
+    """The identity observations as table columns: a run of reads that saw the same identity under
+    one label is one column ("incarnation A (52 reads, minutes 1.1-15.0)"), so a window that reads its
+    identity between every request does not grow a column per request."""
+    cols: list[tuple[list[dict], dict]] = []
+    for o in (r.get("identity") or {}).get("observed", []):
+        last = cols[-1][1] if cols else None
+        if last is not None and last["label"] == o["label"] and last["identity"] == o["identity"] \
+                and last["mismatches"] == o["mismatches"]:
+            cols[-1][0].append(o)
+        else:
+            cols.append(([o], o))
+    out = []
+    for run, o in cols:
+        if len(run) == 1:
+            out.append((o["label"], o))
+            continue
+        ms = [x["minute"] for x in run if x.get("minute") is not None]
+        span = f", minutes {num(min(ms))}-{num(max(ms))}" if ms else ""
+        out.append((f"{o['label']} ({len(run):,} reads{span})", o))
+    return out

@@ -35,8 +35,9 @@ class WindowFold:
         self.phase_requests = 0
         self.phase_estimated_end: float | None = None
         self.phase_specs: dict[str, dict] = {}
-        self.trace_fixture: str | None = None
         self.fixture_sizes: dict[str, int] = {}  # bodies per fixture, once the window has validated them
+        self.trace_fixture: str | None = None
+        self.trace_arms = 0
         self.requests = 0
         self.t0_ns: int | None = None
         self.t0_wall: int | None = None
@@ -97,6 +98,9 @@ class WindowFold:
         self.clock = {"kind": ev.clock, "sim_seed": ev.sim_seed, "time_scale": ev.time_scale}
         self.phase_specs = {str(p.get("id")): p for p in ev.plan.get("phases") or [] if isinstance(p, dict)}
         self.trace_fixture = (ev.plan.get("trace") or {}).get("fixture")
+        trc = ev.plan.get("trace") if isinstance(ev.plan.get("trace"), dict) else {}
+        # off and on at each concurrency, each repetition (policies.plan.trace_arm_order)
+        self.trace_arms = 2 * int(trc.get("repetitions") or 0) * len(trc.get("concurrency") or []) if trc else 0
         self.candidate_recipe = ev.candidate_recipe
         self.expected_identity = dict(ev.plan.get("identity") or {})
         tr = ev.plan.get("trace")
@@ -132,13 +136,32 @@ class WindowFold:
         if spec is None:  # a trace arm (or its warm-up): one pass over the trace fixture
             n = self.fixture_sizes.get(self.trace_fixture or "") if self.phase.startswith("trace.") else None
             return n
+        return self._sends(spec)
+
+    def _sends(self, spec: dict) -> int | None:
         if spec.get("kind") == "identity":
             return 0
         n = self.fixture_sizes.get(str(spec.get("fixture")))
         if n is None:
             return None
         last = spec.get("select_last")
-        return (min(n, last) if last else n) * int(spec.get("passes") or 1)
+        # a consistency phase sends every body twice: cold, then with the host's reuse
+        return (min(n, last) if last else n) * (2 if spec.get("kind") == "consistency" else int(spec.get("passes") or 1))
+
+    @property
+    def requests_planned(self) -> int | None:
+        """How many requests the whole window sends if every phase runs (the "of N" of the live view):
+        every phase, the trace warm-up and every trace arm; None until the fixture sizes are known."""
+        counts = [self._sends(spec) for spec in self.phase_specs.values()]
+        if any(c is None for c in counts) or not self.fixture_sizes:
+            return None
+        total = sum(counts)  # type: ignore[arg-type]
+        if self.trace_fixture and self.trace_arms:
+            size = self.fixture_sizes.get(self.trace_fixture)
+            if size is None:
+                return None
+            total += size * (self.trace_arms + 1)  # the arms and their warm-up
+        return total
 
     def count_request(self, _ev: object = None, _wall: int | None = None) -> None:
         """One request measured (a report reads these through a narrow view, and calls this)."""

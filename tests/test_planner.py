@@ -196,3 +196,19 @@ def test_a_calibration_outside_physical_bounds_is_refused(field, value):
     from flare_diag.policies.calibration import CalibrationError, check_calibration
     with pytest.raises(CalibrationError, match=f"calibration {field}"):
         check_calibration(Calibration(source="forged", **{field: value}), "forged.db")
+
+
+def test_the_live_views_window_total_is_every_request_the_planner_would_send():
+    from flare_diag.daemon.window.setup import read_plan
+    from flare_diag.events.progress import WindowProgress
+    from flare_diag.events.schema import WindowOpened
+    from flare_diag.policies.planner import all_phases, phase_requests
+    _raw, plan = read_plan(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")
+    sizes = {f.name: len(load_fixture(BUILTIN / f.name).bodies) for f in plan.fixtures}
+    p = WindowProgress("w")
+    p.apply(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
+                            gpu_source="sim", rehearsal=True, candidate_recipe="c"))
+    assert p.requests_planned is None  # not before the fixtures are validated
+    p.fixture_sizes.update(sizes)
+    planned = sum(0 if ph.kind == "identity" else len(phase_requests(ph, sizes[ph.fixture])) for ph in all_phases(plan))
+    assert p.requests_planned == planned and planned > 0

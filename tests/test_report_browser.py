@@ -59,10 +59,10 @@ def opened_report(default_rehearsal):
                 seen[sel] = box
             seen["ticks"] = {cid: page.locator(f"#{cid} .tick-x, #{cid} .tick-y").count() for cid, *_ in CHARTS}
             seen["request rows shown"] = page.locator("table.requests tr").first.is_visible()
-            seen["request tables"] = page.locator("details > table.requests").count()
+            seen["request tables"] = page.locator("details table.requests").count()
             for sec in ("costs", "starting-observation"):
                 seen[f"#{sec}"] = page.locator(f"#{sec}").bounding_box()
-                seen[f"{sec} table"] = page.locator(f"#{sec} ~ table").first.inner_text()
+                seen[f"{sec} table"] = page.locator(f"#{sec} ~ .tw table").first.inner_text()
             seen["starting text"] = page.locator("#starting-observation + p").inner_text()
         finally:
             browser.close()
@@ -136,3 +136,38 @@ def test_the_cost_decomposition_and_the_starting_observation_are_shown_in_the_ev
     assert "A.forward_prime: REPRODUCED" in seen["starting text"]
     for line in ("stores_per_request", "records", "bytes_used", "restored_tokens"):
         assert line in seen["starting-observation table"], line
+
+
+@pytest.mark.parametrize("width", [800, 1280])
+def test_at_a_laptops_width_no_table_or_command_overflows_the_page_and_the_cells_fit(default_rehearsal, width):
+    sync_playwright = _browser_or_skip()
+    page_path = default_rehearsal[2] / "report.html"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(page_path.as_uri())
+            page.screenshot(path=str(ARTIFACTS / f"report-{width}px.png"))
+            seen = page.evaluate("""() => {
+              const cw = document.documentElement.clientWidth;
+              // an element past the right edge counts unless a box of its own scrolls it, within the page
+              const outside = [];
+              for (const el of document.querySelectorAll('table, pre, code, svg, figure, p, li')) {
+                const r = el.getBoundingClientRect();
+                if (r.width === 0 || r.right <= cw + 1) continue;
+                let p = el.parentElement, held = false;
+                while (p) {
+                  if (getComputedStyle(p).overflowX === 'auto') { held = p.getBoundingClientRect().right <= cw + 1; break; }
+                  p = p.parentElement;
+                }
+                if (!held) outside.push(el.tagName + ' ' + (el.id || el.className) + ' ' + Math.round(r.right));
+              }
+              const cells = document.querySelector('#cells');
+              return {page: [document.documentElement.scrollWidth, cw], outside,
+                      cells: [cells.scrollWidth, cells.parentElement.clientWidth]};
+            }""")
+        finally:
+            browser.close()
+    assert seen["page"][0] <= seen["page"][1], f"the page scrolls sideways at {width} px: {seen}"
+    assert seen["outside"] == [], seen["outside"]
+    assert seen["cells"][0] <= seen["cells"][1], f"the cells table needs scrolling at {width} px: {seen['cells']}"

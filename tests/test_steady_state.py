@@ -188,6 +188,8 @@ def test_a_pool_that_saturates_when_the_primary_leaves_aborts_steady_state_and_r
     assert breaches and all(p["minute"] is not None and p["minute"] >= 0 for p in breaches)  # only once it left
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Steady state" in md and "routed-errors" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "chart-guard-routed-errors" in html and 'class="breach"' in html  # the chart shows the breach
 
 
 def test_site_check_names_every_guards_series_as_observable_or_not(tmp_path):

@@ -14,6 +14,7 @@ from rich.markup import render
 from rich.table import Table
 from rich.text import Text
 
+from flare_diag.events.report_view import VERDICT_WORDS
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.window_fold import failed_checks
@@ -65,7 +66,9 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         t.add_row("stage", f"{p.stage} — phase [bold]{p.phase}[/]: {done} requests")
     else:
         t.add_row("stage", p.stage)
-    t.add_row("requests", f"{p.requests} measured in the window")
+    planned = p.requests_planned
+    t.add_row("requests", f"{p.requests:,} of {planned:,} measured in the window" if planned
+              else f"{p.requests:,} measured in the window")
     t.add_row("elapsed", f"window minute {m:.1f}; wall clock {_clock(now_wall - started_wall)}")
     wall = now_wall - started_wall
     # window seconds per wall second so far: where the two clocks differ (a paced or virtual rehearsal),
@@ -119,7 +122,9 @@ def line_for(ev: Event) -> str | None:
         return ("restoration [green]verified[/]" if ev.verified
                 else f"[red bold]restoration NOT verified[/]: {', '.join(failed) or 'see the report'} failed")
     if isinstance(ev, VerdictReached):
-        return f"verdict: [bold]{ev.hypothesis}[/] — {ev.basis}"
+        words = VERDICT_WORDS.get(ev.hypothesis)
+        return (f"verdict: [bold]{words}[/] ({ev.hypothesis}) — {ev.basis}" if words
+                else f"verdict: [bold]{ev.hypothesis}[/] — {ev.basis}")
     if isinstance(ev, WindowClosed):
         return f"window closed: [bold]{ev.outcome}[/] at minute {ev.minute}"
     return None
