@@ -29,7 +29,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare_diag.daemon.fleet import lease, views  # noqa: E402
-from flare_diag.daemon.fleet.db import migrate  # noqa: E402
+from flare_diag.daemon.fleet.db import connect, migrate  # noqa: E402
 from flare_diag.daemon.fleet.shipper import COPY_TYPES, ship_once  # noqa: E402
 from flare_diag.events.chain import GENESIS, event_hash  # noqa: E402
 from flare_diag.events.sqlschema import DDL  # noqa: E402
@@ -154,7 +154,7 @@ async def _steady_hosts(dsn: str, tmp: Path, names: list[str], events: int, seco
         paths[n] = p
     send, recv = anyio.create_memory_object_stream[psycopg.AsyncConnection](connections)
     for _ in range(connections):
-        send.send_nowait(await psycopg.AsyncConnection.connect(dsn))
+        send.send_nowait(await connect(dsn))
     lags: list[float] = []
     rng = random.Random(hash(names[0]) & 0xFFFF)
 

@@ -203,3 +203,23 @@ def test_share_says_where_the_host_api_reference_is_installed(capsys):
     assert main(["share", "--json"]) == 0
     path = Path(json.loads(capsys.readouterr().out)["host_api"])
     assert path.is_file() and "/flare/v1/identity" in path.read_text()
+
+
+def test_the_bash_completion_offers_each_commands_own_subcommands_and_flags(tmp_path, capsys):
+    import shutil
+    import subprocess
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    assert main(["completion", "bash"]) == 0
+    script = tmp_path / "flare-diag.bash"
+    script.write_text(capsys.readouterr().out)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f'"{w}"' for w in ("flare-diag", *words))
+        p = subprocess.run(["bash", "-c", f'source "{script}"; COMP_WORDS=({line}); COMP_CWORD={len(words)}; '
+                                          f'_flare_diag; printf "%s\\n" "${{COMPREPLY[@]}}"'],
+                           capture_output=True, text=True, timeout=30)
+        return p.stdout.split()
+    assert complete("plan", "fo") == ["follow-on", "forecast"]
+    assert set(complete("fleet", "campaign", "")) >= {"create", "show"}
+    assert "--candidate" in complete("rehearse", "--c")

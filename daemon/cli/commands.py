@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
+    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                          description="Print a completion script for flare-diag. Install it with, for bash: "
+                                      "flare-diag completion bash > ~/.local/share/bash-completion/completions/flare-diag")
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell to write it for")
     log = sub.add_parser("log", help="verify, audit or export an event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True, parser_class=_Parser)
     v = lsub.add_parser("verify", help="recompute the hash chain")
@@ -841,6 +845,10 @@ def _main(args: argparse.Namespace) -> int:
     from flare_diag.events.base import BadEventError, UnknownEventError
     from flare_diag.events.sqlschema import NotAnEventLog
     try:
+        if args.cmd == "completion":
+            from flare_diag.daemon.cli import completion
+            print(getattr(completion, args.shell)(build_parser()), end="")
+            return EXIT_OK
         if args.cmd == "report":
             return _report(args)
         if args.cmd in ("status", "start", "abort", "watch"):

@@ -55,12 +55,18 @@ class Shipped:
 CHUNK = 5000  # rows read from the local log while the previous ones are copied
 
 
-def _local_head(db: Path, after: int) -> tuple[tuple | None, int]:
-    """(the local row at `after` or None, the local head seq)."""
+def _local_head(db: Path, after: int, host: str | None = None, small: int = 0) -> tuple[tuple | None, int, list | None]:
+    """(the local row at `after` or None, the local head seq, and, when `host` is given and at most
+    `small` rows follow `after`, those rows (host first): a short backlog read in the same visit)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
     try:
         at = conn.execute(f"{_SELECT} WHERE seq = ?", (after,)).fetchone() if after else None
-        return at, conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        head = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+        rows = None
+        if host is not None and 0 < head - after <= small:
+            rows = conn.execute(f"SELECT ?, {', '.join(COLUMNS)} FROM events WHERE seq > ? ORDER BY seq",
+                                (host, after)).fetchall()
+        return at, head, rows
     finally:
         conn.close()
 
@@ -122,6 +128,29 @@ def _first_break(rows: list[tuple], prev_seq: int, prev_hash: bytes | None) -> i
     return None
 
 
+def _check_chunk(host: str, rows: list[tuple], prev_seq: int, prev_hash: bytes | None, first: bool) -> None:
+    bad = _first_break(rows, prev_seq, prev_hash)
+    if bad is None:
+        return
+    r = rows[bad]
+    expected = prev_seq + 1 + bad
+    if r[1] != expected:
+        raise _Broken(Fork(host, expected, f"the local log continues at seq {r[1]} (a gap)"))
+    raise _Broken(Fork(host, r[1], "its prev_hash is not the hash of the event before it"
+                       if not first or bad else "its prev_hash is not the shipped head's hash"))
+
+
+async def _copy_rows(conn: psycopg.AsyncConnection, host: str, rows: list[tuple], head_seq: int,
+                     head_hash: bytes | None) -> list[tuple]:
+    """A short backlog already read: checked whole, then COPYed."""
+    _check_chunk(host, rows, head_seq, head_hash, True)
+    async with conn.cursor().copy(_COPY) as copy:
+        copy.set_types(COPY_TYPES)
+        for r in rows:
+            await copy.write_row(r)
+    return rows
+
+
 async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: int, head_hash: bytes | None,
                 batch: int) -> list[tuple]:
     """COPYs the rows after the head as they are read; every link is checked on the way (a break
@@ -136,14 +165,7 @@ async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: in
                 copy.set_types(COPY_TYPES)
                 async for rows in receive:
                     # a chunk is checked whole before any of it is copied: the per-row cost stays in C
-                    bad = _first_break(rows, prev_seq, prev_hash)
-                    if bad is not None:
-                        r = rows[bad]
-                        expected = prev_seq + 1 + bad
-                        if r[1] != expected:
-                            raise _Broken(Fork(host, expected, f"the local log continues at seq {r[1]} (a gap)"))
-                        raise _Broken(Fork(host, r[1], "its prev_hash is not the hash of the event before it"
-                                           if out or bad else "its prev_hash is not the shipped head's hash"))
+                    _check_chunk(host, rows, prev_seq, prev_hash, not out)
                     for r in rows:
                         await copy.write_row(r)
                     prev_seq, prev_hash = rows[-1][1], rows[-1][10]
@@ -162,18 +184,28 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
     fork: Fork | None = None
     try:
         async with conn.transaction():
-            await conn.execute("INSERT INTO hosts (host, pool) VALUES (%s, %s) ON CONFLICT (host) DO NOTHING", (host, pool))
+            # the host's row, locked: known hosts (every batch but the first) in one statement
             cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
-            head_seq, head_hash = await cur.fetchone()
+            found = await cur.fetchone()
+            if found is None:
+                await conn.execute("INSERT INTO hosts (host, pool) VALUES (%s, %s) ON CONFLICT (host) DO NOTHING",
+                                   (host, pool))
+                cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
+                found = await cur.fetchone()
+            head_seq, head_hash = found
             head_hash = bytes(head_hash) if head_hash is not None else None
-            at, local_head = await anyio.to_thread.run_sync(_local_head, db, head_seq)
+            # the head check and a short backlog in one visit to the local log (the steady state's case)
+            at, local_head, short = await anyio.to_thread.run_sync(_local_head, db, head_seq, host, min(batch, CHUNK))
             if head_seq and at is not None and at[9] != head_hash:
                 raise _Broken(Fork(host, head_seq, "the local log's event there differs from the one shipped "
                                                    "(rewritten after shipping)"))
             if head_seq and local_head < head_seq:
                 raise _Broken(Fork(host, local_head + 1, f"the local log ends at seq {local_head}, the fleet holds up "
                                                          f"to {head_seq} (truncated after shipping)"))
-            rows = await _copy(conn, host, db, head_seq, head_hash, batch) if local_head > head_seq else []
+            if short is not None:
+                rows = await _copy_rows(conn, host, short, head_seq, head_hash)
+            else:
+                rows = await _copy(conn, host, db, head_seq, head_hash, batch) if local_head > head_seq else []
             if rows:
                 for wid, w in _window_updates(rows).items():
                     await conn.execute(
@@ -199,7 +231,7 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
         raise fork
     oldest = None
     if local_head > head_seq:
-        nxt, _head = await anyio.to_thread.run_sync(_local_head, db, head_seq + 1)
+        nxt, _head, _rows = await anyio.to_thread.run_sync(_local_head, db, head_seq + 1)
         oldest = nxt[2] if nxt else None
     return Shipped(len(rows), head_seq, local_head, oldest)
 
