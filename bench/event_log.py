@@ -69,16 +69,26 @@ async def _store_appends(path: Path, evs: list[LogNote], submitters: int) -> flo
     return dt
 
 
-def _raw_executemany(path: Path, rows: list[tuple]) -> float:
+def _durable_log(path: Path) -> sqlite3.Connection:
+    """An empty log with the store's own settings (WAL, synchronous=FULL) and schema."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     for stmt in split_ddl(DDL):
         conn.execute(stmt)
-    t0 = time.perf_counter()
+    return conn
+
+
+def _insert(conn: sqlite3.Connection, rows: list[tuple]) -> None:
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(INSERT, rows)
     conn.execute("COMMIT")
+
+
+def _raw_executemany(path: Path, rows: list[tuple]) -> float:
+    conn = _durable_log(path)
+    t0 = time.perf_counter()
+    _insert(conn, rows)
     dt = time.perf_counter() - t0
     conn.close()
     return dt
@@ -88,11 +98,7 @@ def _equal_work(path: Path, evs: list[LogNote], batch: int) -> float:
     """The floor that does the store's work and nothing else: encode each event, stamp it, chain its
     hash, and insert it durably, a transaction per commit group of the store's size (synchronous=FULL,
     WAL); no submission, futures, group hand-over, writer thread or checkpoint."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    for stmt in split_ddl(DDL):
-        conn.execute(stmt)
+    conn = _durable_log(path)
     t0 = time.perf_counter()
     prev, seq = GENESIS, 0
     for i in range(0, len(evs), batch):
@@ -104,9 +110,7 @@ def _equal_work(path: Path, evs: list[LogNote], batch: int) -> float:
             h = event_hash(prev, seq, "log_note", 1, mono, wall, "bench", None, payload)
             rows.append((seq, mono, wall, "log_note", 1, "bench", None, payload, prev, h))
             prev = h
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(INSERT, rows)
-        conn.execute("COMMIT")
+        _insert(conn, rows)
     dt = time.perf_counter() - t0
     conn.close()
     return dt

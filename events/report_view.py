@@ -23,24 +23,11 @@ VERDICT_WORDS = {
 }
 
 
-def verdict_title(v: dict | None) -> str:
-    """"Host cache churn: ... (row_checkpoint_churn)"; the code name alone if it has no words."""
-    hyp = (v or {}).get("hypothesis")
-    if hyp is None:
-        return "n/a"
-    words = VERDICT_WORDS.get(hyp)
-    return f"{words} ({hyp})" if words else str(hyp)
-
-
 def n(v: object) -> str:
-    """A count with thousands separators; None is not observable (n/a), never zero."""
-    if v is None:
-        return "n/a"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
+    """A count with thousands separators; otherwise as `val` says it (None is n/a, never zero)."""
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    return f"{v:,}" if isinstance(v, int) else str(v)
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else val(v)
 
 
 def val(v: object) -> str:

@@ -29,7 +29,7 @@ def test_the_fleet_bench_runs_and_prints_its_ratios():
 
 @pytest.mark.parametrize("bench,args,says", [
     ("cache_model.py", ["--requests", "1000", "--synthetic", "5000", "--capacity-blocks", "512"], "ratio"),
-    ("event_log.py", ["--appends", "2000", "--verify", "5000"], "verify"),
+    ("event_log.py", ["--appends", "2000", "--verify", "5000"], "ratio store/floor"),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("rehearse.py", ["--skip-wall"], "virtual time"),
     ("report.py", ["--events", "20000", "--rounds", "1"], "ratio report/fold"),

@@ -171,16 +171,22 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
         host.stop()
 
 
-def test_the_live_views_phase_totals_are_the_counts_the_planner_sends():
+def _shipped_plan_progress():
+    """The shipped plan opened in a live-view fold, and its fixtures' sizes (not yet given to it)."""
     from flare_diag.daemon.window.setup import read_plan
     from flare_diag.events.progress import WindowProgress
     from flare_diag.events.schema import WindowOpened
-    from flare_diag.policies.planner import all_phases, phase_requests
     _raw, plan = read_plan(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")
     sizes = {f.name: len(load_fixture(BUILTIN / f.name).bodies) for f in plan.fixtures}
     p = WindowProgress("w")
     p.apply(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
                             gpu_source="sim", rehearsal=True, candidate_recipe="c"))
+    return plan, sizes, p
+
+
+def test_the_live_views_phase_totals_are_the_counts_the_planner_sends():
+    from flare_diag.policies.planner import all_phases, phase_requests
+    plan, sizes, p = _shipped_plan_progress()
     p.fixture_sizes.update(sizes)
     phases = all_phases(plan)
     assert any(ph.id.startswith("trace.") for ph in phases) and any(ph.kind == "identity" for ph in phases)
@@ -199,15 +205,8 @@ def test_a_calibration_outside_physical_bounds_is_refused(field, value):
 
 
 def test_the_live_views_window_total_is_every_request_the_planner_would_send():
-    from flare_diag.daemon.window.setup import read_plan
-    from flare_diag.events.progress import WindowProgress
-    from flare_diag.events.schema import WindowOpened
     from flare_diag.policies.planner import all_phases, phase_requests
-    _raw, plan = read_plan(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")
-    sizes = {f.name: len(load_fixture(BUILTIN / f.name).bodies) for f in plan.fixtures}
-    p = WindowProgress("w")
-    p.apply(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
-                            gpu_source="sim", rehearsal=True, candidate_recipe="c"))
+    plan, sizes, p = _shipped_plan_progress()
     assert p.requests_planned is None  # not before the fixtures are validated
     p.fixture_sizes.update(sizes)
     planned = sum(0 if ph.kind == "identity" else len(phase_requests(ph, sizes[ph.fixture])) for ph in all_phases(plan))
