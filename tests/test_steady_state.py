@@ -53,7 +53,8 @@ def _plan(tmp: Path, guards: list[dict], name: str = "steady") -> Path:
     for k in ("starting_observation", "trace"):
         plan.pop(k, None)
     plan["phases"] = [{"id": "A.identity", "incarnation": "A", "kind": "identity", "fresh": True},
-                      {"id": "A.forward_prime", "incarnation": "A", "kind": "replay", "fixture": "tok1024"}]
+                      {"id": "A.forward_prime", "incarnation": "A", "kind": "replay", "fixture": "tok1024",
+                       "select_last": 4}]
     p = tmp / f"{name}.toml"
     p.write_bytes(msgspec.toml.encode(_without_none(plan)))
     return p
