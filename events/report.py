@@ -7,8 +7,9 @@ environment, and every collection is emitted in log order.
 from __future__ import annotations
 
 import math
+from array import array
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
 import msgspec.structs
@@ -29,11 +30,28 @@ OCCUPANCY_GAUGES = ("rows_used", "rows_capacity", "pages_used", "pages_capacity"
                     "host_cache_tokens_capacity")
 
 
+class Report(dict):
+    """report.json's dict, and beside it (never serialized) what a renderer needs from the request
+    rows when the report was projected without them: the host reuse of each replayed request."""
+
+    reuse_panels: dict[str, list[tuple[int, int]]] | None = None
+
+
+# the phases whose per-request host reuse the report charts (the replay arms of incarnations A and B)
+REPLAY_PREFIXES = ("A.", "B.")
+
+
 class _Projection:
     """One pass over a window's events: the shared window fold, plus what only the report shows
     (request rows, counter series, identity observations, recipes, drains)."""
 
-    def __init__(self, window_id: str, integrity: dict) -> None:
+    def __init__(self, window_id: str, integrity: dict, keep_requests: bool = True,
+                 sink: Callable[[dict], None] | None = None) -> None:
+        """`keep_requests` False: the request rows are not kept in the report (a writer streams them
+        from the log in a second pass, `iter_requests`); `sink`: called with each row as it is made."""
+        self.keep_requests, self.sink = keep_requests, sink
+        self.samples: dict[str, _Samples] = {}  # per phase: what the descriptive statistics read
+        self.reuse: dict[str, list[tuple[int, int]]] = {}  # replay phase -> (order, host reused tokens)
         self.fold = WindowFold(window_id)
         self.integrity = integrity
         self.r: dict = {"identity": {"observed": [], "incumbent_sha256_before": None, "incumbent_sha256_after": None},
@@ -203,7 +221,19 @@ class _Projection:
                        first_byte_ns=rd.first_byte_ns, first_token_ns=rd.first_token_ns,
                        last_token_ns=rd.last_token_ns, end_ns=rd.end_ns, response_bytes=rd.response_bytes,
                        response_sha256=rd.response_sha256, error=rd.error, minute=self.minute(rd.at_ns))
-        self.r["requests"].append(req)
+        if req["outcome"] == "ok":
+            smp = self.samples.get(ev.phase)
+            if smp is None:
+                smp = self.samples[ev.phase] = _Samples()
+            smp.add(req)
+        if not self.keep_requests and ev.phase.startswith(REPLAY_PREFIXES):
+            v = d.get("host_reused_tokens")
+            if v is not None:
+                self.reuse.setdefault(ev.phase, []).append((ev.order_index, v))
+        if self.keep_requests:
+            self.r["requests"].append(req)
+        if self.sink is not None:
+            self.sink(req)
         if ev.natural_failure:
             self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
                                                "body_index": ev.body_index, "kind": ev.natural_failure})
@@ -240,19 +270,21 @@ class _Projection:
 
     def finish(self) -> dict:
         f = self.fold
-        r = {"schema": SCHEMA, "window_id": f.window_id, "plan": f.plan or None, "t0_wall": f.t0_wall,
+        r = Report({"schema": SCHEMA, "window_id": f.window_id, "plan": f.plan or None, "t0_wall": f.t0_wall,
              "outcome": f.outcome, "abort": f.abort, "cells": list(f.cells.values()), "verdict": f.verdict,
              "restoration": f.restoration, "integrity": self.integrity, "timeline": f.timeline,
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
              "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
              "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
-             "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]}
+             "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]})
+        if not self.keep_requests:
+            r.reuse_panels = self.reuse
         scale = float(f.clock.get("time_scale") or 1.0)
-        r["trace"].update(trace_evidence(r["cells"], r["requests"], scale))
+        r["trace"].update(trace_evidence(r["cells"], self.samples, scale))
         r["trace"].update(trace_overhead(r["trace"]["arms"], r["trace"]["pairs"], f.trace_rule))
-        r["latency"] = phase_latency(r["requests"], scale)
-        r["costs"] = phase_costs(r["requests"], scale)
+        r["latency"] = phase_latency(self.samples, scale)
+        r["costs"] = phase_costs(self.samples, scale)
         so = f.starting_observation
         r["starting_observation"] = starting_observation(so, f.cells, r["occupancy"]) if so else None
         if r["abort"] and r["abort"].get("reason") == "operator" and self.operator:
@@ -273,61 +305,80 @@ def _pct(xs: list[float], q: float) -> float | None:
 TRACE_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
 
 
-def _seconds(q: dict, key: str, scale: float) -> float | None:
-    """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
-    v = q.get(key)
-    return None if v is None else v * scale / 1e9
+_NONE = -(1 << 63)  # "not observed" in a sample column
 
 
-def _stats(qs: list[dict], scale: float) -> dict:
-    ttft = [t for t in (_seconds(q, "first_token_ns", scale) for q in qs) if t is not None]
-    lat = [t for t in (_seconds(q, "end_ns", scale) for q in qs) if t is not None]
-    def p(xs: list[float], q: float) -> float | None:
-        v = _pct(xs, q)
-        return None if v is None else round(v, 4)
-    return {"ttft_p50_s": p(ttft, 50), "ttft_p90_s": p(ttft, 90), "latency_p50_s": p(lat, 50), "latency_p90_s": p(lat, 90)}
+class _Samples:
+    """One phase's answered requests as the descriptive statistics read them: send-relative first
+    byte, first token, last token and end (loop ns) and output tokens, one 8-byte column each, so a
+    window of a million events holds tens of MB here rather than every request row."""
+
+    __slots__ = ("fb", "ft", "lt", "end", "n")
+    KEYS = ("first_byte_ns", "first_token_ns", "last_token_ns", "end_ns", "completion_tokens")
+
+    def __init__(self) -> None:
+        self.fb, self.ft, self.lt, self.end, self.n = (array("q") for _ in range(5))
+
+    def add(self, q: dict) -> None:
+        for col, key in zip((self.fb, self.ft, self.lt, self.end, self.n), self.KEYS):
+            v = q.get(key)
+            col.append(_NONE if v is None else v)
+
+    def __len__(self) -> int:
+        return len(self.end)
+
+    def seconds(self, col: array, scale: float) -> list[float | None]:
+        """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
+        return [None if v == _NONE else v * scale / 1e9 for v in col]
 
 
-def _ok_by_phase(requests: list[dict]) -> dict[str, list[dict]]:
-    by_phase: dict[str, list[dict]] = {}
-    for q in requests:
-        if q["outcome"] == "ok":
-            by_phase.setdefault(q["phase"], []).append(q)
-    return by_phase
+def _p4(xs: list[float], q: float) -> float | None:
+    v = _pct(xs, q)
+    return None if v is None else round(v, 4)
 
 
-def phase_latency(requests: list[dict], scale: float = 1.0) -> list[dict]:
+def _stats(smp: _Samples | None, scale: float) -> dict:
+    ttft = [t for t in smp.seconds(smp.ft, scale) if t is not None] if smp is not None else []
+    lat = [t for t in smp.seconds(smp.end, scale) if t is not None] if smp is not None else []
+    return {"ttft_p50_s": _p4(ttft, 50), "ttft_p90_s": _p4(ttft, 90), "latency_p50_s": _p4(lat, 50),
+            "latency_p90_s": _p4(lat, 90)}
+
+
+def phase_latency(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
     """Per phase that answered: time to first token and total latency (p50, p90, window seconds
     from each request's send; nearest rank). Descriptive."""
-    return [{"phase": ph, "requests": len(qs), **_stats(qs, scale)} for ph, qs in _ok_by_phase(requests).items()]
+    return [{"phase": ph, "requests": len(smp), **_stats(smp, scale)} for ph, smp in samples.items()]
 
 
 COST_KEYS = ("queue_wait_s", "ttft_s", "decode_ms_per_token", "output_tokens_per_s")
 
 
-def _request_costs(q: dict, scale: float) -> dict:
-    """One request's costs, separated as the seed asks: waiting for the host (send to first byte),
+def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
+    """Each request's costs, separated as the seed asks: waiting for the host (send to first byte),
     prefill (to first token), decode (per output token after the first), and its output rate."""
-    fb, ft, lt, end = (_seconds(q, k, scale) for k in ("first_byte_ns", "first_token_ns", "last_token_ns", "end_ns"))
-    n = q.get("completion_tokens")
-    decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]
-    rate = n / end if n is not None and end else None
-    return {"queue_wait_s": fb, "ttft_s": ft, "decode_ms_per_token": decode, "output_tokens_per_s": rate}
+    out: dict[str, list[float]] = {k: [] for k in COST_KEYS}
+    ns = [None if v == _NONE else v for v in smp.n]
+    for fb, ft, lt, end, n in zip(smp.seconds(smp.fb, scale), smp.seconds(smp.ft, scale), smp.seconds(smp.lt, scale),
+                                  smp.seconds(smp.end, scale), ns):
+        decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]
+        rate = n / end if n is not None and end else None
+        for k, v in zip(COST_KEYS, (fb, ft, decode, rate)):
+            if v is not None:
+                out[k].append(v)
+    return out
 
 
-def phase_costs(requests: list[dict], scale: float = 1.0) -> list[dict]:
+def phase_costs(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
     """Per phase (trace arms included): queue wait, TTFT, decode ms per output token and output tokens
     per second, p50 and p90 (nearest rank) of the requests that answered. Host-to-GPU transfer time
     is not part of the contract's metrics, so it is reported as not exposed. Descriptive."""
     out = []
-    for ph, qs in _ok_by_phase(requests).items():
-        per = [_request_costs(q, scale) for q in qs]
-        row: dict = {"phase": ph, "requests": len(qs)}
+    for ph, smp in samples.items():
+        per = _phase_request_costs(smp, scale)
+        row: dict = {"phase": ph, "requests": len(smp)}
         for k in COST_KEYS:
-            xs = [c[k] for c in per if c[k] is not None]
             for pct in (50, 90):
-                v = _pct(xs, pct)
-                row[f"{k}_p{pct}"] = None if v is None else round(v, 4)
+                row[f"{k}_p{pct}"] = _p4(per[k], pct)
         row["host_transfer_s"] = None  # not exposed by the contract's /metrics
         out.append(row)
     return out
@@ -377,20 +428,19 @@ def starting_observation(so: dict, cells: dict, occupancy: list[dict]) -> dict:
     return {"phase": phase, "status": status, "lines": lines}
 
 
-def trace_evidence(cells: list[dict], requests: list[dict], scale: float = 1.0) -> dict:
+def trace_evidence(cells: list[dict], samples: dict[str, _Samples], scale: float = 1.0) -> dict:
     """Per trace arm, time to first token and total latency (p50, p90, window seconds from the
     send); per off/on pair, on minus off. Descriptive: a handful of requests per arm, no test."""
-    by_phase = _ok_by_phase([q for q in requests if q["phase"].startswith("trace.")])
     arms = []
     for c in cells:
         pid = c["phase"]
         parts = pid.split(".")
         if not pid.startswith("trace.") or len(parts) != 4:
             continue  # the warm-up is not evidence
-        qs = by_phase.get(pid, [])
+        smp = samples.get(pid)
         arms.append({"phase": pid, "status": c["status"], "trace": parts[3], "concurrency": int(parts[1][1:]),
-                     "repetition": int(parts[2][1:]), "requests": len(qs),
-                     "host_reused_tokens": (c["host"] or {}).get("reused_tokens"), **_stats(qs, scale)})
+                     "repetition": int(parts[2][1:]), "requests": len(smp) if smp is not None else 0,
+                     "host_reused_tokens": (c["host"] or {}).get("reused_tokens"), **_stats(smp, scale)})
     pairs = []
     for a in arms:
         if a["trace"] != "off":
@@ -552,11 +602,42 @@ PROJECTED_TYPES = frozenset(_HANDLERS)  # a reader may skip every other type
 
 
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
-    p = _Projection(window_id, integrity)
+    return project_window(envelopes, window_id, integrity)[0]
+
+
+def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dict,
+                   keep_requests: bool = True) -> tuple[dict, int | None]:
+    """(the report, the window's t0 on the loop's clock). Without `keep_requests` the report's
+    request rows are left out (an empty list holds their place): a writer streams them from the log
+    with `iter_requests`, so that a long window's report never holds them all."""
+    p = _Projection(window_id, integrity, keep_requests=keep_requests)
     for env in envelopes:
         if env.window_id == window_id:
             p.apply(env)
-    return p.finish()
+    return p.finish(), p.fold.t0_ns
+
+
+# what the second pass over a window's events reads to make its request rows again
+REQUEST_TYPES = frozenset({"request_done", "request_measured", "time_marked"})
+
+
+def iter_requests(envelopes: Iterable[Envelope], window_id: str, t0_ns: int | None) -> Iterator[dict]:
+    """The window's request rows, made again from its events as the projection made them, one at a
+    time: the writers' second pass when the report was projected without them (`keep_requests`
+    False). `t0_ns`: the window's t0 as the first pass found it (the minutes are counted from it)."""
+    made: list[dict] = []
+    p = _Projection(window_id, {}, keep_requests=False, sink=made.append)
+    for env in envelopes:
+        if env.window_id != window_id:
+            continue
+        if env.type == "time_marked":
+            if p.fold.t0_ns is None and env.event().mark == "t0":
+                p.fold.t0_ns = t0_ns
+            continue
+        p.apply(env)
+        if made:
+            yield from made
+            made.clear()
 
 
 _json = msgspec.json.Encoder()
@@ -564,23 +645,38 @@ _REQUESTS_MARK = b"\x00"  # msgspec escapes every control character it encodes, 
 ROWS_PER_CHUNK = 4096
 
 
-def json_chunks(report: dict) -> Iterator[bytes]:
+def json_chunks(report: dict, requests: Iterable[dict] | None = None) -> Iterator[bytes]:
     """report.json in pieces, for writing straight to a file: the request rows (10^5 on a long
-    window) go out a few thousand at a time, so no buffer the size of the whole report is built."""
+    window) go out a few thousand at a time, so no buffer the size of the whole report is built.
+    `requests`: the rows as a stream (a report projected without them keeps an empty list in their
+    place, so that the key stays where it is)."""
     if not isinstance(report.get("requests"), list):
         yield _json.encode(report) + b"\n"
         return
-    reqs = report["requests"]
     head = _json.encode({**report, "requests": msgspec.Raw(_REQUESTS_MARK)})
     before, after = head.split(_REQUESTS_MARK)
     yield before + b"["
-    for i in range(0, len(reqs), ROWS_PER_CHUNK):
-        part = _json.encode(reqs[i:i + ROWS_PER_CHUNK])[1:-1]
-        yield part if i == 0 else b"," + part
+    first = True
+    for batch in _batches(report["requests"] if requests is None else requests, ROWS_PER_CHUNK):
+        part = _json.encode(batch)[1:-1]
+        yield part if first else b"," + part
+        first = False
     yield b"]" + after + b"\n"
 
 
-Segment = str | list[str]  # a list is one segment whose pieces join with nothing between them
+def _batches(items: Iterable, n: int) -> Iterator[list]:
+    batch: list = []
+    for x in items:
+        batch.append(x)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# a list (or a stream) is one segment whose pieces join with nothing between them
+Segment = str | list[str] | Iterator[str]
 
 
 def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
@@ -590,9 +686,9 @@ def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
     for i, seg in enumerate(segments):
         if i:
             batch.append(sep)
-        pieces = (seg,) if isinstance(seg, str) else seg
-        for k in range(0, len(pieces), ROWS_PER_CHUNK):  # a table of 10^5 rows is one segment
-            batch.extend(pieces[k:k + ROWS_PER_CHUNK])
+        # a table of 10^5 rows is one segment: a list, or a stream of pieces made as they are written
+        for piece in (seg,) if isinstance(seg, str) else seg:
+            batch.append(piece)
             if len(batch) >= ROWS_PER_CHUNK:
                 yield "".join(batch).encode()
                 batch = []

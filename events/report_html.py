@@ -6,10 +6,13 @@ evidence tables, and the per-request detail, collapsed, comes last.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from html import escape
+from operator import itemgetter
 
 from flare_diag.events import charts
-from flare_diag.events.report import Segment, join_segments
+from flare_diag.events.report import REPLAY_PREFIXES, Segment, join_segments
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
@@ -69,7 +72,6 @@ def _figure(chart_id: str, svg: str, caption: str = "") -> str:
     return f'<figure id="{chart_id}" class=chart>{svg}{cap}</figure>'
 
 
-REPLAY_PREFIXES = ("A.", "B.")
 
 
 def gantt_chart(r: dict) -> str:
@@ -85,12 +87,14 @@ def gantt_chart(r: dict) -> str:
 
 
 def reuse_chart(r: dict) -> str:
-    panels: dict[str, list[tuple[float, float]]] = {}
-    for q in r.get("requests", []):
-        if q["phase"].startswith(REPLAY_PREFIXES):
-            v = (q.get("delta") or {}).get("host_reused_tokens")
-            if v is not None:
-                panels.setdefault(q["phase"], []).append((q["order_index"], v))
+    panels = getattr(r, "reuse_panels", None)  # a report projected without its request rows keeps these
+    if panels is None:
+        panels = {}
+        for q in r.get("requests", []):
+            if q["phase"].startswith(REPLAY_PREFIXES):
+                v = (q.get("delta") or {}).get("host_reused_tokens")
+                if v is not None:
+                    panels.setdefault(q["phase"], []).append((q["order_index"], v))
     return charts.columns_grid("Host reuse by replay order, one panel per phase", list(panels.items()),
                                "replay order (request index)", "host reused (tokens)")
 
@@ -347,17 +351,35 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
     else:
         p.append("<p>none</p>")
     p.append("<h3>Requests</h3>")
+    head = "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
+    if request_cells is not None and not isinstance(request_cells, list):
+        # rows streamed from the log: a phase's rows are consecutive there, so one phase is held at a time
+        rows = iter(request_cells)
+        first = next(rows, None)
+        p.append(_phase_tables(head, itertools.groupby(itertools.chain([first], rows), key=itemgetter(0)))
+                 if first is not None else "<p>none</p>")
+        return p
     by_phase: dict[str, list[tuple[str, ...]]] = {}
     for row in request_rows(r) if request_cells is None else request_cells:
         by_phase.setdefault(row[0], []).append(row)
-    head = "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
     for phase, qs in by_phase.items():
-        # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
-        p.append([f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
-                  f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>",
-                  *["<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>"
-                    for row in qs],
-                  "</tbody></table></div></details>"])
+        p.append(_phase_table(head, phase, qs))
     if not by_phase:
         p.append("<p>none</p>")
     return p
+
+
+def _phase_table(head: str, phase: str, qs: list[tuple[str, ...]]) -> list[str]:
+    # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
+    return [f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
+            f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>",
+            *["<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>" for row in qs],
+            "</tbody></table></div></details>"]
+
+
+def _phase_tables(head: str, groups) -> Iterator[str]:
+    """Every phase's table as one stream of pieces, a newline between phases as between segments."""
+    for i, (phase, rows) in enumerate(groups):
+        if i:
+            yield "\n"
+        yield from _phase_table(head, phase, list(rows))

@@ -6,6 +6,9 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
@@ -148,6 +151,20 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[str]:
     out += md_table(["phase", "failures (requests)", "kinds"], nf) if nf else ["- none"]
     rows = request_rows(r) if request_cells is None else request_cells
     out += ["", "### Requests", ""]
-    out += md_table(request_columns(r), rows) if rows else ["- none"]  # type: ignore[arg-type]
+    if isinstance(rows, list):
+        out += md_table(request_columns(r), rows) if rows else ["- none"]
+    else:  # rows streamed from the log: one segment whose pieces are written as they are made
+        it = iter(rows)
+        first = next(it, None)
+        out.append(_streamed_table(request_columns(r), itertools.chain([first], it)) if first is not None else "- none")
     out.append("")
     return out
+
+
+def _streamed_table(head, rows) -> Iterator[str]:
+    """md_table's lines as one stream of pieces, the newlines between them included."""
+    lines = md_table(head, [])
+    yield lines[0]
+    yield "\n" + lines[1]
+    for x in rows:
+        yield "\n| " + " | ".join(x) + " |"

@@ -431,3 +431,31 @@ def test_an_operators_abort_names_who_asked_in_the_report(tmp_path):
     r = build_report(db, "w-abort")
     assert r["abort"]["reason"] == "operator" and (r["abort"]["uid"], r["abort"]["pid"]) == (1042, 4242)
     assert "asked by uid 1042, pid 4242: pager says the pool is hot" in md(r)
+
+
+def test_reports_streamed_from_the_log_are_byte_for_byte_the_reports_rendered_in_memory(default_rehearsal, tmp_path):
+    from flare_diag.daemon.reports.publish import write_reports
+    from flare_diag.events.reader import LogReader
+    db = default_rehearsal[2] / "log.db"
+    with LogReader(db) as r:
+        wid = next(iter(r.window_ids()))
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "streamed").mkdir()
+    write_report_files(build_report(db, wid), tmp_path / "whole")
+    streamed = write_reports(db, wid, tmp_path / "streamed")
+    assert streamed["requests"] == []  # the rows went to the files, not into memory
+    for fmt in FORMATS:
+        whole, out = (tmp_path / "whole" / f"report.{fmt}").read_bytes(), (tmp_path / "streamed" / f"report.{fmt}").read_bytes()
+        assert whole == out, fmt
+    assert json.loads((tmp_path / "streamed" / "report.json").read_text())["requests"]
+
+
+def test_a_published_snapshot_streamed_from_the_log_holds_the_same_files(default_rehearsal, tmp_path):
+    from flare_diag.daemon.reports.publish import publish_window
+    from flare_diag.events.reader import LogReader
+    db = default_rehearsal[2] / "log.db"
+    with LogReader(db) as r:
+        wid = next(iter(r.window_ids()))
+    _report, folder = publish_window(db, wid, tmp_path)
+    for fmt in FORMATS:
+        assert (folder / f"report.{fmt}").read_bytes() == (default_rehearsal[2] / f"report.{fmt}").read_bytes(), fmt

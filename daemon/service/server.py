@@ -27,7 +27,7 @@ from flare_diag.daemon.window.forecast import planned
 from flare_diag.daemon.service.logs import configure
 from flare_diag.daemon.service.paths import default_sites_dir, default_socket, default_state_dir
 from flare_diag.daemon.service.notify import STATUS_MIN_INTERVAL_S, Notifier
-from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_snapshot, render
+from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_window, render
 from flare_diag.daemon.window.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
 from flare_diag.daemon.window.runner import Runner
 from flare_diag.daemon.window.sitecheck import checked_target
@@ -328,8 +328,7 @@ class Service:
     async def _publish(self, window_id: str) -> None:
         """A closed window's report goes to a new dated snapshot under the state folder."""
         try:
-            report = await _thread(build_report, self.db, window_id)
-            folder = await _thread(publish_snapshot, report, self.state_dir / "reports")
+            report, folder = await _thread(publish_window, self.db, window_id, self.state_dir / "reports")
             integ = report["integrity"]
             # the head, outside the database: `flare-diag log verify --anchor SEQ:HASH` checks a log against it
             self.log.info("report published", window_id=window_id, folder=str(folder),
