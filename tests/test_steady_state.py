@@ -212,3 +212,19 @@ def test_site_check_names_every_guards_series_as_observable_or_not(tmp_path):
     unknown = caps["guard.vllm-waiting.series vllm:num_requests_waiting"]
     assert unknown["status"] == "not observable" and "knows no such series" in unknown["reason"] and not unknown["missing"]
     assert caps["guard.routed-errors"]["status"] == "observable" and caps["guard.routed-errors"]["fits"]
+
+
+def test_a_guard_of_the_restore_raises_its_alarm_through_the_runner_and_the_primary_is_still_readmitted(tmp_path):
+    # the pool saturates while the primary is out; this guard watches only the restore, which goes on
+    pool = Pool(tmp_path, _scenario(tmp_path, "saturates", pool_backends=3, pool_offered_rps=25.0))
+    try:
+        plan = _plan(tmp_path, [_guard(during="restore")])
+        rc, r = _finish(_run(plan, pool.sim.site, tmp_path / "out"), tmp_path / "out")
+    finally:
+        pool.stop()
+    assert (rc, r["outcome"], r["abort"]) == (0, "completed", None)  # it does not guard the experiment
+    during = [a for a in r["alarms"] if a["kind"] == "steady_state_during_restore"]
+    assert len(during) == 1 and "guard routed-errors" in during[0]["detail"]
+    assert r["restoration"]["verified"] and r["restoration"]["readmitted"]
+    g = r["steady_state"]["guards"][0]
+    assert [p for p in g["series"] if p["when"] == "after"][-1]["breach"] is False  # the readmit relieved it
