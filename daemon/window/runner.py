@@ -96,6 +96,8 @@ class Runner:
             tg.start_soon(self._watch)
             try:
                 await self.feed(first)
+                if self.target.prometheus is not None:  # the plan's guards are known once the first input is in
+                    tg.start_soon(self._watch_guards)
                 while not self.policy.closed:
                     if self.write_error is not None and not self.degraded:
                         self._degrade()
@@ -266,8 +268,6 @@ class Runner:
             if self.target.p.router is not None:
                 tg.start_soon(self._watch_router)
             tg.start_soon(self._watch_identity)
-            if self.target.prometheus is not None:
-                tg.start_soon(self._watch_guards)
 
     def _poll_deadline_s(self) -> float:
         t = self.policy.plan.timing if self.policy.plan is not None else None
@@ -328,9 +328,7 @@ class Runner:
     async def _watch_guards(self) -> None:
         """Each steady-state guard evaluated every `interval_s` window seconds, a task per guard, each
         evaluation an input (a failed one a WatchFailed of source `prometheus`, naming the guard)."""
-        while self.policy.plan is None:  # the window's plan arrives with its opening (or its replay)
-            await anyio.sleep(0.01)
-        if not self.policy.steady_state:
+        if self.policy.plan is None or not self.policy.steady_state:
             return
         async with anyio.create_task_group() as tg:
             for g in self.policy.plan.guards:
