@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import tempfile
 import time
@@ -27,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare_diag.events.fold import fold  # noqa: E402
 from flare_diag.events.reader import LogReader  # noqa: E402
-from flare_diag.daemon.reports.publish import FORMATS, write_streamed  # noqa: E402
+from flare_diag.daemon.reports.publish import FORMATS, write_report_files  # noqa: E402
 from flare_diag.events.report import PROJECTED_TYPES, project_window  # noqa: E402
+from flare_diag.events.report_spool import ReportSpool  # noqa: E402
 from flare_diag.events.actions import ScrapeMetrics, SendRequest
 from flare_diag.events.schema import (  # noqa: E402
     ActionDone, ActionRequested, CellRecorded, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, Tick,
@@ -60,7 +60,7 @@ def _events(n: int):
             args = {"phase": ph, "order_index": i, "body_index": i, "body_sha256": sha, "fixture": "c1-52"}
             yield ActionRequested(action_id=aid, request=SendRequest(**args), experimental=True)
             yield RequestDone(at_ns=at, action_id=aid, phase=ph, order_index=i, body_index=i, body_sha256=sha,
-                              outcome="ok", finish_reason="stop", visible_output=True, prompt_tokens=9000 + i,
+                              outcome="ok", finish_reason="length" if i % 13 == 0 else "stop", visible_output=True, prompt_tokens=9000 + i,
                               completion_tokens=700, cached_tokens=4096, first_byte_ns=90_000_000,
                               first_token_ns=120_000_000, last_token_ns=1_900_000_000, end_ns=1_950_000_000,
                               response_bytes=70_000, response_sha256=sha)
@@ -69,7 +69,7 @@ def _events(n: int):
             counters = {c: v + (i + 1) * 17 for c, v in counters.items()}
             yield ActionDone(at_ns=at + 1, action_id=aid, ok=True, data={"counters": counters, "gauges": {}})
             yield RequestMeasured(phase=ph, order_index=i, body_index=i, body_sha256=sha, outcome="ok",
-                                  natural_failure=None, delta={c: (i + 1) * 17 for c in COUNTERS})
+                                  natural_failure="length" if i % 13 == 0 else None, delta={c: (i + 1) * 17 for c in COUNTERS})
             yield Tick(at_ns=at + 2)
             emitted += 6
             if emitted >= n:
@@ -105,18 +105,19 @@ def _bare(r: LogReader) -> tuple[float, int]:
 
 
 def _report(r: LogReader, integrity: dict, out: Path) -> tuple[float, list[float], list[int], dict]:
-    """What `write_reports` does after verification: the projection without the request rows, then
-    each format written to its file with the rows streamed from the log again (a second pass)."""
+    """What `write_reports` does after verification: one pass over the log projecting the report,
+    its request rows, counter series and natural failures rendered into a spool as they are made,
+    then the three formats assembled around them, each written to its file."""
     t0 = time.perf_counter()
-    rep, t0_ns = project_window(r.iter_for_projection(WINDOW, PROJECTED_TYPES), WINDOW, integrity, keep_requests=False)
-    times = [time.perf_counter() - t0]
-    t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        files = {fmt: stack.enter_context(open(out / f"report.{fmt}", "wb")) for fmt in FORMATS}
-        write_streamed(r.path, rep, t0_ns, files)
-    times.append(time.perf_counter() - t0)
+    with ReportSpool() as spool:
+        rep = project_window(r.iter_for_projection(WINDOW, PROJECTED_TYPES), WINDOW, integrity, spool)
+        times = [time.perf_counter() - t0]
+        t0 = time.perf_counter()
+        write_report_files(rep, out)
+        times.append(time.perf_counter() - t0)
+        requests = spool.request_count
     sizes = [(out / f"report.{fmt}").stat().st_size for fmt in FORMATS]
-    return sum(times), times, sizes, rep
+    return sum(times), times, sizes, requests
 
 
 def _traced_peak(fn) -> float:
@@ -145,10 +146,8 @@ def main() -> None:
             for _ in range(a.rounds):
                 bare, count = _bare(r)
                 bares.append(bare)
-                total, times, sizes, rep = _report(r, integrity, Path(d))
+                total, times, sizes, requests = _report(r, integrity, Path(d))
                 reports.append((total, times))
-                requests = sum(c["requests"] for c in rep["cells"])
-                del rep
             if a.memory:
                 fold_mb = _traced_peak(lambda: _bare(r))
                 report_mb = _traced_peak(lambda: _report(r, integrity, Path(d)))
@@ -158,12 +157,12 @@ def main() -> None:
         print(f"events {count:,}  requests in report {requests:,}  outputs json/md/html "
               f"{sizes[0] / 1e6:.0f}/{sizes[1] / 1e6:.0f}/{sizes[2] / 1e6:.0f} MB")
         print(f"best of {a.rounds} rounds: bare fold (read + decode every event) {bare:.2f} s   report (projection "
-              f"{times[0]:.2f} s + json/md/html written together, the request rows streamed from the log again, "
-              f"{times[1]:.2f} s) {total:.2f} s")
+              f"{times[0]:.2f} s, the request rows rendered into a spool as they are made, + json/md/html "
+              f"assembled around them {times[1]:.2f} s) {total:.2f} s")
         print(f"ratio report/fold = {total / bare:.2f}  (goal <= 1.25; per round {', '.join(f'{x:.2f}' for x in per_round)})")
         if a.memory:
             print(f"peak traced memory: bare fold {fold_mb:.0f} MB   report {report_mb:.0f} MB "
-                  f"(goal <= 150 MB; request rows streamed from the log, per-phase sample columns kept)")
+                  f"(goal <= 150 MB; request rows, counters and failures spooled, per-phase sample columns kept)")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,34 @@ def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [s[int(i * step)] for i in range(MAX_POINTS - 1)] + [s[-1]]
 
 
+class Decimated:
+    """A series thinned as it streams, never held whole: every `stride`-th point is kept, and when
+    MAX_POINTS would be reached the stride doubles and every other kept point goes; the last point
+    is always drawn. The same points whether it is fed from a log or from a report's columns."""
+
+    __slots__ = ("kept", "stride", "seen", "last")
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[float, float]] = []
+        self.stride, self.seen = 1, 0
+        self.last: tuple[float, float] | None = None
+
+    def add(self, x: float, y: float) -> None:
+        p = (x, y)
+        if self.seen % self.stride == 0:
+            self.kept.append(p)
+            if len(self.kept) >= MAX_POINTS:
+                del self.kept[1::2]
+                self.stride *= 2
+        self.seen += 1
+        self.last = p
+
+    def points(self) -> list[tuple[float, float]]:
+        if self.last is None:
+            return []
+        return self.kept if self.kept[-1] is self.last else self.kept + [self.last]
+
+
 def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
           marks: Sequence[tuple[float, str]] = (), x_span: tuple[float, float] | None = None) -> str:
     """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label). A later

@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 from array import array
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import msgspec
 import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
+from flare_diag.events.charts import Decimated
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
+from flare_diag.events.schema import MINUTE_PLACES, NS_PER_MIN
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
@@ -31,10 +33,18 @@ OCCUPANCY_GAUGES = ("rows_used", "rows_capacity", "pages_used", "pages_capacity"
 
 
 class Report(dict):
-    """report.json's dict, and beside it (never serialized) what a renderer needs from the request
-    rows when the report was projected without them: the host reuse of each replayed request."""
+    """report.json's dict, and beside it (never serialized) what a renderer needs from the
+    per-request parts when the report was projected without them (into a spool): the host reuse of
+    each replayed request, the counter chart's points and the natural failures per phase."""
 
     reuse_panels: dict[str, list[tuple[int, int]]] | None = None
+    counter_points: dict[str, list[tuple[float, float]]] | None = None
+    failure_kinds: dict[str, dict[str, int]] | None = None
+    spool = None  # the ReportSpool holding the request rows, counter series and natural failures
+
+
+# the counters the report charts, fetched first so that reused is drawn dashed over it
+CHARTED_COUNTERS = ("host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens")
 
 
 # the phases whose per-request host reuse the report charts (the replay arms of incarnations A and B)
@@ -45,11 +55,13 @@ class _Projection:
     """One pass over a window's events: the shared window fold, plus what only the report shows
     (request rows, counter series, identity observations, recipes, drains)."""
 
-    def __init__(self, window_id: str, integrity: dict, keep_requests: bool = True,
-                 sink: Callable[[dict], None] | None = None) -> None:
-        """`keep_requests` False: the request rows are not kept in the report (a writer streams them
-        from the log in a second pass, `iter_requests`); `sink`: called with each row as it is made."""
-        self.keep_requests, self.sink = keep_requests, sink
+    def __init__(self, window_id: str, integrity: dict, spool=None) -> None:
+        """`spool` (events/report_spool.py): takes each request row, scrape and natural failure as it
+        is made, in place of the report's lists, which then stay empty."""
+        self.spool = spool
+        self.charted = {k: Decimated() for k in CHARTED_COUNTERS}
+        self.charted_at = [(SERIES_KEYS.index(k), d) for k, d in self.charted.items()]
+        self.failure_kinds: dict[str, dict[str, int]] = {}
         self.samples: dict[str, _Samples] = {}  # per phase: what the descriptive statistics read
         self.reuse: dict[str, list[tuple[int, int]]] = {}  # replay phase -> (order, host reused tokens)
         self.fold = WindowFold(window_id)
@@ -77,10 +89,10 @@ class _Projection:
         entry = _DISPATCH.get(env.type)
         if entry is None:
             return
-        handler, light, is_input = entry
+        handler, light, is_input, version = entry
         # The events a long window is made of are read through narrow views (only the fields this
         # report uses); an event of an older schema version goes through its upcaster instead.
-        if light is not None and env.schema_v == _VERSION[env.type]:
+        if light is not None and env.schema_v == version:
             try:
                 ev = light.decode(env.payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # as env.event() says it, for a full decode
@@ -108,15 +120,32 @@ class _Projection:
             self._guard_values(ev.at_ns, d.get("when") or args.get("when") or "", d.get("guards") or {})
             return
         if action == "scrape_metrics":
-            if self.occupied is not None:
-                self._occupy(ev.data)
-            series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
-            series["minute"].append(self.minute(ev.at_ns))
             if isinstance(ev.data, msgspec.Raw):
-                values = msgspec.structs.astuple(_counters.decode(ev.data).counters)
+                try:
+                    scrape = _scrape.decode(ev.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise BadEventError(f"a scrape's stored bytes do not decode ({exc})") from None
+                values = msgspec.structs.astuple(scrape.counters)
+                gauges = msgspec.structs.astuple(scrape.gauges)
             else:
                 c = ev.data.get("counters") or {}
                 values = tuple(c.get(k) for k in SERIES_KEYS)
+                g = ev.data.get("gauges") or {}
+                gauges = tuple(g.get(k) for k in OCCUPANCY_GAUGES)
+            if self.occupied is not None:
+                self._occupy(gauges)
+            t0 = self.fold.t0_ns
+            m = None if t0 is None else round((ev.at_ns - t0) / NS_PER_MIN, MINUTE_PLACES)
+            if m is not None:
+                for i, d in self.charted_at:
+                    v = values[i]
+                    if v is not None:
+                        d.add(m, v)
+            if self.spool is not None:
+                self.spool.scrape(m, values)
+                return
+            series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
+            series["minute"].append(m)
             for k, v in zip(SERIES_KEYS, values):
                 series[k].append(v)
             return
@@ -140,14 +169,13 @@ class _Projection:
             if self.fold.stage == "restore":
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
-    def _occupy(self, data) -> None:
-        try:
-            gauges = (_gauges.decode(data).gauges if isinstance(data, msgspec.Raw) else data.get("gauges")) or {}
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise BadEventError(f"a scrape's stored bytes do not decode ({exc})") from None
+    def _occupy(self, gauges: tuple) -> None:
+        """The open phase's occupancy from one scrape's gauges (OCCUPANCY_GAUGES order)."""
         occ = self.occupied
-        for k in OCCUPANCY_GAUGES:
-            v = gauges.get(k)
+        occ["scrapes"] += 1
+        if gauges == _NO_GAUGES:
+            return
+        for k, v in zip(OCCUPANCY_GAUGES, gauges):
             if v is None:
                 continue
             if k.endswith("_capacity"):
@@ -155,7 +183,6 @@ class _Projection:
             else:
                 occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
                 occ[f"{k}_last"] = v  # the latest reading: after the closing drain, what the phase left
-        occ["scrapes"] += 1
 
     def window_opened(self, env: Envelope, ev) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
@@ -201,7 +228,10 @@ class _Projection:
         action = ev.request.action if isinstance(ev, _ActionView) else ev.action
         if action not in _WATCHED_ACTIONS:
             return
-        args = (env.event() if isinstance(ev, _ActionView) else ev).args  # the few watched ones in full
+        if action in _ARGS_READ:  # the few whose arguments the report shows, decoded in full
+            args = (env.event() if isinstance(ev, _ActionView) else ev).args
+        else:
+            args = {}
         self.actions[ev.action_id] = (action, args)
         if action == "load":
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
@@ -210,33 +240,43 @@ class _Projection:
     def request_measured(self, env: Envelope, ev) -> None:
         self.fold.count_request()
         d = msgspec.structs.asdict(ev.delta) if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
-        req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
-               "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
-               "delta": d}
         rd = self.responses.pop((ev.phase, ev.order_index), None)
-        if rd is not None:
-            req.update(finish_reason=rd.finish_reason, visible_output=rd.visible_output,
-                       reasoning_only=rd.reasoning_only, prompt_tokens=rd.prompt_tokens,
-                       completion_tokens=rd.completion_tokens, cached_tokens=rd.cached_tokens,
-                       first_byte_ns=rd.first_byte_ns, first_token_ns=rd.first_token_ns,
-                       last_token_ns=rd.last_token_ns, end_ns=rd.end_ns, response_bytes=rd.response_bytes,
-                       response_sha256=rd.response_sha256, error=rd.error, minute=self.minute(rd.at_ns))
+        if rd is None:
+            req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
+                   "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
+                   "delta": d}
+        else:  # one literal: the row's keys in the order report.json has always had them
+            t0 = self.fold.t0_ns
+            req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
+                   "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
+                   "delta": d, "finish_reason": rd.finish_reason, "visible_output": rd.visible_output,
+                   "reasoning_only": rd.reasoning_only, "prompt_tokens": rd.prompt_tokens,
+                   "completion_tokens": rd.completion_tokens, "cached_tokens": rd.cached_tokens,
+                   "first_byte_ns": rd.first_byte_ns, "first_token_ns": rd.first_token_ns,
+                   "last_token_ns": rd.last_token_ns, "end_ns": rd.end_ns, "response_bytes": rd.response_bytes,
+                   "response_sha256": rd.response_sha256, "error": rd.error,
+                   "minute": None if t0 is None else round((rd.at_ns - t0) / NS_PER_MIN, MINUTE_PLACES)}
         if req["outcome"] == "ok":
             smp = self.samples.get(ev.phase)
             if smp is None:
                 smp = self.samples[ev.phase] = _Samples()
-            smp.add(req)
-        if not self.keep_requests and ev.phase.startswith(REPLAY_PREFIXES):
+            smp.add(rd)
+        if ev.phase.startswith(REPLAY_PREFIXES):
             v = d.get("host_reused_tokens")
             if v is not None:
                 self.reuse.setdefault(ev.phase, []).append((ev.order_index, v))
-        if self.keep_requests:
+        if self.spool is None:
             self.r["requests"].append(req)
-        if self.sink is not None:
-            self.sink(req)
+        else:
+            self.spool.request(req, self.fold.clock)
         if ev.natural_failure:
-            self.r["natural_failures"].append({"phase": ev.phase, "order_index": ev.order_index,
-                                               "body_index": ev.body_index, "kind": ev.natural_failure})
+            f = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index, "kind": ev.natural_failure}
+            kinds = self.failure_kinds.setdefault(ev.phase, {})
+            kinds[ev.natural_failure] = kinds.get(ev.natural_failure, 0) + 1
+            if self.spool is None:
+                self.r["natural_failures"].append(f)
+            else:
+                self.spool.natural_failure(f)
 
     def operator_abort(self, env: Envelope, ev) -> None:
         if self.operator is None:  # the first one aborted; a later one found the window restoring
@@ -278,8 +318,12 @@ class _Projection:
              "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
              "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
              "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]})
-        if not self.keep_requests:
+        if self.spool is not None:  # what the renderers would otherwise read from the lists in the spool
+            self.spool.finish()
+            r.spool = self.spool
             r.reuse_panels = self.reuse
+            r.counter_points = {k: d.points() for k, d in self.charted.items()}
+            r.failure_kinds = self.failure_kinds
         scale = float(f.clock.get("time_scale") or 1.0)
         r["trace"].update(trace_evidence(r["cells"], self.samples, scale))
         r["trace"].update(trace_overhead(r["trace"]["arms"], r["trace"]["pairs"], f.trace_rule))
@@ -319,10 +363,22 @@ class _Samples:
     def __init__(self) -> None:
         self.fb, self.ft, self.lt, self.end, self.n = (array("q") for _ in range(5))
 
-    def add(self, q: dict) -> None:
-        for col, key in zip((self.fb, self.ft, self.lt, self.end, self.n), self.KEYS):
-            v = q.get(key)
-            col.append(_NONE if v is None else v)
+    def add(self, rd) -> None:
+        """One answered request's times and tokens (its request_done; None when it has none)."""
+        if rd is None:
+            for col in (self.fb, self.ft, self.lt, self.end, self.n):
+                col.append(_NONE)
+            return
+        v = rd.first_byte_ns
+        self.fb.append(_NONE if v is None else v)
+        v = rd.first_token_ns
+        self.ft.append(_NONE if v is None else v)
+        v = rd.last_token_ns
+        self.lt.append(_NONE if v is None else v)
+        v = rd.end_ns
+        self.end.append(_NONE if v is None else v)
+        v = rd.completion_tokens
+        self.n.append(_NONE if v is None else v)
 
     def __len__(self) -> int:
         return len(self.end)
@@ -508,6 +564,7 @@ _HANDLERS = {  # None: the window fold alone reads it
 
 _WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview",
                               "steady_state", "readmit"})
+_ARGS_READ = frozenset({"snapshot", "load", "retain_recipe", "preview", "steady_state"})
 
 
 class _ActionTag(msgspec.Struct):
@@ -570,12 +627,26 @@ class _MeasuredView(msgspec.Struct):
     delta: _DeltaView
 
 
-class _CountersView(msgspec.Struct):
+class _OccupancyView(msgspec.Struct, frozen=True):
+    """The gauges the occupancy evidence reads, in OCCUPANCY_GAUGES order; the others are skipped."""
+    rows_used: int | float | None = None
+    rows_capacity: int | float | None = None
+    pages_used: int | float | None = None
+    pages_capacity: int | float | None = None
+    host_cache_records: int | float | None = None
+    host_cache_bytes_used: int | float | None = None
+    host_cache_bytes_capacity: int | float | None = None
+    host_cache_tokens_used: int | float | None = None
+    host_cache_tokens_capacity: int | float | None = None
+
+
+if _OccupancyView.__struct_fields__ != OCCUPANCY_GAUGES:
+    raise RuntimeError("_OccupancyView fields drifted from OCCUPANCY_GAUGES")
+
+
+class _ScrapeView(msgspec.Struct):
     counters: _DeltaView = _DeltaView()
-
-
-class _GaugesView(msgspec.Struct):
-    gauges: dict[str, int | float | None] = {}
+    gauges: _OccupancyView = _OccupancyView()
 
 
 class _WatchView(msgspec.Struct):
@@ -584,8 +655,8 @@ class _WatchView(msgspec.Struct):
     data: msgspec.Raw = msgspec.Raw(b"{}")
 
 
-_counters = msgspec.json.Decoder(_CountersView)
-_gauges = msgspec.json.Decoder(_GaugesView)
+_scrape = msgspec.json.Decoder(_ScrapeView)
+_NO_GAUGES = (None,) * len(OCCUPANCY_GAUGES)
 _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": msgspec.json.Decoder(_DoneView),
           "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView),
           "watch_observed": msgspec.json.Decoder(_WatchView)}
@@ -595,49 +666,28 @@ _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": 
 # minutes were always read from them, and a watch read only for the guards must not move them)
 _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
 _VERSION = {t: event_type(t).schema_v for t in _LIGHT}  # a view reads its type's current version only
-_DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS) for t, h in _HANDLERS.items()}
+_DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS, _VERSION.get(t)) for t, h in _HANDLERS.items()}
 
 
 PROJECTED_TYPES = frozenset(_HANDLERS)  # a reader may skip every other type
 
 
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
-    return project_window(envelopes, window_id, integrity)[0]
+    return project_window(envelopes, window_id, integrity)
 
 
-def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dict,
-                   keep_requests: bool = True) -> tuple[dict, int | None]:
-    """(the report, the window's t0 on the loop's clock). Without `keep_requests` the report's
-    request rows are left out (an empty list holds their place): a writer streams them from the log
-    with `iter_requests`, so that a long window's report never holds them all."""
-    p = _Projection(window_id, integrity, keep_requests=keep_requests)
+def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dict, spool=None) -> Report:
+    """The report of one window. With a `spool` (events/report_spool.py) its request rows, counter
+    series and natural failures go there as they are made, and the report keeps empty lists in
+    their place (`render` assembles the files from both), so a long window's report never holds them."""
+    p = _Projection(window_id, integrity, spool)
+    apply, dispatch = p.apply, _DISPATCH
     for env in envelopes:
-        if env.window_id == window_id:
-            p.apply(env)
-    return p.finish(), p.fold.t0_ns
-
-
-# what the second pass over a window's events reads to make its request rows again
-REQUEST_TYPES = frozenset({"request_done", "request_measured", "time_marked"})
-
-
-def iter_requests(envelopes: Iterable[Envelope], window_id: str, t0_ns: int | None) -> Iterator[dict]:
-    """The window's request rows, made again from its events as the projection made them, one at a
-    time: the writers' second pass when the report was projected without them (`keep_requests`
-    False). `t0_ns`: the window's t0 as the first pass found it (the minutes are counted from it)."""
-    made: list[dict] = []
-    p = _Projection(window_id, {}, keep_requests=False, sink=made.append)
-    for env in envelopes:
-        if env.window_id != window_id:
-            continue
-        if env.type == "time_marked":
-            if p.fold.t0_ns is None and env.event().mark == "t0":
-                p.fold.t0_ns = t0_ns
-            continue
-        p.apply(env)
-        if made:
-            yield from made
-            made.clear()
+        # most of a long window is events no report shows (ticks, sends' outcomes): skipped here,
+        # before a call is spent on them
+        if env.type in dispatch and env.window_id == window_id:
+            apply(env)
+    return p.finish()
 
 
 _json = msgspec.json.Encoder()
@@ -645,23 +695,36 @@ _REQUESTS_MARK = b"\x00"  # msgspec escapes every control character it encodes, 
 ROWS_PER_CHUNK = 4096
 
 
-def json_chunks(report: dict, requests: Iterable[dict] | None = None) -> Iterator[bytes]:
+def json_chunks(report: dict) -> Iterator[bytes]:
     """report.json in pieces, for writing straight to a file: the request rows (10^5 on a long
     window) go out a few thousand at a time, so no buffer the size of the whole report is built.
-    `requests`: the rows as a stream (a report projected without them keeps an empty list in their
-    place, so that the key stays where it is)."""
-    if not isinstance(report.get("requests"), list):
+    A report projected into a spool has its rows, counter series and natural failures there (and
+    empty lists in their place, so that each key stays where it is)."""
+    spool = getattr(report, "spool", None)
+    if spool is not None:
+        parts = spool.json_parts()
+    elif isinstance(report.get("requests"), list):
+        parts = {"requests": _list_chunks(report["requests"])}
+    else:
         yield _json.encode(report) + b"\n"
         return
-    head = _json.encode({**report, "requests": msgspec.Raw(_REQUESTS_MARK)})
-    before, after = head.split(_REQUESTS_MARK)
-    yield before + b"["
+    keys = [k for k in report if k in parts]  # in the order the encoder writes them
+    pieces = _json.encode({**report, **{k: msgspec.Raw(_REQUESTS_MARK) for k in keys}}).split(_REQUESTS_MARK)
+    yield pieces[0]
+    for k, after in zip(keys, pieces[1:]):
+        yield from parts[k]
+        yield after
+    yield b"\n"
+
+
+def _list_chunks(items: list) -> Iterator[bytes]:
+    yield b"["
     first = True
-    for batch in _batches(report["requests"] if requests is None else requests, ROWS_PER_CHUNK):
+    for batch in _batches(items, ROWS_PER_CHUNK):
         part = _json.encode(batch)[1:-1]
         yield part if first else b"," + part
         first = False
-    yield b"]" + after + b"\n"
+    yield b"]"
 
 
 def _batches(items: Iterable, n: int) -> Iterator[list]:
@@ -686,8 +749,15 @@ def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
     for i, seg in enumerate(segments):
         if i:
             batch.append(sep)
-        # a table of 10^5 rows is one segment: a list, or a stream of pieces made as they are written
+        # a table of 10^5 rows is one segment: a list, or a stream of pieces made as they are written,
+        # or pieces already written as bytes (a spool's, with `blocks()`)
         for piece in (seg,) if isinstance(seg, str) else seg:
+            if not isinstance(piece, str):
+                if batch:
+                    yield "".join(batch).encode()
+                    batch = []
+                yield from piece.blocks()
+                continue
             batch.append(piece)
             if len(batch) >= ROWS_PER_CHUNK:
                 yield "".join(batch).encode()
@@ -697,7 +767,7 @@ def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
 
 
 def join_segments(segments: list[Segment], sep: str = "\n") -> str:
-    return sep.join(seg if isinstance(seg, str) else "".join(seg) for seg in segments)
+    return b"".join(text_chunks(segments, sep)).decode()
 
 
 def render_json(report: dict) -> bytes:

@@ -12,7 +12,7 @@ from html import escape
 from operator import itemgetter
 
 from flare_diag.events import charts
-from flare_diag.events.report import REPLAY_PREFIXES, Segment, join_segments
+from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment, join_segments
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
@@ -157,13 +157,18 @@ def guard_charts(r: dict) -> str:
 
 
 def counter_chart(r: dict) -> str:
-    cols = r.get("counters") or {}
-    minutes = cols.get("minute", [])
-    series = []
-    for k in ("host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens"):  # reused dashed over fetched
-        s = [(m, v) for m, v in zip(minutes, cols.get(k, [])) if m is not None and v is not None]
-        if s:
-            series.append((k, s))
+    points = getattr(r, "counter_points", None)  # a projected report has them (its series may be in a spool)
+    if points is None:
+        cols = r.get("counters") or {}
+        minutes = cols.get("minute", [])
+        points = {}
+        for k in CHARTED_COUNTERS:
+            d = charts.Decimated()
+            for m, v in zip(minutes, cols.get(k, [])):
+                if m is not None and v is not None:
+                    d.add(m, v)
+            points[k] = d.points()
+    series = [(k, points[k]) for k in CHARTED_COUNTERS if points.get(k)]  # reused dashed over fetched
     t = r.get("timing") or {}
     marks = [(t[k], label) for k, label in (("stop_min", "stop"), ("window_min", "window end")) if t.get(k) is not None]
     # every new incarnation starts its counters at zero (contract 1): say where, so a drop is not read as a fault
@@ -342,7 +347,13 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
     nf = natural_failure_rows(r)
     p.append("<h3>Natural output failures, per phase</h3><p class=meta>Kept apart from aborts: the engine answered, "
              "the answer fell short.</p>")
-    if nf:
+    spool = getattr(r, "spool", None)
+    if nf and spool is not None:  # every failure's row was written as the projection made it
+        table = _table(["phase", "order", "body", "kind"], [["\x00"]]).split("<tr><td>\x00</td></tr>")
+        p.append([_table(["phase", "failures (requests)", "kinds"], nf, 1)
+                  + f"<details><summary>every natural failure ({spool.failure_count})</summary>" + table[0],
+                  spool.failures_html, table[1] + "</details>"])
+    elif nf:
         every = r.get("natural_failures") or []
         p.append(_table(["phase", "failures (requests)", "kinds"], nf, 1)
                  + f"<details><summary>every natural failure ({len(every)})</summary>"
@@ -351,6 +362,9 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
     else:
         p.append("<p>none</p>")
     p.append("<h3>Requests</h3>")
+    if spool is not None:  # the phase tables were written as the projection made the rows
+        p.append([spool.html] if spool.request_count else "<p>none</p>")
+        return p
     head = "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
     if request_cells is not None and not isinstance(request_cells, list):
         # rows streamed from the log: a phase's rows are consecutive there, so one phase is held at a time

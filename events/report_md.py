@@ -149,8 +149,14 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[str]:
     nf = natural_failure_rows(r)
     out = ["", "## Per-request detail", "", "### Natural output failures (kept apart from aborts), per phase", ""]
     out += md_table(["phase", "failures (requests)", "kinds"], nf) if nf else ["- none"]
-    rows = request_rows(r) if request_cells is None else request_cells
     out += ["", "### Requests", ""]
+    spool = getattr(r, "spool", None)
+    if spool is not None:  # the rows were written as the projection made them
+        head = md_table(request_columns(r), [])
+        out.append([head[0], "\n" + head[1], spool.md] if spool.request_count else "- none")
+        out.append("")
+        return out
+    rows = request_rows(r) if request_cells is None else request_cells
     if isinstance(rows, list):
         out += md_table(request_columns(r), rows) if rows else ["- none"]
     else:  # rows streamed from the log: one segment whose pieces are written as they are made

@@ -374,10 +374,12 @@ def snapshot_words(what: str, d: dict) -> str:
 
 def natural_failure_rows(r: dict) -> list[list[str]]:
     """Natural output failures collapsed per phase: the count of each kind."""
-    per: dict[str, dict[str, int]] = {}
-    for f in r.get("natural_failures") or []:
-        kinds = per.setdefault(f["phase"], {})
-        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    per = getattr(r, "failure_kinds", None)  # a projected report counted them (its rows may be in a spool)
+    if per is None:
+        per = {}
+        for f in r.get("natural_failures") or []:
+            kinds = per.setdefault(f["phase"], {})
+            kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
     return [[ph, str(sum(k.values())), ", ".join(f"{kind} {n}" for kind, n in k.items())] for ph, k in per.items()]
 
 
@@ -437,23 +439,25 @@ def request_columns(r: dict) -> tuple[str, ...]:
 
 
 def request_row(q: dict, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
-    # called once per request per format: kept to plain lookups, it dominates long reports
+    # called once per request (md and html share the cells): kept to plain lookups and inline
+    # conditionals, it dominates the rendering of long reports
     g = q.get
-    d = g("delta") or {}
-    dg = d.get
-    cells = [g("prompt_tokens"), g("completion_tokens"), g("cached_tokens"), g("finish_reason")]
-    counts = [dg("host_lookups"), dg("host_hits"), dg("host_fetched_tokens"), dg("host_reused_tokens"),
-              dg("gpu_reused_tokens")]
-    ft, end = g("first_token_ns"), g("end_ns")
-    nf = g("natural_failure")
-    times = ["n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}"]
-    if wall:
-        times.append("n/a" if end is None else f"{end / 1e9:.3f}")
-    return (q["phase"], str(q["order_index"]), q["body_sha256"][:12],
-            *["n/a" if x is None else str(x) for x in cells],
+    dg = (g("delta") or {}).get
+    ft, end, nf = g("first_token_ns"), g("end_ns"), g("natural_failure")
+    a, b, c, f = g("prompt_tokens"), g("completion_tokens"), g("cached_tokens"), g("finish_reason")
+    lk, hi, fe, re_, gr = (dg("host_lookups"), dg("host_hits"), dg("host_fetched_tokens"), dg("host_reused_tokens"),
+                           dg("gpu_reused_tokens"))
+    head = (q["phase"], str(q["order_index"]), q["body_sha256"][:12],
+            "n/a" if a is None else str(a), "n/a" if b is None else str(b), "n/a" if c is None else str(c),
+            "n/a" if f is None else str(f),
             "yes" if g("visible_output") else ("reasoning only" if g("reasoning_only") else "no"),
-            *times, *["n/a" if x is None else str(x) for x in counts],
+            "n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}")
+    tail = ("n/a" if lk is None else str(lk), "n/a" if hi is None else str(hi), "n/a" if fe is None else str(fe),
+            "n/a" if re_ is None else str(re_), "n/a" if gr is None else str(gr),
             q["outcome"] + (f" ({nf})" if nf else ""))
+    if wall:
+        return head + ("n/a" if end is None else f"{end / 1e9:.3f}",) + tail
+    return head + tail
 
 
 def request_rows(r: dict) -> list[tuple[str, ...]]:

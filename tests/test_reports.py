@@ -459,3 +459,24 @@ def test_a_published_snapshot_streamed_from_the_log_holds_the_same_files(default
     _report, folder = publish_window(db, wid, tmp_path)
     for fmt in FORMATS:
         assert (folder / f"report.{fmt}").read_bytes() == (default_rehearsal[2] / f"report.{fmt}").read_bytes(), fmt
+
+
+def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in_memory(tmp_path):
+    """Past the chart's point budget, with natural failures: the spooled report (request rows,
+    counter series and failures written as they are made) is the in-memory report, byte for byte."""
+    import importlib.util
+    from flare_diag.daemon.reports.publish import write_reports
+    spec = importlib.util.spec_from_file_location("bench_report", Path(__file__).resolve().parent.parent / "bench" / "report.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    db = tmp_path / "log.db"
+    asyncio.run(bench._fill(db, 12_000))  # about 2,000 requests and as many scrapes: the chart thins them
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "spooled").mkdir()
+    whole = build_report(db, bench.WINDOW)
+    assert len(whole["counters"]["minute"]) > 1200 and len(whole["natural_failures"]) > 100
+    write_report_files(whole, tmp_path / "whole")
+    spooled = write_reports(db, bench.WINDOW, tmp_path / "spooled")
+    assert spooled["requests"] == [] and spooled["counters"]["minute"] == [] and spooled["natural_failures"] == []
+    for fmt in FORMATS:
+        assert (tmp_path / "whole" / f"report.{fmt}").read_bytes() == (tmp_path / "spooled" / f"report.{fmt}").read_bytes(), fmt

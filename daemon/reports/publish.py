@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 from flare_diag.policies.audit import audit
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
-from flare_diag.events.report import (
-    PROJECTED_TYPES, REQUEST_TYPES, iter_requests, json_chunks, project_window, text_chunks,
-)
+from flare_diag.events.report import PROJECTED_TYPES, json_chunks, project_window, text_chunks
 from flare_diag.events.report_html import html_segments
 from flare_diag.events.report_md import md_lines
-from flare_diag.events.report_view import REQUEST_COLUMNS, request_columns, request_row, request_rows, scale_of
+from flare_diag.events.report_spool import ReportSpool
+from flare_diag.events.report_view import request_rows
 from flare_diag.events.verify import verify_log
 
 FORMATS = ("json", "md", "html")
@@ -34,28 +31,37 @@ def audit_log(reader: LogReader):
 
 
 def build_report(db: Path, window_id: str) -> dict:
-    """The report of one window, with the integrity of the whole log it came from."""
-    return _built(db, window_id, True)[0]
-
-
-def _built(db: Path, window_id: str, keep_requests: bool) -> tuple[dict, int | None]:
+    """The report of one window, with the integrity of the whole log it came from (every request
+    row in memory: for a window's consumers in process; files are written with `write_reports`)."""
     with LogReader(db) as reader:
-        try:
-            cp = read_checkpoint(default_path(db))
-            v = verify_log(reader, cp)
-            problem = v.problem
-        except BadCheckpoint as exc:
-            v, problem = verify_log(reader), str(exc)
-        a = audit_log(reader)
-        integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash,
-                     "chain_ok": v.ok and problem is None, "audit_ok": a.ok}
-        if problem:
-            integrity["problem"] = problem
-        if not a.ok and a.divergence is not None:
-            d = a.divergence
-            integrity["audit_problem"] = f"seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}"
-        return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, integrity,
-                              keep_requests)
+        return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, _integrity(reader))
+
+
+def _integrity(reader: LogReader) -> dict:
+    try:
+        cp = read_checkpoint(default_path(reader.path))
+        v = verify_log(reader, cp)
+        problem = v.problem
+    except BadCheckpoint as exc:
+        v, problem = verify_log(reader), str(exc)
+    a = audit_log(reader)
+    integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash,
+                 "chain_ok": v.ok and problem is None, "audit_ok": a.ok}
+    if problem:
+        integrity["problem"] = problem
+    if not a.ok and a.divergence is not None:
+        d = a.divergence
+        integrity["audit_problem"] = f"seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}"
+    return integrity
+
+
+@contextlib.contextmanager
+def spooled_report(db: Path, window_id: str) -> Iterator[dict]:
+    """The report of one window projected in one pass with its per-request parts in a spool
+    (events/report_spool.py): render it while the context is open, then the spool's files go."""
+    with ReportSpool() as spool, LogReader(db) as reader:
+        yield project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, _integrity(reader),
+                             spool)
 
 
 def render_chunks(report: dict, fmt: str, rows: list[tuple[str, ...]] | None = None) -> Iterable[bytes]:
@@ -72,81 +78,33 @@ def render(report: dict, fmt: str) -> bytes:
 
 
 def write_report_files(report: dict, out: Path) -> None:
-    rows = request_rows(report)
+    rows = None if getattr(report, "spool", None) is not None else request_rows(report)
     for fmt in FORMATS:
         with open(out / f"report.{fmt}", "wb") as f:
             f.writelines(render_chunks(report, fmt, rows))
 
 
-def _streams(reader: LogReader, report: dict, t0_ns: int | None) -> dict[str, Iterator[bytes]]:
-    """Each format's bytes for a report projected without its request rows, the rows read once more
-    from the log, one pass shared by the three formats (tee'd: the writers advance in turn, so only
-    a few thousand rows are ever held between them)."""
-    window_id = report["window_id"]
-    reqs = iter_requests(reader.iter_for_projection(window_id, REQUEST_TYPES), window_id, t0_ns)
-    for_json, for_rows = itertools.tee(reqs, 2)
-    scale, wall = scale_of(report), len(request_columns(report)) != len(REQUEST_COLUMNS)
-    for_md, for_html = itertools.tee((request_row(q, scale, wall) for q in for_rows), 2)
-    taken = {fmt: _Counted(it) for fmt, it in (("json", for_json), ("md", for_md), ("html", for_html))}
-    return {"json": (json_chunks(report, taken["json"]), taken["json"]),
-            "md": (text_chunks(md_lines(report, taken["md"])), taken["md"]),
-            "html": (text_chunks(html_segments(report, taken["html"])), taken["html"])}
-
-
-class _Counted:
-    """An iterator that counts what was taken from it."""
-
-    def __init__(self, it) -> None:
-        self.it, self.n = it, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        x = next(self.it)
-        self.n += 1
-        return x
-
-
-def write_streamed(db: Path, report: dict, t0_ns: int | None, files: dict[str, BinaryIO]) -> None:
-    """Writes the three formats into `files` (by format), always advancing the writer that has taken
-    the fewest rows, so the rows tee'd between them stay within a chunk of each other."""
-    with LogReader(db) as reader:
-        live = _streams(reader, report, t0_ns)
-        while live:
-            fmt = min(live, key=lambda k: live[k][1].n)
-            chunk = next(live[fmt][0], None)
-            if chunk is None:
-                del live[fmt]
-            else:
-                files[fmt].write(chunk)
-
-
 def write_reports(db: Path, window_id: str, out: Path) -> dict:
-    """Writes report.json, .md and .html of a window into `out`, streaming its request rows from the
-    log; returns the report without them (the files have them)."""
-    report, t0_ns = _built(db, window_id, keep_requests=False)
-    with contextlib.ExitStack() as stack:
-        files = {fmt: stack.enter_context(open(out / f"report.{fmt}", "wb")) for fmt in FORMATS}
-        write_streamed(db, report, t0_ns, files)
+    """Writes report.json, .md and .html of a window into `out` from one pass over its log, the
+    request rows spooled on the way; returns the report without them (the files have them)."""
+    with spooled_report(db, window_id) as report:
+        write_report_files(report, out)
     return report
 
 
 def publish_window(db: Path, window_id: str, root: Path) -> tuple[dict, Path]:
-    """A closed window's report as a new snapshot (publish_snapshot), its request rows streamed from
-    the log: the daemon's memory does not grow with the window. Returns the report without its rows."""
-    report, t0_ns = _built(db, window_id, keep_requests=False)
-    return report, publish_snapshot(report, root, write=lambda files: write_streamed(db, report, t0_ns, files))
+    """A closed window's report as a new snapshot (publish_snapshot), projected in one pass with its
+    request rows spooled: the daemon's memory does not grow with the window. Returns the report
+    without its rows."""
+    with spooled_report(db, window_id) as report:
+        return report, publish_snapshot(report, root)
 
 
-def publish_snapshot(report: dict, root: Path, now_s: float | None = None,
-                     write: Callable[[dict[str, BinaryIO]], None] | None = None) -> Path:
+def publish_snapshot(report: dict, root: Path, now_s: float | None = None) -> Path:
     """Writes the report into a new `root/<window>/<UTC date>-<n>/` folder and returns it.
 
     A snapshot is never overwritten or changed: the folder is claimed with an exclusive mkdir (the
     next free n wins), each file is created exclusively, and the files are left read-only.
-    `write`: writes the three formats into their files (streamed from the log), in place of rendering
-    `report` here.
     """
     window = report["window_id"]
     if not window or "/" in window or window.startswith("."):
@@ -164,12 +122,9 @@ def publish_snapshot(report: dict, root: Path, now_s: float | None = None,
             n += 1
     with contextlib.ExitStack() as stack:
         files = {fmt: stack.enter_context(open(folder / f"report.{fmt}", "xb")) for fmt in FORMATS}
-        if write is None:
-            rows = request_rows(report)
-            for fmt in FORMATS:
-                files[fmt].writelines(render_chunks(report, fmt, rows))
-        else:
-            write(files)
+        rows = None if getattr(report, "spool", None) is not None else request_rows(report)
+        for fmt in FORMATS:
+            files[fmt].writelines(render_chunks(report, fmt, rows))
         for f in files.values():
             f.flush()
             os.fsync(f.fileno())

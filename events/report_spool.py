@@ -1,0 +1,198 @@
+"""A long window's per-request parts (request rows, counter series, natural failures), rendered
+once as the projection makes them into temporary files that the three formats are assembled from.
+
+A window of a million events has 10^5 request rows and as many scrapes: held as objects they are
+most of a report's memory, and made again from the log they are a second pass. Here each is
+formatted for json, md and html the moment it is made and written out, so the report's memory does
+not grow with the window and the log is read once.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from html import escape
+
+import msgspec
+
+from flare_diag.events.report import SERIES_KEYS
+from flare_diag.events.report_view import REQUEST_COLUMNS, request_columns, request_row, scale_of
+
+_json = msgspec.json.Encoder()
+_PENDING = 4096  # rows buffered before they are encoded and written
+
+
+class Spooled:
+    """Bytes in an anonymous temporary file, written in pieces and read back in blocks."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+        self.pending: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self.pending.append(piece)
+        if len(self.pending) >= _PENDING:
+            self.flush()
+
+    def add_bytes(self, b: bytes) -> None:
+        self.flush()
+        self.file.write(b)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.file.write("".join(self.pending).encode())
+            self.pending.clear()
+
+    def blocks(self) -> Iterator[bytes]:
+        self.flush()
+        self.file.seek(0)
+        while b := self.file.read(1 << 20):
+            yield b
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _JsonList:
+    """A JSON array's items, encoded a batch at a time (the brackets are the assembler's)."""
+
+    def __init__(self) -> None:
+        self.out, self.batch, self.n = Spooled(), [], 0
+
+    def add(self, item: object) -> None:
+        self.batch.append(item)
+        if len(self.batch) >= _PENDING:
+            self._write()
+
+    def extend(self, items) -> None:
+        self.batch.extend(items)
+        if len(self.batch) >= _PENDING:
+            self._write()
+
+    def _write(self) -> None:
+        if self.batch:
+            part = _json.encode(self.batch)[1:-1]
+            self.out.add_bytes(part if self.n == 0 else b"," + part)
+            self.n += len(self.batch)
+            self.batch.clear()
+
+    def blocks(self) -> Iterator[bytes]:
+        self._write()
+        yield b"["
+        yield from self.out.blocks()
+        yield b"]"
+
+    def close(self) -> None:
+        self.out.close()
+
+
+class ReportSpool:
+    """What the projection hands over per request, scrape and natural failure, kept as the bytes each
+    format will show; `render_chunks` assembles the files around them."""
+
+    def __init__(self) -> None:
+        self.requests = _JsonList()
+        self.md = Spooled()
+        self.html = Spooled()
+        self.counters = {k: _JsonList() for k in ("minute", *SERIES_KEYS)}
+        self._scrapes: list[tuple] = []  # (minute, *values) a batch at a time, written out as columns
+        self.failures = _JsonList()
+        self.failures_html = Spooled()
+        self.failure_count = 0
+        self._cells: tuple[float, bool, str] | None = None  # scale, wall column, html table head
+        self._phase: str | None = None
+        self._phase_rows: list[str] = []
+        self._phases = 0
+        self._escaped: dict[str, str] = {}
+        self._text_cells: tuple[int, ...] = ()
+
+    # --- fed by the projection -------------------------------------------------------------
+
+    def request(self, req: dict, clock: dict) -> None:
+        if self._cells is None:
+            r = {"clock": clock}
+            cols = request_columns(r)
+            self._cells = (scale_of(r), len(cols) != len(REQUEST_COLUMNS),
+                           "".join(f"<th>{escape(c)}</th>" for c in cols))
+            # the cells that carry words (phase, finish, visible, outcome); the rest are digits, hex and "n/a"
+            self._text_cells = tuple(cols.index(c) for c in ("phase", "finish", "visible", "outcome"))
+        scale, wall, _head = self._cells
+        self.requests.add(req)
+        row = request_row(req, scale, wall)
+        self.md.add("\n| " + " | ".join(row) + " |")
+        if row[0] != self._phase:
+            self._close_phase()
+            self._phase = row[0]
+        # the same bytes as report_html's one escape per row; only the cells that carry words can
+        # need escaping, and they repeat, so each is escaped once
+        esc = self._escaped
+        cells = list(row)
+        for i in self._text_cells:
+            c = cells[i]
+            e = esc.get(c)
+            if e is None:
+                e = esc[c] = escape(c)
+            cells[i] = e
+        self._phase_rows.append("<tr><td>" + "</td><td>".join(cells) + "</td></tr>")
+
+    def _close_phase(self) -> None:
+        if self._phase is None:
+            return
+        head = self._cells[2] if self._cells else ""
+        self.html.add(("\n" if self._phases else "")
+                      + f"<details><summary>{escape(self._phase)}: {len(self._phase_rows)} requests</summary>"
+                      f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>")
+        for x in self._phase_rows:
+            self.html.add(x)
+        self.html.add("</tbody></table></div></details>")
+        self._phases += 1
+        self._phase, self._phase_rows = None, []
+
+    def scrape(self, minute: float | None, values: tuple) -> None:
+        self._scrapes.append((minute, *values))
+        if len(self._scrapes) >= _PENDING:
+            self._columns()
+
+    def _columns(self) -> None:
+        if self._scrapes:
+            for col, xs in zip(self.counters.values(), zip(*self._scrapes)):
+                col.extend(xs)
+            self._scrapes.clear()
+
+    def natural_failure(self, f: dict) -> None:
+        self.failures.add(f)
+        self.failure_count += 1
+        self.failures_html.add("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in
+                                                (f["phase"], str(f["order_index"]), str(f["body_index"]), f["kind"]))
+                               + "</tr>")
+
+    def finish(self) -> None:
+        self._close_phase()
+        self._columns()
+
+    # --- read by the assemblers ------------------------------------------------------------
+
+    @property
+    def request_count(self) -> int:
+        return self.requests.n + len(self.requests.batch)
+
+    def json_parts(self) -> dict[str, Iterator[bytes]]:
+        """The report.json values that live here, by top-level key."""
+        return {"requests": self.requests.blocks(), "counters": self._counter_blocks(),
+                "natural_failures": self.failures.blocks()}
+
+    def _counter_blocks(self) -> Iterator[bytes]:
+        for i, (k, col) in enumerate(self.counters.items()):
+            yield (b"{" if i == 0 else b",") + _json.encode(k) + b":"
+            yield from col.blocks()
+        yield b"}"
+
+    def close(self) -> None:
+        for s in (self.requests, self.md, self.html, self.failures, self.failures_html, *self.counters.values()):
+            s.close()
+
+    def __enter__(self) -> ReportSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
