@@ -86,3 +86,32 @@ def test_alternative_eviction_strategies_run_and_keep_pools_within_capacity():
             inc.run_inline(b, p)
         assert inc.cache.rows_used <= inc.cache.rows_capacity
         assert inc.cache.pages_used <= inc.cache.pages_capacity
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(2, 40), pages=st.integers(4, 200),
+       policy=st.sampled_from(["lru_leaf", "marconi", "protect_full_prompt"]), compaction=st.booleans())
+def test_the_held_pages_are_exactly_the_pages_of_the_live_records(seed, rows, pages, policy, compaction):
+    """Pages are held by walking only the pages that change (cache.py); whatever the evictions and
+    compactions, what is held is what the records hold, and every page that left was counted."""
+    import msgspec
+
+    from flare_diag.fixtures.flaresim.cache import HostCache, store_prompt, store_terminal
+    from flare_diag.fixtures.flaresim.trace import MOONCAKE_BLOCK as BLK, request_seqs, synthetic_trace, trace_scenario
+    sc = trace_scenario(msgspec.structs.replace(load_scenario("flare-47581cca"), eviction=policy,
+                                                ancestor_compaction=compaction), BLK)
+    cache = HostCache(sc, rows_capacity=rows, pages_capacity=pages)
+    ever: set[bytes] = set()
+    for n, r in enumerate(synthetic_trace(60, seed=seed, conversations=6)):
+        prompt, term = request_seqs(r, n, BLK)
+        cache.lookup(prompt, r.input_length)
+        pinned = store_prompt(cache, prompt, r.input_length, ((r.input_length - 1) // BLK) * BLK)
+        store_terminal(cache, term, term.length, pinned)
+        live = {p for cp in cache.records.values() for p in cp.pages}
+        assert set(cache.held) == live
+        assert cache.pages_used <= cache.pages_capacity
+        ever |= live
+    assert cache.c.evictions["page"] >= len(ever) - cache.pages_used
