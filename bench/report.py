@@ -2,15 +2,20 @@
 
 The log is one long synthetic window in the shape the runner writes (per request: the send
 decision, its outcome, the scrape decision and outcome, the per-request measurement, a tick), so
-the report has ~166,000 request rows. "Report" is the projection plus rendering all three formats
-(json, md, html) and writing each to its file, as `write_reports` does; "bare fold" reads the same envelopes and decodes every event, which is the least
-any projection must do. Integrity (verify, audit) is measured by bench/event_log.py and left out.
+the report has ~166,000 request rows, spread over `--phases` cells (48: about the seed plan's cells
+with its trace arms; a plan bounds them, the log's length does not). "Report" is the projection,
+its request rows, counter series and natural failures rendered into a spool as they are made, plus
+the three formats (json, md, html) assembled and written to their files, as `write_reports` does;
+"bare fold" reads the same envelopes and decodes every event, which is the least any projection
+must do. Integrity (verify, audit) is measured by bench/event_log.py and left out.
 
 The two are run alternately `--rounds` times in the same process and each side's best round is
 compared (as timeit does): on a shared machine a single round of either can be stretched by a
-neighbour, and the spread of the per-round ratios is printed with it.
+neighbour, and the spread of the per-round ratios is printed with it. `--memory` adds one traced
+pass of each for its peak Python heap; `--phases 20000` shows what a cell costs (about 16 KB each,
+held until the files are written).
 
-Usage: python bench/report.py [--events 1000000] [--rounds 3] [--memory]
+Usage: python bench/report.py [--events 1000000] [--rounds 3] [--memory] [--phases 48]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flare_diag.events.fold import fold  # noqa: E402
 from flare_diag.events.reader import LogReader  # noqa: E402
 from flare_diag.daemon.reports.publish import FORMATS, write_report_files  # noqa: E402
-from flare_diag.events.report import PROJECTED_TYPES, project_window  # noqa: E402
+from flare_diag.events.report import PROJECTED_TYPES, UNREAD_ACTIONS, project_window  # noqa: E402
 from flare_diag.events.report_spool import ReportSpool  # noqa: E402
 from flare_diag.events.actions import ScrapeMetrics, SendRequest
 from flare_diag.events.schema import (  # noqa: E402
@@ -37,11 +42,13 @@ from flare_diag.events.schema import (  # noqa: E402
 from flare_diag.events.store import EventStore  # noqa: E402
 
 WINDOW = "bench-window"
-PER_PHASE = 52
+BODIES = 52
+PHASES = 48  # about the cells of the seed's plan with its trace arms: a plan, not the log, bounds them
 COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_hits", "gpu_reused_tokens")
 
 
-def _events(n: int):
+def _events(n: int, phases: int = PHASES):
+    per_phase = max(1, -(-n // 6 // phases))  # six events a request
     plan = {"name": "bench", "identity": {"image": "47ce7fde", "model": "dec48abd"},
             "timing": {"stop_min": 70, "window_min": 90, "restore_reserve_min": 20}}
     yield WindowOpened(at_ns=0, window_id=WINDOW, plan=plan, plan_sha256="0" * 64, site="bench", gpu_source="sim",
@@ -53,13 +60,14 @@ def _events(n: int):
         ph = f"P{phase}.{'forward' if phase % 2 == 0 else 'reverse'}_replay"
         yield PhaseStarted(phase=ph, minute=at / 6e10, estimated_end_minute=at / 6e10 + 15)
         emitted += 1
-        for i in range(PER_PHASE):
+        for i in range(per_phase):
             aid += 1
             at += 2_000_000_000
-            sha = f"{(i * 2654435761) % 2**32:08x}" * 8
-            args = {"phase": ph, "order_index": i, "body_index": i, "body_sha256": sha, "fixture": "c1-52"}
+            b = i % BODIES
+            sha = f"{(b * 2654435761) % 2**32:08x}" * 8
+            args = {"phase": ph, "order_index": i, "body_index": b, "body_sha256": sha, "fixture": "c1-52"}
             yield ActionRequested(action_id=aid, request=SendRequest(**args), experimental=True)
-            yield RequestDone(at_ns=at, action_id=aid, phase=ph, order_index=i, body_index=i, body_sha256=sha,
+            yield RequestDone(at_ns=at, action_id=aid, phase=ph, order_index=i, body_index=b, body_sha256=sha,
                               outcome="ok", finish_reason="length" if i % 13 == 0 else "stop", visible_output=True, prompt_tokens=9000 + i,
                               completion_tokens=700, cached_tokens=4096, first_byte_ns=90_000_000,
                               first_token_ns=120_000_000, last_token_ns=1_900_000_000, end_ns=1_950_000_000,
@@ -68,14 +76,14 @@ def _events(n: int):
             yield ActionRequested(action_id=aid, request=ScrapeMetrics())
             counters = {c: v + (i + 1) * 17 for c, v in counters.items()}
             yield ActionDone(at_ns=at + 1, action_id=aid, ok=True, data={"counters": counters, "gauges": {}})
-            yield RequestMeasured(phase=ph, order_index=i, body_index=i, body_sha256=sha, outcome="ok",
+            yield RequestMeasured(phase=ph, order_index=i, body_index=b, body_sha256=sha, outcome="ok",
                                   natural_failure="length" if i % 13 == 0 else None, delta={c: (i + 1) * 17 for c in COUNTERS})
             yield Tick(at_ns=at + 2)
             emitted += 6
             if emitted >= n:
                 break
         yield DrainObserved(purpose=f"after {ph}", settled=True, waited_s=1.5, polls=3, minute=at / 6e10)
-        yield CellRecorded(phase=ph, status="measured", reason=f"{PER_PHASE} requests", requests=PER_PHASE,
+        yield CellRecorded(phase=ph, status="measured", reason=f"{per_phase} requests", requests=per_phase,
                            host={"lookups": 52, "hits": 52, "fetched_tokens": 9, "reused_tokens": 9},
                            gpu={"hits": 1, "reused_tokens": 1})
         emitted += 2
@@ -83,10 +91,10 @@ def _events(n: int):
         k += 1
 
 
-async def _fill(path: Path, n: int) -> int:
+async def _fill(path: Path, n: int, phases: int = PHASES) -> int:
     store = await EventStore.open(path)
     batch = []
-    for ev in _events(n):
+    for ev in _events(n, phases):
         batch.append(ev)
         if len(batch) == 50_000:
             store.submit_many(batch, window_id=WINDOW)
@@ -110,7 +118,7 @@ def _report(r: LogReader, integrity: dict, out: Path) -> tuple[float, list[float
     then the three formats assembled around them, each written to its file."""
     t0 = time.perf_counter()
     with ReportSpool() as spool:
-        rep = project_window(r.iter_for_projection(WINDOW, PROJECTED_TYPES), WINDOW, integrity, spool)
+        rep = project_window(r.iter_for_projection(WINDOW, PROJECTED_TYPES, UNREAD_ACTIONS), WINDOW, integrity, spool)
         times = [time.perf_counter() - t0]
         t0 = time.perf_counter()
         write_report_files(rep, out)
@@ -135,11 +143,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--phases", type=int, default=PHASES,
+                    help="cells the window's requests are spread over (a plan's; default %(default)s)")
     ap.add_argument("--memory", action="store_true", help="also one traced pass of each side for peak memory")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         db = Path(d) / "log.db"
-        n = asyncio.run(_fill(db, a.events))
+        n = asyncio.run(_fill(db, a.events, a.phases))
         integrity = {"events": n, "head_seq": n, "head_hash": "", "chain_ok": True, "audit_ok": True}
         bares, reports = [], []
         with LogReader(db) as r:
@@ -154,7 +164,7 @@ def main() -> None:
         bare = min(bares)
         total, times = min(reports)
         per_round = [rt / b for (rt, _t), b in zip(reports, bares)]
-        print(f"events {count:,}  requests in report {requests:,}  outputs json/md/html "
+        print(f"events {count:,}  requests in report {requests:,} over {a.phases:,} cells  outputs json/md/html "
               f"{sizes[0] / 1e6:.0f}/{sizes[1] / 1e6:.0f}/{sizes[2] / 1e6:.0f} MB")
         print(f"best of {a.rounds} rounds: bare fold (read + decode every event) {bare:.2f} s   report (projection "
               f"{times[0]:.2f} s, the request rows rendered into a spool as they are made, + json/md/html "

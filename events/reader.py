@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import flare_diag.events.schema  # noqa: F401  (a reader decodes every registered event type)
+from flare_diag.events.schema import ActionRequested
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.sqlschema import NotAnEventLog, chain_base, check_format
 from flare_diag.events.store import row_envelope, select_sql
@@ -35,26 +36,31 @@ class LogReader:
             for r in rows:
                 yield row_envelope(r)
 
-    def iter_for_projection(self, window_id: str, types: Iterable[str] | None = None) -> Iterator[Envelope]:
+    def iter_for_projection(self, window_id: str, types: Iterable[str] | None = None,
+                            skip_actions: Iterable[str] = ()) -> Iterator[Envelope]:
         """One window's envelopes (optionally only some types) without their hashes (empty bytes).
 
         Verification reads the hashes; a report that has already verified the log need not carry
         64 bytes of them per event through its fold, nor the events it does not fold.
+        `skip_actions`: action_requested decisions of these actions are left in the log (SQLite
+        reads their action's name from the bytes, Python never sees the row).
         """
-        lo, hi = self.conn.execute("SELECT MIN(seq), MAX(seq) FROM events WHERE window_id = ?", (window_id,)).fetchone()
-        if lo is None:
-            return
-        # A window's events lie together: scanned in seq order between its first and last (the
-        # unary + keeps SQLite from looking each row up through the window index, which costs more
-        # than reading the few rows of other windows in between). The two empty hashes come from
-        # SQLite, so that each row is an Envelope's fields as they are.
+        # the two empty hashes come from SQLite, so that each row is an Envelope's fields as they are
         sql = ("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, x'', x''"
-               " FROM events WHERE seq BETWEEN ? AND ? AND +window_id = ?")
-        args: list = [lo, hi, window_id]
+               " FROM events WHERE window_id = ?")
+        args: list = [window_id]
         if types is not None:
             ts = sorted(types)
-            sql += f" AND +type IN ({','.join('?' * len(ts))})"
+            sql += f" AND type IN ({','.join('?' * len(ts))})"
             args += ts
+        for name in skip_actions:
+            # A v2 decision's bytes begin {"type":"action_requested","action_id":N,"request":{"action":"NAME",
+            # (msgspec writes a struct's tag, then its fields in order), so the first `,"request":{"action":"`
+            # in them is its action's name, whatever its arguments hold.
+            sql += (" AND NOT (type = 'action_requested' AND schema_v = ? AND instr(payload, ?) > 0"
+                    " AND substr(payload, instr(payload, ?) + ?, ?) = ?)")
+            head, want = b',"request":{"action":"', name.encode() + b'"'
+            args += [ActionRequested.schema_v, head, head, len(head), len(want), want]
         cur = self.conn.execute(sql + " ORDER BY seq", args)
         while rows := cur.fetchmany(4096):
             yield from starmap(Envelope, rows)

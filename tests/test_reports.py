@@ -480,3 +480,12 @@ def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in
     assert spooled["requests"] == [] and spooled["counters"]["minute"] == [] and spooled["natural_failures"] == []
     for fmt in FORMATS:
         assert (tmp_path / "whole" / f"report.{fmt}").read_bytes() == (tmp_path / "spooled" / f"report.{fmt}").read_bytes(), fmt
+
+
+def test_a_reader_skipping_the_sends_leaves_out_exactly_the_send_request_decisions(log):
+    from flare_diag.events.reader import LogReader
+    with LogReader(log) as r:
+        every = list(r.iter_for_projection("w-report"))
+        kept = [e.seq for e in r.iter_for_projection("w-report", skip_actions=("send_request",))]
+    sends = [e.seq for e in every if e.type == "action_requested" and e.event().action == "send_request"]
+    assert sends and kept == [e.seq for e in every if e.seq not in set(sends)]

@@ -135,11 +135,15 @@ def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runn
         assert type(list(r.iter())[-1].event()).__name__ == "WindowClosed"
 
 
-async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_taking_commits(tmp_path, small_plan):
+async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_taking_commits(tmp_path, small_plan,
+                                                                                               monkeypatch):
     """The service in this process (its store can be made to fail), against flaresim as a process."""
     import anyio
 
     from flare_diag.daemon.service.logs import configure
+    from flare_diag.daemon.window import runner
+    # what is asserted is said while the window runs; its closing catch-up need not take its 20 s here
+    monkeypatch.setattr(runner, "FINAL_CATCH_UP_S", 2.0)
     svc, sim, start = await _service_with_a_window(tmp_path, small_plan, configure("error"))
     seen: list[dict] = []
     try:

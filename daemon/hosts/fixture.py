@@ -16,6 +16,11 @@ class FixtureError(ValueError):
     pass
 
 
+# bodies are tens of KB of JSON, read at every start (the planner's work, the sampling check):
+# msgspec's decoder, not the standard library's
+_decode = msgspec.json.Decoder().decode
+
+
 class Fixture(msgspec.Struct):
     name: str
     bodies: list[bytes]
@@ -28,8 +33,8 @@ class Fixture(msgspec.Struct):
         max_tokens, chars = [], []
         for b in self.bodies:
             try:
-                d = json.loads(b)
-            except ValueError:
+                d = _decode(b)
+            except msgspec.DecodeError:
                 d = {}
             d = d if isinstance(d, dict) else {}
             max_tokens.append(int(d.get("max_tokens") or d.get("max_completion_tokens") or self.sampling.get("max_tokens") or 0))
@@ -63,8 +68,8 @@ def sampling_mismatch(fx: Fixture, want: dict) -> str | None:
             return f"manifest sampling.{f} = {manifest[f]!r}, the plan's [sampling] says {want[f]!r}"
     for i, raw in enumerate(fx.bodies):
         try:
-            body = json.loads(raw)
-        except ValueError:
+            body = _decode(raw)
+        except msgspec.DecodeError:
             return f"body {i} (sha256 {fx.sha256[i][:12]}): not a JSON object"
         if not isinstance(body, dict):
             return f"body {i} (sha256 {fx.sha256[i][:12]}): not a JSON object"

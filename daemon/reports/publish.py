@@ -11,7 +11,7 @@ from pathlib import Path
 from flare_diag.policies.audit import audit
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
-from flare_diag.events.report import PROJECTED_TYPES, json_chunks, project_window, text_chunks
+from flare_diag.events.report import PROJECTED_TYPES, UNREAD_ACTIONS, json_chunks, project_window, text_chunks
 from flare_diag.events.report_html import html_segments
 from flare_diag.events.report_md import md_lines
 from flare_diag.events.report_spool import ReportSpool
@@ -34,7 +34,7 @@ def build_report(db: Path, window_id: str) -> dict:
     """The report of one window, with the integrity of the whole log it came from (every request
     row in memory: for a window's consumers in process; files are written with `write_reports`)."""
     with LogReader(db) as reader:
-        return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, _integrity(reader))
+        return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id, _integrity(reader))
 
 
 def _integrity(reader: LogReader) -> dict:
@@ -60,7 +60,7 @@ def spooled_report(db: Path, window_id: str) -> Iterator[dict]:
     """The report of one window projected in one pass with its per-request parts in a spool
     (events/report_spool.py): render it while the context is open, then the spool's files go."""
     with ReportSpool() as spool, LogReader(db) as reader:
-        yield project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES), window_id, _integrity(reader),
+        yield project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id, _integrity(reader),
                              spool)
 
 
