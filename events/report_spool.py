@@ -19,7 +19,7 @@ from flare_diag.events.report import SERIES_KEYS
 from flare_diag.events.report_view import REQUEST_COLUMNS, request_columns, request_row, scale_of
 
 _json = msgspec.json.Encoder()
-_PENDING = 4096  # rows buffered before they are encoded and written
+_PENDING = 256  # rows buffered before they are encoded and written
 
 
 class Spooled:
