@@ -11,6 +11,7 @@
    the two peaks should be close.
 
 Usage: python bench/cache_model.py [--requests 100000] [--synthetic 1000000] [--capacity-blocks 8192]
+                                  [--mooncake N]
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--synthetic", type=int, default=1_000_000)
     ap.add_argument("--capacity-blocks", type=int, default=8192)
+    ap.add_argument("--mooncake", type=int, default=None, help="only the first N Mooncake requests (default: all)")
     a = ap.parse_args()
 
     print(f"1. {a.requests:,}-request trace over the 52 fixture bodies (flare-47581cca)")
@@ -144,8 +146,8 @@ def main() -> None:
     if MOONCAKE.is_file() and _old_cache_class() is not None:
         rows, pages = a.capacity_blocks // 2, a.capacity_blocks * 4
         print(f"1b. Mooncake conversation trace on {rows} rows and {pages} pages, lru_leaf: many records to choose from")
-        new = in_fresh_process(mooncake_before_and_now, "now", rows, pages, None)
-        old = in_fresh_process(mooncake_before_and_now, "before", rows, pages, None)
+        new = in_fresh_process(mooncake_before_and_now, "now", rows, pages, a.mooncake)
+        old = in_fresh_process(mooncake_before_and_now, "before", rows, pages, a.mooncake)
         print(f"   now (heaps)          {new[0]:7.1f} s  peak {new[2]} MiB  {new[1]}")
         print(f"   before ({BEFORE}, scans) {old[0]:7.1f} s  peak {old[2]} MiB  {old[1]}")
         print(f"   ratio before/now = {old[0] / new[0]:.2f}; same choices: {old[1] == new[1]}")
@@ -153,7 +155,7 @@ def main() -> None:
     if MOONCAKE.is_file():
         print(f"2. Mooncake conversation trace, {a.capacity_blocks} blocks of 512 tokens (rows in the scenario's proportion)")
         for pol in ("lru_leaf", "marconi", "protect_full_prompt", "block_lru"):
-            dt, res, rss = in_fresh_process(trace_run, "mooncake", None, pol, a.capacity_blocks)
+            dt, res, rss = in_fresh_process(trace_run, "mooncake", a.mooncake, pol, a.capacity_blocks)
             print(f"   {pol:20s} {dt:6.1f} s  peak {rss} MiB  {res['requests']:,} requests, reused {res['reused']:,} "
                   f"tokens ({100 * res['share']:.1f}%)  {({k: v for k, v in res.items() if k in ('evictions', 'compactions')})}")
     else:

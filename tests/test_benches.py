@@ -28,7 +28,8 @@ def test_the_fleet_bench_runs_and_prints_its_ratios():
 
 
 @pytest.mark.parametrize("bench,args,says", [
-    ("cache_model.py", ["--requests", "1000", "--synthetic", "5000", "--capacity-blocks", "512"], "ratio"),
+    ("cache_model.py", ["--requests", "1000", "--synthetic", "5000", "--capacity-blocks", "512", "--mooncake", "800"],
+     "ratio"),
     ("event_log.py", ["--appends", "2000", "--verify", "5000"], "ratio store/floor"),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("rehearse.py", ["--skip-wall"], "virtual time"),
