@@ -61,9 +61,7 @@ class LogReader:
                     " AND substr(payload, instr(payload, ?) + ?, ?) = ?)")
             head, want = b',"request":{"action":"', name.encode() + b'"'
             args += [ActionRequested.schema_v, head, head, len(head), len(want), want]
-        cur = self.conn.execute(sql + " ORDER BY seq", args)
-        while rows := cur.fetchmany(4096):
-            yield from starmap(Envelope, rows)
+        yield from starmap(Envelope, self.conn.execute(sql + " ORDER BY seq", args))
 
     def raw_rows(self) -> sqlite3.Cursor:
         return self.conn.execute(
