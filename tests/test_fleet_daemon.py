@@ -227,7 +227,7 @@ def _control_start(d: Daemon, plan: Path, site: str, scale: float) -> dict:
     return json.loads(buf)
 
 
-POOL_SCALE = 150  # the pool's windows are about leases, not timings: each closes in about a real second
+POOL_SCALE = 400  # the pool's windows are about leases, not timings: each closes in about a real second
 
 
 def _intervals(dsn: str) -> list[tuple[str, int, int]]:
