@@ -602,19 +602,14 @@ class _RequestView(msgspec.Struct):
     response_sha256: str = ""
 
 
-class _DeltaView(msgspec.Struct, frozen=True):
-    """The counters the report follows (a scrape's values, a request's deltas), in SERIES_KEYS
-    order; a counter the engine lacks stays None."""
-    host_lookups: int | float | None = None
-    host_hits: int | float | None = None
-    host_fetched_tokens: int | float | None = None
-    host_reused_tokens: int | float | None = None
-    gpu_hits: int | float | None = None
-    gpu_reused_tokens: int | float | None = None
+def _numbers(name: str, keys: tuple[str, ...]) -> type[msgspec.Struct]:
+    """A narrow view of an object of numbers: these keys in this order (astuple and asdict give
+    them so), each None when absent; the object's other keys are skipped."""
+    return msgspec.defstruct(name, [(k, int | float | None, None) for k in keys], frozen=True)
 
 
-if _DeltaView.__struct_fields__ != SERIES_KEYS:  # asdict() must give the report's key order
-    raise RuntimeError("_DeltaView fields drifted from SERIES_KEYS")
+# the counters the report follows (a scrape's values, a request's deltas)
+_DeltaView = _numbers("_DeltaView", SERIES_KEYS)
 
 
 class _MeasuredView(msgspec.Struct):
@@ -627,21 +622,8 @@ class _MeasuredView(msgspec.Struct):
     delta: _DeltaView
 
 
-class _OccupancyView(msgspec.Struct, frozen=True):
-    """The gauges the occupancy evidence reads, in OCCUPANCY_GAUGES order; the others are skipped."""
-    rows_used: int | float | None = None
-    rows_capacity: int | float | None = None
-    pages_used: int | float | None = None
-    pages_capacity: int | float | None = None
-    host_cache_records: int | float | None = None
-    host_cache_bytes_used: int | float | None = None
-    host_cache_bytes_capacity: int | float | None = None
-    host_cache_tokens_used: int | float | None = None
-    host_cache_tokens_capacity: int | float | None = None
-
-
-if _OccupancyView.__struct_fields__ != OCCUPANCY_GAUGES:
-    raise RuntimeError("_OccupancyView fields drifted from OCCUPANCY_GAUGES")
+# the gauges the occupancy evidence reads
+_OccupancyView = _numbers("_OccupancyView", OCCUPANCY_GAUGES)
 
 
 class _ScrapeView(msgspec.Struct):
