@@ -32,7 +32,6 @@ def test_the_fleet_bench_runs_and_prints_its_ratios():
      "ratio"),
     ("event_log.py", ["--appends", "2000", "--verify", "5000"], "ratio store/floor"),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
-    ("rehearse.py", ["--skip-wall"], "virtual time"),
     ("report.py", ["--events", "20000", "--rounds", "1"], "ratio report/fold"),
 ])
 def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
@@ -48,3 +47,14 @@ def test_the_forecast_accuracy_bench_runs_at_a_small_size_and_prints_its_error(t
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "largest |actual - forecast|" in p.stdout
+
+
+def test_the_rehearsal_bench_runs_a_short_plan_in_virtual_time_and_prints_its_figure(tmp_path):
+    """The shipped plan's rehearsal is the suite's `default_rehearsal`; here the bench itself, on a plan cut
+    to one identity phase (tests/daemontools.py), so that it runs in seconds."""
+    from tests.daemontools import one_phase_plan
+    plan = one_phase_plan(tmp_path / "short.toml")
+    p = subprocess.run([sys.executable, "bench/rehearse.py", "--skip-wall", "--plan", str(plan)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "virtual time" in p.stdout and "outcome" in p.stdout
