@@ -759,7 +759,7 @@ def _report(args: argparse.Namespace) -> int:
         if args.target.endswith((".db", ".sqlite")) or "/" in args.target or path.is_dir():
             raise UsageError(f"{args.target}: no such log file")
         return _client(args)
-    from flare_diag.daemon.reports.publish import build_report, publish_snapshot, render
+    from flare_diag.daemon.reports.publish import publish_snapshot, render_chunks, spooled_report
     from flare_diag.events.reader import LogReader
     from flare_diag.events.sqlschema import NotAnEventLog
     try:
@@ -773,18 +773,17 @@ def _report(args: argparse.Namespace) -> int:
     if window not in windows:
         raise UsageError(f"--window {window}: not in {path} (it has {', '.join(windows)})")
     from flare_diag.events.base import BadEventError, UnknownEventError
-    try:
-        report = build_report(path, window)
+    try:  # one read of the log, the request rows spooled: a long window's report is never held whole
+        with spooled_report(path, window) as report:
+            if args.out is not None:
+                print(publish_snapshot(report, args.out))
+            else:
+                sys.stdout.buffer.writelines(render_chunks(report, args.format))
     except BadEventError as exc:
         print(f"flare-diag: {path}: the log does not verify: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except UnknownEventError as exc:
         raise UsageError(f"{path}: {exc}") from None
-    if args.out is not None:
-        folder = publish_snapshot(report, args.out)
-        print(folder)
-    else:
-        sys.stdout.buffer.write(render(report, args.format))
     it = report["integrity"]
     if not (it["chain_ok"] and it["audit_ok"]):  # a report of a log that does not verify is no evidence
         print(f"flare-diag: {path}: the log does not verify (chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit "
