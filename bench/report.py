@@ -47,12 +47,12 @@ PHASES = 48  # about the cells of the seed's plan with its trace arms: a plan, n
 COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_hits", "gpu_reused_tokens")
 
 
-def _events(n: int, phases: int = PHASES):
+def _events(n: int, phases: int = PHASES, time_scale: float = 1.0):
     per_phase = max(1, -(-n // 6 // phases))  # six events a request
     plan = {"name": "bench", "identity": {"image": "47ce7fde", "model": "dec48abd"},
             "timing": {"stop_min": 70, "window_min": 90, "restore_reserve_min": 20}}
     yield WindowOpened(at_ns=0, window_id=WINDOW, plan=plan, plan_sha256="0" * 64, site="bench", gpu_source="sim",
-                       rehearsal=True, candidate_recipe="glm-candidate")
+                       rehearsal=True, candidate_recipe="glm-candidate", time_scale=time_scale)
     yield TimeMarked(mark="t0", minute=0.0)
     k, aid, at, phase, emitted = 0, 0, 0, 0, 2
     counters = dict.fromkeys(COUNTERS, 0)
@@ -91,10 +91,10 @@ def _events(n: int, phases: int = PHASES):
         k += 1
 
 
-async def _fill(path: Path, n: int, phases: int = PHASES) -> int:
+async def _fill(path: Path, n: int, phases: int = PHASES, time_scale: float = 1.0) -> int:
     store = await EventStore.open(path)
     batch = []
-    for ev in _events(n, phases):
+    for ev in _events(n, phases, time_scale):
         batch.append(ev)
         if len(batch) == 50_000:
             store.submit_many(batch, window_id=WINDOW)

@@ -461,16 +461,18 @@ def test_a_published_snapshot_streamed_from_the_log_holds_the_same_files(default
         assert (folder / f"report.{fmt}").read_bytes() == (default_rehearsal[2] / f"report.{fmt}").read_bytes(), fmt
 
 
-def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in_memory(tmp_path):
-    """Past the chart's point budget, with natural failures: the spooled report (request rows,
-    counter series and failures written as they are made) is the in-memory report, byte for byte."""
+@pytest.mark.parametrize("time_scale", [1.0, 20.0])
+def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in_memory(tmp_path, time_scale):
+    """Past the chart's point budget, with natural failures, and on a clock faster than the wall's (a
+    column more): the spooled report (request rows, counter series and failures written as they are
+    made) is the in-memory report, byte for byte."""
     import importlib.util
     from flare_diag.daemon.reports.publish import write_reports
     spec = importlib.util.spec_from_file_location("bench_report", Path(__file__).resolve().parent.parent / "bench" / "report.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     db = tmp_path / "log.db"
-    asyncio.run(bench._fill(db, 12_000))  # about 2,000 requests and as many scrapes: the chart thins them
+    asyncio.run(bench._fill(db, 12_000, time_scale=time_scale))  # ~2,000 requests and scrapes: the chart thins them
     (tmp_path / "whole").mkdir()
     (tmp_path / "spooled").mkdir()
     whole = build_report(db, bench.WINDOW)
@@ -480,6 +482,7 @@ def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in
     assert spooled["requests"] == [] and spooled["counters"]["minute"] == [] and spooled["natural_failures"] == []
     for fmt in FORMATS:
         assert (tmp_path / "whole" / f"report.{fmt}").read_bytes() == (tmp_path / "spooled" / f"report.{fmt}").read_bytes(), fmt
+    assert ("end (wall s)" in (tmp_path / "spooled" / "report.md").read_text()) == (time_scale != 1.0)
 
 
 def test_a_reader_skipping_the_sends_leaves_out_exactly_the_send_request_decisions(log):
