@@ -49,12 +49,17 @@ class Spooled:
         while b := self.file.read(1 << 20):
             yield b
 
+    def clear(self) -> None:
+        self.pending.clear()
+        self.file.seek(0)
+        self.file.truncate()
+
     def close(self) -> None:
         self.file.close()
 
 
 class _JsonList:
-    """A JSON array's items, encoded a batch at a time (the brackets are the assembler's)."""
+    """A JSON array written to a temporary file a batch of items at a time; read back with its brackets."""
 
     def __init__(self) -> None:
         self.out, self.batch, self.n = Spooled(), [], 0
@@ -101,7 +106,10 @@ class ReportSpool:
         self.failure_count = 0
         self._cells: tuple[float, bool, str] | None = None  # scale, wall column, html table head
         self._phase: str | None = None
-        self._phase_rows: list[str] = []
+        # the open phase's html rows: its table's summary counts them, so they wait (on disk: a phase
+        # may be most of a window) until the phase ends
+        self._phase_rows = Spooled()
+        self._phase_count = 0
         self._phases = 0
         self._escaped: dict[str, str] = {}
         self._text_cells: tuple[int, ...] = ()
@@ -133,20 +141,22 @@ class ReportSpool:
             if e is None:
                 e = esc[c] = escape(c)
             cells[i] = e
-        self._phase_rows.append("<tr><td>" + "</td><td>".join(cells) + "</td></tr>")
+        self._phase_rows.add("<tr><td>" + "</td><td>".join(cells) + "</td></tr>")
+        self._phase_count += 1
 
     def _close_phase(self) -> None:
         if self._phase is None:
             return
         head = self._cells[2] if self._cells else ""
         self.html.add(("\n" if self._phases else "")
-                      + f"<details><summary>{escape(self._phase)}: {len(self._phase_rows)} requests</summary>"
+                      + f"<details><summary>{escape(self._phase)}: {self._phase_count} requests</summary>"
                       f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>")
-        for x in self._phase_rows:
-            self.html.add(x)
+        for b in self._phase_rows.blocks():
+            self.html.add_bytes(b)
         self.html.add("</tbody></table></div></details>")
         self._phases += 1
-        self._phase, self._phase_rows = None, []
+        self._phase, self._phase_count = None, 0
+        self._phase_rows.clear()
 
     def scrape(self, minute: float | None, values: tuple) -> None:
         self._scrapes.append((minute, *values))
@@ -188,7 +198,8 @@ class ReportSpool:
         yield b"}"
 
     def close(self) -> None:
-        for s in (self.requests, self.md, self.html, self.failures, self.failures_html, *self.counters.values()):
+        for s in (self.requests, self.md, self.html, self._phase_rows, self.failures, self.failures_html,
+                  *self.counters.values()):
             s.close()
 
     def __enter__(self) -> ReportSpool:
