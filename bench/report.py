@@ -12,7 +12,7 @@ must do. Integrity (verify, audit) is measured by bench/event_log.py and left ou
 The two are run alternately `--rounds` times in the same process and each side's best round is
 compared (as timeit does): on a shared machine a single round of either can be stretched by a
 neighbour, and the spread of the per-round ratios is printed with it. `--memory` adds one traced
-pass of each for its peak Python heap; `--phases 20000` shows what a cell costs (about 16 KB each,
+pass of each for its peak Python heap; `--phases 6000` shows what a cell costs (about 14 KB each,
 held until the files are written).
 
 Usage: python bench/report.py [--events 1000000] [--rounds 3] [--memory] [--phases 48]

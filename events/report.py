@@ -18,7 +18,7 @@ from flare_diag.events.base import BadEventError, event_type
 from flare_diag.events.charts import Decimated
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
-from flare_diag.events.schema import MINUTE_PLACES, NS_PER_MIN
+from flare_diag.events.schema import window_minute
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
@@ -134,8 +134,7 @@ class _Projection:
                 gauges = tuple(g.get(k) for k in OCCUPANCY_GAUGES)
             if self.occupied is not None:
                 self._occupy(gauges)
-            t0 = self.fold.t0_ns
-            m = None if t0 is None else round((ev.at_ns - t0) / NS_PER_MIN, MINUTE_PLACES)
+            m = window_minute(ev.at_ns, self.fold.t0_ns)
             if m is not None:
                 for i, d in self.charted_at:
                     v = values[i]
@@ -246,7 +245,6 @@ class _Projection:
                    "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
                    "delta": d}
         else:  # one literal: the row's keys in the order report.json has always had them
-            t0 = self.fold.t0_ns
             req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
                    "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
                    "delta": d, "finish_reason": rd.finish_reason, "visible_output": rd.visible_output,
@@ -255,7 +253,7 @@ class _Projection:
                    "first_byte_ns": rd.first_byte_ns, "first_token_ns": rd.first_token_ns,
                    "last_token_ns": rd.last_token_ns, "end_ns": rd.end_ns, "response_bytes": rd.response_bytes,
                    "response_sha256": rd.response_sha256, "error": rd.error,
-                   "minute": None if t0 is None else round((rd.at_ns - t0) / NS_PER_MIN, MINUTE_PLACES)}
+                   "minute": window_minute(rd.at_ns, self.fold.t0_ns)}
         if req["outcome"] == "ok":
             smp = self.samples.get(ev.phase)
             if smp is None:
@@ -358,7 +356,6 @@ class _Samples:
     window of a million events holds tens of MB here rather than every request row."""
 
     __slots__ = ("fb", "ft", "lt", "end", "n")
-    KEYS = ("first_byte_ns", "first_token_ns", "last_token_ns", "end_ns", "completion_tokens")
 
     def __init__(self) -> None:
         self.fb, self.ft, self.lt, self.end, self.n = (array("q") for _ in range(5))
@@ -677,7 +674,7 @@ def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dic
 
 
 _json = msgspec.json.Encoder()
-_REQUESTS_MARK = b"\x00"  # msgspec escapes every control character it encodes, so this byte is unique
+_PART_MARK = b"\x00"  # msgspec escapes every control character it encodes, so this byte is unique
 ROWS_PER_CHUNK = 4096
 
 
@@ -695,7 +692,7 @@ def json_chunks(report: dict) -> Iterator[bytes]:
         yield _json.encode(report) + b"\n"
         return
     keys = [k for k in report if k in parts]  # in the order the encoder writes them
-    pieces = _json.encode({**report, **{k: msgspec.Raw(_REQUESTS_MARK) for k in keys}}).split(_REQUESTS_MARK)
+    pieces = _json.encode({**report, **{k: msgspec.Raw(_PART_MARK) for k in keys}}).split(_PART_MARK)
     yield pieces[0]
     for k, after in zip(keys, pieces[1:]):
         yield from parts[k]
@@ -724,8 +721,9 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-# a list (or a stream) is one segment whose pieces join with nothing between them
-Segment = str | list[str] | Iterator[str]
+# a list is one segment whose pieces join with nothing between them; a piece that is not a str is
+# bytes already written (a spool's, read with `blocks()`)
+Segment = str | list
 
 
 def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
@@ -735,8 +733,7 @@ def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
     for i, seg in enumerate(segments):
         if i:
             batch.append(sep)
-        # a table of 10^5 rows is one segment: a list, or a stream of pieces made as they are written,
-        # or pieces already written as bytes (a spool's, with `blocks()`)
+        # a table of 10^5 rows is one segment
         for piece in (seg,) if isinstance(seg, str) else seg:
             if not isinstance(piece, str):
                 if batch:

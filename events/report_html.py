@@ -6,10 +6,7 @@ evidence tables, and the per-request detail, collapsed, comes last.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from html import escape
-from operator import itemgetter
 
 from flare_diag.events import charts
 from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment, join_segments
@@ -21,7 +18,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
-    VERDICT_WORDS, abort_words, identity_columns, natural_failures_line,
+    VERDICT_WORDS, abort_words, failure_cells, identity_columns, natural_failures_line,
 )
 
 CSS = """
@@ -61,10 +58,20 @@ def _check(v: object) -> str:
 
 def _table(head: list[str] | tuple[str, ...], rows: list[list[str]], num_from: int = 99) -> str:
     """A table of plain text cells (escaped here)."""
+    return table_open(head) + "".join(table_row(r, num_from) for r in rows) + TABLE_CLOSE
+
+
+def table_open(head: list[str] | tuple[str, ...]) -> str:
     h = "".join(f"<th>{escape(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i >= num_from else ""}>{escape(c)}</td>' for i, c in enumerate(r))
-                   + "</tr>" for r in rows)
-    return f"<div class=tw><table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table></div>"
+    return f"<div class=tw><table><thead><tr>{h}</tr></thead><tbody>"
+
+
+def table_row(cells: list[str] | tuple[str, ...], num_from: int = 99) -> str:
+    return "<tr>" + "".join(f'<td{" class=num" if i >= num_from else ""}>{escape(c)}</td>' for i, c in enumerate(cells)) + "</tr>"
+
+
+TABLE_CLOSE = "</tbody></table></div>"
+FAILURE_HEAD = ("phase", "order", "body", "kind")
 
 
 def _figure(chart_id: str, svg: str, caption: str = "") -> str:
@@ -348,31 +355,21 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
     p.append("<h3>Natural output failures, per phase</h3><p class=meta>Kept apart from aborts: the engine answered, "
              "the answer fell short.</p>")
     spool = getattr(r, "spool", None)
-    if nf and spool is not None:  # every failure's row was written as the projection made it
-        table = _table(["phase", "order", "body", "kind"], [["\x00"]]).split("<tr><td>\x00</td></tr>")
+    if nf:
+        # every failure's row: written as the projection made it (a spool), or made here
+        count = spool.failure_count if spool is not None else len(r.get("natural_failures") or [])
+        rows = [spool.failures_html] if spool is not None else \
+            [table_row(failure_cells(f)) for f in r.get("natural_failures") or []]
         p.append([_table(["phase", "failures (requests)", "kinds"], nf, 1)
-                  + f"<details><summary>every natural failure ({spool.failure_count})</summary>" + table[0],
-                  spool.failures_html, table[1] + "</details>"])
-    elif nf:
-        every = r.get("natural_failures") or []
-        p.append(_table(["phase", "failures (requests)", "kinds"], nf, 1)
-                 + f"<details><summary>every natural failure ({len(every)})</summary>"
-                 + _table(["phase", "order", "body", "kind"], [[f["phase"], str(f["order_index"]), str(f["body_index"]),
-                                                                f["kind"]] for f in every]) + "</details>")
+                  + f"<details><summary>every natural failure ({count})</summary>" + table_open(FAILURE_HEAD),
+                  *rows, TABLE_CLOSE + "</details>"])
     else:
         p.append("<p>none</p>")
     p.append("<h3>Requests</h3>")
     if spool is not None:  # the phase tables were written as the projection made the rows
         p.append([spool.html] if spool.request_count else "<p>none</p>")
         return p
-    head = "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
-    if request_cells is not None and not isinstance(request_cells, list):
-        # rows streamed from the log: a phase's rows are consecutive there, so one phase is held at a time
-        rows = iter(request_cells)
-        first = next(rows, None)
-        p.append(_phase_tables(head, itertools.groupby(itertools.chain([first], rows), key=itemgetter(0)))
-                 if first is not None else "<p>none</p>")
-        return p
+    head = request_head(r)
     by_phase: dict[str, list[tuple[str, ...]]] = {}
     for row in request_rows(r) if request_cells is None else request_cells:
         by_phase.setdefault(row[0], []).append(row)
@@ -384,16 +381,22 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segmen
 
 
 def _phase_table(head: str, phase: str, qs: list[tuple[str, ...]]) -> list[str]:
+    return [phase_table_open(head, phase, len(qs)), *map(request_tr, qs), PHASE_TABLE_CLOSE]
+
+
+def request_head(r: dict) -> str:
+    return "".join(f"<th>{escape(c)}</th>" for c in request_columns(r))
+
+
+def phase_table_open(head: str, phase: str, count: int) -> str:
+    """A phase's collapsed table of request rows, up to its first row (`head`: request_head)."""
+    return (f"<details><summary>{escape(phase)}: {count} requests</summary>"
+            f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>")
+
+
+PHASE_TABLE_CLOSE = "</tbody></table></div></details>"
+
+
+def request_tr(row: tuple[str, ...]) -> str:
     # one escape per row (cells joined by a separator escape leaves alone): long reports have 10^5 rows
-    return [f"<details><summary>{escape(phase)}: {len(qs)} requests</summary>"
-            f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>",
-            *["<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>" for row in qs],
-            "</tbody></table></div></details>"]
-
-
-def _phase_tables(head: str, groups) -> Iterator[str]:
-    """Every phase's table as one stream of pieces, a newline between phases as between segments."""
-    for i, (phase, rows) in enumerate(groups):
-        if i:
-            yield "\n"
-        yield from _phase_table(head, phase, list(rows))
+    return "<tr><td>" + escape("\x1f".join(row)).replace("\x1f", "</td><td>") + "</td></tr>"

@@ -6,9 +6,6 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
@@ -28,7 +25,11 @@ def render_md(r: dict) -> str:
 
 
 def md_table(head: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(x) + " |" for x in rows]
+    return [md_row(head), "|" + "---|" * len(head)] + [md_row(x) for x in rows]
+
+
+def md_row(cells: list[str] | tuple[str, ...]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[str]:
@@ -157,20 +158,6 @@ def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[str]:
         out.append("")
         return out
     rows = request_rows(r) if request_cells is None else request_cells
-    if isinstance(rows, list):
-        out += md_table(request_columns(r), rows) if rows else ["- none"]
-    else:  # rows streamed from the log: one segment whose pieces are written as they are made
-        it = iter(rows)
-        first = next(it, None)
-        out.append(_streamed_table(request_columns(r), itertools.chain([first], it)) if first is not None else "- none")
+    out += md_table(request_columns(r), rows) if rows else ["- none"]
     out.append("")
     return out
-
-
-def _streamed_table(head, rows) -> Iterator[str]:
-    """md_table's lines as one stream of pieces, the newlines between them included."""
-    lines = md_table(head, [])
-    yield lines[0]
-    yield "\n" + lines[1]
-    for x in rows:
-        yield "\n| " + " | ".join(x) + " |"

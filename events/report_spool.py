@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from html import escape
-
 import msgspec
 
 from flare_diag.events.report import SERIES_KEYS
-from flare_diag.events.report_view import REQUEST_COLUMNS, request_columns, request_row, scale_of
+from flare_diag.events.report_html import PHASE_TABLE_CLOSE, phase_table_open, request_head, request_tr, table_row
+from flare_diag.events.report_md import md_row
+from flare_diag.events.report_view import REQUEST_COLUMNS, failure_cells, request_columns, request_row, scale_of
 
 _json = msgspec.json.Encoder()
 _PENDING = 256  # rows buffered before they are encoded and written
@@ -104,56 +104,38 @@ class ReportSpool:
         self.failures = _JsonList()
         self.failures_html = Spooled()
         self.failure_count = 0
-        self._cells: tuple[float, bool, str] | None = None  # scale, wall column, html table head
+        self._cells: tuple[float, bool, str] | None = None  # scale, wall column, html table head (the clock's)
         self._phase: str | None = None
         # the open phase's html rows: its table's summary counts them, so they wait (on disk: a phase
         # may be most of a window) until the phase ends
         self._phase_rows = Spooled()
         self._phase_count = 0
         self._phases = 0
-        self._escaped: dict[str, str] = {}
-        self._text_cells: tuple[int, ...] = ()
 
     # --- fed by the projection -------------------------------------------------------------
 
     def request(self, req: dict, clock: dict) -> None:
         if self._cells is None:
             r = {"clock": clock}
-            cols = request_columns(r)
-            self._cells = (scale_of(r), len(cols) != len(REQUEST_COLUMNS),
-                           "".join(f"<th>{escape(c)}</th>" for c in cols))
-            # the cells that carry words (phase, finish, visible, outcome); the rest are digits, hex and "n/a"
-            self._text_cells = tuple(cols.index(c) for c in ("phase", "finish", "visible", "outcome"))
+            self._cells = (scale_of(r), len(request_columns(r)) != len(REQUEST_COLUMNS), request_head(r))
         scale, wall, _head = self._cells
         self.requests.add(req)
         row = request_row(req, scale, wall)
-        self.md.add("\n| " + " | ".join(row) + " |")
-        if row[0] != self._phase:
+        self.md.add("\n" + md_row(row))
+        if row[0] != self._phase:  # a phase's rows are consecutive in the log
             self._close_phase()
             self._phase = row[0]
-        # the same bytes as report_html's one escape per row; only the cells that carry words can
-        # need escaping, and they repeat, so each is escaped once
-        esc = self._escaped
-        cells = list(row)
-        for i in self._text_cells:
-            c = cells[i]
-            e = esc.get(c)
-            if e is None:
-                e = esc[c] = escape(c)
-            cells[i] = e
-        self._phase_rows.add("<tr><td>" + "</td><td>".join(cells) + "</td></tr>")
+        self._phase_rows.add(request_tr(row))
         self._phase_count += 1
 
     def _close_phase(self) -> None:
         if self._phase is None:
             return
         head = self._cells[2] if self._cells else ""
-        self.html.add(("\n" if self._phases else "")
-                      + f"<details><summary>{escape(self._phase)}: {self._phase_count} requests</summary>"
-                      f"<div class=tw><table class=requests><thead><tr>{head}</tr></thead><tbody>")
+        self.html.add(("\n" if self._phases else "") + phase_table_open(head, self._phase, self._phase_count))
         for b in self._phase_rows.blocks():
             self.html.add_bytes(b)
-        self.html.add("</tbody></table></div></details>")
+        self.html.add(PHASE_TABLE_CLOSE)
         self._phases += 1
         self._phase, self._phase_count = None, 0
         self._phase_rows.clear()
@@ -172,9 +154,7 @@ class ReportSpool:
     def natural_failure(self, f: dict) -> None:
         self.failures.add(f)
         self.failure_count += 1
-        self.failures_html.add("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in
-                                                (f["phase"], str(f["order_index"]), str(f["body_index"]), f["kind"]))
-                               + "</tr>")
+        self.failures_html.add(table_row(failure_cells(f)))
 
     def finish(self) -> None:
         self._close_phase()

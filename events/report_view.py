@@ -372,6 +372,11 @@ def snapshot_words(what: str, d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())[:200]
 
 
+def failure_cells(f: dict) -> list[str]:
+    """One natural failure as a table row: phase, order, body, kind."""
+    return [f["phase"], str(f["order_index"]), str(f["body_index"]), f["kind"]]
+
+
 def natural_failure_rows(r: dict) -> list[list[str]]:
     """Natural output failures collapsed per phase: the count of each kind."""
     per = getattr(r, "failure_kinds", None)  # a projected report counted them (its rows may be in a spool)

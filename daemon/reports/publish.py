@@ -34,7 +34,13 @@ def build_report(db: Path, window_id: str) -> dict:
     """The report of one window, with the integrity of the whole log it came from (every request
     row in memory: for a window's consumers in process; files are written with `write_reports`)."""
     with LogReader(db) as reader:
-        return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id, _integrity(reader))
+        return _project(reader, window_id)
+
+
+def _project(reader: LogReader, window_id: str, spool: ReportSpool | None = None) -> dict:
+    """The window's report (its rows in `spool` when one is given), with the integrity of the log."""
+    return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id,
+                          _integrity(reader), spool)
 
 
 def _integrity(reader: LogReader) -> dict:
@@ -60,8 +66,7 @@ def spooled_report(db: Path, window_id: str) -> Iterator[dict]:
     """The report of one window projected in one pass with its per-request parts in a spool
     (events/report_spool.py): render it while the context is open, then the spool's files go."""
     with ReportSpool() as spool, LogReader(db) as reader:
-        yield project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id, _integrity(reader),
-                             spool)
+        yield _project(reader, window_id, spool)
 
 
 def render_chunks(report: dict, fmt: str, rows: list[tuple[str, ...]] | None = None) -> Iterable[bytes]:
@@ -77,8 +82,13 @@ def render(report: dict, fmt: str) -> bytes:
     return b"".join(render_chunks(report, fmt))
 
 
+def _rows(report: dict) -> list[tuple[str, ...]] | None:
+    """The request rows' cells, made once for md and html; None for a spooled report (its own)."""
+    return None if getattr(report, "spool", None) is not None else request_rows(report)
+
+
 def write_report_files(report: dict, out: Path) -> None:
-    rows = None if getattr(report, "spool", None) is not None else request_rows(report)
+    rows = _rows(report)
     for fmt in FORMATS:
         with open(out / f"report.{fmt}", "wb") as f:
             f.writelines(render_chunks(report, fmt, rows))
@@ -122,7 +132,7 @@ def publish_snapshot(report: dict, root: Path, now_s: float | None = None) -> Pa
             n += 1
     with contextlib.ExitStack() as stack:
         files = {fmt: stack.enter_context(open(folder / f"report.{fmt}", "xb")) for fmt in FORMATS}
-        rows = None if getattr(report, "spool", None) is not None else request_rows(report)
+        rows = _rows(report)
         for fmt in FORMATS:
             files[fmt].writelines(render_chunks(report, fmt, rows))
         for f in files.values():
