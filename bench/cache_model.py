@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import random
 import resource
 import subprocess
@@ -45,6 +46,11 @@ def _old_cache_class():
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    # The one thing the earlier model reads that sequences no longer carry: a trace's BlockSeq keeps its
+    # length, not its tokens. Everything else it runs as it was.
+    if "len(seq.tokens)" not in src:
+        raise RuntimeError(f"the model at {BEFORE} no longer reads len(seq.tokens): adapt _old_cache_class")
+    src = src.replace("len(seq.tokens)", "seq.length")
     mod = types.ModuleType("cache_before_issue_17")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up
     exec(compile(src, "cache_before_issue_17.py", "exec"), mod.__dict__)
@@ -110,8 +116,12 @@ def mooncake_before_and_now(model: str, rows: int, pages: int, n: int | None) ->
 
 
 def _child(q, fn, args):
-    out = fn(*args)
-    q.put((*out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+    try:
+        out = fn(*args)
+    except BaseException as e:  # the parent says what failed instead of waiting for a result that never comes
+        q.put(("error", f"{type(e).__name__}: {e}"))
+        raise
+    q.put(("ok", (*out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)))
 
 
 def in_fresh_process(fn, *args):
@@ -120,8 +130,16 @@ def in_fresh_process(fn, *args):
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(q, fn, args))
     p.start()
-    res = q.get()
+    while True:
+        try:
+            kind, res = q.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not p.is_alive() and q.empty():
+                raise RuntimeError(f"{fn.__name__} died in its process (exit code {p.exitcode})") from None
     p.join()
+    if kind == "error":
+        raise RuntimeError(f"{fn.__name__}{args}: {res}")
     return res
 
 
