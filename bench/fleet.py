@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import resource
 import sqlite3
 import statistics
 import sys
@@ -145,13 +147,17 @@ async def _steady_hosts(dsn: str, tmp: Path, names: list[str], events: int, seco
     bursts = max(1, events // burst)
     committed: dict[str, dict[int, float]] = {n: {} for n in names}
     wakes = {n: anyio.Event() for n in names}
-    paths = {}
+    paths, logs = {}, {}
     for n in names:
         p = tmp / f"{n}.db"
-        c = sqlite3.connect(p)
+        # each host's log as its daemon's store keeps it: open for the whole run, in WAL mode, so that
+        # the shipper's reads never wait on the writer's lock (with a rollback journal they do, for
+        # SQLite's busy-wait sleeps, and the lag measured that instead of the shipping)
+        c = sqlite3.connect(p, check_same_thread=False)
         c.executescript(DDL)
-        c.close()
-        paths[n] = p
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=OFF")
+        logs[n], paths[n] = c, p
     send, recv = anyio.create_memory_object_stream[psycopg.AsyncConnection](connections)
     for _ in range(connections):
         send.send_nowait(await connect(dsn))
@@ -174,18 +180,19 @@ async def _steady_hosts(dsn: str, tmp: Path, names: list[str], events: int, seco
     # each host pays it on its own machine, and here it would take the two cores the shipping path needs
     prepared = {n: make_bursts(n) for n in names}
 
-    def write_burst(path: Path, rows: list[tuple]) -> None:
-        c = sqlite3.connect(path)
-        c.execute("PRAGMA synchronous=OFF")
+    writes_cpu = [0.0]
+
+    def write_burst(c: sqlite3.Connection, rows: list[tuple]) -> None:
+        t0 = _thread_cpu()
         c.executemany("INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, "
                       "prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         c.commit()
-        c.close()
+        writes_cpu[0] += _thread_cpu() - t0
 
     async def writer(name: str) -> None:
         await anyio.sleep(rng.random() * seconds / bursts)
         for b, rows in enumerate(prepared[name]):
-            await anyio.to_thread.run_sync(write_burst, paths[name], rows)
+            await anyio.to_thread.run_sync(write_burst, logs[name], rows)
             now = time.perf_counter()
             for s in range(b * burst + 1, (b + 1) * burst + 1):
                 committed[name][s] = now
@@ -205,30 +212,67 @@ async def _steady_hosts(dsn: str, tmp: Path, names: list[str], events: int, seco
                 oldest = res.head_seq - res.events + 1
                 lags.append(time.perf_counter() - committed[name][oldest])
                 head = res.head_seq
-            else:
+            if head < bursts * burst and res.local_head_seq <= res.head_seq:  # caught up with what it saw: wait, as the daemon does
                 with anyio.move_on_after(5.0):  # the daemon's poll, should a wake be missed
                     await wake.wait()
 
     await anyio.sleep(max(0.0, start_at - time.time()))
+    cpu0, t0 = _process_cpu(), time.perf_counter()
     async with anyio.create_task_group() as tg:
         for n in names:
             tg.start_soon(writer, n)
             tg.start_soon(shipper, n)
+    phase = {"wall_s": time.perf_counter() - t0, "cpu_s": _process_cpu() - cpu0, "writes_s": writes_cpu[0]}
+    for c in logs.values():
+        c.close()
     while True:
         try:
             conn = recv.receive_nowait()
         except anyio.WouldBlock:
             break
         await conn.close()
-    return lags
+    return lags, phase
 
 
-def _steady_process(args: tuple) -> list[float]:
+def _process_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process
+    return r.ru_utime + r.ru_stime
+
+
+def _thread_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_THREAD)  # Linux: the calling thread alone
+    return r.ru_utime + r.ru_stime
+
+
+def _steady_process(args: tuple) -> tuple[list[float], dict]:
+    """(its batches' lags, its phase's wall time and CPU seconds, and of those its hosts' local writes)."""
     return anyio.run(_steady_hosts, *args)
 
 
+def server_cpu_s(data: Path) -> float:
+    """CPU seconds the PostgreSQL server has spent: the postmaster, its exited children (reaped, so
+    counted in its own cutime/cstime) and its live ones (from /proc; Linux only)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pm = int((data / "postmaster.pid").read_text().split()[0])
+
+    def fields(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    f = fields(pm)
+    total = sum(int(x) for x in f[11:15])  # utime stime cutime cstime
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != pm:
+            try:
+                g = fields(int(d.name))
+            except OSError:
+                continue
+            if int(g[1]) == pm:  # ppid
+                total += int(g[11]) + int(g[12])
+    return total / tick
+
+
 def steady(dsn: str, tmp: Path, hosts: int, events: int, seconds: float, procs: int,
-           connections: int = 60) -> list[float]:
+           connections: int = 60, data: Path | None = None) -> tuple[list[float], dict]:
     """Steady state: every host commits its events in bursts of 100 spread over `seconds` while its
     shipper ships. The hosts are spread over `procs` processes (on a fleet each host is a daemon of its
     own; one Python process for 1,000 of them measures that process, not the shipping), sharing
@@ -243,7 +287,15 @@ def steady(dsn: str, tmp: Path, hosts: int, events: int, seconds: float, procs: 
     start_at = time.time() + 3.0 + hosts * events / 100_000
     shares = [(dsn, tmp, names[i::procs], events, seconds, max(1, connections // procs), start_at) for i in range(procs)]
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [lag for part in pool.map(_steady_process, shares) for lag in part]
+        futures = [pool.submit(_steady_process, share) for share in shares]
+        # the server's CPU from the phase's start (every process has set up by then) to its end
+        time.sleep(max(0.0, start_at - time.time()))
+        server0 = server_cpu_s(data) if data is not None else None
+        parts = [f.result() for f in futures]
+        server_s = server_cpu_s(data) - server0 if data is not None else None
+    cpu = {"wall_s": max(p["wall_s"] for _l, p in parts), "hosts_s": sum(p["cpu_s"] for _l, p in parts),
+           "writes_s": sum(p["writes_s"] for _l, p in parts), "server_s": server_s}
+    return [lag for lags, _p in parts for lag in lags], cpu
 
 
 async def seed_windows(dsn: str, hosts: int, windows: int) -> None:
@@ -297,7 +349,7 @@ def p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else (xs[0] if xs else 0.0)
 
 
-async def main_async(a: argparse.Namespace, dsn: str, tmp: Path) -> int:
+async def main_async(a: argparse.Namespace, dsn: str, tmp: Path, data: Path | None = None) -> int:
     await migrate(dsn)
     ship_s, floor_s, raw_s = await ingest(dsn, tmp, a.ingest)
     print(f"ingest of {a.ingest} events (binary COPY on every side): shipper {ship_s * 1000:.0f} ms; the equal-work "
@@ -308,11 +360,21 @@ async def main_async(a: argparse.Namespace, dsn: str, tmp: Path) -> int:
           f"backlog's drain, the worst case): {len(lags)} batches, lag p50 "
           f"{statistics.median(lags):.3f} s, p99 {p99(lags):.3f} s, max {max(lags):.3f} s (goal p99 < 1 s)")
     if a.steady:
-        lags = await anyio.to_thread.run_sync(steady, dsn, tmp, a.hosts, a.events, a.steady, a.procs)
+        lags, cpu = await anyio.to_thread.run_sync(steady, dsn, tmp, a.hosts, a.events, a.steady, a.procs, 60, data)
         print(f"{a.hosts} hosts x {a.events} events committed over {a.steady:g} s while shipping (steady state, "
               f"{a.events * a.hosts / a.steady:,.0f} events a second in all, the hosts in {a.procs} processes): "
               f"{len(lags)} batches, lag p50 "
               f"{statistics.median(lags):.3f} s, p99 {p99(lags):.3f} s, max {max(lags):.3f} s (goal p99 < 1 s)")
+        # what the load asked of this machine, in cores busy on average over the phase: a lag above the
+        # goal where the sum nears the machine's cores measures the machine, not the shipping
+        w = cpu["wall_s"]
+        ship = cpu["hosts_s"] - cpu["writes_s"]
+        server = cpu["server_s"]
+        print(f"   CPU over the phase's {w:.1f} s: shipping {ship:.1f} s ({ship / w:.2f} cores, "
+              f"{1000 * ship / max(a.hosts * a.events, 1):.3f} ms an event), the hosts' own local commits "
+              f"{cpu['writes_s']:.1f} s ({cpu['writes_s'] / w:.2f} cores), the server "
+              + (f"{server:.1f} s ({server / w:.2f} cores)" if server is not None else "(not measured)")
+              + f"; in all {(cpu['hosts_s'] + (server or 0.0)) / w:.2f} of this machine's {os.cpu_count()} cores")
     await seed_windows(dsn, a.hosts, a.windows)
     st = await timed(views.status, dsn)
     wl = await timed(views.windows, dsn, None, None, "not_reproduced", None)
@@ -344,7 +406,7 @@ def main() -> int:
     try:
         dsn = server.database()
         with tempfile.TemporaryDirectory() as tmp:
-            return anyio.run(main_async, a, dsn, Path(tmp))
+            return anyio.run(main_async, a, dsn, Path(tmp), server.data)
     finally:
         server.remove()
 

@@ -25,6 +25,7 @@ def test_the_fleet_bench_runs_and_prints_its_ratios():
     assert p.returncode == 0, p.stderr
     assert "equal-work floor" in p.stdout and "from memory" in p.stdout and "lag p50" in p.stdout and "steady state" in p.stdout and "fleet status" in p.stdout
     assert "3 granted (never more than 3)" in p.stdout
+    assert "CPU over the phase" in p.stdout and "the server " in p.stdout
 
 
 def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and_they_choose_alike():

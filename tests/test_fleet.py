@@ -82,6 +82,20 @@ async def test_the_fleet_lists_the_shipped_window_with_its_outcome_and_verdict(f
     assert rows == [("completed", "restore_path", True)]
 
 
+async def test_two_windows_shipped_in_one_batch_are_both_listed_with_their_outcome_and_last_seq(fleet, tmp_path):
+    from tests.logtools import write_window
+    db = tmp_path / "two.db"
+    await write_window(db, window_id="w-a")
+    await write_window(db, window_id="w-b")
+    with sqlite3.connect(db) as c:
+        local = dict(c.execute("SELECT window_id, MAX(seq) FROM events GROUP BY window_id").fetchall())
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        assert (await ship_once(conn, "h1", "pool-a", db, batch=10**6)).events == len(_local(db))
+        rows = await (await conn.execute("SELECT window_id, outcome IS NOT NULL, opened_at < closed_at, last_seq "
+                                         "FROM windows WHERE host = 'h1' ORDER BY window_id")).fetchall()
+    assert rows == [("w-a", True, True, local["w-a"]), ("w-b", True, True, local["w-b"])]
+
+
 async def test_central_events_refuse_update_and_delete(fleet, tmp_path):
     await _ship_all(fleet, "h1", _log(tmp_path))
     async with await psycopg.AsyncConnection.connect(fleet, autocommit=True) as conn:
