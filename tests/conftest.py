@@ -22,13 +22,27 @@ def small_plan(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_rehearsal(tmp_path_factory) -> tuple[int, dict, Path]:
     """`flare-diag rehearse` as the README runs it (the shipped plan, the default scenario, seed 0),
-    in this process: (exit code, report.json, the out folder)."""
+    in this process: (exit code, report.json, the out folder). Its users only read it, so under
+    pytest-xdist the workers share one: the first to ask makes it while the others wait on a lock
+    in the run's common temporary folder (a rehearsal is 12-14 s of a worker's time)."""
+    import fcntl
     import json
+    import os
 
     from tests.simtools import flare_diag_here
-    out = tmp_path_factory.mktemp("default") / "out"
-    rc, stdout, stderr = flare_diag_here("rehearse", "--out", str(out))
-    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "default-rehearsal"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("default")
+    out, made = root / "out", root / "exit-code"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            rc, stdout, stderr = flare_diag_here("rehearse", "--out", str(out))
+            assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+            made.write_text(str(rc))
+        rc = int(made.read_text())
     return rc, json.loads((out / "report.json").read_text()), out
 
 

@@ -176,9 +176,10 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
 
 
 async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_complete_and_its_report_published(
-        tmp_path, small_plan):
+        tmp_path):
     """The service in this process, with one more store listener that raises on every commit; the
-    journal (the service's stdout) names it once, with the window."""
+    journal (the service's stdout) names it once, with the window. A whole window, cut to one phase:
+    what is tested is the listener, at every commit from the take-down to the readmission."""
     import io
     import json
 
@@ -189,8 +190,10 @@ async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_comple
     def a_broken_display(_envs):
         raise RuntimeError("a display bug")
 
+    from tests.daemontools import one_phase_plan
     journal = io.StringIO()
-    svc, sim, start = await _service_with_a_window(tmp_path, small_plan, configure("info", journal))
+    plan = one_phase_plan(tmp_path / "one-phase.toml", "broken-listener")
+    svc, sim, start = await _service_with_a_window(tmp_path, plan, configure("info", journal))
     try:
         async with anyio.create_task_group() as tg:
             await _serve_and_start(svc, start, tg, lambda s: s.store.subscribe(a_broken_display))
