@@ -4,8 +4,9 @@
    as it is and through the model as it was before issue 17 (c462be7's cache.py, whose victim and
    compaction choices scanned every record), with the ratio of their times and a check that both
    made the same choices;
-2. Mooncake's conversation trace (12,031 requests, ../shared/traces/mooncake/) under each eviction
-   policy and the block-level LRU baseline;
+2. Mooncake's conversation trace (12,031 requests, ../shared/traces/mooncake/; where that is not
+   checked out beside the repository, the first 1,000 that tests/data/mooncake carries) under each
+   eviction policy and the block-level LRU baseline, and (1b) through both models side by side;
 3. a 1,000,000-request synthetic trace of the same shape (goal: under 45 s, issue 30), and its 100,000-request
    prefix, with each run's peak resident memory (a fresh process per run): bounded by the cache,
    the two peaks should be close.
@@ -35,7 +36,10 @@ from flare_diag.fixtures.flaresim.engine import Incarnation  # noqa: E402
 from flare_diag.fixtures.flaresim.scenario import load_scenario  # noqa: E402
 
 DATA = ROOT / "fixtures" / "data" / "c1-52"
-MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+# the whole trace where the shared traces are checked out beside the repository; else the first 1,000
+# requests that the tests carry (tests/data/mooncake), so that the side-by-side checks run anywhere
+WHOLE_MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+MOONCAKE = WHOLE_MOONCAKE if WHOLE_MOONCAKE.is_file() else ROOT / "tests" / "data" / "mooncake" / "conversation-1000.jsonl"
 BEFORE = "c462be7"  # the last commit before issue 17's O(log n) eviction
 
 
@@ -161,6 +165,8 @@ def main() -> None:
     else:
         print(f"   (git or commit {BEFORE} not available: no before-model to compare with)")
 
+    if MOONCAKE != WHOLE_MOONCAKE:
+        print(f"   ({WHOLE_MOONCAKE} not found: the Mooncake runs below take the tests' first 1,000 requests)")
     if MOONCAKE.is_file() and _old_cache_class() is not None:
         rows, pages = a.capacity_blocks // 2, a.capacity_blocks * 4
         print(f"1b. Mooncake conversation trace on {rows} rows and {pages} pages, lru_leaf: many records to choose from")
