@@ -197,8 +197,8 @@ _MOVE_HEAD = ("UPDATE hosts SET head_seq = %s, head_hash = %s, last_event_at = t
 
 def _head_and_windows(host: str, pool: str, rows: list[tuple]) -> tuple[str, list]:
     """One statement that moves the host's head to the batch's last row and upserts the windows the
-    batch touches (one round trip where a statement each took several: the steady state's cost is
-    round trips, bench/fleet.py)."""
+    batch touches (where there was a statement for each window and one for the head: a steady
+    state's batch is small, and each statement costs the shipper a round trip and its CPU)."""
     last = rows[-1]
     head_args = [last[1], last[10], last[3], host]
     updates = _window_updates(rows)
