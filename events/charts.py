@@ -112,7 +112,8 @@ def empty(title: str) -> str:
 MAX_POINTS = 600  # per series: a chart 560 px wide shows no more, and long windows have 10^5 points
 
 
-def _thin(s: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _thin(s: list[tuple]) -> list[tuple]:
+    """At most MAX_POINTS of a series' points, evenly spaced, its last one kept."""
     if len(s) <= MAX_POINTS:
         return s
     step = len(s) / (MAX_POINTS - 1)
@@ -353,7 +354,7 @@ def guard(title: str, points: list[tuple[float, float, bool]], threshold: float,
     body.append(f'<line x1="{ml}" y1="{ty:.1f}" x2="{W - 20}" y2="{ty:.1f}" stroke="#d62728" stroke-dasharray="6 3"/>')
     body.append(f'<text x="{W - 22}" y="{ty - 4:.1f}" font-size="10" fill="#d62728" text-anchor="end">'
                 f'threshold {escape(fmt(threshold))}</text>')
-    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _b in _thin_points(points))
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _b in _thin(points))
     body.append(f'<polyline fill="none" stroke="{PALETTE[0]}" stroke-width="1.6" points="{path}"/>')
     for x, y, bad in points:
         if bad:
@@ -365,10 +366,3 @@ def guard(title: str, points: list[tuple[float, float, bool]], threshold: float,
         body.append(f'<text x="{px + 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555">{escape(label)}</text>')
     body += _legend([("value", PALETTE[0]), ("breach", "#d62728")], ml, h - 8)
     return _svg(title, h, body)
-
-
-def _thin_points(s: list[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
-    if len(s) <= MAX_POINTS:
-        return s
-    step = len(s) / (MAX_POINTS - 1)
-    return [s[int(i * step)] for i in range(MAX_POINTS - 1)] + [s[-1]]

@@ -60,7 +60,8 @@ class _Projection:
         is made, in place of the report's lists, which then stay empty."""
         self.spool = spool
         self.charted = {k: Decimated() for k in CHARTED_COUNTERS}
-        self.charted_at = [(SERIES_KEYS.index(k), d) for k, d in self.charted.items()]
+        # thinned here only for a spooled report: one kept whole is thinned from its columns when drawn
+        self.charted_at = [(SERIES_KEYS.index(k), d) for k, d in self.charted.items()] if spool is not None else []
         self.failure_kinds: dict[str, dict[str, int]] = {}
         self.samples: dict[str, _Samples] = {}  # per phase: what the descriptive statistics read
         self.reuse: dict[str, list[tuple[int, int]]] = {}  # replay phase -> (order, host reused tokens)
@@ -662,7 +663,7 @@ def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> d
 def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dict, spool=None) -> Report:
     """The report of one window. With a `spool` (events/report_spool.py) its request rows, counter
     series and natural failures go there as they are made, and the report keeps empty lists in
-    their place (`render` assembles the files from both), so a long window's report never holds them."""
+    their place (the renderers assemble the files from both), so a long window's report never holds them."""
     p = _Projection(window_id, integrity, spool)
     apply, dispatch = p.apply, _DISPATCH
     for env in envelopes:

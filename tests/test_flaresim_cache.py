@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings, strategies as st
+
 from flare_diag.fixtures.flaresim.engine import Incarnation
 from flare_diag.fixtures.flaresim.scenario import load_scenario
 from tests.simtools import bodies, parsed
@@ -86,9 +88,6 @@ def test_alternative_eviction_strategies_run_and_keep_pools_within_capacity():
             inc.run_inline(b, p)
         assert inc.cache.rows_used <= inc.cache.rows_capacity
         assert inc.cache.pages_used <= inc.cache.pages_capacity
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
