@@ -110,8 +110,10 @@ class _Projection:
     # --- inputs ---------------------------------------------------------------------------
 
     def action_done(self, env: Envelope, ev) -> None:
-        action, args = self.actions.pop(ev.action_id, ("", {}))
-        if not ev.ok or not action:
+        # a decision not seen is a scrape's: a reader may leave those out (UNREAD_ACTIONS), and every
+        # other decision but a send's (answered by its request_done) is recorded when it is read
+        action, args = self.actions.pop(ev.action_id, _SCRAPE)
+        if not ev.ok or action not in _ANSWERS_READ:
             return
         if action == "readmit":
             self.readmitted_at = ev.at_ns  # the guards' evaluations from here on are the pool after the window
@@ -226,7 +228,7 @@ class _Projection:
 
     def action_requested(self, env: Envelope, ev) -> None:
         action = ev.request.action if isinstance(ev, _ActionView) else ev.action
-        if action not in _WATCHED_ACTIONS:
+        if action == "send_request":  # answered by its request_done
             return
         if action in _ARGS_READ:  # the few whose arguments the report shows, decoded in full
             args = (env.event() if isinstance(ev, _ActionView) else ev).args
@@ -560,8 +562,10 @@ _HANDLERS = {  # None: the window fold alone reads it
 }
 
 
-_WATCHED_ACTIONS = frozenset({"snapshot", "read_identity", "load", "scrape_metrics", "retain_recipe", "preview",
-                              "steady_state", "readmit"})
+# the actions whose answers (action_done) the report reads
+_ANSWERS_READ = frozenset({"snapshot", "read_identity", "scrape_metrics", "retain_recipe", "preview", "steady_state",
+                           "readmit"})
+_SCRAPE = ("scrape_metrics", {})
 _ARGS_READ = frozenset({"snapshot", "load", "retain_recipe", "preview", "steady_state"})
 
 
@@ -650,10 +654,12 @@ _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS, _VERSION.get(t)) for t, h in _H
 
 
 PROJECTED_TYPES = frozenset(_HANDLERS)  # a reader may skip every other type
-# and the decisions of these actions (a request's send is a fifth of a long window's events)
-UNREAD_ACTIONS = ("send_request",)
-if set(UNREAD_ACTIONS) & _WATCHED_ACTIONS:
-    raise RuntimeError("an action the report reads is among those a reader may skip")
+# and the decisions of these actions (a request's send and its scrape are two fifths of a long
+# window's events): a send's answer is its request_done, and an answer whose decision was not read
+# is taken for a scrape's
+UNREAD_ACTIONS = ("send_request", "scrape_metrics")
+if not set(UNREAD_ACTIONS) <= {"send_request", _SCRAPE[0]}:
+    raise RuntimeError("only a send's and a scrape's decisions may be left out: another's answer would be read as a scrape's")
 
 
 def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:

@@ -485,10 +485,44 @@ def test_a_long_window_spooled_in_one_pass_gives_the_bytes_of_the_report_held_in
     assert ("end (wall s)" in (tmp_path / "spooled" / "report.md").read_text()) == (time_scale != 1.0)
 
 
-def test_a_reader_skipping_the_sends_leaves_out_exactly_the_send_request_decisions(log):
+def test_a_reader_skipping_sends_and_scrapes_leaves_out_exactly_their_decisions(log):
     from flare_diag.events.reader import LogReader
     with LogReader(log) as r:
         every = list(r.iter_for_projection("w-report"))
-        kept = [e.seq for e in r.iter_for_projection("w-report", skip_actions=("send_request",))]
-    sends = [e.seq for e in every if e.type == "action_requested" and e.event().action == "send_request"]
-    assert sends and kept == [e.seq for e in every if e.seq not in set(sends)]
+        kept = [e.seq for e in r.iter_for_projection("w-report", skip_actions=("send_request", "scrape_metrics"))]
+    decisions = {e.seq: e.event().action for e in every if e.type == "action_requested"}
+    left_out = {seq for seq, action in decisions.items() if action in ("send_request", "scrape_metrics")}
+    assert {"send_request", "scrape_metrics"} <= set(decisions.values()) and len(set(decisions.values())) > 2
+    assert kept == [e.seq for e in every if e.seq not in left_out]
+
+
+def _report_from_every_event(db: Path, window_id: str) -> dict:
+    """A window's report projected from all its events, as a copy of the log that cannot leave rows
+    out in SQL (the fleet's central one) hands them over."""
+    from flare_diag.daemon.reports.publish import _integrity
+    from flare_diag.events.reader import LogReader
+    from flare_diag.events.report import project_window
+    with LogReader(db) as r:
+        return project_window(r.iter(window_id=window_id), window_id, _integrity(r))
+
+
+def test_a_report_read_without_the_sends_and_scrapes_decisions_is_the_report_of_every_event(default_rehearsal, tmp_path):
+    from flare_diag.events.reader import LogReader
+    db = default_rehearsal[2] / "log.db"
+    with LogReader(db) as r:
+        wid = next(iter(r.window_ids()))
+    narrowed = build_report(db, wid)
+    assert narrowed["counters"]["minute"] and narrowed["requests"] and narrowed["identity"]["observed"]
+    assert narrowed == _report_from_every_event(db, wid)
+
+
+def test_a_long_windows_report_read_without_its_scrapes_decisions_has_every_scrape(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_report", Path(__file__).resolve().parent.parent / "bench" / "report.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    db = tmp_path / "log.db"
+    asyncio.run(bench._fill(db, 3_000))
+    narrowed = build_report(db, bench.WINDOW)
+    assert len(narrowed["counters"]["minute"]) == len(narrowed["requests"]) > 400  # one scrape a request
+    assert narrowed == _report_from_every_event(db, bench.WINDOW)
