@@ -8,7 +8,7 @@ round numbers and an axis title that names the unit. Tick labels carry the class
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from html import escape
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#7f7f7f")
@@ -141,6 +141,24 @@ class Decimated:
                 self.stride *= 2
         self.seen += 1
         self.last = p
+
+    def extend(self, xs: Iterable[float | None], ys: Iterable[float | None]) -> None:
+        """The points (x, y) of two aligned columns, those with both values, as `add` of each in
+        order would keep them: a slice of them at a time rather than a call each."""
+        pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+        n, i = len(pts), -self.seen % self.stride  # the first point whose count the stride divides
+        while i < n:
+            take = pts[i:i + (MAX_POINTS - len(self.kept)) * self.stride:self.stride]
+            self.kept += take
+            if len(self.kept) < MAX_POINTS:
+                break
+            del self.kept[1::2]
+            after = i + (len(take) - 1) * self.stride + 1  # the point after the one that filled it
+            self.stride *= 2
+            i = after + -(self.seen + after) % self.stride
+        if n:
+            self.seen += n
+            self.last = pts[-1]
 
     def points(self) -> list[tuple[float, float]]:
         if self.last is None:

@@ -7,7 +7,7 @@ import msgspec
 from flare_diag.events.base import UnknownEventError, Event, decode_payload
 
 
-class Envelope(msgspec.Struct, frozen=True):
+class Envelope(msgspec.Struct, frozen=True, gc=False):
     """One row of the log: gapless seq, both clocks, the tag, and the payload bytes exactly as hashed."""
 
     seq: int

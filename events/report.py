@@ -15,7 +15,6 @@ import msgspec
 import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
-from flare_diag.events.charts import Decimated
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
 from flare_diag.events.schema import window_minute
@@ -59,9 +58,6 @@ class _Projection:
         """`spool` (events/report_spool.py): takes each request row, scrape and natural failure as it
         is made, in place of the report's lists, which then stay empty."""
         self.spool = spool
-        self.charted = {k: Decimated() for k in CHARTED_COUNTERS}
-        # thinned here only for a spooled report: one kept whole is thinned from its columns when drawn
-        self.charted_at = [(SERIES_KEYS.index(k), d) for k, d in self.charted.items()] if spool is not None else []
         self.failure_kinds: dict[str, dict[str, int]] = {}
         self.samples: dict[str, _Samples] = {}  # per phase: what the descriptive statistics read
         self.reuse: dict[str, list[tuple[int, int]]] = {}  # replay phase -> (order, host reused tokens)
@@ -138,11 +134,6 @@ class _Projection:
             if self.occupied is not None:
                 self._occupy(gauges)
             m = window_minute(ev.at_ns, self.fold.t0_ns)
-            if m is not None:
-                for i, d in self.charted_at:
-                    v = values[i]
-                    if v is not None:
-                        d.add(m, v)
             if self.spool is not None:
                 self.spool.scrape(m, values)
                 return
@@ -323,7 +314,7 @@ class _Projection:
             self.spool.finish()
             r.spool = self.spool
             r.reuse_panels = self.reuse
-            r.counter_points = {k: d.points() for k, d in self.charted.items()}
+            r.counter_points = self.spool.counter_points()
             r.failure_kinds = self.failure_kinds
         scale = float(f.clock.get("time_scale") or 1.0)
         r["trace"].update(trace_evidence(r["cells"], self.samples, scale))
@@ -569,23 +560,23 @@ _SCRAPE = ("scrape_metrics", {})
 _ARGS_READ = frozenset({"snapshot", "load", "retain_recipe", "preview", "steady_state"})
 
 
-class _ActionTag(msgspec.Struct):
+class _ActionTag(msgspec.Struct, gc=False):
     action: str  # the action's name; its arguments are skipped
 
 
-class _ActionView(msgspec.Struct):
+class _ActionView(msgspec.Struct, gc=False):
     action_id: int
     request: _ActionTag
 
 
-class _DoneView(msgspec.Struct):
+class _DoneView(msgspec.Struct, gc=False):
     at_ns: int
     action_id: int
     ok: bool
     data: msgspec.Raw = msgspec.Raw(b"{}")
 
 
-class _RequestView(msgspec.Struct):
+class _RequestView(msgspec.Struct, gc=False):
     at_ns: int
     phase: str
     order_index: int
@@ -607,14 +598,14 @@ class _RequestView(msgspec.Struct):
 def _numbers(name: str, keys: tuple[str, ...]) -> type[msgspec.Struct]:
     """A narrow view of an object of numbers: these keys in this order (astuple and asdict give
     them so), each None when absent; the object's other keys are skipped."""
-    return msgspec.defstruct(name, [(k, int | float | None, None) for k in keys], frozen=True)
+    return msgspec.defstruct(name, [(k, int | float | None, None) for k in keys], frozen=True, gc=False)
 
 
 # the counters the report follows (a scrape's values, a request's deltas)
 _DeltaView = _numbers("_DeltaView", SERIES_KEYS)
 
 
-class _MeasuredView(msgspec.Struct):
+class _MeasuredView(msgspec.Struct, gc=False):
     phase: str
     order_index: int
     body_index: int
@@ -628,12 +619,12 @@ class _MeasuredView(msgspec.Struct):
 _OccupancyView = _numbers("_OccupancyView", OCCUPANCY_GAUGES)
 
 
-class _ScrapeView(msgspec.Struct):
+class _ScrapeView(msgspec.Struct, gc=False):
     counters: _DeltaView = _DeltaView()
     gauges: _OccupancyView = _OccupancyView()
 
 
-class _WatchView(msgspec.Struct):
+class _WatchView(msgspec.Struct, gc=False):
     at_ns: int
     source: str
     data: msgspec.Raw = msgspec.Raw(b"{}")

@@ -171,9 +171,7 @@ def counter_chart(r: dict) -> str:
         points = {}
         for k in CHARTED_COUNTERS:
             d = charts.Decimated()
-            for m, v in zip(minutes, cols.get(k, [])):
-                if m is not None and v is not None:
-                    d.add(m, v)
+            d.extend(minutes, cols.get(k, []))
             points[k] = d.points()
     series = [(k, points[k]) for k in CHARTED_COUNTERS if points.get(k)]  # reused dashed over fetched
     t = r.get("timing") or {}

@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Iterator
 import msgspec
 
-from flare_diag.events.report import SERIES_KEYS
+from flare_diag.events.charts import Decimated
+from flare_diag.events.report import CHARTED_COUNTERS, SERIES_KEYS
 from flare_diag.events.report_html import PHASE_TABLE_CLOSE, phase_table_open, request_head, request_tr, table_row
 from flare_diag.events.report_md import md_row
 from flare_diag.events.report_view import REQUEST_COLUMNS, failure_cells, request_columns, request_row, scale_of
@@ -101,6 +102,7 @@ class ReportSpool:
         self.html = Spooled()
         self.counters = {k: _JsonList() for k in ("minute", *SERIES_KEYS)}
         self._scrapes: list[tuple] = []  # (minute, *values) a batch at a time, written out as columns
+        self._charted = {k: (1 + SERIES_KEYS.index(k), Decimated()) for k in CHARTED_COUNTERS}  # thinned as they come
         self.failures = _JsonList()
         self.failures_html = Spooled()
         self.failure_count = 0
@@ -147,8 +149,11 @@ class ReportSpool:
 
     def _columns(self) -> None:
         if self._scrapes:
-            for col, xs in zip(self.counters.values(), zip(*self._scrapes)):
-                col.extend(xs)
+            cols = list(zip(*self._scrapes))
+            for out, xs in zip(self.counters.values(), cols):
+                out.extend(xs)
+            for i, d in self._charted.values():
+                d.extend(cols[0], cols[i])
             self._scrapes.clear()
 
     def natural_failure(self, f: dict) -> None:
@@ -161,6 +166,10 @@ class ReportSpool:
         self._columns()
 
     # --- read by the assemblers ------------------------------------------------------------
+
+    def counter_points(self) -> dict[str, list[tuple[float, float]]]:
+        """The charted counters' points, thinned as the counter chart of the whole series would be."""
+        return {k: d.points() for k, (_i, d) in self._charted.items()}
 
     @property
     def request_count(self) -> int:

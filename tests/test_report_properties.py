@@ -82,3 +82,21 @@ def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments, chunk):
         assert b"".join(rep_mod.text_chunks(segments)) == rep_mod.join_segments(segments).encode()
     finally:
         rep_mod.ROWS_PER_CHUNK = saved
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 5000), gap=st.integers(2, 50), cuts=st.lists(st.integers(0, 5000), max_size=12))
+def test_a_series_thinned_in_slices_keeps_the_points_thinned_one_at_a_time(n, gap, cuts):
+    from flare_diag.events.charts import Decimated
+    # a long series (the budget is hundreds of points) with a minute or a value missing now and then
+    points = [(None if i % gap == 0 else i / 60, None if i % (gap + 3) == 1 else i * 7) for i in range(n)]
+    one = Decimated()
+    for x, y in points:
+        if x is not None and y is not None:
+            one.add(x, y)
+    sliced = Decimated()
+    bounds = [0, *sorted(c for c in cuts if c <= n), n]
+    for a, b in zip(bounds, bounds[1:]):
+        part = points[a:b]
+        sliced.extend([x for x, _y in part], [y for _x, y in part])
+    assert sliced.points() == one.points() and (sliced.stride, sliced.seen) == (one.stride, one.seen)
