@@ -35,7 +35,7 @@ class Spooled:
         if len(self.pending) >= _PENDING:
             self.flush()
 
-    def add_bytes(self, b: bytes) -> None:
+    def add_bytes(self, b: bytes | memoryview) -> None:
         self.flush()
         self.file.write(b)
 
@@ -77,8 +77,9 @@ class _JsonList:
 
     def _write(self) -> None:
         if self.batch:
-            part = _json.encode(self.batch)[1:-1]
-            self.out.add_bytes(part if self.n == 0 else b"," + part)
+            if self.n:
+                self.out.add_bytes(b",")
+            self.out.add_bytes(memoryview(_json.encode(self.batch))[1:-1])  # its items, not copied without the brackets
             self.n += len(self.batch)
             self.batch.clear()
 

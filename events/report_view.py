@@ -4,6 +4,7 @@ caveats, the evidence tables with their units, and per-phase summaries of the re
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 
 from flare_diag.events.window_fold import RESTORE_CHECKS, failed_checks
 
@@ -443,23 +444,33 @@ def request_columns(r: dict) -> tuple[str, ...]:
     return REQUEST_COLUMNS[:i] + (WALL_COLUMN,) + REQUEST_COLUMNS[i:]
 
 
+# a request row's keys the table reads, fetched in one call each (itemgetter) for the row of an
+# answered request; a row without its answer lacks most of them and is read key by key
+_ROW_KEYS = ("phase", "order_index", "body_sha256", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
+             "visible_output", "reasoning_only", "first_token_ns", "end_ns", "outcome", "natural_failure", "delta")
+_DELTA_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens")
+_row_values, _delta_values = itemgetter(*_ROW_KEYS), itemgetter(*_DELTA_KEYS)
+
+
 def request_row(q: dict, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
-    # called once per request (md and html share the cells): kept to plain lookups and inline
-    # conditionals, it dominates the rendering of long reports
-    g = q.get
-    dg = (g("delta") or {}).get
-    ft, end, nf = g("first_token_ns"), g("end_ns"), g("natural_failure")
-    a, b, c, f = g("prompt_tokens"), g("completion_tokens"), g("cached_tokens"), g("finish_reason")
-    lk, hi, fe, re_, gr = (dg("host_lookups"), dg("host_hits"), dg("host_fetched_tokens"), dg("host_reused_tokens"),
-                           dg("gpu_reused_tokens"))
-    head = (q["phase"], str(q["order_index"]), q["body_sha256"][:12],
-            "n/a" if a is None else str(a), "n/a" if b is None else str(b), "n/a" if c is None else str(c),
-            "n/a" if f is None else str(f),
-            "yes" if g("visible_output") else ("reasoning only" if g("reasoning_only") else "no"),
+    # called once per request (md and html share the cells): it dominates the rendering of long
+    # reports, so the values come out in two C calls and the cells are f-strings (no call each)
+    try:
+        ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = _row_values(q)
+    except KeyError:
+        ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = map(q.get, _ROW_KEYS)
+    try:
+        lk, hi, fe, re_, gr = _delta_values(d)
+    except (KeyError, TypeError):
+        lk, hi, fe, re_, gr = map((d or {}).get, _DELTA_KEYS)
+    head = (ph, f"{o}", sha[:12],
+            "n/a" if a is None else f"{a}", "n/a" if b is None else f"{b}", "n/a" if c is None else f"{c}",
+            "n/a" if f is None else f"{f}",
+            "yes" if vis else ("reasoning only" if ro else "no"),
             "n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}")
-    tail = ("n/a" if lk is None else str(lk), "n/a" if hi is None else str(hi), "n/a" if fe is None else str(fe),
-            "n/a" if re_ is None else str(re_), "n/a" if gr is None else str(gr),
-            q["outcome"] + (f" ({nf})" if nf else ""))
+    tail = ("n/a" if lk is None else f"{lk}", "n/a" if hi is None else f"{hi}", "n/a" if fe is None else f"{fe}",
+            "n/a" if re_ is None else f"{re_}", "n/a" if gr is None else f"{gr}",
+            out + (f" ({nf})" if nf else ""))
     if wall:
         return head + ("n/a" if end is None else f"{end / 1e9:.3f}",) + tail
     return head + tail
