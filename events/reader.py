@@ -10,7 +10,7 @@ from pathlib import Path
 
 import flare_diag.events.schema  # noqa: F401  (a reader decodes every registered event type)
 from flare_diag.events.schema import ActionRequested
-from flare_diag.events.envelope import Envelope
+from flare_diag.events.envelope import Envelope, ReadEvent
 from flare_diag.events.sqlschema import NotAnEventLog, chain_base, check_format
 from flare_diag.events.store import row_envelope, select_sql
 
@@ -37,17 +37,15 @@ class LogReader:
                 yield row_envelope(r)
 
     def iter_for_projection(self, window_id: str, types: Iterable[str] | None = None,
-                            skip_actions: Iterable[str] = ()) -> Iterator[Envelope]:
-        """One window's envelopes (optionally only some types) without their hashes (empty bytes).
+                            skip_actions: Iterable[str] = ()) -> Iterator[ReadEvent]:
+        """One window's events (optionally only some types) as a fold reads them (ReadEvent).
 
         Verification reads the hashes; a report that has already verified the log need not carry
-        64 bytes of them per event through its fold, nor the events it does not fold.
+        them, its clocks or causation through its fold, nor the events it does not fold.
         `skip_actions`: action_requested decisions of these actions are left in the log (SQLite
         reads their action's name from the bytes, Python never sees the row).
         """
-        # the two empty hashes come from SQLite, so that each row is an Envelope's fields as they are
-        sql = ("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, x'', x''"
-               " FROM events WHERE window_id = ?")
+        sql = "SELECT seq, wall_ns, type, schema_v, window_id, payload FROM events WHERE window_id = ?"
         args: list = [window_id]
         if types is not None:
             ts = sorted(types)
@@ -61,7 +59,7 @@ class LogReader:
                     " AND substr(payload, instr(payload, ?) + ?, ?) = ?)")
             head, want = b',"request":{"action":"', name.encode() + b'"'
             args += [ActionRequested.schema_v, head, head, len(head), len(want), want]
-        yield from starmap(Envelope, self.conn.execute(sql + " ORDER BY seq", args))
+        yield from starmap(ReadEvent, self.conn.execute(sql + " ORDER BY seq", args))
 
     def raw_rows(self) -> sqlite3.Cursor:
         return self.conn.execute(

@@ -15,12 +15,13 @@ import msgspec
 import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
-from flare_diag.events.envelope import Envelope
+from flare_diag.events.envelope import Envelope, ReadEvent
 from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
 from flare_diag.events.schema import window_minute
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
+Read = Envelope | ReadEvent  # a projection reads either: a log's narrowed rows, or every envelope of a copy of it
 HOST_COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
 GPU_COUNTERS = ("gpu_hits", "gpu_reused_tokens")
 SERIES_KEYS = HOST_COUNTERS + GPU_COUNTERS
@@ -82,7 +83,7 @@ class _Projection:
     def minute(self, at_ns: int) -> float | None:
         return self.fold.minute_at(at_ns)
 
-    def apply(self, env: Envelope) -> None:
+    def apply(self, env: Read) -> None:
         entry = _DISPATCH.get(env.type)
         if entry is None:
             return
@@ -105,7 +106,7 @@ class _Projection:
 
     # --- inputs ---------------------------------------------------------------------------
 
-    def action_done(self, env: Envelope, ev) -> None:
+    def action_done(self, env: Read, ev) -> None:
         # a decision not seen is a scrape's: a reader may leave those out (UNREAD_ACTIONS), and every
         # other decision but a send's (answered by its request_done) is recorded when it is read
         action, args = self.actions.pop(ev.action_id, _SCRAPE)
@@ -177,18 +178,18 @@ class _Projection:
                 occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
                 occ[f"{k}_last"] = v  # the latest reading: after the closing drain, what the phase left
 
-    def window_opened(self, env: Envelope, ev) -> None:
+    def window_opened(self, env: Read, ev) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         self.steady["guards"] = {g["name"]: {**{k: g.get(k) for k in ("name", "query", "breach_if", "threshold",
                                                                        "consecutive", "interval_s", "during", "dry_run")},
                                              "series": []}
                                  for g in self.fold.guards if isinstance(g.get("name"), str)}
 
-    def phase_started(self, env: Envelope, ev) -> None:
+    def phase_started(self, env: Read, ev) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         self.occupied = {"phase": ev.phase, "scrapes": 0}
 
-    def cell_recorded(self, env: Envelope, ev) -> None:
+    def cell_recorded(self, env: Read, ev) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         if self.occupied is None or self.occupied["phase"] != ev.phase:
             return
@@ -201,7 +202,7 @@ class _Projection:
         occ["compactions"] = c.get("compactions")
         self.r["occupancy"].append(occ)
 
-    def _observed(self, label: str, env: Envelope, ident: dict) -> None:
+    def _observed(self, label: str, env: Read, ident: dict) -> None:
         gpus = ident.get("gpus")
         if isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus):
             # the plan names a GPU count and power limit; the identity carries the GPUs themselves
@@ -212,12 +213,12 @@ class _Projection:
         self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.fold.last_at_ns),
                                                "identity": ident, "mismatches": mism})
 
-    def request_done(self, env: Envelope, ev) -> None:
+    def request_done(self, env: Read, ev) -> None:
         self.responses[(ev.phase, ev.order_index)] = ev  # joined to its measurement when that comes
 
     # --- decisions ------------------------------------------------------------------------
 
-    def action_requested(self, env: Envelope, ev) -> None:
+    def action_requested(self, env: Read, ev) -> None:
         action = ev.request.action if isinstance(ev, _ActionView) else ev.action
         if action == "send_request":  # answered by its request_done
             return
@@ -230,7 +231,7 @@ class _Projection:
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
                 else f"incarnation {args.get('label')}"
 
-    def request_measured(self, env: Envelope, ev) -> None:
+    def request_measured(self, env: Read, ev) -> None:
         self.fold.count_request()
         d = msgspec.structs.asdict(ev.delta) if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
         rd = self.responses.pop((ev.phase, ev.order_index), None)
@@ -270,11 +271,11 @@ class _Projection:
             else:
                 self.spool.natural_failure(f)
 
-    def operator_abort(self, env: Envelope, ev) -> None:
+    def operator_abort(self, env: Read, ev) -> None:
         if self.operator is None:  # the first one aborted; a later one found the window restoring
             self.operator = {"uid": ev.uid, "pid": ev.pid}
 
-    def watch_observed(self, env: Envelope, ev) -> None:
+    def watch_observed(self, env: Read, ev) -> None:
         if ev.source != "prometheus":
             return
         d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
@@ -296,7 +297,7 @@ class _Projection:
             g["series"].append({"minute": self.minute(at_ns), "when": when, "value": value, "breach": breach,
                                 **({"error": a["error"]} if a.get("error") else {})})
 
-    def drain_observed(self, env: Envelope, ev) -> None:
+    def drain_observed(self, env: Read, ev) -> None:
         self.r["drains"].append({"purpose": ev.purpose, "settled": ev.settled, "waited_s": ev.waited_s,
                                  "polls": ev.polls, "minute": ev.minute})
 
@@ -653,11 +654,11 @@ if not set(UNREAD_ACTIONS) <= {"send_request", _SCRAPE[0]}:
     raise RuntimeError("only a send's and a scrape's decisions may be left out: another's answer would be read as a scrape's")
 
 
-def project(envelopes: Iterable[Envelope], window_id: str, integrity: dict) -> dict:
+def project(envelopes: Iterable[Read], window_id: str, integrity: dict) -> dict:
     return project_window(envelopes, window_id, integrity)
 
 
-def project_window(envelopes: Iterable[Envelope], window_id: str, integrity: dict, spool=None) -> Report:
+def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict, spool=None) -> Report:
     """The report of one window. With a `spool` (events/report_spool.py) its request rows, counter
     series and natural failures go there as they are made, and the report keeps empty lists in
     their place (the renderers assemble the files from both), so a long window's report never holds them."""
