@@ -117,7 +117,8 @@ class ReportSpool:
 
     # --- fed by the projection -------------------------------------------------------------
 
-    def request(self, req: dict, clock: dict) -> None:
+    def request(self, req, clock: dict) -> None:
+        """One request row (a dict, or a RequestRow for an answered request), in each format."""
         if self._cells is None:
             r = {"clock": clock}
             self._cells = (scale_of(r), len(request_columns(r)) != len(REQUEST_COLUMNS), request_head(r))

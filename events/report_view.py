@@ -4,7 +4,7 @@ caveats, the evidence tables with their units, and per-phase summaries of the re
 from __future__ import annotations
 
 import time
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from flare_diag.events.window_fold import RESTORE_CHECKS, failed_checks
 
@@ -449,16 +449,21 @@ def request_columns(r: dict) -> tuple[str, ...]:
 _ROW_KEYS = ("phase", "order_index", "body_sha256", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
              "visible_output", "reasoning_only", "first_token_ns", "end_ns", "outcome", "natural_failure", "delta")
 _DELTA_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens")
-_row_values, _delta_values = itemgetter(*_ROW_KEYS), itemgetter(*_DELTA_KEYS)
+_row_items, _row_attrs, _delta_values = itemgetter(*_ROW_KEYS), attrgetter(*_ROW_KEYS), itemgetter(*_DELTA_KEYS)
 
 
-def request_row(q: dict, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
+def request_row(q, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
+    """A request row's table cells; `q` is the row as report.json holds it (a dict) or as a projection
+    makes it for a spool (events/report.RequestRow)."""
     # called once per request (md and html share the cells): it dominates the rendering of long
     # reports, so the values come out in two C calls and the cells are f-strings (no call each)
-    try:
-        ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = _row_values(q)
-    except KeyError:
-        ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = map(q.get, _ROW_KEYS)
+    if type(q) is not dict:
+        ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = _row_attrs(q)
+    else:
+        try:
+            ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = _row_items(q)
+        except KeyError:
+            ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = map(q.get, _ROW_KEYS)
     try:
         lk, hi, fe, re_, gr = _delta_values(d)
     except (KeyError, TypeError):
