@@ -114,3 +114,20 @@ def test_the_held_pages_are_exactly_the_pages_of_the_live_records(seed, rows, pa
         assert cache.pages_used <= cache.pages_capacity
         ever |= live
     assert cache.c.evictions["page"] >= len(ever) - cache.pages_used
+
+
+@settings(max_examples=100, deadline=None)
+@given(turns=st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(-3, 40), min_size=0, max_size=4), st.booleans()),
+                      max_size=60),
+       size=st.integers(1, 4))
+def test_recent_prompts_chain_keys_are_the_keys_of_chaining_every_block(turns, size):
+    """Conversations (some sharing a first block, some restarting, some diverging) through a memo
+    small enough to forget: every prompt gets the keys of chaining all its blocks."""
+    from flare_diag.fixtures.flaresim.trace import RecentChains, _chain
+    chains, prompts = RecentChains(size), {}
+    for conversation, new_blocks, restart in turns:
+        ids = [] if restart else prompts.get(conversation, [])
+        ids = (ids or [conversation]) + new_blocks
+        prompts[conversation] = ids
+        assert chains.chain(ids) == _chain(ids)
+        assert chains.chain(ids[:-1]) == _chain(ids[:-1])  # a shorter prompt than the one remembered
