@@ -37,10 +37,19 @@ def build_report(db: Path, window_id: str) -> dict:
         return _project(reader, window_id)
 
 
-def _project(reader: LogReader, window_id: str, spool: ReportSpool | None = None) -> dict:
+def build_reports(db: Path, window_ids: Iterable[str]) -> dict[str, dict]:
+    """The reports of several windows of one log, as `build_report` makes each: the log's integrity
+    (its chain verified and every window's decisions replayed) is established once for all of them."""
+    with LogReader(db) as reader:
+        integrity = _integrity(reader)
+        return {w: _project(reader, w, integrity=integrity) for w in window_ids}
+
+
+def _project(reader: LogReader, window_id: str, spool: ReportSpool | None = None,
+             integrity: dict | None = None) -> dict:
     """The window's report (its rows in `spool` when one is given), with the integrity of the log."""
     return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id,
-                          _integrity(reader), spool)
+                          _integrity(reader) if integrity is None else integrity, spool)
 
 
 def _integrity(reader: LogReader) -> dict:
