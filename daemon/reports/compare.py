@@ -177,12 +177,13 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
     both = set(windows) & set(baseline)
     if both:
         raise CompareError(f"window {sorted(both)[0]} is given as both a candidate and a baseline repeat")
+    order = list(dict.fromkeys((*windows, *baseline)))
     by_log: dict[Path, list[str]] = {}
-    for w in dict.fromkeys((*windows, *baseline)):
+    for w in order:
         by_log.setdefault(logs[w], []).append(w)
     # a log's integrity (its chain, every window's decisions replayed) is established once, not per window
     built = {w: rep for log, ws in by_log.items() for w, rep in build_reports(log, ws).items()}
-    reports = {w: built[w] for w in dict.fromkeys((*windows, *baseline))}
+    reports = {w: built[w] for w in order}
     features = {w: _matched_features(logs[w], w, rep) for w, rep in reports.items()}
     for side, other in ((list(windows), list(baseline)), (list(baseline), list(windows))):
         if side:
