@@ -215,3 +215,20 @@ def test_a_window_report_rebuilt_from_the_fleet_is_the_hosts_own_byte_for_byte(f
         own = capsysbinary.readouterr().out
         assert main(["fleet", "report", window, "--format", fmt, "--dsn", fleet]) == 0
         assert capsysbinary.readouterr().out == own and len(own) > 1000
+
+
+async def test_reports_of_several_windows_over_two_hosts_each_equal_the_hosts_own(fleet, tmp_path):
+    from flare_diag.daemon.fleet.views import reports
+    from flare_diag.daemon.reports.publish import build_report
+    from tests.logtools import write_window
+    logs = {"h1": tmp_path / "h1.db", "h2": tmp_path / "h2.db"}
+    await write_window(logs["h1"], window_id="w-a")
+    await write_window(logs["h1"], window_id="w-b")
+    await write_window(logs["h2"], window_id="w-c")
+    for host, db in logs.items():
+        await _ship_all(fleet, host, db)
+    asked = ["w-c", "w-b", "w-a"]
+    got = await reports(fleet, asked)
+    assert list(got) == asked
+    own = {w: build_report(logs["h2" if w == "w-c" else "h1"], w) for w in asked}
+    assert got == own and {r["window_id"] for r in got.values()} == set(asked)

@@ -58,13 +58,21 @@ def test_the_wheel_leaves_the_simulators_http_stack_to_the_sim_extra(wheel):
     assert re.search(r"Requires-Dist: starlette.*extra == .sim", meta)
 
 
-def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_rehearse_works(wheel, tmp_path):
+def _fresh_venv(tmp_path: Path, *requirements: str) -> Path:
+    """A new virtual environment holding `requirements` and what they need, as pip resolves them. The
+    venv gets no pip of its own (installing one into it was 5 s a test): the suite's pip installs into
+    it (`pip --python`)."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
-    p = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{wheel}[sim]", "python-daemon", "fixtures"],
-                       capture_output=True, text=True, timeout=900)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                        *requirements], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
+    return venv
+
+
+def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_rehearse_works(wheel, tmp_path):
+    venv = _fresh_venv(tmp_path, f"{wheel}[sim]", "python-daemon", "fixtures")
+    py = venv / "bin" / "python"
     probe = ("import daemon, daemon.daemon, fixtures, flare_diag.daemon.cli.commands, flare_diag.fixtures.flaresim.host;"
              "print(daemon.daemon.DaemonContext.__name__, fixtures.Fixture.__name__)")
     p = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -76,11 +84,7 @@ def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_r
 
 
 def test_a_production_install_has_no_simulator_stack_and_rehearse_says_which_extra_to_install(wheel, tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    p = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
+    venv = _fresh_venv(tmp_path, str(wheel))
     p = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.util as u; "
                         "print(u.find_spec('starlette'), u.find_spec('uvicorn'))"], capture_output=True, text=True)
     assert p.stdout.split() == ["None", "None"]

@@ -107,7 +107,7 @@ async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | N
 async def acceptance(dsn: str, runs: list[dict], repeats: int) -> dict:
     """Per host, the seed's acceptance rule (report compare's) over its candidate and baseline runs, each
     run's report rebuilt from the fleet's events."""
-    from flare_diag.daemon.fleet.views import report
+    from flare_diag.daemon.fleet.views import reports
     from flare_diag.daemon.reports.compare import run_of
     from flare_diag.policies.acceptance import accept
     out = {}
@@ -116,9 +116,11 @@ async def acceptance(dsn: str, runs: list[dict], repeats: int) -> dict:
         if any(r["state"] != "done" for r in mine):
             out[host] = {"accepted": None, "reason": "runs still to finish"}
             continue
+        # the host's log is rebuilt and audited once for all its runs (once a run, it grew with the runs squared)
+        built = await reports(dsn, [r["window_id"] for r in mine])
         sides: dict[str, list] = {"candidate": [], "baseline": []}
         for r in mine:
-            sides[r["side"]].append(run_of(await report(dsn, r["window_id"])))
+            sides[r["side"]].append(run_of(built[r["window_id"]]))
         verdict = accept(sides["candidate"], sides["baseline"], repeats=repeats)
         out[host] = {"accepted": verdict.accepted, "reason": verdict.reason,
                      "primary_benefit": verdict.primary_benefit, "worst_regression": verdict.worst_regression}

@@ -10,7 +10,7 @@ import anyio
 
 from flare_diag.daemon.fleet.config import FleetError
 from flare_diag.daemon.fleet.db import connect
-from flare_diag.daemon.reports.publish import build_report
+from flare_diag.daemon.reports.publish import build_reports
 from flare_diag.events.chain import GENESIS, event_hash
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
 
@@ -103,32 +103,53 @@ async def rebuild_log(dsn: str, window_id: str, dest: Path) -> str:
     """The log of the host that ran `window_id`, rebuilt from the fleet's events into `dest` (a new
     SQLite log in the host's own format); returns the host's id."""
     async with await connect(dsn) as conn:
-        row = await (await conn.execute("SELECT host FROM windows WHERE window_id = %s", (window_id,))).fetchone()
-        if row is None:
-            raise FleetError(f"window {window_id}: the fleet holds no such window")
-        host = row[0]
-        out = sqlite3.connect(dest)
-        try:
-            out.executescript(DDL)
-            out.execute("INSERT INTO meta (key, value) VALUES ('format', ?), ('store_version', ?)", (FORMAT, str(STORE_VERSION)))
-            async with conn.cursor(name="rebuild") as cur:
-                await cur.execute("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, "
-                                  "prev_hash, hash FROM events WHERE host = %s ORDER BY seq", (host,))
-                while rows := await cur.fetchmany(5000):
-                    out.executemany("INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, "
-                                    "payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                    [(*r[:7], bytes(r[7]), bytes(r[8]), bytes(r[9])) for r in rows])
-            out.commit()
-        finally:
-            out.close()
+        host = await _host_of(conn, window_id)
+        await _rebuild_host_log(conn, host, dest)
     return host
+
+
+async def _host_of(conn, window_id: str) -> str:
+    row = await (await conn.execute("SELECT host FROM windows WHERE window_id = %s", (window_id,))).fetchone()
+    if row is None:
+        raise FleetError(f"window {window_id}: the fleet holds no such window")
+    return row[0]
+
+
+async def _rebuild_host_log(conn, host: str, dest: Path) -> None:
+    out = sqlite3.connect(dest)
+    try:
+        out.executescript(DDL)
+        out.execute("INSERT INTO meta (key, value) VALUES ('format', ?), ('store_version', ?)", (FORMAT, str(STORE_VERSION)))
+        async with conn.cursor(name="rebuild") as cur:
+            await cur.execute("SELECT seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, "
+                              "prev_hash, hash FROM events WHERE host = %s ORDER BY seq", (host,))
+            while rows := await cur.fetchmany(5000):
+                out.executemany("INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, "
+                                "payload, prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [(*r[:7], bytes(r[7]), bytes(r[8]), bytes(r[9])) for r in rows])
+        out.commit()
+    finally:
+        out.close()
 
 
 async def report(dsn: str, window_id: str) -> dict:
     """A window's report rebuilt from the fleet's events: the same fold, verification and audit as the
     host's own (reports/publish.build_report) over the same rows, hence the same bytes."""
+    return (await reports(dsn, [window_id]))[window_id]
+
+
+async def reports(dsn: str, window_ids: list[str]) -> dict[str, dict]:
+    """The reports of several windows, each as `report` makes it: a host's log is rebuilt, verified and
+    audited once for all of its windows asked for (a campaign's repeats share a host's log)."""
     import tempfile
-    with tempfile.TemporaryDirectory(prefix="flare-diag-fleet-report-") as tmp:
-        db = Path(tmp) / "log.db"
-        await rebuild_log(dsn, window_id, db)
-        return await anyio.to_thread.run_sync(build_report, db, window_id)
+    out: dict[str, dict] = {}
+    async with await connect(dsn) as conn:
+        by_host: dict[str, list[str]] = {}
+        for w in window_ids:
+            by_host.setdefault(await _host_of(conn, w), []).append(w)
+        with tempfile.TemporaryDirectory(prefix="flare-diag-fleet-report-") as tmp:
+            for n, (host, wids) in enumerate(by_host.items()):
+                db = Path(tmp) / f"log-{n}.db"
+                await _rebuild_host_log(conn, host, db)
+                out.update(await anyio.to_thread.run_sync(build_reports, db, wids))
+    return {w: out[w] for w in window_ids}
