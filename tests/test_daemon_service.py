@@ -75,6 +75,14 @@ def test_idle_daemon_answers_status_on_a_group_only_socket(daemon):
     assert rec[-1]["cmd"] == "status" and rec[-1]["uid"] == os.getuid() and rec[-1]["pid"] > 0
 
 
+def test_status_json_prints_the_daemons_reply_as_one_json_object(daemon):
+    daemon.start()
+    p = daemon.cli("status", "--json")
+    assert p.returncode == 0 and p.stdout.count("\n") == 1, p.stderr
+    printed = json.loads(p.stdout)
+    assert printed["ok"] and printed["state"] == "idle" and set(printed) == set(daemon.status())
+
+
 def test_malformed_unknown_and_oversized_commands_get_error_replies_and_change_nothing(daemon):
     daemon.start()
     head = daemon.status()["log"]["head_seq"]
