@@ -131,6 +131,7 @@ class Interrupts:
     def __init__(self, runner: Runner, console: Console, out: Path) -> None:
         self.runner, self.console, self.out = runner, console, out
         self.first: float | None = None
+        self._aborting: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
 
     def __enter__(self) -> Interrupts:
         loop = asyncio.get_running_loop()
@@ -155,7 +156,13 @@ class Interrupts:
             self.first = now
             self.console.print(f"[yellow bold]{sig.name}[/]: aborting the window; restoring the incumbent first "
                                f"(press Ctrl-C again within {self.FORCE_S:g} s to exit at once)")
-            self.runner.abort(f"{sig.name} to the foreground process")
+            # A signal handler runs as a loop callback, outside any task, where anyio cannot name its
+            # backend when sniffio is installed (sniffio looks for a current task): the abort would
+            # raise there and the window would run on. It is handed to a task of its own.
+            self._aborting = asyncio.get_running_loop().create_task(self._abort(sig))
+
+    async def _abort(self, sig: signal.Signals) -> None:
+        self.runner.abort(f"{sig.name} to the foreground process")
 
 
 def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float | None,
