@@ -341,10 +341,8 @@ TRACE_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
 _NONE = -(1 << 63)  # "not observed" in a sample column
 
 
-class RequestRow(msgspec.Struct, gc=False):
-    """An answered request's row of report.json, its keys in the order the report has always had
-    them: encoded as that dict is, built and encoded in half its time (a long window has 10^5).
-    A request without its answer keeps the dict of its measurement's seven keys."""
+class _RequestKeys(msgspec.Struct, gc=False):
+    """A request's measurement as report.json's rows begin, in that order (a subclass's fields follow)."""
 
     phase: str
     order_index: int
@@ -352,6 +350,13 @@ class RequestRow(msgspec.Struct, gc=False):
     body_sha256: str
     outcome: str
     natural_failure: str | None
+
+
+class RequestRow(_RequestKeys, gc=False):
+    """An answered request's row of report.json, its keys in the order the report has always had
+    them: encoded as that dict is, built and encoded in half its time (a long window has 10^5).
+    A request without its answer keeps the dict of its measurement's seven keys."""
+
     delta: dict  # of numbers only, so untracked by the GC is safe
     finish_reason: str | None
     visible_output: bool
@@ -630,13 +635,7 @@ def _numbers(name: str, keys: tuple[str, ...]) -> type[msgspec.Struct]:
 _DeltaView = _numbers("_DeltaView", SERIES_KEYS)
 
 
-class _MeasuredView(msgspec.Struct, gc=False):
-    phase: str
-    order_index: int
-    body_index: int
-    body_sha256: str
-    outcome: str
-    natural_failure: str | None
+class _MeasuredView(_RequestKeys, gc=False):
     delta: _DeltaView
 
 
