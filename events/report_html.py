@@ -18,7 +18,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
-    VERDICT_WORDS, abort_words, failure_cells, identity_columns, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, failure_cells, identity_columns, n, natural_failures_line,
 )
 
 CSS = """
@@ -342,8 +342,9 @@ def _evidence(r: dict) -> list[Segment]:
                                                   for x in r["alarms"]) + "</ul>")
     it = r["integrity"]
     p.append("<h3>Integrity</h3>"
-             f"<p>{it.get('events')} events, head seq {it.get('head_seq')}, hash <code>{escape(str(it.get('head_hash')))}</code>; "
-             f"chain {_check(it.get('chain_ok'))}, audit {_check(it.get('audit_ok'))}.</p>")
+             f"<p>{n(it.get('events'))} events, head seq {n(it.get('head_seq'))}, hash <code>{escape(str(it.get('head_hash')))}</code>; "
+             f"chain {_check(it.get('chain_ok'))}, audit {_check(it.get('audit_ok'))}.</p>"
+             + (f"<p>Audit: {escape(audit_words(it))}: {escape(it['audit_policy'])}</p>" if it.get("audit_policy") else ""))
     return p
 
 

@@ -14,7 +14,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
-    VERDICT_WORDS, abort_words, identity_columns, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, identity_columns, n, natural_failures_line,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -141,8 +141,10 @@ def _evidence(r: dict) -> list[str]:
     if r.get("alarms"):
         out += ["", "### Alarms", ""] + [f"- {a['kind']}: {a['detail']}" for a in r["alarms"]]
     it = r["integrity"]
-    out += ["", "### Integrity", "", f"- events {it.get('events')}, head seq {it.get('head_seq')}, hash {it.get('head_hash')}",
+    out += ["", "### Integrity", "", f"- events {n(it.get('events'))}, head seq {n(it.get('head_seq'))}, hash {it.get('head_hash')}",
             f"- chain ok: {val(it.get('chain_ok'))}, audit ok: {val(it.get('audit_ok'))}"]
+    if it.get("audit_policy"):
+        out.append(f"- audit: {audit_words(it)}: {it['audit_policy']}")
     return out
 
 

@@ -410,6 +410,24 @@ def recipe_lines(r: dict) -> list[str]:
     return out
 
 
+def audit_words(it: dict) -> str:
+    """The audit in a word or three: ok, DIVERGED (a decision differs under the policy that made it), or
+    not replayed (decided by another policy version, which this build decides differently)."""
+    if it.get("audit_ok", True):
+        return "ok"
+    return "not replayed (another policy version)" if it.get("audit_policy") else "DIVERGED"
+
+
+def integrity_problem(it: dict) -> str | None:
+    """Why a report's log is no evidence (its chain, or a decision that differs under its own policy); None
+    when it is, a window not replayed by this build included (its report says so)."""
+    if not it.get("chain_ok", True):
+        return f"the chain does not verify ({it.get('problem') or 'see Integrity'})"
+    if not it.get("audit_ok", True) and not it.get("audit_policy"):
+        return f"replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})"
+    return None
+
+
 def needs_attention(r: dict) -> list[str]:
     """What a person must act on, for the top of every format: a restoration that did not verify
     (with the checks that failed) and every alarm."""
@@ -424,7 +442,9 @@ def needs_attention(r: dict) -> list[str]:
     it = r.get("integrity") or {}
     if it and not it.get("chain_ok"):  # nothing below can be trusted: say so first
         out.insert(0, f"LOG INTEGRITY FAILED: the chain does not verify ({it.get('problem') or 'see Integrity'})")
-    if it and not it.get("audit_ok", True):
+    if it.get("audit_policy"):  # the decisions stand as recorded, unconfirmed by this build
+        out.insert(0, f"DECISIONS NOT REPLAYED: {it['audit_policy']}")
+    if it and not it.get("audit_ok", True) and not it.get("audit_policy"):
         out.insert(0, f"LOG AUDIT FAILED: replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})")
     return out
 

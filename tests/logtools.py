@@ -26,14 +26,15 @@ def tamper(path: Path, *statements: str) -> None:
     conn.close()
 
 
-async def write_window(path: Path, window_id: str = "w-report", hook=None, clock=None, **world_kw) -> None:
+async def write_window(path: Path, window_id: str = "w-report", hook=None, clock=None, opened=None, **world_kw) -> None:
     """A whole window driven by the in-memory World, every input and decision appended as the runner
-    does (`clock`: the store's (mono_ns, wall_ns) clock, to date the window)."""
+    does (`clock`: the store's (mono_ns, wall_ns) clock, to date the window; `opened` changes its
+    window_opened, as drive's does)."""
     from flare_diag.policies.window import WindowPolicy
     from tests.policy_world import World, drive, plan_builtins
 
     plan = world_kw.pop("plan", None) or plan_builtins()
-    history = drive(WindowPolicy(), World(plan, **world_kw), hook=hook, window_id=window_id)
+    history = drive(WindowPolicy(), World(plan, **world_kw), hook=hook, window_id=window_id, opened=opened)
     async with await (EventStore.open(path) if clock is None else EventStore.open(path, clock=clock)) as store:
         for inp, ds in history:
             store.submit_many([inp, *ds], window_id=window_id)

@@ -206,8 +206,10 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
                              if q.action == "send_request" else
                              ActionDone(at_ns=world.now, action_id=q.action_id, ok=False, error="cancelled"))
 
+    from flare_diag.daemon.window.setup import policy_version
+    # decided by this build, as the runner records it: an audit replays such a window's decisions
     first = WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
-                         rehearsal=True, candidate_recipe="glm-candidate")
+                         rehearsal=True, candidate_recipe="glm-candidate", policy_sha256=policy_version())
     feed(opened(first) if opened else first)
     for _ in range(max_steps):
         if policy.closed:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from flare_diag.events.schema import (
     AbortDecided, ActionDone, ActionRequested, CellRecorded, DaemonRestarted, Decision, OperatorAbort,
-    RequestDone, RestorationRecorded, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed,
+    RequestDone, RestorationRecorded, RestoreStarted, Tick, TimeMarked, WatchObserved, WindowClosed, WindowOpened,
 )
 from flare_diag.policies.audit import audit
 from flare_diag.policies.window import WindowPolicy
@@ -179,6 +179,58 @@ def test_audit_finds_the_first_altered_decision(params, pick):
     res = audit(recs)
     assert not res.ok and res.divergence.seq == seq
 
+
+
+def _altered(recs, pick: int, version: str):
+    """recs with one decision altered and the window's opening recorded under policy `version`."""
+    recs = list(recs)
+    idx = [i for i, (_s, _w, ev) in enumerate(recs) if isinstance(ev, Decision)]
+    i = idx[pick % len(idx)]
+    seq, wid, ev = recs[i]
+    recs[i] = (seq, wid, WindowClosed(outcome="tampered", minute=-1.0) if not isinstance(ev, WindowClosed) else
+               WindowClosed(outcome="tampered", minute=ev.minute))
+    recs = [(s, w, msgspec.structs.replace(e, policy_sha256=version) if isinstance(e, WindowOpened) else e)
+            for s, w, e in recs]
+    return recs, seq
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CHAOS, st.integers(0, 10**6))
+def test_audit_names_a_window_decided_by_another_policy_version_not_replayed_rather_than_diverged(params, pick):
+    recs, seq = _altered(_records(chaotic_run(params)), pick, "an-older-build")
+    res = audit(recs, policy_version="this-build")
+    assert not res.ok and res.divergence is None
+    assert [(x.window_id, x.policy_sha256, x.at.seq) for x in res.not_replayed] == [("w-test", "an-older-build", seq)]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(CHAOS, st.integers(0, 10**6))
+def test_audit_of_a_decision_altered_under_the_policy_version_that_made_it_is_a_divergence(params, pick):
+    recs, seq = _altered(_records(chaotic_run(params)), pick, "this-build")
+    res = audit(recs, policy_version="this-build")
+    assert not res.ok and res.divergence.seq == seq and not res.not_replayed
+
+
+def test_audit_goes_on_past_a_window_it_cannot_replay_and_finds_a_divergence_in_the_next():
+    params = {"seed": 3, "request_s": 2.0, "p_fault": 0.0, "p_input": 0.0, "p_natural": 0.0}
+    old, _ = _altered(_records(chaotic_run(params)), 5, "an-older-build")
+    new, seq = _altered(_records(chaotic_run(params)), 7, "this-build")
+    offset = old[-1][0]
+    recs = [(s, "w-old", e) for s, _w, e in old] + [(s + offset, "w-new", e) for s, _w, e in new]
+    res = audit(recs, policy_version="this-build")
+    assert [x.window_id for x in res.not_replayed] == ["w-old"]
+    assert res.divergence is not None and (res.divergence.window_id, res.divergence.seq) == ("w-new", seq + offset)
+
+
+def test_a_divergence_is_one_short_line_naming_only_the_fields_that_differ():
+    from flare_diag.policies.audit import difference
+    from flare_diag.events.schema import VerdictReached
+    long = "x" * 300
+    want = VerdictReached(hypothesis="row_checkpoint_churn", basis=long + " reused 135,223 host tokens", next_experiment=long)
+    found = msgspec.structs.replace(want, basis=long + " reused 135223 host tokens")
+    exp, got = difference(want, found)
+    assert exp.startswith("verdict_reached basis=") and got.startswith("verdict_reached basis=")
+    assert "135,223" in exp and "135223" in got and "next_experiment" not in exp and len(exp) < 120 and len(got) < 120
 
 _status = st.sampled_from(["measured", "failed", "invalid", "deferred", None])
 _reuse = st.one_of(st.none(), st.integers(min_value=0, max_value=5))

@@ -499,11 +499,11 @@ def test_a_reader_skipping_sends_and_scrapes_leaves_out_exactly_their_decisions(
 def _report_from_every_event(db: Path, window_id: str) -> dict:
     """A window's report projected from all its events, as a copy of the log that cannot leave rows
     out in SQL (the fleet's central one) hands them over."""
-    from flare_diag.daemon.reports.publish import _integrity
+    from flare_diag.daemon.reports.publish import integrity_of
     from flare_diag.events.reader import LogReader
     from flare_diag.events.report import project_window
     with LogReader(db) as r:
-        return project_window(r.iter(window_id=window_id), window_id, _integrity(r))
+        return project_window(r.iter(window_id=window_id), window_id, integrity_of(r, window_id))
 
 
 def test_a_report_read_without_the_sends_and_scrapes_decisions_is_the_report_of_every_event(default_rehearsal, tmp_path):

@@ -619,9 +619,10 @@ def _resume(out: Path, resume_window, as_json: bool = False) -> int:
 
 
 def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
+    from flare_diag.events.report_view import audit_words
     it = report["integrity"]
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
-                  f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {'ok' if it['audit_ok'] else 'DIVERGED'})")
+                  f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {audit_words(it)})")
     from flare_diag.daemon.cli.client import exit_for
     code = exit_for(report.get("outcome"))
     if code == EXIT_OK and not (it["chain_ok"] and it["audit_ok"]):
@@ -784,10 +785,14 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except UnknownEventError as exc:
         raise UsageError(f"{path}: {exc}") from None
+    from flare_diag.events.report_view import integrity_problem
     it = report["integrity"]
-    if not (it["chain_ok"] and it["audit_ok"]):  # a report of a log that does not verify is no evidence
-        print(f"flare-diag: {path}: the log does not verify (chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit "
-              f"{'ok' if it['audit_ok'] else 'DIVERGED'}): {it.get('problem') or it.get('audit_problem')}", file=sys.stderr)
+    problem = integrity_problem(it)
+    if problem:  # a report of a log that does not verify is no evidence
+        print(f"flare-diag: {path}: the log does not verify: {problem}", file=sys.stderr)
+        return EXIT_FAILED
+    if not it["audit_ok"]:  # written, and it says so at its top: the decisions stand as recorded, unconfirmed
+        print(f"flare-diag: {path}: decisions not audited by this build: {it.get('audit_policy')}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 

@@ -10,7 +10,7 @@ import flare_diag.events.schema  # noqa: F401  (registers every event type)
 from flare_diag.daemon.cli.common import (
     EXIT_BAD_INPUT, EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, integrity_warning,
 )
-from flare_diag.daemon.reports.publish import audit_log
+from flare_diag.daemon.reports.publish import audit_log, not_replayed_words
 from flare_diag.events.base import UnknownEventError
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, read_checkpoint
 from flare_diag.events.export import export_lines
@@ -185,15 +185,25 @@ def _audit(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.db}: {exc}") from None
     damaged = integrity_warning(args.db)  # decisions that replay from a forged log prove nothing
     if getattr(args, "json", False):
+        def where(d):
+            return {"seq": d.seq, "window_id": d.window_id, "expected": d.expected, "found": d.found}
         d = res.divergence
         print(json.dumps({"ok": res.ok, "windows": res.windows, "inputs": res.inputs, "decisions": res.decisions,
-                          "divergence": None if d is None else {"seq": d.seq, "window_id": d.window_id,
-                                                                 "expected": str(d.expected), "found": str(d.found)}}))
+                          "divergence": None if d is None else where(d),
+                          "not_replayed": [{"window_id": x.window_id, "policy_sha256": x.policy_sha256, **where(x.at)}
+                                           for x in res.not_replayed]}))
         return EXIT_OK if res.ok and not damaged else EXIT_FAILED
     if res.ok:
         print(f"{'decisions match, but the log does not verify' if damaged else 'ok'}: {res.windows} windows, "
               f"{res.inputs} inputs replayed, {res.decisions} decisions match")
         return EXIT_FAILED if damaged else EXIT_OK
     d = res.divergence
-    print(f"DIVERGED at seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}")
+    if d is not None:
+        print(f"DIVERGED at seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}")
+    for x in res.not_replayed:
+        print(f"NOT REPLAYED: {not_replayed_words(x)}")
+    replayed = res.windows - len(res.not_replayed)
+    if d is None and replayed:
+        print(f"{'the log does not verify; ' if damaged else ''}the other {replayed} of {res.windows} windows replayed: "
+              f"their decisions match")
     return EXIT_FAILED

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from flare_diag.policies.audit import audit
+from flare_diag.policies.audit import AuditResult, NotReplayed, audit
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
 from flare_diag.events.report import PROJECTED_TYPES, UNREAD_ACTIONS, json_chunks, project_window, text_chunks
@@ -17,6 +17,7 @@ from flare_diag.events.report_md import md_lines
 from flare_diag.events.report_spool import ReportSpool
 from flare_diag.events.report_view import request_rows
 from flare_diag.events.verify import verify_log
+from flare_diag.daemon.window.setup import policy_version
 
 FORMATS = ("json", "md", "html")
 
@@ -25,9 +26,20 @@ class SnapshotError(RuntimeError):
     pass
 
 
-def audit_log(reader: LogReader):
-    """The policy replayed over every window of a log, decision by decision (policies/audit.py)."""
-    return audit((env.seq, env.window_id, env.event()) for env in reader.iter())
+def audit_log(reader: LogReader) -> AuditResult:
+    """The policy replayed over every window of a log, decision by decision (policies/audit.py); a
+    window decided by another version of the policy, which this build decides differently, is
+    `not_replayed` rather than diverged."""
+    return audit(((env.seq, env.window_id, env.event()) for env in reader.iter()), policy_version())
+
+
+def not_replayed_words(x: NotReplayed) -> str:
+    """Why a window's decisions were not audited here, in one line."""
+    d = x.at
+    made = f"policy {x.policy_sha256[:12]}" if x.policy_sha256 else "a policy whose version the log does not record"
+    return (f"window {x.window_id} was decided by {made}; this build's policy ({policy_version()[:12]}) decides "
+            f"differently from seq {d.seq} (this build: {d.expected}; the log: {d.found}): audit it with the "
+            f"flare-diag that made it")
 
 
 def build_report(db: Path, window_id: str) -> dict:
@@ -46,28 +58,47 @@ def build_reports(db: Path, window_ids: Iterable[str]) -> dict[str, dict]:
 
 
 def _project(reader: LogReader, window_id: str, spool: ReportSpool | None = None,
-             integrity: dict | None = None) -> dict:
+             integrity: tuple[dict, AuditResult] | None = None) -> dict:
     """The window's report (its rows in `spool` when one is given), with the integrity of the log."""
+    chain, audited = _integrity(reader) if integrity is None else integrity
     return project_window(reader.iter_for_projection(window_id, PROJECTED_TYPES, UNREAD_ACTIONS), window_id,
-                          _integrity(reader) if integrity is None else integrity, spool)
+                          window_integrity(chain, audited, window_id), spool)
 
 
-def _integrity(reader: LogReader) -> dict:
+def _integrity(reader: LogReader) -> tuple[dict, AuditResult]:
+    """(the log's chain, verified against its checkpoint; its decisions, replayed): once per log."""
     try:
         cp = read_checkpoint(default_path(reader.path))
         v = verify_log(reader, cp)
         problem = v.problem
     except BadCheckpoint as exc:
         v, problem = verify_log(reader), str(exc)
-    a = audit_log(reader)
-    integrity = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash,
-                 "chain_ok": v.ok and problem is None, "audit_ok": a.ok}
+    chain = {"events": v.events, "head_seq": v.head_seq, "head_hash": v.head_hash, "chain_ok": v.ok and problem is None}
     if problem:
-        integrity["problem"] = problem
-    if not a.ok and a.divergence is not None:
-        d = a.divergence
-        integrity["audit_problem"] = f"seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}"
-    return integrity
+        chain["problem"] = problem
+    return chain, audit_log(reader)
+
+
+def integrity_of(reader: LogReader, window_id: str) -> dict:
+    """The integrity a report of `window_id` from this log carries."""
+    return window_integrity(*_integrity(reader), window_id)
+
+
+def window_integrity(chain: dict, audited: AuditResult, window_id: str) -> dict:
+    """A report's integrity: the log's chain, and `audit_ok` when this window's decisions replayed equal
+    and no decision of the log diverged under the policy that made it. A window decided by another
+    policy version that this build decides differently says so (`audit_policy`), and is not audited."""
+    mine = next((x for x in audited.not_replayed if x.window_id == window_id), None)
+    d = audited.divergence
+    out = {"events": chain["events"], "head_seq": chain["head_seq"], "head_hash": chain["head_hash"],
+           "chain_ok": chain["chain_ok"], "audit_ok": d is None and mine is None}
+    if "problem" in chain:
+        out["problem"] = chain["problem"]
+    if d is not None:
+        out["audit_problem"] = f"seq {d.seq} (window {d.window_id}): expected {d.expected}, found {d.found}"
+    if mine is not None:
+        out["audit_policy"] = not_replayed_words(mine)
+    return out
 
 
 @contextlib.contextmanager

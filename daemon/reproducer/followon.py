@@ -70,7 +70,9 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     report = build_report(db, window)
     it = report["integrity"]
     if not (it["chain_ok"] and it["audit_ok"]):
-        raise Refused(f"{db}: the log does not verify; no follow-on is derived from it")
+        why = (f"the window's decisions were not audited by this build ({it['audit_policy']})" if it.get("audit_policy")
+               else "the log does not verify")
+        raise Refused(f"{db}: {why}; no follow-on is derived from it")
     opened = _opened(db, window)
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
     source = plan_from_builtins(opened.plan, "the source window's plan")
