@@ -286,9 +286,9 @@ def _evidence(r: dict) -> list[Segment]:
              "<ul>" + "".join(f"<li>{escape(line[2:])}</li>" for line in recipe_lines(r)) + "</ul>")
     cols = identity_columns(r)
     head = "".join(f"<th>{escape(x)}</th>" for x in ["field", "expected"] + [label for label, _o in cols])
-    body = "".join("<tr>" + f"<td>{escape(k)}</td><td>{escape(val(exp[k]))}</td>" + "".join(
-        (f'<td><span class=mism>{escape(val(o["identity"].get(k)))} ≠</span></td>' if k in o["mismatches"]
-         else f'<td>{escape(val(o["identity"].get(k)))}</td>') for _l, o in cols) + "</tr>" for k in exp)
+    body = "".join("<tr>" + f"<td>{escape(k)}</td><td>{escape(n(exp[k]))}</td>" + "".join(
+        (f'<td><span class=mism>{escape(n(o["identity"].get(k)))} ≠</span></td>' if k in o["mismatches"]
+         else f'<td>{escape(n(o["identity"].get(k)))}</td>') for _l, o in cols) + "</tr>" for k in exp)
     p.append(f"<div class=tw><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
     snaps = snapshot_rows(r)
     p.append("<h3>Router, monitoring, GPU and configuration</h3>"

@@ -98,7 +98,7 @@ def _evidence(r: dict) -> list[str]:
             *recipe_lines(r), ""]
     cols = identity_columns(r)
     out += md_table(["field", "expected"] + [label for label, _o in cols],
-                    [[k, val(exp[k])] + [val(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "") for _l, o in cols]
+                    [[k, n(exp[k])] + [n(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "") for _l, o in cols]
                      for k in exp])
     snaps = snapshot_rows(r)
     out += ["", "### Router, monitoring, GPU and configuration", ""]

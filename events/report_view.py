@@ -235,16 +235,16 @@ def _used(occ: dict, k: str) -> str:
     if used is None:
         return "n/a"
     pct = f" ({used / cap:.0%})" if cap else ""
-    return f"{val(used)} / {val(cap)}{pct}"
+    return f"{n(used)} / {n(cap)}{pct}"
 
 
 def _kinds(d: dict | None) -> str:
-    return ", ".join(f"{k} {val(v)}" for k, v in sorted((d or {}).items())) or "n/a"
+    return ", ".join(f"{k} {n(v)}" for k, v in sorted((d or {}).items())) or "n/a"
 
 
 def occupancy_rows(r: dict) -> list[list[str]]:
-    return [[o["phase"], _used(o, "rows"), _used(o, "pages"), val(o.get("host_cache_records_peak")),
-             _kinds(o.get("stores")), _kinds(o.get("evictions")), val(o.get("compactions"))]
+    return [[o["phase"], _used(o, "rows"), _used(o, "pages"), n(o.get("host_cache_records_peak")),
+             _kinds(o.get("stores")), _kinds(o.get("evictions")), n(o.get("compactions"))]
             for o in r.get("occupancy") or []]
 
 
@@ -293,7 +293,7 @@ def starting_line(r: dict) -> str | None:
 
 def starting_rows(r: dict) -> list[list[str]]:
     so = r.get("starting_observation") or {}
-    return [[x["field"], val(x["expected"]), val(x["observed"]),
+    return [[x["field"], n(x["expected"]), n(x["observed"]),
              "yes" if x["same"] else "no" if x["same"] is False else "not observed"] for x in so.get("lines") or []]
 
 
@@ -305,7 +305,7 @@ _STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
 
 
 def trace_arm_rows(tr: dict) -> list[list[str]]:
-    return [[a["phase"], a["trace"], a["status"], str(a["requests"]), val(a["host_reused_tokens"]),
+    return [[a["phase"], a["trace"], a["status"], n(a["requests"]), n(a["host_reused_tokens"]),
              *[num(a.get(k), 2) for k in _STATS]] for a in tr.get("arms", [])]
 
 
@@ -386,7 +386,7 @@ def natural_failure_rows(r: dict) -> list[list[str]]:
         for f in r.get("natural_failures") or []:
             kinds = per.setdefault(f["phase"], {})
             kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
-    return [[ph, str(sum(k.values())), ", ".join(f"{kind} {n}" for kind, n in k.items())] for ph, k in per.items()]
+    return [[ph, n(sum(k.values())), ", ".join(f"{kind} {count:,}" for kind, count in k.items())] for ph, k in per.items()]
 
 
 def check(v: object) -> str:
@@ -488,13 +488,16 @@ def request_row(q, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
         lk, hi, fe, re_, gr = _delta_values(d)
     except (KeyError, TypeError):
         lk, hi, fe, re_, gr = map((d or {}).get, _DELTA_KEYS)
+    # counts of 1,000 and more grouped; a grouping format costs three plain ones, and most counts are small
     head = (ph, f"{o}", sha[:12],
-            "n/a" if a is None else f"{a}", "n/a" if b is None else f"{b}", "n/a" if c is None else f"{c}",
+            "n/a" if a is None else f"{a:,}" if a >= 1000 else f"{a}", "n/a" if b is None else f"{b:,}" if b >= 1000 else f"{b}",
+            "n/a" if c is None else f"{c:,}" if c >= 1000 else f"{c}",
             "n/a" if f is None else f"{f}",
             "yes" if vis else ("reasoning only" if ro else "no"),
             "n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}")
-    tail = ("n/a" if lk is None else f"{lk}", "n/a" if hi is None else f"{hi}", "n/a" if fe is None else f"{fe}",
-            "n/a" if re_ is None else f"{re_}", "n/a" if gr is None else f"{gr}",
+    tail = ("n/a" if lk is None else f"{lk:,}" if lk >= 1000 else f"{lk}", "n/a" if hi is None else f"{hi:,}" if hi >= 1000 else f"{hi}",
+            "n/a" if fe is None else f"{fe:,}" if fe >= 1000 else f"{fe}", "n/a" if re_ is None else f"{re_:,}" if re_ >= 1000 else f"{re_}",
+            "n/a" if gr is None else f"{gr:,}" if gr >= 1000 else f"{gr}",
             out + (f" ({nf})" if nf else ""))
     if wall:
         return head + ("n/a" if end is None else f"{end / 1e9:.3f}",) + tail

@@ -412,6 +412,19 @@ def test_counts_in_the_cells_table_carry_thousands_separators(log):
     assert f"{big['host']['reused_tokens']:,}" in row[4] and "," in row[4]
 
 
+
+def test_every_count_of_four_digits_or_more_in_the_rehearsals_md_and_html_carries_thousands_separators(default_rehearsal):
+    import re
+    _rc, r, out = default_rehearsal
+    # a bare integer: not part of a hash, an id, a date, a time, a decimal or a number already grouped
+    bare = re.compile(r"(?<![\w.,:/+#&;-])\d{4,}(?![\w.,:/-])")
+    for fmt in ("md", "html"):
+        text = (out / f"report.{fmt}").read_text()
+        found = [text[max(0, m.start() - 40):m.end() + 10] for m in bare.finditer(text)]
+        assert not found, (fmt, found[:5])
+    reused = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")["host"]["reused_tokens"]
+    assert reused >= 1000 and f"reused {reused:,} host tokens" in r["verdict"]["basis"]  # grouped where it is first said
+
 def test_an_operators_abort_names_who_asked_in_the_report(tmp_path):
     import asyncio
 
