@@ -299,18 +299,18 @@ def agreement_line(rep: Reproduction) -> str:
         return "NOT REPRODUCED: the window observed no per-request host reuse to compare with"
     pct = 100 * rep.agreed / rep.compared
     verdict = "reproduces the window" if rep.reproduces else "DOES NOT reproduce the window"
-    return (f"agreement: {rep.agreed}/{rep.compared} requests within {rep.tolerance} tokens ({pct:.1f}%); "
-            f"host reused tokens predicted {rep.predicted_total}, observed {rep.observed_total}: the model {verdict}")
+    return (f"agreement: {rep.agreed:,}/{rep.compared:,} requests within {rep.tolerance:,} tokens ({pct:.1f}%); "
+            f"host reused tokens predicted {rep.predicted_total:,}, observed {rep.observed_total:,}: the model {verdict}")
 
 
 def render_window(rep: Reproduction) -> list[str]:
-    out = [f"window {rep.window_id}: scenario {rep.scenario}, rows {rep.rows_capacity} and pages {rep.pages_capacity} "
+    out = [f"window {rep.window_id}: scenario {rep.scenario}, rows {rep.rows_capacity:,} and pages {rep.pages_capacity:,} "
            f"from {rep.geometry_source}",
-           f"replayed {rep.replayed} requests on {rep.incarnations} fresh incarnation(s); {rep.compared} carry the window's "
+           f"replayed {rep.replayed:,} requests on {rep.incarnations} fresh incarnation(s); {rep.compared:,} carry the window's "
            f"own per-request host reuse", agreement_line(rep)] + ([f"note: {rep.hint}"] if rep.hint else [])
     for d in rep.divergences[:MAX_DIVERGENCES_SHOWN]:
-        out.append(f"  diverges: {d.phase} #{d.order_index} (body {d.body_sha256[:12]}): predicted {d.predicted}, "
-                   f"observed {d.observed}")
+        out.append(f"  diverges: {d.phase} #{d.order_index} (body {d.body_sha256[:12]}): predicted {d.predicted:,}, "
+                   f"observed {d.observed:,}")
     if len(rep.divergences) > MAX_DIVERGENCES_SHOWN:
         out.append(f"  ... and {len(rep.divergences) - MAX_DIVERGENCES_SHOWN} more (--json lists them all)")
     if rep.policies:
@@ -325,11 +325,11 @@ _POLICY_HEAD = ["policy", "reused (tokens)", "stores message_prefix/full_prompt/
 
 
 def _policy_row(p: PolicyResult) -> list[str]:
-    st = "/".join(str(p.stores.get(k, 0)) for k in ("message_prefix", "full_prompt", "terminal")) if p.stores else "n/a"
-    ev = f"{p.evictions.get('row', 0)}/{p.evictions.get('page', 0)}" if p.evictions else "n/a"
-    return [p.policy, str(p.reused_tokens), st, ev, str(p.compactions) if p.policy != BASELINE else "n/a",
-            f"{p.rows_used_peak} / {p.rows_capacity}" if p.rows_capacity else "n/a",
-            f"{p.pages_used_peak} / {p.pages_capacity}"]
+    st = "/".join(f"{p.stores.get(k, 0):,}" for k in ("message_prefix", "full_prompt", "terminal")) if p.stores else "n/a"
+    ev = f"{p.evictions.get('row', 0):,}/{p.evictions.get('page', 0):,}" if p.evictions else "n/a"
+    return [p.policy, f"{p.reused_tokens:,}", st, ev, f"{p.compactions:,}" if p.policy != BASELINE else "n/a",
+            f"{p.rows_used_peak:,} / {p.rows_capacity:,}" if p.rows_capacity else "n/a",
+            f"{p.pages_used_peak:,} / {p.pages_capacity:,}" if p.pages_capacity is not None else "n/a"]
 
 
 def _policy_table(results: list[PolicyResult]) -> list[str]:
@@ -343,7 +343,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def render_trace(rep: TraceReproduction) -> list[str]:
-    out = [f"trace {rep.trace}: {rep.requests} requests, {rep.input_tokens} prompt tokens, blocks of {rep.block_tokens} "
+    out = [f"trace {rep.trace}: {rep.requests:,} requests, {rep.input_tokens:,} prompt tokens, blocks of {rep.block_tokens:,} "
            f"tokens; scenario {rep.scenario} ({rep.note})"]
     caps = sorted({r.capacity_blocks for r in rep.results})
     pols = list(dict.fromkeys(r.policy for r in rep.results))
@@ -351,7 +351,7 @@ def render_trace(rep: TraceReproduction) -> list[str]:
     for cap in caps:
         by = {r.policy: r for r in rep.results if r.capacity_blocks == cap}
         r_rows = next((r.capacity_rows for r in by.values() if r.capacity_rows), 0)
-        rows.append([str(cap), str(r_rows)] + [f"{by[p].reused_tokens} ({100 * by[p].reused_share:.1f}%)" for p in pols])
+        rows.append([f"{cap:,}", f"{r_rows:,}"] + [f"{by[p].reused_tokens:,} ({100 * by[p].reused_share:.1f}%)" for p in pols])
     out += _table(["capacity (blocks)", "rows"] + [f"{p} reused (tokens)" for p in pols], rows)
     return out
 
@@ -391,8 +391,8 @@ def render_trace_html(rep: TraceReproduction) -> str:
     series = [(p, [(float(r.capacity_blocks), 100 * r.reused_share) for r in rep.results if r.policy == p]) for p in pols]
     chart = charts.lines("Prompt tokens reused, by policy and capacity", series, "capacity (blocks)",
                          "reused (% of prompt tokens)")
-    rows = "".join(f"<tr><td>{escape(r.policy)}</td><td>{r.capacity_blocks}</td><td>{r.capacity_rows or 'n/a'}</td>"
-                   f"<td>{r.reused_tokens}</td><td>{100 * r.reused_share:.2f}</td></tr>" for r in rep.results)
+    rows = "".join(f"<tr><td>{escape(r.policy)}</td><td>{r.capacity_blocks:,}</td><td>{f'{r.capacity_rows:,}' if r.capacity_rows else 'n/a'}</td>"
+                   f"<td>{r.reused_tokens:,}</td><td>{100 * r.reused_share:.2f}</td></tr>" for r in rep.results)
     return ("<!doctype html><html lang=en><head><meta charset=utf-8><title>reproduce trace</title><style>"
             "body{font:14px system-ui,sans-serif;margin:1em auto;max-width:70em}td,th{border:1px solid #ccc;"
             "padding:3px 6px}table{border-collapse:collapse}</style></head><body>"
