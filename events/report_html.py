@@ -18,7 +18,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
-    VERDICT_WORDS, abort_words, audit_words, failure_cells, identity_columns, n, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, failure_cells, grouped, identity_columns, n, natural_failures_line,
 )
 
 CSS = """
@@ -248,7 +248,7 @@ def _verdict(r: dict) -> list[Segment]:
     words = VERDICT_WORDS.get(v.get("hypothesis") or "")
     title = (f"{escape(words)} <code>{escape(v['hypothesis'])}</code>" if words else escape(val(v.get("hypothesis"))))
     return [f"<section id=verdict class=verdict><h2>Verdict: {title}</h2>"
-            f"<p>{escape(val(v.get('basis')))}</p>"
+            f"<p>{escape(grouped(val(v.get('basis'))))}</p>"
             + (("<p><b>Caveats</b></p><ul>" + "".join(f"<li>{escape(c)}</li>" for c in cav) + "</ul>") if cav else "")
             + f"<p><b>Next step:</b> {escape(val(v.get('next_experiment')))}</p>"
             + (f"<p><b>Reproduce it:</b> <code>{escape(cmd)}</code> {escape(REPRODUCER_WORDS)}.</p>"

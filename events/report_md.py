@@ -14,7 +14,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
-    VERDICT_WORDS, abort_words, audit_words, identity_columns, n, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, grouped, identity_columns, n, natural_failures_line,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -58,7 +58,7 @@ def _verdict(r: dict) -> list[str]:
     v = r.get("verdict") or {}
     words = VERDICT_WORDS.get(v.get("hypothesis") or "")
     title = f"**{words}** (`{v['hypothesis']}`)" if words else f"**{val(v.get('hypothesis'))}**"
-    out = ["", "## Verdict", "", f"{title} — {val(v.get('basis'))}", ""]
+    out = ["", "## Verdict", "", f"{title} — {grouped(val(v.get('basis')))}", ""]
     cav = caveats(r)
     if cav:
         out += ["Caveats:", ""] + [f"- {c}" for c in cav] + [""]

@@ -70,7 +70,10 @@ class Integrity(_S):
     head_seq: int
     head_hash: str
     chain_ok: bool
-    audit_ok: bool
+    audit_ok: bool  # this window's decisions replayed equal, and none of the log's differs under its own policy
+    problem: str | None = None        # why the chain does not verify
+    audit_problem: str | None = None  # the first decision that differs under the policy that made it
+    audit_policy: str | None = None   # this window was decided by another policy version: not replayed here
 
 
 class Report(_S):

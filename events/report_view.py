@@ -3,6 +3,7 @@ caveats, the evidence tables with their units, and per-phase summaries of the re
 
 from __future__ import annotations
 
+import re
 import time
 from operator import attrgetter, itemgetter
 
@@ -29,6 +30,18 @@ def n(v: object) -> str:
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else val(v)
+
+
+# a bare integer of four digits or more in a sentence: not part of a word, an id, a hash, a decimal, a
+# time or a number already grouped
+_BARE_COUNT = re.compile(r"(?<![\w.,:/+#-])\d{4,}(?![\w.,:/-])")
+
+
+def grouped(text: str) -> str:
+    """A sentence the policy recorded (a verdict's basis, a finding), with its counts grouped for the reader.
+    The log keeps the sentence as the policy said it: its wording is part of the decision the audit
+    replays, and a logged decision reworded by a later build would no longer replay."""
+    return _BARE_COUNT.sub(lambda m: f"{int(m.group()):,}", text)
 
 
 def val(v: object) -> str:
@@ -121,7 +134,7 @@ def merged_findings(findings: list[str]) -> list[str]:
 
 def caveats(r: dict) -> list[str]:
     """What qualifies the verdict: the merged findings, cells not comparable, and a rehearsal's host."""
-    out = merged_findings((r.get("verdict") or {}).get("findings") or [])
+    out = [grouped(f) for f in merged_findings((r.get("verdict") or {}).get("findings") or [])]
     # trace arms are never comparable to the replay arms, by design; other such cells are worth a caveat
     nc = [c["phase"] for c in r.get("cells", [])
           if c["status"] == "measured" and not c["comparable"] and not c["phase"].startswith("trace.")]

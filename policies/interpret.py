@@ -94,13 +94,13 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
                 NEXT_EXPERIMENT["inconclusive"])
     fwd_reused = _reused(cells, "B.forward_replay")
     if fwd_reused is not None and fwd_reused > 0:
-        return ("not_reproduced", f"B.forward_replay measured with {fwd_reused:,} host reused tokens",
+        return ("not_reproduced", f"B.forward_replay measured with {fwd_reused} host reused tokens",
                 NEXT_EXPERIMENT["not_reproduced"])
     rev_reused = rev_host["reused_tokens"]
     small_reused = _reused(cells, "B.small_control")
     if rev_reused > 0 or small_reused:
-        seen = (f"A.reverse_replay reused {rev_reused:,} host tokens" if rev_reused > 0 else
-                f"B.small_control reused {small_reused:,} host tokens while A.reverse_replay reused 0")
+        seen = (f"A.reverse_replay reused {rev_reused} host tokens" if rev_reused > 0 else
+                f"B.small_control reused {small_reused} host tokens while A.reverse_replay reused 0")
         if fwd_reused is None:
             # one diagnostic pair per order is needed to nominate a cause (contract 4, amended)
             why_fwd = unusable(cells, "B.forward_replay")
@@ -112,9 +112,9 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
         # lookups found checkpoints but no restore completed: the keys matched, the restore did not
         where = rev.get("hit_requests") or []
         which = f" (order indices {', '.join(map(str, where[:12]))}{', ...' if len(where) > 12 else ''})" if where else ""
-        return ("restore_path", f"A.reverse_replay: {hits:,} host hits{which}, 0 tokens fetched, 0 reused",
+        return ("restore_path", f"A.reverse_replay: {hits} host hits{which}, 0 tokens fetched, 0 reused",
                 NEXT_EXPERIMENT["restore_path"])
-    parts = [f"A.reverse_replay reused 0 host tokens ({'unobservable' if hits is None else f'{hits:,}'} hits)"]
+    parts = [f"A.reverse_replay reused 0 host tokens ({hits if hits is not None else 'unobservable'} hits)"]
     if small_reused is not None:
         parts.append("B.small_control reused 0")
     return "key_or_checkpoint_eligibility", "; ".join(parts), NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]
@@ -133,11 +133,11 @@ def findings(cells: Mapping[str, Mapping]) -> list[str]:
             out.append(f"{pid}: host {', '.join(missing)} not observable on this engine")
             continue
         if lk and not hi:
-            out.append(f"{pid}: {lk:,} host lookups found no usable checkpoint")
+            out.append(f"{pid}: {lk} host lookups found no usable checkpoint")
         if hi and not fe:
-            out.append(f"{pid}: {hi:,} host hits without a completed restore")
+            out.append(f"{pid}: {hi} host hits without a completed restore")
         if fe and not re:
-            out.append(f"{pid}: {fe:,} tokens restored but prefill reused none")
+            out.append(f"{pid}: {fe} tokens restored but prefill reused none")
         if re and fe and re < fe:
-            out.append(f"{pid}: restored {fe:,} tokens, prefill reused {re:,}")
+            out.append(f"{pid}: restored {fe} tokens, prefill reused {re}")
     return out

@@ -14,7 +14,7 @@ from rich.markup import render
 from rich.table import Table
 from rich.text import Text
 
-from flare_diag.events.report_view import VERDICT_WORDS
+from flare_diag.events.report_view import VERDICT_WORDS, grouped
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.window_fold import failed_checks
@@ -123,8 +123,8 @@ def line_for(ev: Event) -> str | None:
                 else f"[red bold]restoration NOT verified[/]: {', '.join(failed) or 'see the report'} failed")
     if isinstance(ev, VerdictReached):
         words = VERDICT_WORDS.get(ev.hypothesis)
-        return (f"verdict: [bold]{words}[/] ({ev.hypothesis}) — {ev.basis}" if words
-                else f"verdict: [bold]{ev.hypothesis}[/] — {ev.basis}")
+        return (f"verdict: [bold]{words}[/] ({ev.hypothesis}) — {grouped(ev.basis)}" if words
+                else f"verdict: [bold]{ev.hypothesis}[/] — {grouped(ev.basis)}")
     if isinstance(ev, WindowClosed):
         return f"window closed: [bold]{ev.outcome}[/] at minute {ev.minute}"
     return None

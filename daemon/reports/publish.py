@@ -38,7 +38,7 @@ def not_replayed_words(x: NotReplayed) -> str:
     d = x.at
     made = f"policy {x.policy_sha256[:12]}" if x.policy_sha256 else "a policy whose version the log does not record"
     return (f"window {x.window_id} was decided by {made}; this build's policy ({policy_version()[:12]}) decides "
-            f"differently from seq {d.seq} (this build: {d.expected}; the log: {d.found}): audit it with the "
+            f"differently from seq {d.seq:,} (this build: {d.expected}; the log: {d.found}): audit it with the "
             f"flare-diag that made it")
 
 
