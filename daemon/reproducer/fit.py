@@ -175,9 +175,11 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
 
 def render_fit(rep: FitReport) -> list[str]:
     def line(f: Fit) -> str:
-        cap = f"{'>= ' if f.lower_bound else ''}{f.capacity}"
+        cap = f"{'>= ' if f.lower_bound else ''}{f.capacity:,}"
         unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks"}[f.family]
-        return f"{f.family} of {cap} {unit}: {f.agreed} of {f.compared} requests agree ({f.share:.1%})"
+        # an empty cache predicts no reuse at all: it agrees only with the requests that reused nothing
+        empty = " (an empty cache: it predicts no reuse)" if f.capacity == 0 else ""
+        return f"{f.family} of {cap} {unit}{empty}: {f.agreed:,} of {f.compared:,} requests agree ({f.share:.1%})"
     out = [f"window {rep.window_id}: best fit {line(rep.best)}"]
     out += [f"  runner-up {line(f)}" for f in rep.runners_up]
     out.append(f"{rep.note}: " + ", ".join(f"{p} {n:,} host tokens reused" for p, n in rep.policies.items()))
