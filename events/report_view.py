@@ -428,7 +428,12 @@ def audit_words(it: dict) -> str:
     not replayed (decided by another policy version, which this build decides differently)."""
     if it.get("audit_ok", True):
         return "ok"
-    return "not replayed (another policy version)" if it.get("audit_policy") else "DIVERGED"
+    return "DIVERGED" if _diverged(it) else "not replayed (another policy version)"
+
+
+def _diverged(it: dict) -> bool:
+    """A decision of the log differs under the policy that made it (this window's or another's)."""
+    return bool(it.get("audit_problem")) or (not it.get("audit_ok", True) and not it.get("audit_policy"))
 
 
 def integrity_problem(it: dict) -> str | None:
@@ -436,7 +441,7 @@ def integrity_problem(it: dict) -> str | None:
     when it is, a window not replayed by this build included (its report says so)."""
     if not it.get("chain_ok", True):
         return f"the chain does not verify ({it.get('problem') or 'see Integrity'})"
-    if not it.get("audit_ok", True) and not it.get("audit_policy"):
+    if _diverged(it):
         return f"replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})"
     return None
 
@@ -457,7 +462,7 @@ def needs_attention(r: dict) -> list[str]:
         out.insert(0, f"LOG INTEGRITY FAILED: the chain does not verify ({it.get('problem') or 'see Integrity'})")
     if it.get("audit_policy"):  # the decisions stand as recorded, unconfirmed by this build
         out.insert(0, f"DECISIONS NOT REPLAYED: {it['audit_policy']}")
-    if it and not it.get("audit_ok", True) and not it.get("audit_policy"):
+    if _diverged(it):
         out.insert(0, f"LOG AUDIT FAILED: replayed decisions differ ({it.get('audit_problem') or 'see Integrity'})")
     return out
 

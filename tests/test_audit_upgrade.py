@@ -74,3 +74,22 @@ async def test_report_compare_refuses_a_window_not_replayed_and_says_why(upgrade
     captured = capsys.readouterr()
     assert rc == 1, captured
     assert "w-old" in captured.out and "another policy version and not audited by this build" in captured.out
+
+
+def test_a_decision_forged_in_this_builds_window_still_fails_the_report_of_the_older_one(upgraded_log, capsys):
+    from tests.logtools import forge
+
+    def reword(row: dict) -> dict:  # the newer window's verdict rewritten, the chain recomputed
+        if row["type"] == "verdict_reached" and row["window_id"] == "w-new":
+            ev = json.loads(bytes(row["payload"]))
+            ev["basis"] = "forged"
+            row["payload"] = msgspec.json.encode(ev)
+        return row
+    forge(upgraded_log, reword)
+    capsys.readouterr()
+    assert main(["report", str(upgraded_log), "--window", "w-old", "--format", "md"]) == 1
+    captured = capsys.readouterr()
+    head = captured.out.splitlines()[:12]
+    assert any("LOG AUDIT FAILED" in line and "w-new" in line for line in head), head
+    assert any("DECISIONS NOT REPLAYED" in line for line in head), head
+    assert "does not verify" in captured.err and captured.err.count("\n") == 1

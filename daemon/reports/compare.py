@@ -37,8 +37,8 @@ def run_of(report: dict) -> Run:
         (report.get("outcome") == "completed", f"window outcome {report.get('outcome')}"),
         (bool((report.get("restoration") or {}).get("verified")), "restoration not verified"),
         (bool(it.get("chain_ok") and it.get("audit_ok")),
-         "its decisions were made by another policy version and not audited by this build" if it.get("audit_policy")
-         else "the log does not verify"),
+         "its decisions were made by another policy version and not audited by this build"
+         if it.get("audit_policy") and it.get("chain_ok") and not it.get("audit_problem") else "the log does not verify"),
         (bool(reqs) and len(ok) == len(reqs), f"{len(reqs) - len(ok)} of {len(reqs)} comparable requests not answered"),
     ]
     for c in report["cells"]:

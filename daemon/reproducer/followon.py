@@ -70,8 +70,8 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     report = build_report(db, window)
     it = report["integrity"]
     if not (it["chain_ok"] and it["audit_ok"]):
-        why = (f"the window's decisions were not audited by this build ({it['audit_policy']})" if it.get("audit_policy")
-               else "the log does not verify")
+        why = (f"the window's decisions were not audited by this build ({it['audit_policy']})"
+               if it.get("audit_policy") and it["chain_ok"] and not it.get("audit_problem") else "the log does not verify")
         raise Refused(f"{db}: {why}; no follow-on is derived from it")
     opened = _opened(db, window)
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
