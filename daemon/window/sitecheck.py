@@ -153,8 +153,8 @@ class _Probe:
             self.add(name, NOT_OBSERVABLE, "not in the identity reply", required=f in expected)
             return
         fits = f not in expected or ident[f] == expected[f]
-        why = repr(ident[f]) + ("" if f not in expected else (", as the plan expects" if fits else
-                                                               f"; the plan expects {expected[f]!r}"))
+        why = _shown(ident[f]) + ("" if f not in expected else (", as the plan expects" if fits else
+                                                                 f"; the plan expects {_shown(expected[f])}"))
         self.add(name, OBSERVABLE, why, required=f in expected, fits=fits)
 
     async def metrics(self) -> None:
@@ -210,7 +210,7 @@ class _Probe:
             try:
                 r = await self.call("manager", t.retain_recipe({"recipe": name, "expect_sha256": expect, "keep": False}))
                 shas[role] = r["sha256"]
-                self.add(f"recipe.{role}", OBSERVABLE, f"{name}: {r['bytes']} bytes, sha256 {r['sha256'][:12]} verified",
+                self.add(f"recipe.{role}", OBSERVABLE, f"{name}: {r['bytes']:,} bytes, sha256 {r['sha256'][:12]} verified",
                          required=True)
             except ActionFailed as exc:
                 self.add(f"recipe.{role}", NOT_OBSERVABLE, exc.detail, required=True)
@@ -327,7 +327,12 @@ class _Probe:
 
 
 def _num(v: float) -> str:
-    return f"{int(v)}" if float(v).is_integer() else f"{v:g}"
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
+
+
+def _shown(v: object) -> str:
+    """An identity value as the reply gave it; a count grouped (34,359,738,368 bytes reads at a glance)."""
+    return f"{v:,}" if type(v) is int else repr(v)
 
 
 async def check_site(target: Target, plan: Plan | None) -> SiteCheck:
