@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from flare_diag.daemon.reports.publish import build_reports
+from flare_diag.events.report_view import integrity_problem
 from flare_diag.policies.acceptance import Acceptance, Run, accept
 
 
@@ -37,8 +38,8 @@ def run_of(report: dict) -> Run:
         (report.get("outcome") == "completed", f"window outcome {report.get('outcome')}"),
         (bool((report.get("restoration") or {}).get("verified")), "restoration not verified"),
         (bool(it.get("chain_ok") and it.get("audit_ok")),
-         "its decisions were made by another policy version and not audited by this build"
-         if it.get("audit_policy") and it.get("chain_ok") and not it.get("audit_problem") else "the log does not verify"),
+         "the log does not verify" if integrity_problem(it) else
+         "its decisions were made by another policy version and not audited by this build"),
         (bool(reqs) and len(ok) == len(reqs), f"{len(reqs) - len(ok)} of {len(reqs)} comparable requests not answered"),
     ]
     for c in report["cells"]:

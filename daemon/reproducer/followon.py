@@ -23,6 +23,7 @@ from flare_diag.daemon.reports.publish import build_report
 from flare_diag.daemon.reproducer.reproduce import ReproduceError, choose_window, reproduce_window
 from flare_diag.daemon.simulator import Scenario
 from flare_diag.events.reader import LogReader
+from flare_diag.events.report_view import integrity_problem
 from flare_diag.events.schema import WindowOpened
 from flare_diag.daemon.hosts.fixture import (Fixture, FixtureError, find_fixture, greedy_variant, load_fixture,
                                               write_fixture)
@@ -70,8 +71,8 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     report = build_report(db, window)
     it = report["integrity"]
     if not (it["chain_ok"] and it["audit_ok"]):
-        why = (f"the window's decisions were not audited by this build ({it['audit_policy']})"
-               if it.get("audit_policy") and it["chain_ok"] and not it.get("audit_problem") else "the log does not verify")
+        why = ("the log does not verify" if integrity_problem(it) else
+               f"the window's decisions were not audited by this build ({it.get('audit_policy')})")
         raise Refused(f"{db}: {why}; no follow-on is derived from it")
     opened = _opened(db, window)
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
