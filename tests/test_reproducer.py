@@ -111,6 +111,28 @@ def test_heap_selection_chooses_exactly_what_scanning_every_record_chooses(polic
     assert heap.c.compactions > 100
 
 
+def test_the_synthetic_trace_is_the_one_randint_draws_for_its_seed():
+    """The bench's trace draws its integers without Random.randint's call overhead; it must stay the
+    trace that randint would draw, so that figures measured before and after compare."""
+    import random
+
+    def reference(n, seed):
+        rng, turns, next_id = random.Random(seed), {}, 0
+        for _ in range(n):
+            c = min(int(rng.paretovariate(1.1)) - 1, 1999)
+            ids = turns.get(c)
+            ids = [] if ids is None or len(ids) > 36 else ids
+            grow = rng.randint(1, 3)
+            ids = ids + list(range(next_id, next_id + grow))
+            next_id += grow
+            turns[c] = ids
+            yield (len(ids) * 512 - rng.randint(0, 511), rng.randint(16, 600), ids)
+
+    drawn = [(r.input_length, r.output_length, r.hash_ids) for r in synthetic_trace(5000, seed=3)]
+    assert drawn == list(reference(5000, 3))
+    assert len({length for length, _, _ in drawn}) > 1000
+
+
 def test_the_models_memory_is_bounded_by_the_cache_not_by_the_trace():
     sc = load_scenario("flare-47581cca")
     cache, st = run_host_cache(synthetic_trace(20000, seed=3), sc, 64, 2000)
