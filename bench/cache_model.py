@@ -58,7 +58,17 @@ def _old_cache_class():
     mod = types.ModuleType("cache_before_issue_17")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up
     exec(compile(src, "cache_before_issue_17.py", "exec"), mod.__dict__)
-    return mod.HostCache
+
+    class Before(mod.HostCache):
+        def store(self, kind, seq, pos, pinned=False):
+            # today's drivers pin a full prompt's record as it is made; the earlier model pinned it
+            # just after, which is the same thing
+            cp = super().store(kind, seq, pos)
+            if pinned:
+                self.pin([cp], +1)
+            return cp
+
+    return Before
 
 
 def _fixture_trace(n: int):
