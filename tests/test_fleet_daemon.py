@@ -182,8 +182,11 @@ def test_a_daemon_killed_mid_window_keeps_its_lease_restores_after_restart_and_o
 
     def watch_the_slot() -> None:  # what `fleet status` would show, every 50 ms, until the release
         with psycopg.connect(fleet_dsn, autocommit=True) as c:
-            while not stop.is_set():
+            while True:
+                last = stop.is_set()  # set once the release was seen: the read after it sees it too
                 seen.append(c.execute("SELECT COUNT(*) FROM leases WHERE pool = 'pool-a'").fetchone()[0])
+                if last:
+                    return
                 time.sleep(0.05)
 
     try:
