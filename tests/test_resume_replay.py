@@ -41,3 +41,30 @@ def test_a_restart_with_mismatches_raises_resume_mismatch_and_restores():
     alarms = [d for d in ds if isinstance(d, Alarm)]
     assert [a.kind for a in alarms] == ["resume_mismatch"] and "site profile /x" in alarms[0].detail
     assert any(isinstance(d, RestoreStarted) for d in ds)
+
+
+def test_a_window_opened_by_another_policy_version_is_resumed_with_that_named_as_a_mismatch(tmp_path):
+    """A daemon upgraded inside a window restores it with this build's policy; its resume says so
+    (the restore's alarm and the report carry the line); a window this build opened says nothing of it."""
+    import hashlib
+
+    from flare_diag.daemon.cli.commands import main
+    from flare_diag.daemon.window.recovery import setup_for_recovery
+    from flare_diag.daemon.window.setup import policy_version
+    from flare_diag.events.schema import WindowOpened
+
+    assert main(["init-site", "flare", str(tmp_path)]) == 0
+    for token in tmp_path.glob("*.token"):
+        token.write_text("not-a-real-token\n")
+    profile = tmp_path / "flare.toml"
+    raw = profile.read_bytes()
+    ours = WindowOpened(at_ns=0, window_id="w1", plan=plan_builtins(), plan_sha256="p", site="flare", gpu_source="nvml",
+                        rehearsal=False, candidate_recipe="glm-candidate", policy_sha256=policy_version(),
+                        site_profile=str(profile), site_profile_toml=raw.decode(),
+                        site_profile_sha256=hashlib.sha256(raw).hexdigest())
+    older = msgspec.structs.replace(ours, policy_sha256="0" * 64)
+    (_setup, same), (setup, upgraded) = setup_for_recovery(ours), setup_for_recovery(older)
+    assert same == []
+    assert upgraded == [f"policy version {policy_version()[:12]} is not the 000000000000 the window opened with "
+                        f"(the daemon was upgraded inside the window)"]
+    assert setup.plan == _setup.plan and setup.site == _setup.site  # the recorded plan and profile drive the restore
