@@ -17,6 +17,9 @@ a reverse replay finds the newest entries: churn. With enough entries, everythin
 Run: `python -m tests.contract_host CONFIG.json`; prints one JSON line with each service's URL,
 serves until killed, and appends every request it receives to `request_log` (JSON lines).
 
+`set_cookie` has every answer set a cookie (a load balancer's sticky session, say); the request log
+records any Cookie header that comes back.
+
 `idle_close_s` emulates a host closing idle keep-alive connections in the unlucky order: a request
 that arrives on a connection idle for longer than that is dropped without an answer, as when the
 host's close crosses the client's next request on the wire.
@@ -115,6 +118,11 @@ def build(state: State, service: str):
             self._done_at = time.monotonic()
 
         # --- plumbing
+        def end_headers(self) -> None:
+            if cfg.get("set_cookie"):
+                self.send_header("Set-Cookie", f"sticky-{service}={time.monotonic_ns()}; Path=/")
+            super().end_headers()
+
         def body(self) -> bytes:
             n = int(self.headers.get("content-length") or 0)
             return self.rfile.read(n) if n else b""
@@ -145,8 +153,11 @@ def build(state: State, service: str):
             self._route("POST", self.body())
 
         def _route(self, method: str, raw: bytes) -> None:
-            state.record({"service": service, "method": method, "path": self.path,
-                          "body_sha256": hashlib.sha256(raw).hexdigest() if raw else None})
+            entry = {"service": service, "method": method, "path": self.path,
+                     "body_sha256": hashlib.sha256(raw).hexdigest() if raw else None}
+            if self.headers.get("cookie") is not None:
+                entry["cookie"] = self.headers["cookie"]
+            state.record(entry)
             if not self.authed():
                 return
             fn = ROUTES.get((service, method, self.path))

@@ -54,18 +54,18 @@ def churning_host(tmp_path):
 @pytest.fixture(scope="module")
 def churn_window(tmp_path_factory, small_plan):
     """One whole window of the 2026-10-22 plan's shape (the eight-body working set) on a contract host
-    whose cache holds fewer entries than that, read by the tests below."""
+    whose cache holds fewer entries than that, and whose every answer sets a cookie, read by the tests below."""
     tmp = tmp_path_factory.mktemp("churn")
-    h = ContractHost(tmp / "host", cache_entries=4)
+    h = ContractHost(tmp / "host", cache_entries=4, set_cookie=True)
     try:
         rc, r = run_window(h, tmp / "out", _without_trace(small_plan, tmp))
     finally:
         h.stop()
-    return rc, r, tmp / "out"
+    return rc, r, tmp / "out", h.requests()
 
 
 def test_a_churning_contract_host_gives_row_checkpoint_churn(churn_window):
-    rc, r, _out = churn_window
+    rc, r, _out, _seen = churn_window
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
     assert set(required_cells(r).values()) == {"measured"}
     assert r["verdict"]["hypothesis"] == "row_checkpoint_churn"
@@ -84,9 +84,18 @@ def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(
     assert r["verdict"]["hypothesis"] == "not_reproduced"
 
 
+def test_a_cookie_the_host_sets_never_rides_on_a_later_request(churn_window):
+    """The window's requests are the plan's and nothing a host handed back: a sticky-session cookie
+    would pin the routed path to a backend, and would differ between one window's requests and another's."""
+    _rc, _r, _out, seen = churn_window
+    answered = [x for x in seen if not x.get("dropped")]
+    assert len({x["service"] for x in answered}) == 5  # every service set its cookie and was asked again
+    assert [x for x in answered if "cookie" in x] == []
+
+
 def test_recipe_bytes_are_retained_by_hash_and_every_load_names_that_hash(churn_window):
     import hashlib
-    _rc, r, out = churn_window
+    _rc, r, out, _seen = churn_window
     rec = r["recipes"]
     for role in ("incumbent", "candidate"):
         kept = Path(rec[role]["path"])
@@ -375,7 +384,7 @@ def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is
 
 
 def test_reproduce_fit_on_a_contract_hosts_lru_of_records_recovers_its_capacity_and_agrees_on_every_request(churn_window):
-    _rc, _r, out = churn_window
+    _rc, _r, out, _seen = churn_window
     p = flare_diag("reproduce", str(out / "log.db"), "--fit", "--json")
     fitted = json.loads(p.stdout)
     assert p.returncode == 0, p.stderr

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 import httpx
 
 from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.nocookies import NoCookies
 from flare_diag.daemon.hosts.tls import tls_context
 
 STOP_GRACE_S = 10.0
@@ -84,7 +85,7 @@ class LocalEngine:
         self._prepared = False
         self._hashed = False
         self.reaped: str | None = None
-        self._client = httpx.AsyncClient(timeout=10.0, verify=tls_context())
+        self._client = httpx.AsyncClient(timeout=10.0, verify=tls_context(), cookies=NoCookies())
 
     async def _ready(self) -> None:
         """Every recipe's identity (its model's hash), computed once, off the event loop."""

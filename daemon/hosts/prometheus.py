@@ -8,6 +8,7 @@ import math
 import httpx
 
 from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.nocookies import NoCookies
 from flare_diag.daemon.hosts.tls import tls_context
 from flare_diag.daemon.hosts.site import Site, scrub
 
@@ -28,7 +29,7 @@ class Prometheus:
         self.site = site
         tok = site.tokens.get("steady_state")
         self.client = httpx.AsyncClient(timeout=TIMEOUT_S, headers={"Authorization": f"Bearer {tok}"} if tok else {},
-                                        verify=tls_context())
+                                        verify=tls_context(), cookies=NoCookies())
 
     async def close(self) -> None:
         await self.client.aclose()
