@@ -43,6 +43,7 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
     ("event_log.py", ["--appends", "2000", "--verify", "5000"], ("ratio store/floor", "ratio verify/preimage")),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("report.py", ["--events", "20000", "--rounds", "1"], "ratio report/fold"),
+    ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
 ])
 def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
     p = subprocess.run([sys.executable, f"bench/{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -59,3 +59,39 @@ def test_samples_of_one_family_that_are_not_contiguous_are_all_counted():
             'flare_host_cache_stores_total{checkpoint="terminal"} 2\n')
     m = parse(text)
     assert m["counters"]["stores.prompt"] == 3 and m["counters"]["stores.terminal"] == 2
+
+
+@pytest.mark.parametrize("sample,profile", [("llamacpp-0.3.36.prom", "llamacpp"), ("vllm-v1.prom", "vllm"),
+                                            ("sglang.prom", "sglang")])
+def test_reading_only_the_families_the_window_reads_gives_what_parsing_the_whole_exposition_gives(sample, profile):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from flare_diag.daemon.hosts.metrics import shape
+    text = (DATA / sample).read_text()
+    families: dict[str, list] = {}
+    for f in text_string_to_metric_families(text):
+        families.setdefault(f.name, []).extend(f.samples)
+    names = metric_names(profile, {})
+    assert parse(text, names) == shape(families, names)
+
+
+def test_a_malformed_line_in_a_family_the_window_reads_is_malformed_transport():
+    from flare_diag.daemon.hosts.metrics import MetricsError
+    text = (DATA / "vllm-v1.prom").read_text() + 'vllm:num_requests_running{engine="1",model_name="glm"} three\n'
+    with pytest.raises(MetricsError, match="not valid Prometheus text"):
+        parse(text, metric_names("vllm", {}))
+
+
+def test_a_line_that_names_no_metric_is_still_malformed_transport():
+    from flare_diag.daemon.hosts.metrics import MetricsError
+    with pytest.raises(MetricsError):
+        parse((DATA / "vllm-v1.prom").read_text() + "vllm:num_requests_runn\n", metric_names("vllm", {}))
+
+
+def test_a_family_the_window_never_reads_cannot_make_a_scrape_malformed():
+    """An engine's own histograms (vLLM's latency buckets) are not parsed: a value there the parser
+    would refuse leaves the window's counters and gauges as they are."""
+    text = (DATA / "vllm-v1.prom").read_text()
+    odd = text + ('# TYPE vllm:e2e_request_latency_seconds histogram\n'
+                  'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.5"} NaNish\n')
+    assert parse(odd, metric_names("vllm", {})) == parse(text, metric_names("vllm", {}))

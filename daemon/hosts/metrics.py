@@ -57,6 +57,45 @@ def selector(spec: str) -> tuple[str, dict[str, str]]:
     return m.group(1), labels
 
 
+# the sample and comment names a family may appear under (text format 0.0.4 and OpenMetrics)
+_SUFFIXES = ("", "_total", "_created", "_bucket", "_count", "_sum", "_info", "_gcount", "_gsum")
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?=[{ \t])")
+
+
+def _read_names(names: dict[str, str] | None) -> frozenset[str]:
+    """Every sample and comment name under which a family the daemon reads can appear."""
+    return _read_names_of(frozenset((names or {}).items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_names_of(names: frozenset[tuple[str, str]]) -> frozenset[str]:
+    chosen = dict(names)
+    families = {selector(chosen.get(c, c))[0]
+                for c in [*(f for f, _split in COUNTERS.values()), *GAUGES.values(), *INFO.values()]}
+    return frozenset(f + suffix for f in families for suffix in _SUFFIXES)
+
+
+def _read_lines(text: str, wanted: frozenset[str]) -> str:
+    """The exposition's lines of the families the daemon reads. An engine's /metrics is mostly
+    families it never reads (vLLM's latency histograms, a bucket a line, per model and engine), and
+    the parser is pure Python: it is handed only these. A line that does not begin with a metric
+    name is kept, so that a malformed exposition is still the parser's to refuse."""
+    kept = []
+    for line in text.split("\n"):
+        if not line or line.isspace():
+            continue
+        if line[0] == "#":
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE", "UNIT") and parts[2] not in wanted:
+                continue
+        else:
+            m = _NAME.match(line)
+            if m is not None and m.group() not in wanted:
+                continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse(text: str, names: dict[str, str] | None = None) -> dict:
     """{counters, gauges, labels}; a contract name this engine lacks is None (not observable).
 
@@ -65,7 +104,7 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
     """
     families: dict[str, list] = {}
     try:
-        for f in text_string_to_metric_families(text):
+        for f in text_string_to_metric_families(_read_lines(text, _read_names(names))):
             # a family whose samples are not contiguous comes back in pieces (a stray counter piece
             # as an untyped family named with its _total suffix): keep every piece under one name
             name = f.name
