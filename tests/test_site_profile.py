@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flare_diag.daemon.hosts.site import SiteError, load_site

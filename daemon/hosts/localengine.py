@@ -210,7 +210,7 @@ class LocalEngine:
 
     async def preview(self, op: str, name: str, sha256: str | None) -> dict:
         await self._ready()
-        r = self._recipe(name, sha256)
+        self._recipe(name, sha256)  # a preview of an unknown recipe, or of other bytes, fails as the load would
         steps = ["stop the process (TERM, then KILL)"] if op == "unload" else \
             ["verify the model's sha256", "start the process", "wait for /health"]
         return {"ok": True, "steps": steps}
