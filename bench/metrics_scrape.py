@@ -21,8 +21,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
 from flare_diag.daemon.hosts import metrics  # noqa: E402
 from flare_diag.daemon.hosts.engine_profiles import metric_names  # noqa: E402
 
@@ -51,20 +49,15 @@ def exposition(engines: int) -> str:
             lines += [f'{family}_bucket{{{labels},le="+Inf"}} {float(len(buckets) * 37 + e)}',
                       f"{family}_count{{{labels}}} {float(len(buckets) * 37 + e)}",
                       f"{family}_sum{{{labels}}} {1234.5 + e}"]
-        lines += [f"# HELP {family.replace('_total', '')}_created created", f"# TYPE {family.replace('_total', '')}_created gauge"]
-        lines += [f'{family.replace("_total", "")}_created{{engine="{e}",model_name="glm"}} 1.7959e+09' for e in range(engines)]
+        created = f"{family.removesuffix('_total')}_created"
+        lines += [f"# HELP {created} created", f"# TYPE {created} gauge"]
+        lines += [f'{created}{{engine="{e}",model_name="glm"}} 1.7959e+09' for e in range(engines)]
     return "\n".join(lines) + "\n"
 
 
 def whole(text: str, names: dict[str, str]) -> dict:
     """The parse before: every family through prometheus-client's parser, then the same shaping."""
-    families: dict[str, list] = {}
-    for f in text_string_to_metric_families(text):
-        name = f.name
-        if f.type == "unknown" and name.endswith("_total") and name[:-6] in families:
-            name = name[:-6]
-        families.setdefault(name, []).extend(f.samples)
-    return metrics.shape(families, names)
+    return metrics.shape(metrics.families(text), names)
 
 
 def main() -> None:

@@ -64,15 +64,10 @@ def test_samples_of_one_family_that_are_not_contiguous_are_all_counted():
 @pytest.mark.parametrize("sample,profile", [("llamacpp-0.3.36.prom", "llamacpp"), ("vllm-v1.prom", "vllm"),
                                             ("sglang.prom", "sglang")])
 def test_reading_only_the_families_the_window_reads_gives_what_parsing_the_whole_exposition_gives(sample, profile):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from flare_diag.daemon.hosts.metrics import shape
+    from flare_diag.daemon.hosts.metrics import families, shape
     text = (DATA / sample).read_text()
-    families: dict[str, list] = {}
-    for f in text_string_to_metric_families(text):
-        families.setdefault(f.name, []).extend(f.samples)
     names = metric_names(profile, {})
-    assert parse(text, names) == shape(families, names)
+    assert parse(text, names) == shape(families(text), names)
 
 
 def test_a_malformed_line_in_a_family_the_window_reads_is_malformed_transport():

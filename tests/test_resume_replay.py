@@ -44,8 +44,9 @@ def test_a_restart_with_mismatches_raises_resume_mismatch_and_restores():
 
 
 def test_a_window_opened_by_another_policy_version_is_resumed_with_that_named_as_a_mismatch(tmp_path):
-    """A daemon upgraded inside a window restores it with this build's policy; its resume says so
-    (the restore's alarm and the report carry the line); a window this build opened says nothing of it."""
+    """A daemon upgraded inside a window restores it with this build's policy; its recovery names the
+    upgrade among the mismatches (which the resume_mismatch alarm carries: the test above); a window
+    this build opened names none."""
     import hashlib
 
     from flare_diag.daemon.cli.commands import main

@@ -102,18 +102,23 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
     `names` maps a contract family to this engine's selector. Samples that match are summed (an
     engine with several data-parallel ranks reports one per rank); `_created` samples are skipped.
     """
-    families: dict[str, list] = {}
+    return shape(families(_read_lines(text, _read_names(names))), names)
+
+
+def families(text: str) -> dict[str, list]:
+    """Family name -> samples of a Prometheus text exposition, parsed by prometheus-client."""
+    found: dict[str, list] = {}
     try:
-        for f in text_string_to_metric_families(_read_lines(text, _read_names(names))):
+        for f in text_string_to_metric_families(text):
             # a family whose samples are not contiguous comes back in pieces (a stray counter piece
             # as an untyped family named with its _total suffix): keep every piece under one name
             name = f.name
-            if f.type == "unknown" and name.endswith("_total") and name[:-6] in families:
+            if f.type == "unknown" and name.endswith("_total") and name[:-6] in found:
                 name = name[:-6]
-            families.setdefault(name, []).extend(f.samples)
+            found.setdefault(name, []).extend(f.samples)
     except Exception as exc:  # the parser raises ValueError and others on bad input
         raise MetricsError(f"/metrics is not valid Prometheus text: {exc}") from None
-    return shape(families, names)
+    return found
 
 
 def shape(families: dict[str, list], names: dict[str, str] | None = None) -> dict:
