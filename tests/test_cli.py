@@ -45,6 +45,16 @@ def test_version_prints_the_installed_version_and_exits_0(capsys):
     assert e.value.code == 0 and capsys.readouterr().out.startswith("flare-diag ")
 
 
+def test_a_cli_call_loads_neither_the_simulated_host_nor_the_metadata_to_build_its_parser():
+    # a third of every CLI call was the host and cache model (for two lists in the help text) and the
+    # installed metadata (for --version): a fresh interpreter shows what building the parser loads
+    probe = ("import sys; from flare_diag.daemon.cli.commands import build_parser; build_parser(); "
+             "print(sorted(m for m in ('flare_diag.fixtures.flaresim.host', 'flare_diag.fixtures.flaresim.cache', "
+             "'importlib.metadata') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_no_arguments_print_the_help_and_exit_2(capsys):
     assert main([]) == 2
     out = capsys.readouterr().out

@@ -269,7 +269,7 @@ async def test_every_fault_kind_at_every_moment_either_fires_or_is_refused():
     accepted and never fire, so a test written that way tested nothing)."""
     import asyncio
 
-    from flare_diag.fixtures.flaresim.host import FAULT_KINDS
+    from flare_diag.fixtures.flaresim.faults import FAULT_KINDS
     silent = []
     for kind in FAULT_KINDS:
         for moment, at in MOMENT_SPECS.items():

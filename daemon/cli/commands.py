@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
     scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
-    p.add_argument("--version", action="version", version=f"flare-diag {_version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the program's version number and exit")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
@@ -257,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
     add_fleet(sub, _Parser)
     return p
+
+
+class _Version(argparse.Action):
+    """--version, read from the installed metadata only when asked (importlib.metadata is a sixth of a call)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"flare-diag {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
