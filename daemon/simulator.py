@@ -8,6 +8,19 @@ host (starlette) and its server (uvicorn) are the `sim` extra, loaded only when 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what __getattr__ below hands out, for readers and type checkers
+    from flare_diag.fixtures.flaresim.cache import TokenSeq
+    from flare_diag.fixtures.flaresim.engine import Incarnation, render_prompt
+    from flare_diag.fixtures.flaresim.faults import FAULT_KINDS, REQUEST_FAULTS
+    from flare_diag.fixtures.flaresim.host import NUMERIC_PARAMS, RECIPES, STRING_PARAMS, Host, describe
+    from flare_diag.fixtures.flaresim.metrics import families
+    from flare_diag.fixtures.flaresim.replay import replay
+    from flare_diag.fixtures.flaresim.scenario import Scenario, ScenarioError, list_scenarios, load_scenario
+    from flare_diag.fixtures.flaresim.trace import (
+        MOONCAKE_BLOCK, BlockLRU, TraceError, read_trace, run_block_lru, run_host_cache,
+    )
 
 # where each name lives: a module loads when one of its names is first asked for, so that a CLI call
 # naming faults or scenarios in its help does not load the host and the cache model (a third of it)

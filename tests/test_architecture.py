@@ -155,3 +155,9 @@ def test_no_module_imports_run_in_a_circle():
         if v not in index:
             connect(v)
     assert not cycles
+
+
+def test_every_name_the_simulators_door_lists_is_one_it_hands_out():
+    import flare_diag.daemon.simulator as door
+    missing = [n for n in door.__all__ if getattr(door, n, None) is None]
+    assert not missing
