@@ -44,6 +44,7 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("report.py", ["--events", "20000", "--rounds", "1"], "ratio report/fold"),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
+    ("cli_startup.py", ["--rounds", "1"], ("ratio flare-diag status (no daemon)/bare interpreter", "ratio flare-diag --help")),
 ])
 def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
     p = subprocess.run([sys.executable, f"bench/{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
