@@ -1,0 +1,73 @@
+"""The README and docs/ name only commands and options the CLI has: an operator's first day is read from them."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from flare_diag.daemon.cli.commands import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# code as markdown writes it: fenced blocks, then inline spans (an operator copies these, not the prose)
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+SPAN = re.compile(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`")  # a span may wrap onto the next line, never past a blank one
+COMMAND = re.compile(r"(?<![\w/.-])flare-diag ([^\n|;&]*)")
+# what may stand before a command in a shell line (else `flare-diag` is a group, a path or a user's name)
+LEADS = ("", "$", "&&", "||", ";", "|", "(", "sudo", "exec", "time")
+OPTION = re.compile(r"--[a-z][a-z0-9-]*")
+
+
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _options(p: argparse.ArgumentParser) -> set[str]:
+    return {o for a in p._actions for o in a.option_strings}
+
+
+def _code(text: str) -> list[tuple[int, str]]:
+    """(line, code) of every fenced block's lines and every inline span outside them."""
+    out, rest = [], text
+    for m in FENCED.finditer(text):
+        first = text.count("\n", 0, m.start(1)) + 1
+        out += [(first + i, line) for i, line in enumerate(m.group(1).splitlines())]
+        rest = rest.replace(m.group(0), "\n" * m.group(0).count("\n"), 1)  # keeps the line numbers
+    out += [(rest.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split("\n"))) for m in SPAN.finditer(rest)]
+    return out
+
+
+def misnamed(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Each `flare-diag ...` in the text's code whose subcommand or option the parser lacks, as 'line N: why'."""
+    top = _options(parser)
+    found = []
+    for line, code in _code(text):
+        code = code.replace("\\", " ")
+        for m in COMMAND.finditer(code):
+            before = code[:m.start()].split()
+            if before and before[-1] not in LEADS and "=" not in before[-1]:  # not a command: `usermod -aG flare-diag alice`
+                continue
+            words, p, path = m.group(1).split(), parser, []
+            while words and words[0] in _subcommands(p):
+                p = _subcommands(p)[words[0]]
+                path.append(words.pop(0))
+            if _subcommands(p) and words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+                found.append(f"line {line}: `flare-diag {' '.join(path)}` has no subcommand {words[0]!r}")
+                continue
+            known = _options(p) | top
+            found += [f"line {line}: `flare-diag {' '.join(path)}` has no option {o}"
+                      for w in words if (o := OPTION.match(w)) and (o := o.group(0)) not in known]
+    return found
+
+
+def test_every_command_the_docs_give_names_a_subcommand_and_options_the_cli_has():
+    parser = build_parser()
+    wrong = [f"{doc.relative_to(ROOT)} {why}" for doc in DOCUMENTS for why in misnamed(doc.read_text(), parser)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_docs_check_names_a_subcommand_or_an_option_the_cli_lacks():
+    text = "Run `flare-diag log verifyy out/log.db`, then:\n\n```\nflare-diag report out/ --format md --colour\n```\n"
+    assert misnamed(text, build_parser()) == ["line 4: `flare-diag report` has no option --colour",
+                                              "line 1: `flare-diag log` has no subcommand 'verifyy'"]
