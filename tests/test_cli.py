@@ -39,6 +39,12 @@ def test_every_option_of_every_subcommand_has_help_text():
     assert not missing, missing
 
 
+def test_every_option_of_the_daemon_has_help_text():
+    from flare_diag.daemon.service.server import build_parser as build_daemon_parser
+    missing = [str(a.option_strings) for a in build_daemon_parser()._actions if not (a.help or "").strip()]
+    assert not missing, missing
+
+
 def test_version_prints_the_installed_version_and_exits_0(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])

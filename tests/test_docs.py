@@ -7,13 +7,14 @@ import re
 from pathlib import Path
 
 from flare_diag.daemon.cli.commands import build_parser
+from flare_diag.daemon.service.server import build_parser as build_daemon_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # code as markdown writes it: fenced blocks, then inline spans (an operator copies these, not the prose)
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SPAN = re.compile(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`")  # a span may wrap onto the next line, never past a blank one
-COMMAND = re.compile(r"(?<![\w/.-])flare-diag ([^\n|;&]*)")
+COMMAND = re.compile(r"(?<![\w/.-])(flare-diagd?) ([^\n|;&]*)")
 # what may stand before a command in a shell line (else `flare-diag` is a group, a path or a user's name)
 LEADS = ("", "$", "&&", "||", ";", "|", "(", "sudo", "exec", "time")
 OPTION = re.compile(r"--[a-z][a-z0-9-]*")
@@ -38,9 +39,9 @@ def _code(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def misnamed(text: str, parser: argparse.ArgumentParser) -> list[str]:
-    """Each `flare-diag ...` in the text's code whose subcommand or option the parser lacks, as 'line N: why'."""
-    top = _options(parser)
+def misnamed(text: str, parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """Each `flare-diag ...` (or `flare-diagd ...`) in the text's code whose subcommand or option its parser
+    lacks, as 'line N: why'."""
     found = []
     for line, code in _code(text):
         code = code.replace("\\", " ")
@@ -48,26 +49,33 @@ def misnamed(text: str, parser: argparse.ArgumentParser) -> list[str]:
             before = code[:m.start()].split()
             if before and before[-1] not in LEADS and "=" not in before[-1]:  # not a command: `usermod -aG flare-diag alice`
                 continue
-            words, p, path = m.group(1).split(), parser, []
+            program, parser = m.group(1), parsers[m.group(1)]
+            words, p, path = m.group(2).split(), parser, [program]
             while words and words[0] in _subcommands(p):
                 p = _subcommands(p)[words[0]]
                 path.append(words.pop(0))
             if _subcommands(p) and words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
-                found.append(f"line {line}: `flare-diag {' '.join(path)}` has no subcommand {words[0]!r}")
+                found.append(f"line {line}: `{' '.join(path)}` has no subcommand {words[0]!r}")
                 continue
-            known = _options(p) | top
-            found += [f"line {line}: `flare-diag {' '.join(path)}` has no option {o}"
+            known = _options(p) | _options(parser)
+            found += [f"line {line}: `{' '.join(path)}` has no option {o}"
                       for w in words if (o := OPTION.match(w)) and (o := o.group(0)) not in known]
     return found
 
 
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    return {"flare-diag": build_parser(), "flare-diagd": build_daemon_parser()}
+
+
 def test_every_command_the_docs_give_names_a_subcommand_and_options_the_cli_has():
-    parser = build_parser()
-    wrong = [f"{doc.relative_to(ROOT)} {why}" for doc in DOCUMENTS for why in misnamed(doc.read_text(), parser)]
+    parsers = _parsers()
+    wrong = [f"{doc.relative_to(ROOT)} {why}" for doc in DOCUMENTS for why in misnamed(doc.read_text(), parsers)]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_docs_check_names_a_subcommand_or_an_option_the_cli_lacks():
-    text = "Run `flare-diag log verifyy out/log.db`, then:\n\n```\nflare-diag report out/ --format md --colour\n```\n"
-    assert misnamed(text, build_parser()) == ["line 4: `flare-diag report` has no option --colour",
-                                              "line 1: `flare-diag log` has no subcommand 'verifyy'"]
+    text = ("Run `flare-diag log verifyy out/log.db`, then:\n\n```\nflare-diag report out/ --format md --colour\n"
+            "flare-diagd --fleet f.toml --metrics-port 9464\n```\n")
+    assert misnamed(text, _parsers()) == ["line 4: `flare-diag report` has no option --colour",
+                                          "line 5: `flare-diagd` has no option --metrics-port",
+                                          "line 1: `flare-diag log` has no subcommand 'verifyy'"]

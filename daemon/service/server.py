@@ -841,7 +841,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="flare-diagd", description="the flare-diag service")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default: $RUNTIME_DIRECTORY/control.sock)")
     ap.add_argument("--state-dir", type=Path, default=None, help="log and reports (default: $STATE_DIRECTORY)")
@@ -851,7 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trust-log", action="store_true",
                     help="append to the log even though its checkpoint is missing, unsigned or does not verify "
                          "(once, after a person has checked it)")
-    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                    help="the least severe level the service logs (default info)")
     ap.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
                     help="serve the daemon's own Prometheus metrics there (window state and phase, aborts by reason, "
                          "last outcome, restoration verified, primary_left_quiesced); off by default")
@@ -865,7 +866,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleet", type=Path, default=None, metavar="FILE",
                     help="fleet settings (TOML: dsn, host, pool; docs/fleet.md): ship every event to the fleet's "
                          "PostgreSQL and take the pool's lease before each window; off by default")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     log = configure(a.log_level)
     fleet_cfg = None
     if a.fleet is not None:
