@@ -79,3 +79,35 @@ def test_the_docs_check_names_a_subcommand_or_an_option_the_cli_lacks():
     assert misnamed(text, _parsers()) == ["line 4: `flare-diag report` has no option --colour",
                                           "line 5: `flare-diagd` has no option --metrics-port",
                                           "line 1: `flare-diag log` has no subcommand 'verifyy'"]
+
+
+# a path in this repository as the docs write one: a folder of it, then more; in prose only with a file's
+# extension (`33,333 events/s` is a rate), in code also as a module (`window/runner.Runner`)
+REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:docs|tests|bench|fixtures|daemon|events|policies|systemd|flare_diag)/[\w./-]*\w)")
+
+
+def missing_paths(text: str, root: Path) -> list[str]:
+    """Each repository path the text names that is neither a file, a folder nor a module (MODULE.attr) there."""
+    code = [range(m.start(), m.end()) for m in (*FENCED.finditer(text), *SPAN.finditer(text))]
+    found = []
+    for m in REPO_PATH.finditer(text):
+        path = m.group(1)
+        in_code = any(m.start() in r for r in code)
+        if not in_code and "." not in path.rsplit("/", 1)[-1]:
+            continue
+        module = path.rsplit(".", 1)[0] if "." in path.rsplit("/", 1)[-1] else path
+        if not any((root / p).exists() for p in (path, f"{path}.py", f"{module}.py")):
+            found.append(f"line {text.count(chr(10), 0, m.start()) + 1}: {path}")
+    return found
+
+
+def test_every_repository_path_the_docs_name_exists():
+    wrong = [f"{doc.relative_to(ROOT)} {why}" for doc in DOCUMENTS for why in missing_paths(doc.read_text(), ROOT)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_path_check_names_a_path_that_is_not_there(tmp_path):
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "guards.py").write_text("")
+    text = "`policies/guards.judge` applies it; `policies/actions` checks it; 9 events/s; see docs/gone.md\n"
+    assert missing_paths(text, tmp_path) == ["line 1: policies/actions", "line 1: docs/gone.md"]
