@@ -27,20 +27,29 @@ class Action(msgspec.Struct, tag_field="action", frozen=True, forbid_unknown_fie
 
 
 class ValidateFixtures(Action, tag="validate_fixtures"):
+    """The named fixtures' work as the planner reads it: per body its max_tokens, prompt size and hash."""
+
     fixtures: list[str]
 
 
 class Snapshot(Action, tag="snapshot"):
+    """Records one part of the host as it is before anything changes: what the restore is checked against."""
+
     what: Literal["incumbent", "router", "monitoring", "gpu", "configuration"]
 
 
 class RetainRecipe(Action, tag="retain_recipe"):
+    """Fetches a recipe's exact bytes from the recipe manager, checks their sha256 and keeps them
+    (content-addressed): every later load, unload and the restore name that hash."""
+
     recipe: str | None
     role: Literal["incumbent", "candidate"]
     expect_sha256: str | None = None
 
 
 class Preview(Action, tag="preview"):
+    """Asks the recipe manager what a load or unload would do, with no side effect (contract section 1)."""
+
     op: Literal["load", "unload"]
     recipe: str | None
     sha256: str | None
@@ -48,50 +57,61 @@ class Preview(Action, tag="preview"):
 
 
 class Quiesce(Action, tag="quiesce"):
-    pass
+    """Asks the router to stop sending new requests to this primary (it drains what it holds)."""
 
 
 class Readmit(Action, tag="readmit"):
-    pass
+    """Asks the router to send requests to this primary again."""
 
 
 class Unload(Action, tag="unload"):
+    """Unloads the named recipe, by its retained sha256."""
+
     recipe: str | None
     sha256: str | None
     label: str | None = None
 
 
 class Load(Action, tag="load"):
+    """Loads the named recipe, by its retained sha256: a new incarnation."""
+
     recipe: str | None
     sha256: str | None
     label: str | None = None
 
 
 class ReadIdentity(Action, tag="read_identity"):
-    pass
+    """Reads the serving engine's identity (build, recipe, incarnation), without generating."""
 
 
 class ScrapeMetrics(Action, tag="scrape_metrics"):
-    pass
+    """Reads the engine's /metrics: the counters and gauges the window's rules and cells read."""
 
 
 class SetTrace(Action, tag="set_trace"):
+    """Turns the engine's request trace on or off (the trace arms)."""
+
     enabled: bool
 
 
 class ManagerState(Action, tag="manager_state"):
-    pass
+    """Reads the recipe manager's state: what is loaded, and its sha256."""
 
 
 class Health(Action, tag="health"):
-    pass
+    """Reads the engine's /health: ready with an incarnation loaded, or not."""
 
 
 class Preflight(Action, tag="preflight"):
+    """One short request, sent directly to the engine or routed through the router, before the window
+    relies on that path."""
+
     path: Literal["direct", "routed"]
 
 
 class SendRequest(Action, tag="send_request"):
+    """Sends one fixture body, byte for byte, and measures its answer (`request_done` carries the outcome)."""
+
     phase: str
     fixture: str | None
     order_index: int

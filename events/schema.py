@@ -138,6 +138,8 @@ class WatchFailed(Input, tag="watch_failed"):
 
 @register
 class OperatorAbort(Input, tag="operator_abort"):
+    """An operator's `abort` over the control socket, with the caller's uid and pid as the socket saw them."""
+
     reason: str
     uid: int | None = None
     pid: int | None = None
@@ -235,6 +237,9 @@ def _action_requested_v1(raw: dict) -> dict:
 
 @register
 class CancelRequested(Decision, tag="cancel_requested"):
+    """In-flight actions the policy gives up when the restore begins: experimental requests and reads, so
+    that a hung one cannot hold the restore reservation (`reason`: the restore's cause)."""
+
     action_ids: list[int]
     reason: str
 
@@ -249,6 +254,9 @@ class TimeMarked(Decision, tag="time_marked"):
 
 @register
 class TraceOrderFrozen(Decision, tag="trace_order_frozen"):
+    """The trace arms' order (off/on pairs, balanced by repeat), fixed before the first snapshot so that a
+    replay of the log runs them in the same order."""
+
     order: list[str]
 
 
@@ -267,6 +275,8 @@ class ArmStarted(Decision, tag="arm_started"):
 
 @register
 class PhaseStarted(Decision, tag="phase_started"):
+    """A phase begins, at this window minute, with the estimate of when it ends."""
+
     phase: str
     minute: float
     estimated_end_minute: float
@@ -287,6 +297,9 @@ class RequestMeasured(Decision, tag="request_measured"):
 
 @register
 class CellRecorded(Decision, tag="cell_recorded"):
+    """One cell's result: a phase's requests and counter deltas, or why it was not measured (failed,
+    invalid, deferred). The verdict is decided from these."""
+
     phase: str
     status: str  # measured | failed | invalid | deferred
     reason: str
@@ -314,6 +327,9 @@ class CellRecorded(Decision, tag="cell_recorded"):
 
 @register
 class AbortDecided(Decision, tag="abort_decided"):
+    """The policy aborts the experiment: the rule that fired (`reason`, e.g. `xid`, `identity_drift`,
+    `watch_lost`, `operator`) and what it saw. The restore follows."""
+
     reason: str
     detail: str
     minute: float | None
@@ -332,12 +348,19 @@ class DrainObserved(Decision, tag="drain_observed"):
 
 @register
 class RestoreStarted(Decision, tag="restore_started"):
+    """The restore of the incumbent begins, and why: the experiments completed, the stop minute came, or
+    an abort."""
+
     cause: str  # completed | stop_minute | abort
     minute: float | None
 
 
 @register
 class RestorationRecorded(Decision, tag="restoration_recorded"):
+    """What the restore checked of the incumbent it brought back (its sha256 and identity, containment,
+    monitoring, a direct and a routed preflight, readmission, no fault during the restore, the
+    reservation kept; None: not applicable to this site), and whether every check held."""
+
     checks: dict
     verified: bool
     started_minute: float | None
@@ -346,6 +369,9 @@ class RestorationRecorded(Decision, tag="restoration_recorded"):
 
 @register
 class VerdictReached(Decision, tag="verdict_reached"):
+    """The hypothesis the measured cells support (or `inconclusive`), the basis in numbers, the next
+    experiment the seed's method names, and the findings beside it."""
+
     hypothesis: str
     basis: str
     next_experiment: str
@@ -354,11 +380,17 @@ class VerdictReached(Decision, tag="verdict_reached"):
 
 @register
 class Alarm(Decision, tag="alarm"):
+    """Something a person must hear about that is not an abort (a restore overrun, a resume mismatch, a
+    primary left quiesced, a rule disabled, a guard's dry run...): `kind` names it."""
+
     kind: str
     detail: str
 
 
 @register
 class WindowClosed(Decision, tag="window_closed"):
+    """The window ends: completed, aborted (the incumbent restored either way) or restore_failed (the
+    primary needs a person)."""
+
     outcome: str  # completed | aborted | restore_failed
     minute: float | None

@@ -111,3 +111,14 @@ def test_the_path_check_names_a_path_that_is_not_there(tmp_path):
     (tmp_path / "policies" / "guards.py").write_text("")
     text = "`policies/guards.judge` applies it; `policies/actions` checks it; 9 events/s; see docs/gone.md\n"
     assert missing_paths(text, tmp_path) == ["line 1: policies/actions", "line 1: docs/gone.md"]
+
+
+def test_the_event_reference_is_what_the_schema_renders():
+    from flare_diag.events.reference import render
+    assert (ROOT / "docs" / "events.md").read_text() == render(), \
+        "docs/events.md is stale: python -m flare_diag.events.reference > docs/events.md"
+
+
+def test_every_event_and_action_type_says_what_it_is():
+    from flare_diag.events.reference import undocumented
+    assert undocumented() == []
