@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # code as markdown writes it: fenced blocks, then inline spans (an operator copies these, not the prose)
 FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# an indented code block's command line (an indented line elsewhere is a list's continuation: prose)
+INDENTED = re.compile(r"^ {4,}((?:\$ )?flare-diagd? .*)$", re.M)
 SPAN = re.compile(r"`((?:[^`\n]|\n(?![ \t]*\n))+)`")  # a span may wrap onto the next line, never past a blank one
 COMMAND = re.compile(r"(?<![\w/.-])(flare-diagd?) ([^\n|;&]*)")
 # what may stand before a command in a shell line (else `flare-diag` is a group, a path or a user's name)
@@ -29,12 +31,15 @@ def _options(p: argparse.ArgumentParser) -> set[str]:
 
 
 def _code(text: str) -> list[tuple[int, str]]:
-    """(line, code) of every fenced block's lines and every inline span outside them."""
+    """(line, code) of every fenced block's lines, every indented command line and every inline span
+    outside them."""
     out, rest = [], text
     for m in FENCED.finditer(text):
         first = text.count("\n", 0, m.start(1)) + 1
         out += [(first + i, line) for i, line in enumerate(m.group(1).splitlines())]
         rest = rest.replace(m.group(0), "\n" * m.group(0).count("\n"), 1)  # keeps the line numbers
+    out += [(rest.count("\n", 0, m.start()) + 1, m.group(1)) for m in INDENTED.finditer(rest)]
+    rest = INDENTED.sub("", rest)
     out += [(rest.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split("\n"))) for m in SPAN.finditer(rest)]
     return out
 
@@ -75,9 +80,10 @@ def test_every_command_the_docs_give_names_a_subcommand_and_options_the_cli_has(
 
 def test_the_docs_check_names_a_subcommand_or_an_option_the_cli_lacks():
     text = ("Run `flare-diag log verifyy out/log.db`, then:\n\n```\nflare-diag report out/ --format md --colour\n"
-            "flare-diagd --fleet f.toml --metrics-port 9464\n```\n")
+            "flare-diagd --fleet f.toml --metrics-port 9464\n```\n\n    flare-diag plan follow-on w1 --polcy marconi\n")
     assert misnamed(text, _parsers()) == ["line 4: `flare-diag report` has no option --colour",
                                           "line 5: `flare-diagd` has no option --metrics-port",
+                                          "line 8: `flare-diag plan follow-on` has no option --polcy",
                                           "line 1: `flare-diag log` has no subcommand 'verifyy'"]
 
 
