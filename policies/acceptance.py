@@ -8,6 +8,15 @@ import math
 
 import msgspec
 
+# the seed's bar: a follow-on plan may set a stricter one (`[follow_on]`), never a looser one
+MIN_BENEFIT = 0.05
+MAX_REGRESSION = 0.03
+
+
+def percent(x: float) -> str:
+    """0.05 -> '5%', 0.075 -> '7.5%': a bar as it was set, not rounded to another."""
+    return f"{x * 100:g}%"
+
 
 class Run(msgspec.Struct, frozen=True):
     """One repeat: its fixture bytes' hash, correctness, primary metric and protected metrics (lower is better)."""
@@ -24,36 +33,40 @@ class Acceptance(msgspec.Struct, frozen=True):
     reason: str
     primary_benefit: float | None = None
     worst_regression: float | None = None
+    min_benefit: float = MIN_BENEFIT  # the bar it was judged against
+    max_regression: float = MAX_REGRESSION
 
 
 def accept(candidate: Sequence[Run], baseline: Sequence[Run], *, repeats: int = 3,
-           min_benefit: float = 0.05, max_regression: float = 0.03) -> Acceptance:
+           min_benefit: float = MIN_BENEFIT, max_regression: float = MAX_REGRESSION) -> Acceptance:
+    bar = {"min_benefit": min_benefit, "max_regression": max_regression}
     if len(candidate) < repeats or len(baseline) < repeats:
-        return Acceptance(False, f"not accepted: {len(candidate)} candidate and {len(baseline)} baseline repeats, need {repeats} matched")
+        return Acceptance(False, f"not accepted: {len(candidate)} candidate and {len(baseline)} baseline repeats, need {repeats} matched", **bar)
     fixtures = {r.fixture_sha256 for r in (*candidate, *baseline)}
     if len(fixtures) != 1:
-        return Acceptance(False, "not accepted: repeats were not run on the same fixture bytes")
+        return Acceptance(False, "not accepted: repeats were not run on the same fixture bytes", **bar)
     if not all(math.isfinite(r.primary) for r in (*candidate, *baseline)):
-        return Acceptance(False, "not accepted: the primary metric was not measured in every repeat")
+        return Acceptance(False, "not accepted: the primary metric was not measured in every repeat", **bar)
     wrong = [r for r in candidate if not r.correct]
     if wrong:
         why = "; ".join(dict.fromkeys(r.incorrect for r in wrong if r.incorrect))
-        return Acceptance(False, "not accepted: the candidate failed independent correctness" + (f" ({why})" if why else ""))
+        return Acceptance(False, "not accepted: the candidate failed independent correctness" + (f" ({why})" if why else ""), **bar)
     c = sum(r.primary for r in candidate) / len(candidate)
     b = sum(r.primary for r in baseline) / len(baseline)
     if b <= 0:
-        return Acceptance(False, "not accepted: baseline primary metric is not positive")
+        return Acceptance(False, "not accepted: baseline primary metric is not positive", **bar)
     benefit = (b - c) / b
     worst, worst_name = 0.0, ""
     for name in baseline[0].protected:
         bc = sum(r.protected.get(name, math.inf) for r in candidate) / len(candidate)
         bb = sum(r.protected.get(name, 0.0) for r in baseline) / len(baseline)
         if not math.isfinite(bc):
-            return Acceptance(False, f"not accepted: protected {name} was not measured in every candidate repeat", benefit)
+            return Acceptance(False, f"not accepted: protected {name} was not measured in every candidate repeat", benefit, **bar)
         if bb > 0 and (bc - bb) / bb > worst:
             worst, worst_name = (bc - bb) / bb, name
     if benefit < min_benefit:
-        return Acceptance(False, f"not accepted: primary benefit {benefit:.1%} is below {min_benefit:.0%}", benefit, worst)
+        return Acceptance(False, f"not accepted: primary benefit {benefit:.1%} is below {percent(min_benefit)}", benefit, worst, **bar)
     if worst > max_regression:
-        return Acceptance(False, f"not accepted: protected {worst_name} regressed {worst:.1%}, above {max_regression:.0%}", benefit, worst)
-    return Acceptance(True, f"accepted: primary benefit {benefit:.1%}, worst protected regression {worst:.1%}", benefit, worst)
+        return Acceptance(False, f"not accepted: protected {worst_name} regressed {worst:.1%}, above {percent(max_regression)}", benefit, worst, **bar)
+    return Acceptance(True, f"accepted: primary benefit {benefit:.1%} (at least {percent(min_benefit)}), worst protected "
+                            f"regression {worst:.1%} (at most {percent(max_regression)})", benefit, worst, **bar)

@@ -9,6 +9,7 @@ from typing import Literal
 
 import msgspec
 
+from flare_diag.policies.acceptance import MAX_REGRESSION, MIN_BENEFIT, percent
 from flare_diag.policies.steady import Guard, GuardError, check_guards
 
 
@@ -188,8 +189,8 @@ class FollowOn(msgspec.Struct, forbid_unknown_fields=True):
     trace_overhead: str = ""  # stage nsight: the source window's overhead finding
     order: list[Literal["baseline", "candidate"]] = []  # the windows to run, in order
     repeats: int = 3
-    min_benefit: float = 0.05
-    max_regression: float = 0.03
+    min_benefit: float = MIN_BENEFIT  # the acceptance rule's bar: the seed's, or a stricter one
+    max_regression: float = MAX_REGRESSION
     forced: bool = False
     override: str = ""  # the gates --force passed over, as they were said
     # the greedy fixture of the plan's output-consistency phase (independent correctness)
@@ -295,6 +296,11 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
     _within(source, "rates.request_overhead_s", plan.rates.request_overhead_s, 0, 3600)
     _within(source, "rates.load_s", plan.rates.load_s, 0, 86_400)
     _within(source, "rates.probe_requests", plan.rates.probe_requests, 0, 16)
+    fo = plan.follow_on
+    if fo is not None and not (MIN_BENEFIT <= fo.min_benefit <= 1 and 0 <= fo.max_regression <= MAX_REGRESSION):
+        raise PlanError(f"{source}: follow_on.min_benefit = {fo.min_benefit:g}, max_regression = {fo.max_regression:g}: "
+                        f"expected at least {percent(MIN_BENEFIT)} benefit and at most {percent(MAX_REGRESSION)} "
+                        f"regression (the seed's acceptance rule; a stricter bar is allowed)")
     sp = plan.sampling
     _within(source, "sampling.max_tokens", sp.max_tokens, 1, 1_000_000)
     _within(source, "sampling.temperature", sp.temperature, 0, 2)

@@ -388,7 +388,7 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
                     + rest[rest.index("[[conditional]]"):]
                     + '\n[follow_on]\nstage = "policy"\nsource_window = "w0"\nsource_plan_sha256 = "x"\n'
                       'verdict = "row_checkpoint_churn"\npolicy = "marconi"\norder = ["baseline", "candidate"]\n'
-                      'repeats = 1\n')
+                      'repeats = 1\nmin_benefit = 0.2\n')
     plan.write_text(plan.read_text().replace('fixture = "c1-52"', 'fixture = "tok1024"'))
     sim = Sim(tmp_path, time_scale=POOL_SCALE)
     (tmp_path / "site-policy.toml").write_text(sim.site.read_text())  # the policy's build: here the same recipe
@@ -417,3 +417,4 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
     # it ran on the two measured repeats (a benefit computed, a reason given), not which way it went
     verdict = done["acceptance"]["f1"]
     assert verdict["reason"].startswith(("accepted", "not accepted")) and verdict["primary_benefit"] is not None
+    assert verdict["bar"] == {"min_benefit": 0.2, "max_regression": 0.03}  # the plan's, stricter than the seed's

@@ -83,3 +83,14 @@ def test_the_capture_stage_is_admitted_from_a_window_whose_cache_effects_and_ove
     assert plan.follow_on.stage == "nsight" and not plan.follow_on.forced
     nsight = next(c for c in plan.conditional if c.id == "nsight_capture")
     assert nsight.admission.startswith("admitted by follow-on from window " + report["window_id"])
+
+
+def test_a_follow_on_plan_that_lowers_the_seeds_acceptance_bar_is_refused_naming_it():
+    from flare_diag.policies.plan import PlanError, plan_from_builtins
+    from tests.policy_world import plan_builtins
+    plan = plan_builtins()
+    plan["follow_on"] = {"stage": "policy", "source_window": "w0", "source_plan_sha256": "x",
+                         "verdict": "row_checkpoint_churn", "min_benefit": 0.01}
+    with pytest.raises(PlanError, match=r"follow_on.min_benefit = 0.01, max_regression = 0.03: expected at least 5% "
+                                        r"benefit and at most 3% regression \(the seed's acceptance rule"):
+        plan_from_builtins(plan)

@@ -199,6 +199,13 @@ def test_acceptance_refuses_a_protected_metric_missing_from_the_candidate():
     assert not res.accepted and "p99 was not measured" in res.reason
 
 
+def test_acceptance_holds_a_stricter_bar_when_one_is_set_and_says_which():
+    res = accept(_runs(93), _runs(100), min_benefit=0.075)
+    assert not res.accepted and res.reason == "not accepted: primary benefit 7.0% is below 7.5%"
+    assert accept(_runs(92), _runs(100), min_benefit=0.075).reason.startswith(
+        "accepted: primary benefit 8.0% (at least 7.5%)")
+
+
 IO_MODULES = {"asyncio", "anyio", "httpx", "httpx_sse", "aiosqlite", "sqlite3", "socket", "subprocess", "time",
               "datetime", "os", "pathlib", "io", "threading", "random", "daemon", "fixtures", "uvicorn", "starlette",
               "pynvml", "structlog", "shutil", "signal", "select"}

@@ -269,6 +269,44 @@ def test_report_compare_rejects_a_candidate_without_the_primary_benefit_and_says
     assert set(out["runs"]) == {"c1", "c2", "c3", "b1", "b2", "b3"} and out["runs"]["b1"]["role"] == "baseline"
 
 
+def _follow_on_plan(**bar) -> dict:
+    """The shipped plan as a follow-on's windows run it, with `bar` in its [follow_on] table."""
+    from tests.policy_world import plan_builtins
+    plan = plan_builtins()
+    plan["follow_on"] = {"stage": "policy", "source_window": "w0", "source_plan_sha256": "x",
+                         "verdict": "row_checkpoint_churn", **bar}
+    return plan
+
+
+@pytest.fixture(scope="module")
+def strict_repeats_log(tmp_path_factory) -> Path:
+    """Six windows of a follow-on plan asking at least 10% benefit; then three whose plan asks the seed's 5%."""
+    db = tmp_path_factory.mktemp("strict") / "log.db"
+
+    async def write() -> None:
+        for w in ("c1", "c2", "c3", "b1", "b2", "b3"):
+            await write_window(db, window_id=w, plan=_follow_on_plan(min_benefit=0.1))
+        for w in ("s1", "s2", "s3"):
+            await write_window(db, window_id=w, plan=_follow_on_plan())
+    asyncio.run(write())
+    return db
+
+
+def test_report_compare_holds_the_stricter_bar_the_follow_on_plan_sets(strict_repeats_log, capsys):
+    assert main(["report", "compare", str(strict_repeats_log), "--windows", "c1", "c2", "c3",
+                 "--baseline", "b1", "b2", "b3", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert "primary benefit 0.0% is below 10%" in out["reason"]
+    assert out["bar"] == {"min_benefit": 0.1, "max_regression": 0.03}
+
+
+def test_report_compare_refuses_repeats_whose_plans_set_different_bars(strict_repeats_log, capsys):
+    assert main(["report", "compare", str(strict_repeats_log), "--windows", "c1", "c2", "c3",
+                 "--baseline", "s1", "s2", "s3"]) == 2
+    said = capsys.readouterr().err
+    assert "repeats are not matched: acceptance differs" in said and "min_benefit 0.1 vs 0.05" in said
+
+
 @pytest.fixture
 async def roomy_log(tmp_path):
     from tests.policy_world import plan_builtins

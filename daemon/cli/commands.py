@@ -819,7 +819,8 @@ def _compare(args: argparse.Namespace) -> int:
     if args.json:
         import json
         import msgspec
-        print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason, "runs": {
+        print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason,
+                          "bar": {"min_benefit": verdict.min_benefit, "max_regression": verdict.max_regression}, "runs": {
             w: {"role": "candidate" if w in candidates else "baseline", "correct": run.correct,
                 "incorrect": run.incorrect, "median_ttft_ms": run.primary, "protected": run.protected}
             for w, run in runs.items()},
@@ -831,7 +832,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"{role:9} {w}: correct {'yes' if run.correct else 'no (' + run.incorrect + ')'}, median TTFT "
               f"{run.primary:.1f} ms, {prot}")
     for s in stats:
-        print(noise_line(s))
+        print(noise_line(s, verdict.min_benefit))
     print(verdict.reason)
     return EXIT_OK if verdict.accepted else EXIT_FAILED
 

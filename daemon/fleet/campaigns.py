@@ -104,9 +104,9 @@ async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | N
                            (outcome, verdict, verified, window_id))
 
 
-async def acceptance(dsn: str, runs: list[dict], repeats: int) -> dict:
+async def acceptance(dsn: str, runs: list[dict], repeats: int, bar: dict[str, float] | None = None) -> dict:
     """Per host, the seed's acceptance rule (report compare's) over its candidate and baseline runs, each
-    run's report rebuilt from the fleet's events."""
+    run's report rebuilt from the fleet's events; `bar`: the plan's (report compare's acceptance_bar)."""
     from flare_diag.daemon.fleet.views import reports
     from flare_diag.daemon.reports.compare import run_of
     from flare_diag.policies.acceptance import accept
@@ -121,16 +121,17 @@ async def acceptance(dsn: str, runs: list[dict], repeats: int) -> dict:
         sides: dict[str, list] = {"candidate": [], "baseline": []}
         for r in mine:
             sides[r["side"]].append(run_of(built[r["window_id"]]))
-        verdict = accept(sides["candidate"], sides["baseline"], repeats=repeats)
+        verdict = accept(sides["candidate"], sides["baseline"], repeats=repeats, **(bar or {}))
         out[host] = {"accepted": verdict.accepted, "reason": verdict.reason,
-                     "primary_benefit": verdict.primary_benefit, "worst_regression": verdict.worst_regression}
+                     "primary_benefit": verdict.primary_benefit, "worst_regression": verdict.worst_regression,
+                     "bar": {"min_benefit": verdict.min_benefit, "max_regression": verdict.max_regression}}
     return out
 
 
 async def show(dsn: str, campaign: int) -> dict:
     async with await connect(dsn) as conn:
         c = await (await conn.execute("SELECT campaign, plan_name, plan_sha256, site, repeats, created_at, created_by, "
-                                      "candidate_site FROM campaigns WHERE campaign = %s", (campaign,))).fetchone()
+                                      "candidate_site, plan_toml FROM campaigns WHERE campaign = %s", (campaign,))).fetchone()
         if c is None:
             raise FleetError(f"campaign {campaign}: no such campaign")
         runs = await (await conn.execute(
@@ -142,7 +143,13 @@ async def show(dsn: str, campaign: int) -> dict:
     done = [r for r in rows if r["state"] == "done"]
     verdicts = sorted({r["verdict"] for r in done if r["verdict"]})
     follow_on = any(r["side"] for r in rows)
-    accepted = await acceptance(dsn, rows, c[4] // 2) if follow_on else None
+    if follow_on:
+        import msgspec
+
+        from flare_diag.daemon.reports.compare import acceptance_bar
+        accepted = await acceptance(dsn, rows, c[4] // 2, acceptance_bar(msgspec.toml.decode(c[8])))
+    else:
+        accepted = None
     return {"campaign": c[0], "plan": c[1], "plan_sha256": c[2], "site": c[3], "candidate_site": c[7],
             "repeats": c[4], "created_at": c[5].isoformat(), "created_by": c[6], "runs": rows, "acceptance": accepted,
             "summary": {"runs": len(rows), "done": len(done),

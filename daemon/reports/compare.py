@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flare_diag.daemon.reports.publish import build_reports
 from flare_diag.events.report_view import integrity_problem
-from flare_diag.policies.acceptance import Acceptance, Run, accept
+from flare_diag.policies.acceptance import MAX_REGRESSION, MIN_BENEFIT, Acceptance, Run, accept, percent
 
 
 class CompareError(ValueError):
@@ -84,7 +84,16 @@ def _matched_features(db: Path, window_id: str, report: dict) -> dict:
                   for ph in replays],
         "site": opened.site,
         "identity": plan.get("identity"),
+        "acceptance": acceptance_bar(plan),
     }
+
+
+def acceptance_bar(plan: dict) -> dict[str, float]:
+    """The acceptance rule's bar a plan sets in its `[follow_on]` table: the seed's where it sets none, and
+    never a looser one (a plan checked before the bar was bounded may hold one)."""
+    fo = plan.get("follow_on") or {}
+    return {"min_benefit": max(float(fo.get("min_benefit", MIN_BENEFIT)), MIN_BENEFIT),
+            "max_regression": min(float(fo.get("max_regression", MAX_REGRESSION)), MAX_REGRESSION)}
 
 
 def _unmatched(features: dict[str, dict], side: list[str], other: list[str]) -> str | None:
@@ -96,7 +105,7 @@ def _unmatched(features: dict[str, dict], side: list[str], other: list[str]) -> 
             fb = {k: v for k, v in (fb or {}).items() if k not in BUILD_FIELDS}
         return fa != fb
     first = side[0]
-    for field in ("fixtures", "concurrency", "sampling", "order", "site", "identity", "plan"):
+    for field in ("fixtures", "concurrency", "sampling", "order", "site", "identity", "acceptance", "plan"):
         for w in side[1:] + (other if field != "plan" else []):
             if differs(first, w, field):
                 return (f"repeats are not matched: {field} differs between window {first} and window {w}: "
@@ -194,7 +203,8 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
             if problem:
                 raise CompareError(problem)
     runs = {w: run_of(rep) for w, rep in reports.items()}
-    verdict = accept([runs[w] for w in windows], [runs[w] for w in baseline], repeats=repeats)
+    verdict = accept([runs[w] for w in windows], [runs[w] for w in baseline], repeats=repeats,
+                     **features[order[0]]["acceptance"])
     pooled = {side: {} for side in ("candidate", "baseline")}
     for side, ws in (("candidate", windows), ("baseline", baseline)):
         for w in ws:
@@ -209,13 +219,14 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
     return verdict, runs, stats
 
 
-def noise_line(s) -> str:
-    """One line per metric: the change, its interval, the test, and what they say about noise."""
+def noise_line(s, min_benefit: float = MIN_BENEFIT) -> str:
+    """One line per metric: the change, its interval, the test, and what they say about noise
+    (`min_benefit`: the bar the verdict was judged against)."""
     what = "benefit" if s.metric == "median_ttft_ms" else "change"
     line = (f"{s.metric}: baseline {s.baseline:.1f}, candidate {s.candidate:.1f}: {what} {s.change:+.1%} "
             f"(95% bootstrap interval {s.interval[0]:+.1%} to {s.interval[1]:+.1%}; Mann-Whitney p = "
             f"{s.mann_whitney_p:.3g}; {s.n_baseline} and {s.n_candidate} requests): ")
     line += "noise could explain it" if s.noise_could_explain else "not explained by noise"
-    if s.metric == "median_ttft_ms" and s.interval[0] < 0.05 <= s.interval[1]:
-        line += "; the interval crosses the 5% bar"
+    if s.metric == "median_ttft_ms" and s.interval[0] < min_benefit <= s.interval[1]:
+        line += f"; the interval crosses the {percent(min_benefit)} bar"
     return line
