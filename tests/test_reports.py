@@ -579,3 +579,10 @@ def test_a_long_windows_report_read_without_its_scrapes_decisions_has_every_scra
     narrowed = build_report(db, bench.WINDOW)
     assert len(narrowed["counters"]["minute"]) == len(narrowed["requests"]) > 400  # one scrape a request
     assert narrowed == _report_from_every_event(db, bench.WINDOW)
+
+
+def test_every_command_a_report_gives_names_a_subcommand_and_options_the_cli_has(default_rehearsal):
+    from tests.test_docs import _parsers, misnamed
+    md = (default_rehearsal[2] / "report.md").read_text()
+    assert "`flare-diag reproduce " in md  # the report's reproducer line: what this test reads
+    assert misnamed(md, _parsers()) == []
