@@ -15,6 +15,7 @@ import msgspec
 
 from flare_diag.events.actions import ACTION_TYPES
 from flare_diag.events.base import Event, event_type, known_tags
+from flare_diag.events import schema
 from flare_diag.events.schema import Decision, Input
 
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]+?)?\s*(?:#\s*(.*))?$")
@@ -112,7 +113,7 @@ def _section(cls: type, tag: str, version: int | None = None) -> list[str]:
 def render() -> str:
     """docs/events.md as this build's schema makes it."""
     kinds: dict[str, list[tuple[str, type[Event], int]]] = {"Inputs": [], "Decisions": [], "Records": []}
-    for tag, version in known_tags().items():
+    for tag, version in _schema_tags().items():
         cls = event_type(tag)
         kind = "Inputs" if issubclass(cls, Input) else "Decisions" if issubclass(cls, Decision) else "Records"
         kinds[kind].append((tag, cls, version))
@@ -129,9 +130,14 @@ def render() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _schema_tags() -> dict[str, int]:
+    """The tags events/schema.py registers, with their versions (a test may register types of its own)."""
+    return {tag: v for tag, v in known_tags().items() if event_type(tag).__module__ == schema.__name__}
+
+
 def undocumented() -> list[str]:
     """Event and action types without a docstring of their own: the reference would say nothing of them."""
-    types_ = [event_type(t) for t in known_tags()] + list(ACTION_TYPES)
+    types_ = [event_type(t) for t in _schema_tags()] + list(ACTION_TYPES)
     return [cls.__name__ for cls in types_ if not _doc(cls)]
 
 
