@@ -162,6 +162,7 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=200_000)
     ap.add_argument("--verify", type=int, default=1_000_000)
     ap.add_argument("--dir", type=Path, default=None, help="folder on the file system to measure (default: a temp dir)")
+    ap.add_argument("--rounds", type=int, default=3, help="verify rounds, alternated; each side's best is compared")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         d = Path(d)
@@ -184,14 +185,18 @@ def main() -> None:
               f"(goal >= 0.9)")
 
         asyncio.run(_fill(d / "big.db", a.verify))
-        t0 = time.perf_counter()
-        with LogReader(d / "big.db") as r:
-            res = verify_log(r)
-        verify_s = time.perf_counter() - t0
-        assert res.ok and res.events == a.verify
-        raw_v = _raw_select_sha(d / "big.db")
-        pre_v = _raw_preimage_sha(d / "big.db")
-        print(f"verify   n={a.verify:>9,}  log verify {verify_s:.2f} s  raw SELECT+SHA-256 {raw_v:.2f} s"
+        # the three alternated, each side's best round (as timeit does): one round of either can be
+        # stretched by a neighbour on a shared machine
+        verify_s = raw_v = pre_v = float("inf")
+        for _ in range(a.rounds):
+            t0 = time.perf_counter()
+            with LogReader(d / "big.db") as r:
+                res = verify_log(r)
+            verify_s = min(verify_s, time.perf_counter() - t0)
+            assert res.ok and res.events == a.verify
+            raw_v = min(raw_v, _raw_select_sha(d / "big.db"))
+            pre_v = min(pre_v, _raw_preimage_sha(d / "big.db"))
+        print(f"verify   n={a.verify:>9,}  (best of {a.rounds})  log verify {verify_s:.2f} s  raw SELECT+SHA-256 {raw_v:.2f} s"
               f"  ratio verify/raw = {verify_s / raw_v:.2f}  (goal <= 2)")
         print(f"verify   n={a.verify:>9,}  raw loop hashing each row's chain preimage (event_hash, no checks) "
               f"{pre_v:.2f} s  ratio verify/preimage = {verify_s / pre_v:.2f}  (goal <= 1.0, issue 30)")
