@@ -18,6 +18,14 @@ def percent(x: float) -> str:
     return f"{x * 100:g}%"
 
 
+def acceptance_bar(plan: dict) -> dict[str, float]:
+    """The bar a plan (as builtins) sets in its `[follow_on]` table: the seed's where it sets none, and
+    never a looser one (a plan checked before the bar was bounded may hold one)."""
+    fo = plan.get("follow_on") or {}
+    return {"min_benefit": max(float(fo.get("min_benefit", MIN_BENEFIT)), MIN_BENEFIT),
+            "max_regression": min(float(fo.get("max_regression", MAX_REGRESSION)), MAX_REGRESSION)}
+
+
 class Run(msgspec.Struct, frozen=True):
     """One repeat: its fixture bytes' hash, correctness, primary metric and protected metrics (lower is better)."""
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from flare_diag.daemon.cli.commands import build_parser
+from flare_diag.daemon.cli.completion import command_tree
 from flare_diag.daemon.service.server import build_parser as build_daemon_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,14 +21,6 @@ COMMAND = re.compile(r"(?<![\w/.-])(flare-diagd?) ([^\n|;&]*)")
 # what may stand before a command in a shell line (else `flare-diag` is a group, a path or a user's name)
 LEADS = ("", "$", "&&", "||", ";", "|", "(", "sudo", "exec", "time")
 OPTION = re.compile(r"--[a-z][a-z0-9-]*")
-
-
-def _subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    return next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})
-
-
-def _options(p: argparse.ArgumentParser) -> set[str]:
-    return {o for a in p._actions for o in a.option_strings}
 
 
 def _code(text: str) -> list[tuple[int, str]]:
@@ -46,7 +39,8 @@ def _code(text: str) -> list[tuple[int, str]]:
 
 def misnamed(text: str, parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     """Each `flare-diag ...` (or `flare-diagd ...`) in the text's code whose subcommand or option its parser
-    lacks, as 'line N: why'."""
+    lacks, as 'line N: why' (read from the command tree shell completion is written from)."""
+    trees = {program: command_tree(p) for program, p in parsers.items()}
     found = []
     for line, code in _code(text):
         code = code.replace("\\", " ")
@@ -54,16 +48,16 @@ def misnamed(text: str, parsers: dict[str, argparse.ArgumentParser]) -> list[str
             before = code[:m.start()].split()
             if before and before[-1] not in LEADS and "=" not in before[-1]:  # not a command: `usermod -aG flare-diag alice`
                 continue
-            program, parser = m.group(1), parsers[m.group(1)]
-            words, p, path = m.group(2).split(), parser, [program]
-            while words and words[0] in _subcommands(p):
-                p = _subcommands(p)[words[0]]
-                path.append(words.pop(0))
-            if _subcommands(p) and words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
-                found.append(f"line {line}: `{' '.join(path)}` has no subcommand {words[0]!r}")
+            program, tree = m.group(1), trees[m.group(1)]
+            words, path = m.group(2).split(), ()
+            while words and (*path, words[0]) in tree:
+                path = (*path, words.pop(0))
+            named = " ".join((program, *path))
+            if any(not w.startswith("-") for w in tree[path]) and words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+                found.append(f"line {line}: `{named}` has no subcommand {words[0]!r}")
                 continue
-            known = _options(p) | _options(parser)
-            found += [f"line {line}: `{' '.join(path)}` has no option {o}"
+            known = {*tree[path], *tree[()]}
+            found += [f"line {line}: `{named}` has no option {o}"
                       for w in words if (o := OPTION.match(w)) and (o := o.group(0)) not in known]
     return found
 

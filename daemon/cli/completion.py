@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 
-def _tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[str]]:
+def command_tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[str]]:
     """Each command path to the words that may follow it: its subcommands, then its options."""
     words: list[str] = []
     out: dict[tuple[str, ...], list[str]] = {}
@@ -14,7 +14,7 @@ def _tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[t
         if isinstance(a, argparse._SubParsersAction):
             for name, sub in a.choices.items():
                 words.append(name)
-                out.update(_tree(sub, (*path, name)))
+                out.update(command_tree(sub, (*path, name)))
         else:
             words += [o for o in a.option_strings if o.startswith("--")]
     out[path] = words
@@ -22,7 +22,7 @@ def _tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[t
 
 
 def bash(parser: argparse.ArgumentParser) -> str:
-    tree = _tree(parser)
+    tree = command_tree(parser)
     cases = "\n".join(f'        "{" ".join(path)}") words="{" ".join(ws)}" ;;' for path, ws in sorted(tree.items()) if ws)
     return f"""# bash completion for flare-diag (written by `flare-diag completion bash`)
 _flare_diag() {{

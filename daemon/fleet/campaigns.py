@@ -106,7 +106,7 @@ async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | N
 
 async def acceptance(dsn: str, runs: list[dict], repeats: int, bar: dict[str, float] | None = None) -> dict:
     """Per host, the seed's acceptance rule (report compare's) over its candidate and baseline runs, each
-    run's report rebuilt from the fleet's events; `bar`: the plan's (report compare's acceptance_bar)."""
+    run's report rebuilt from the fleet's events; `bar`: the plan's (policies.acceptance.acceptance_bar)."""
     from flare_diag.daemon.fleet.views import reports
     from flare_diag.daemon.reports.compare import run_of
     from flare_diag.policies.acceptance import accept
@@ -146,7 +146,7 @@ async def show(dsn: str, campaign: int) -> dict:
     if follow_on:
         import msgspec
 
-        from flare_diag.daemon.reports.compare import acceptance_bar
+        from flare_diag.policies.acceptance import acceptance_bar
         accepted = await acceptance(dsn, rows, c[4] // 2, acceptance_bar(msgspec.toml.decode(c[8])))
     else:
         accepted = None

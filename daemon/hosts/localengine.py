@@ -27,8 +27,7 @@ from urllib.parse import urlparse
 import httpx
 
 from flare_diag.daemon.hosts.errors import ActionFailed
-from flare_diag.daemon.hosts.nocookies import NoCookies
-from flare_diag.daemon.hosts.tls import tls_context
+from flare_diag.daemon.hosts.httpclient import host_client
 
 STOP_GRACE_S = 10.0
 PIDFILE = "engine.pid"
@@ -85,7 +84,7 @@ class LocalEngine:
         self._prepared = False
         self._hashed = False
         self.reaped: str | None = None
-        self._client = httpx.AsyncClient(timeout=10.0, verify=tls_context(), cookies=NoCookies())
+        self._client = host_client(timeout=10.0)
 
     async def _ready(self) -> None:
         """Every recipe's identity (its model's hash), computed once, off the event loop."""

@@ -8,8 +8,7 @@ import math
 import httpx
 
 from flare_diag.daemon.hosts.errors import ActionFailed
-from flare_diag.daemon.hosts.nocookies import NoCookies
-from flare_diag.daemon.hosts.tls import tls_context
+from flare_diag.daemon.hosts.httpclient import host_client
 from flare_diag.daemon.hosts.site import Site, scrub
 
 MAX_SERIES = 1000  # a guard reads one number; a query answering more is cut (and says so)
@@ -28,8 +27,7 @@ class Prometheus:
         self.url = ss.prometheus_url.rstrip("/")
         self.site = site
         tok = site.tokens.get("steady_state")
-        self.client = httpx.AsyncClient(timeout=TIMEOUT_S, headers={"Authorization": f"Bearer {tok}"} if tok else {},
-                                        verify=tls_context(), cookies=NoCookies())
+        self.client = host_client(timeout=TIMEOUT_S, headers={"Authorization": f"Bearer {tok}"} if tok else {})
 
     async def close(self) -> None:
         await self.client.aclose()

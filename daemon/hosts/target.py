@@ -19,10 +19,9 @@ from flare_diag.events import actions as act
 from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
-from flare_diag.daemon.hosts.nocookies import NoCookies
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
 from flare_diag.daemon.hosts.site import Site
-from flare_diag.daemon.hosts.tls import tls_context
+from flare_diag.daemon.hosts.httpclient import host_client
 
 RESPONSE_CAP = 4096
 # A pooled connection the host closed while it sat idle fails before any byte of an answer comes
@@ -56,12 +55,10 @@ class Target:
         self.recipe_dir = recipe_dir  # retained recipe bytes, content-addressed, beside the log
         timeout = httpx.Timeout(600.0, connect=10.0)
         # reads and state-setting calls share a pool (they may be retried once on a fresh connection)
-        self.client = httpx.AsyncClient(timeout=timeout, transport=site.transport, verify=tls_context(),
-                                        cookies=NoCookies())
+        self.client = host_client(timeout=timeout, transport=site.transport)
         # generations, loads and unloads each get a connection of their own: one the host may have
         # closed while idle can never be picked for them, and they are never sent twice
-        self.fresh = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0),
-                                       transport=site.transport, verify=tls_context(), cookies=NoCookies())
+        self.fresh = host_client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0), transport=site.transport)
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the site's Prometheus, which the plan's steady-state guards query (never through the
         # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from flare_diag.daemon.reports.publish import build_reports
 from flare_diag.events.report_view import integrity_problem
-from flare_diag.policies.acceptance import MAX_REGRESSION, MIN_BENEFIT, Acceptance, Run, accept, percent
+from flare_diag.policies.acceptance import MIN_BENEFIT, Acceptance, Run, accept, acceptance_bar, percent
 
 
 class CompareError(ValueError):
@@ -86,14 +86,6 @@ def _matched_features(db: Path, window_id: str, report: dict) -> dict:
         "identity": plan.get("identity"),
         "acceptance": acceptance_bar(plan),
     }
-
-
-def acceptance_bar(plan: dict) -> dict[str, float]:
-    """The acceptance rule's bar a plan sets in its `[follow_on]` table: the seed's where it sets none, and
-    never a looser one (a plan checked before the bar was bounded may hold one)."""
-    fo = plan.get("follow_on") or {}
-    return {"min_benefit": max(float(fo.get("min_benefit", MIN_BENEFIT)), MIN_BENEFIT),
-            "max_regression": min(float(fo.get("max_regression", MAX_REGRESSION)), MAX_REGRESSION)}
 
 
 def _unmatched(features: dict[str, dict], side: list[str], other: list[str]) -> str | None:
