@@ -327,7 +327,7 @@ class CellRecorded(Decision, tag="cell_recorded"):
 
 @register
 class AbortDecided(Decision, tag="abort_decided"):
-    """The policy aborts the experiment: the rule that fired (`reason`, e.g. `xid`, `identity_drift`,
+    """The policy aborts the experiment: the rule that fired (`reason`, one of policies.rules.ABORT_REASONS: `gpu_fault`, `identity_drift`,
     `watch_lost`, `operator`) and what it saw. The restore follows."""
 
     reason: str
