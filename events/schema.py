@@ -327,8 +327,8 @@ class CellRecorded(Decision, tag="cell_recorded"):
 
 @register
 class AbortDecided(Decision, tag="abort_decided"):
-    """The policy aborts the experiment: the rule that fired (`reason`, one of policies.rules.ABORT_REASONS: `gpu_fault`, `identity_drift`,
-    `watch_lost`, `operator`) and what it saw. The restore follows."""
+    """The policy aborts the experiment: the rule that fired (`reason`, one of policies.rules.ABORT_REASONS,
+    such as `gpu_fault`, `identity_drift`, `watch_lost`, `operator`) and what it saw. The restore follows."""
 
     reason: str
     detail: str
