@@ -8,7 +8,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import signal
 import sqlite3
 import time
 import types
@@ -25,6 +24,7 @@ from flare_diag.events.base import Event, _encoder
 from flare_diag.events.chain import DOMAIN_TAG, GENESIS, _fixed
 from flare_diag.events.checkpoint import default_path, write_checkpoint
 from flare_diag.events.envelope import COLUMNS, Envelope
+from flare_diag.events.signals import threads_started_quiet
 from flare_diag.events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
 
 T = TypeVar("T")
@@ -509,30 +509,15 @@ def _on_thread(aw: Awaitable[T]) -> Generator[Any, Any, T]:
                 return done.value
 
 
-# Signals a thread can be sent from outside (SIGINT, SIGTERM, SIGHUP from an operator or systemd, ...);
-# the ones a faulting thread raises on itself stay open, or a fault in the worker could not be reported.
-_OUTSIDE_SIGNALS = (signal.valid_signals() - {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
-                                              signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT}
-                    if hasattr(signal, "pthread_sigmask") else set())
-
-
 class _connect:
-    """`aiosqlite.connect(path)`, its worker thread started with outside signals blocked, so that they
-    reach the main thread, whose loop handles them. One delivered to the worker interrupted its wait on
-    the connection's queue, and now and then (CPython 3.11.7; 5 of about 700 rehearsals given SIGINT)
-    it then slept with the next call in the queue unserved: the window's commit never answered."""
+    """`aiosqlite.connect(path)`, its worker thread started taking no outside signal (events/signals.py)."""
 
     def __init__(self, path: Path) -> None:
         self.conn = aiosqlite.connect(path, isolation_level=None)
 
     def __await__(self) -> Generator[Any, Any, aiosqlite.Connection]:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _OUTSIDE_SIGNALS) if _OUTSIDE_SIGNALS else None
-        try:
-            steps = self.conn.__await__()  # starts the thread, which takes this thread's mask
-        finally:
-            if old is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        return steps
+        with threads_started_quiet():
+            return self.conn.__await__()  # starts the thread
 
 
 def _announce() -> None:

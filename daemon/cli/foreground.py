@@ -22,6 +22,7 @@ from flare_diag.daemon.window.sitecheck import checked_target
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup, load_fixtures, new_window_id
 from flare_diag.daemon.reports.publish import write_reports
+from flare_diag.events.signals import quiet_default_executor
 from flare_diag.events.store import EventStore
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration
@@ -32,6 +33,7 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
 
     `before_open` runs once the site check and the forecast have passed (a rehearsal's faults go in
     there, so that the forecast's probe requests do not count towards a fault's request number)."""
+    quiet_default_executor()  # the operator's Ctrl-C is the loop's, never a worker's
     target = await checked_target(setup, out / "recipes")
     try:
         sched = await planned(setup, target)
@@ -99,6 +101,7 @@ async def resume_window(out: Path, console: Console, events_out: TextIO | None =
     """Picks up the window a foreground `run` left open in `out` (killed, or its machine lost), as the
     daemon does after a restart: the recorded inputs replayed, then straight to restore."""
     from flare_diag.daemon.window.recovery import setup_for_recovery, unfinished_windows
+    quiet_default_executor()
     db = out / "log.db"
     if not db.is_file():
         raise InputError(f"{out}: no log.db; expected the --out folder of a foreground `run`")

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import psycopg
 
+from flare_diag.events.signals import quiet
 from flare_diag.daemon.fleet.config import FleetConfig, FleetError
 from flare_diag.daemon.fleet.db import connect, one_line
 import flare_diag.events.schema  # noqa: F401  (registers the event types a window row is read from)
@@ -160,7 +161,7 @@ async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: in
     prev_seq, prev_hash = head_seq, head_hash
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, _read_rows, db, host, head_seq, batch, send)
+            tg.start_soon(anyio.to_thread.run_sync, quiet(_read_rows), db, host, head_seq, batch, send)
             async with receive, conn.cursor().copy(_COPY) as copy:
                 copy.set_types(COPY_TYPES)
                 async for rows in receive:
@@ -228,7 +229,7 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
             head_seq, head_hash = found
             head_hash = bytes(head_hash) if head_hash is not None else None
             # the head check and a short backlog in one visit to the local log (the steady state's case)
-            at, local_head, short = await anyio.to_thread.run_sync(_local_head, db, head_seq, host, min(batch, CHUNK))
+            at, local_head, short = await anyio.to_thread.run_sync(quiet(_local_head), db, head_seq, host, min(batch, CHUNK))
             if head_seq and at is not None and at[9] != head_hash:
                 raise _Broken(Fork(host, head_seq, "the local log's event there differs from the one shipped "
                                                    "(rewritten after shipping)"))
@@ -252,7 +253,7 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
         raise fork
     oldest = None
     if local_head > head_seq:
-        nxt, _head, _rows = await anyio.to_thread.run_sync(_local_head, db, head_seq + 1)
+        nxt, _head, _rows = await anyio.to_thread.run_sync(quiet(_local_head), db, head_seq + 1)
         oldest = nxt[2] if nxt else None
     return Shipped(len(rows), head_seq, local_head, oldest)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 
 import flare_diag.events.schema  # noqa: F401  (registers the event types the release is decided from)
+from flare_diag.events.signals import quiet
 from flare_diag.daemon.fleet import campaigns, lease
 from flare_diag.daemon.fleet.config import FleetConfig
 from flare_diag.daemon.fleet.db import connect, one_line
@@ -115,7 +116,7 @@ class FleetLink:
         async with await connect(self.dsn) as conn:
             held = await lease.held(conn, self.cfg.host)
             if held is not None and held["state"] == "held" and held["window_id"] not in (self.running(), self.pending):
-                end = await anyio.to_thread.run_sync(window_end, self.db, held["window_id"])
+                end = await anyio.to_thread.run_sync(quiet(window_end), self.db, held["window_id"])
                 if not end["opened"]:
                     # its start was refused after the lease was granted: nothing on the host changed
                     await lease.release(conn, self.cfg.host, CALLER, "the window never opened",
@@ -140,7 +141,7 @@ class FleetLink:
         for wid in await campaigns.running(conn, self.cfg.host):
             if wid in (self.running(), self.pending):
                 continue
-            end = await anyio.to_thread.run_sync(window_end, self.db, wid)
+            end = await anyio.to_thread.run_sync(quiet(window_end), self.db, wid)
             if end["closed"] or not end["opened"]:
                 await campaigns.finish(conn, wid, end["outcome"], end["verdict"], end["verified"])
                 self.log.info("campaign run done", host=self.cfg.host, window_id=wid, outcome=end["outcome"])

@@ -37,6 +37,7 @@ from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import AbortDecided, ControlCommand, LogNote
+from flare_diag.events.signals import quiet, quiet_default_executor
 from flare_diag.events.store import EventStore, StoreWriteError
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
@@ -72,7 +73,7 @@ SEND_TIMEOUT_S = 30.0   # a client that does not read its reply (or its watch st
 
 
 async def _thread(fn, *args):
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+    return await anyio.to_thread.run_sync(quiet(functools.partial(fn, *args)))
 
 
 class ActiveWindow:
@@ -120,6 +121,7 @@ class Service:
 
     async def run(self) -> int:
         exit_code = 0
+        quiet_default_executor()  # SIGTERM and SIGINT are the loop's (_signals), never a worker thread's
         self._stop = anyio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         key = checkpoint_key()
