@@ -81,3 +81,48 @@ def test_to_thread_runs_inline_in_virtual_time():
 
     now, name = virtualtime.run(main())
     assert now == 0 and name == "MainThread"
+
+
+def test_a_thread_that_sleeps_through_an_announced_call_is_nudged_and_the_clock_goes_on():
+    """A worker that misses its wake-up (the call sits in its queue) answers once nudged; the loop
+    does not wait out THREAD_ANSWER_WAIT_S for it."""
+    import threading
+
+    async def main() -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        nudged = threading.Event()
+        fut = loop.create_future()
+
+        def sleeper() -> None:  # serves its call only when woken again
+            nudged.wait(30)
+            loop.call_soon_threadsafe(fut.set_result, "served")
+
+        loop.add_thread_nudge(nudged.set)
+        loop.thread_call_started()
+        threading.Thread(target=sleeper, daemon=True).start()
+        assert await fut == "served"
+        await asyncio.sleep(5)
+        return loop.time(), loop.nudged
+
+    t0 = time.monotonic()
+    at, nudged = virtualtime.run(main())
+    assert at == pytest.approx(5) and nudged >= 1
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_stores_nudge_is_an_empty_call_that_answers_nobody_and_commits_go_on(tmp_path):
+    async def main() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        store = await EventStore.open(tmp_path / "log.db")
+        try:
+            await store.append(LogNote(text="before"))
+            for _ in range(3):
+                store._nudge()
+            await store.append(LogNote(text="after"))
+            await asyncio.sleep(1)
+            return store.head[0], loop._announced, loop._answered
+        finally:
+            await store.close()
+
+    seq, announced, answered = virtualtime.run(main())
+    assert seq == 2 and announced == answered
