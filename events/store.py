@@ -101,7 +101,6 @@ class EventStore:
     def __init__(self, conn: aiosqlite.Connection, path: Path, checkpoint_path: Path, clock: Clock,
                  seq: int, head_hash: bytes, max_batch: int) -> None:
         self._conn = conn
-        self._drop_nudge: Callable[[], object] = lambda: None
         self.path = path
         self.checkpoint_path = checkpoint_path
         self._clock = clock
@@ -174,9 +173,6 @@ class EventStore:
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
         store = cls(conn, path, cp, clock, seq, head, max_batch)
         store._lock_fd = lock_fd
-        add_nudge = getattr(asyncio.get_running_loop(), "add_thread_nudge", None)
-        if add_nudge is not None:  # a rehearsal's loop waits on this thread: it may wake it (virtualtime.py)
-            store._drop_nudge = add_nudge(store._nudge)
         await store._tg.__aenter__()
         store._tg.start_soon(store._write_loop, name="event-store-writer")
         return store
@@ -434,18 +430,10 @@ class EventStore:
                 for r in rows:
                     yield row_envelope(r)
 
-    def _nudge(self) -> None:
-        """Wakes aiosqlite's worker with an empty call that answers nobody: one that slept with a call in
-        its queue serves it next."""
-        tx = getattr(self._conn, "_tx", None)
-        if tx is not None and self._conn._running:
-            tx.put_nowait((None, _nothing))
-
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._drop_nudge()
         self._queue.append(_STOP)
         self._wake.set()
         try:
@@ -530,10 +518,6 @@ class _connect:
     def __await__(self) -> Generator[Any, Any, aiosqlite.Connection]:
         with threads_started_quiet():
             return self.conn.__await__()  # starts the thread
-
-
-def _nothing() -> None:
-    """The call a nudge hands aiosqlite's worker."""
 
 
 def _announce() -> None:

@@ -16,10 +16,6 @@ machine's scheduling). So:
   and delivered only once the loop is idle at the current instant and every announced call has
   answered, in the order they answered (aiosqlite's one thread answers in the order it was asked);
   only then may the clock move on.
-- a thread that has not answered after NUDGE_AFTER_S real seconds is nudged by whoever registered a
-  nudge for it (`add_thread_nudge`): the event store hands aiosqlite's worker an empty call, which
-  wakes a worker that slept through its last call (seen in CI on CPython 3.11.7: the call sat in
-  the worker's queue, unserved, until the next one came; events/signals.py has the cause that was found).
 
 Why a loop and not trio's MockClock: the event store is aiosqlite (asyncio-only), and its thread
 hops would let an autojumping clock jump mid-commit. Why not an injected clock alone: anyio's
@@ -31,7 +27,6 @@ reads `at_ns`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import selectors
 import threading
 from collections import deque
@@ -39,11 +34,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_log = logging.getLogger("flare_diag.virtualtime")
 
 # a thread that never answers would otherwise hang the rehearsal with no word; this is real time
 THREAD_ANSWER_WAIT_S = 120.0
-NUDGE_AFTER_S = 1.0
 
 
 class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -80,8 +73,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._lock = threading.Lock()
         self._announced = 0  # thread calls announced
         self._answered = 0  # answers from threads received (held in the inbox until delivered)
-        self._nudges: list[Callable[[], None]] = []
-        self.nudged = 0  # how many times a late thread was nudged
 
     def time(self) -> float:
         return self._now
@@ -91,11 +82,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """A caller hands one call to a thread; the clock waits for its answer (see the module doc)."""
         with self._lock:
             self._announced += 1
-
-    def add_thread_nudge(self, nudge: Callable[[], None]) -> Callable[[], None]:
-        """Registers what wakes a thread that announced calls go to; returns its removal."""
-        self._nudges.append(nudge)
-        return lambda: self._nudges.remove(nudge) if nudge in self._nudges else None
 
     def thread_call_withdrawn(self) -> None:
         """An announced call that never reached its thread (refused before the hand-over)."""
@@ -118,7 +104,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Waits (real time) until every announced thread call has answered; the I/O seen meanwhile."""
         events: list = []
         waited = 0.0
-        next_nudge = NUDGE_AFTER_S
         while True:
             with self._lock:
                 if self._answered >= self._announced:
@@ -128,15 +113,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                     return events
             events += poll(0.05)
             waited += 0.05
-            if waited >= next_nudge:
-                next_nudge += NUDGE_AFTER_S
-                self.nudged += 1
-                _log.info("virtual time: a thread call unanswered after %.2f s; nudging its thread", waited)
-                for nudge in list(self._nudges):
-                    nudge()
             if waited > THREAD_ANSWER_WAIT_S:
                 raise RuntimeError(f"virtual time: a thread call announced to the loop did not answer in "
-                                   f"{THREAD_ANSWER_WAIT_S:g} s ({self._announced} announced, {self._answered} answered)")
+                                   f"{THREAD_ANSWER_WAIT_S:g} s")
 
     def _deliver(self) -> bool:
         with self._lock:
