@@ -11,11 +11,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# SIGINT, SIGTERM, SIGHUP (an operator, systemd) and every other signal a thread can be sent; the ones a
-# faulting thread raises on itself stay open, or a fault in a worker could not be reported. One sent
-# to a worker that is waiting on its queue interrupts the wait, and now and then (CPython 3.11.7) the
-# worker then slept with the next call in its queue unserved: aiosqlite's, which made a window's
-# commit never answer (5 of about 700 rehearsals given SIGINT; none of 720 with this mask).
+# SIGINT, SIGTERM, SIGHUP (an operator, systemd) and every other signal a thread can be sent: a process's
+# signal goes to any thread that does not block it, and one taken by a worker interrupts whatever it
+# was waiting in (the log's next commit, a file read) for a handler that only the main thread runs.
+# The ones a faulting thread raises on itself stay open, or a fault in a worker could not be reported.
 OUTSIDE_SIGNALS = (signal.valid_signals() - {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
                                              signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT}
                    if hasattr(signal, "pthread_sigmask") else set())

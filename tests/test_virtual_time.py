@@ -81,3 +81,26 @@ def test_to_thread_runs_inline_in_virtual_time():
 
     now, name = virtualtime.run(main())
     assert now == 0 and name == "MainThread"
+
+
+def test_a_ready_descriptor_does_not_cut_short_the_wait_for_a_slow_thread():
+    """The loop waits out a thread that takes 1.5 s to answer, in real time, even while its self-pipe
+    is readable throughout (a signal or an answer wrote to it): the wait neither spins nor gives up."""
+    import threading
+
+    async def main() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def slow() -> None:
+            time.sleep(1.5)
+            loop.call_soon_threadsafe(fut.set_result, "answered")
+
+        loop.thread_call_started()
+        threading.Thread(target=slow, daemon=True).start()
+        loop._write_to_self()  # readable until the loop reads it, which it does only once idle
+        return await fut, loop.time()
+
+    t0 = time.monotonic()
+    assert virtualtime.run(main()) == ("answered", 0.0)
+    assert time.monotonic() - t0 >= 1.5

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -49,10 +50,10 @@ class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
         if timeout is not None and timeout <= 0:
             return super().select(0)  # callbacks are ready: only real I/O is polled
         # idle at this instant: the threads' answers first, then the outside world, then the clock
-        events = loop._await_threads(lambda t: super(_Selector, self).select(t))
+        loop._await_threads()
         if loop._deliver():
-            return events + super().select(0)
-        events += super().select(0)
+            return super().select(0)
+        events = super().select(0)  # level-triggered: what became ready during the wait is still ready
         if events:
             return events
         if timeout is None:
@@ -71,6 +72,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._now = 0.0
         self._inbox: deque[asyncio.Handle] = deque()
         self._lock = threading.Lock()
+        self._answer = threading.Condition(self._lock)  # notified by each answer from a thread
         self._announced = 0  # thread calls announced
         self._answered = 0  # answers from threads received (held in the inbox until delivered)
 
@@ -94,28 +96,30 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             return super().call_soon_threadsafe(callback, *args, context=context)
         self._check_closed()
         handle = asyncio.Handle(callback, args, self, context)
-        with self._lock:
+        with self._answer:
             self._inbox.append(handle)
             self._answered += 1
+            self._answer.notify()
         self._write_to_self()
         return handle
 
-    def _await_threads(self, poll: Callable[[float | None], list]) -> list:
-        """Waits (real time) until every announced thread call has answered; the I/O seen meanwhile."""
-        events: list = []
-        waited = 0.0
-        while True:
-            with self._lock:
-                if self._answered >= self._announced:
-                    # an answer nobody announced (a thread of asyncio's own) must not let a later
-                    # announced call go unwaited
-                    self._announced = self._answered
-                    return events
-            events += poll(0.05)
-            waited += 0.05
-            if waited > THREAD_ANSWER_WAIT_S:
-                raise RuntimeError(f"virtual time: a thread call announced to the loop did not answer in "
-                                   f"{THREAD_ANSWER_WAIT_S:g} s")
+    def _await_threads(self) -> None:
+        """Blocks (real time, the GIL released) until every announced thread call has answered."""
+        # Not by polling the selector meanwhile: a ready descriptor (the self-pipe a signal or an
+        # answer writes to) made each poll return at once, so the wait spun holding the GIL the
+        # worker needed to answer, and its limit, counted in polls, ran out in well under a second.
+        deadline = time.monotonic() + THREAD_ANSWER_WAIT_S
+        with self._answer:
+            while self._answered < self._announced:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"virtual time: a thread call announced to the loop did not answer in "
+                                       f"{THREAD_ANSWER_WAIT_S:g} s ({self._announced} announced, "
+                                       f"{self._answered} answered)")
+                self._answer.wait(left)
+            # an answer nobody announced (a thread of asyncio's own) must not let a later announced
+            # call go unwaited
+            self._announced = self._answered
 
     def _deliver(self) -> bool:
         with self._lock:
