@@ -16,6 +16,26 @@ PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
 SCALE = 100
 
 
+def blocked_signals(pid: int, tid: int) -> set[int] | None:
+    """The signals thread `tid` of process `pid` blocks, as the kernel has them (None: it has ended)."""
+    try:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    mask = int(next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def threads_taking(pid: int, sigs: set[int]) -> list[int]:
+    """The threads of process `pid`, other than its main one, that would take one of `sigs`."""
+    taking = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        blocked = blocked_signals(pid, int(task.name)) if int(task.name) != pid else None
+        if blocked is not None and not sigs <= blocked:
+            taking.append(int(task.name))
+    return taking
+
+
 def stop_process(proc: subprocess.Popen) -> None:
     """TERM, then KILL after 5 s; reaped either way."""
     proc.terminate()

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase
+from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase, threads_taking
 from flare_diag.events.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,29 +315,13 @@ def test_a_resume_with_a_changed_site_profile_restores_with_the_recorded_one_and
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
-def _threads_taking(pid: int, sigs: set[int]) -> list[str]:
-    """The threads of process `pid` other than its main one that would take one of `sigs`."""
-    taking = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        if int(task.name) == pid:
-            continue
-        try:
-            fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
-        except FileNotFoundError:  # ended meanwhile
-            continue
-        blocked = int(fields["SigBlk"].strip(), 16)
-        if any(not blocked >> (s - 1) & 1 for s in sigs):
-            taking.append(f"{fields['Name'].strip()} ({task.name})")
-    return taking
-
-
 def test_sigterm_inside_a_window_restores_before_the_daemon_exits(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)
     daemon.wait_for(in_phase, what="a phase with requests")
-    # the signal goes to the main thread, whose loop restores: no worker thread can take it (one that
-    # did could leave the log's next commit unserved; events/signals.py)
-    assert _threads_taking(daemon.proc.pid, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}) == []
+    # the signal goes to the main thread, whose loop restores: no worker thread can take it and have
+    # its wait (a commit, a file read) interrupted for a handler only the main thread runs
+    assert threads_taking(daemon.proc.pid, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}) == []
     assert daemon.kill(signal.SIGTERM) == 0
     evs = _events(daemon)
     closed = [ev for _s, ev in evs if type(ev).__name__ == "WindowClosed"]

@@ -172,25 +172,18 @@ async def test_events_caused_by_the_first_of_a_submission_carry_its_seq(tmp_path
     assert rows[-2:] == [(5, None), (6, 5)]
 
 
-def _blocked_signals(native_id: int) -> set[int]:
-    """The signals a thread of this process blocks, from the kernel's view of it."""
-    import os
-    for line in open(f"/proc/{os.getpid()}/task/{native_id}/status"):
-        if line.startswith("SigBlk:"):
-            mask = int(line.split()[1], 16)
-            return {n + 1 for n in range(64) if mask >> n & 1}
-    raise AssertionError("no SigBlk line")
-
-
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads the thread's mask from /proc")
 async def test_the_stores_worker_thread_leaves_interrupts_to_the_main_thread_and_still_reports_faults(tmp_path):
+    import os
     import signal
     import threading
-    before = _blocked_signals(threading.main_thread().native_id)
+
+    from tests.daemontools import blocked_signals
+    before = blocked_signals(os.getpid(), threading.main_thread().native_id)
     async with await EventStore.open(tmp_path / "log.db") as store:
         await store.append(LogNote(text="a"))
-        worker = _blocked_signals(store._conn._thread.native_id)
+        worker = blocked_signals(os.getpid(), store._conn._thread.native_id)
         assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD} <= worker
         assert not {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT} & worker
         # the main thread's own mask is as it was: it still takes every signal it took
-        assert _blocked_signals(threading.main_thread().native_id) == before
+        assert blocked_signals(os.getpid(), threading.main_thread().native_id) == before
