@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -112,10 +113,19 @@ def _bare(r: LogReader) -> tuple[float, int]:
     return time.perf_counter() - t0, count
 
 
-def _report(r: LogReader, integrity: dict, out: Path) -> tuple[float, list[float], list[int], dict]:
+def _report(r: LogReader, integrity: dict, root: Path) -> tuple[float, list[float], list[int], dict]:
     """What `write_reports` does after verification: one pass over the log projecting the report,
     its request rows, counter series and natural failures rendered into a spool as they are made,
-    then the three formats assembled around them, each written to its file."""
+    then the three formats assembled around them, each written to its file. Each round writes new
+    files, as a published snapshot is (the last round's are removed after the clock stops)."""
+    out = Path(tempfile.mkdtemp(dir=root))
+    try:
+        return _report_into(r, integrity, out)
+    finally:
+        shutil.rmtree(out)
+
+
+def _report_into(r: LogReader, integrity: dict, out: Path) -> tuple[float, list[float], list[int], dict]:
     t0 = time.perf_counter()
     with ReportSpool() as spool:
         rep = project_window(r.iter_for_projection(WINDOW, PROJECTED_TYPES, UNREAD_ACTIONS), WINDOW, integrity, spool)

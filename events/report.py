@@ -10,6 +10,7 @@ import math
 from array import array
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import msgspec
 import msgspec.structs
@@ -85,8 +86,11 @@ class _Projection:
 
     def apply(self, env: Read) -> None:
         entry = _DISPATCH.get(env.type)
-        if entry is None:
-            return
+        if entry is not None:
+            self.apply_entry(env, entry)
+
+    def apply_entry(self, env: Read, entry: tuple) -> None:
+        """`env` through its type's entry of _DISPATCH (its handler, narrow view, input flag, view version)."""
         handler, light, is_input, version = entry
         # The events a long window is made of are read through narrow views (only the fields this
         # report uses); an event of an older schema version goes through its upcaster instead.
@@ -233,12 +237,14 @@ class _Projection:
 
     def request_measured(self, env: Read, ev) -> None:
         self.fold.count_request()
-        d = msgspec.structs.asdict(ev.delta) if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
+        # the narrow view's struct encodes as the dict of its keys would (every key, in order), so an
+        # answered request's row keeps it; a row that is a dict, or a report held whole, gets the dict
+        d = ev.delta if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
         rd = self.responses.pop((ev.phase, ev.order_index), None)
         if rd is None:
             req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
                    "body_sha256": ev.body_sha256, "outcome": ev.outcome, "natural_failure": ev.natural_failure,
-                   "delta": d}
+                   "delta": _delta_dict(d)}
         else:
             req = RequestRow(ev.phase, ev.order_index, ev.body_index, ev.body_sha256, ev.outcome, ev.natural_failure,
                              d, rd.finish_reason, rd.visible_output, rd.reasoning_only, rd.prompt_tokens,
@@ -251,11 +257,11 @@ class _Projection:
                 smp = self.samples[ev.phase] = _Samples()
             smp.add(rd)
         if ev.phase.startswith(REPLAY_PREFIXES):
-            v = d.get("host_reused_tokens")
+            v = d.get("host_reused_tokens") if type(d) is dict else d.host_reused_tokens
             if v is not None:
                 self.reuse.setdefault(ev.phase, []).append((ev.order_index, v))
         if self.spool is None:
-            self.r["requests"].append(req if rd is None else msgspec.structs.asdict(req))
+            self.r["requests"].append(req if rd is None else {**msgspec.structs.asdict(req), "delta": _delta_dict(d)})
         else:
             self.spool.request(req, self.fold.clock)
         if ev.natural_failure:
@@ -357,7 +363,7 @@ class RequestRow(_RequestKeys, gc=False):
     them: encoded as that dict is, built and encoded in half its time (a long window has 10^5).
     A request without its answer keeps the dict of its measurement's seven keys."""
 
-    delta: dict  # of numbers only, so untracked by the GC is safe
+    delta: Any  # the request's counter deltas (a _DeltaView, or a dict of numbers): untracked by the GC is safe
     finish_reason: str | None
     visible_output: bool
     reasoning_only: bool
@@ -376,37 +382,54 @@ class RequestRow(_RequestKeys, gc=False):
 
 class _Samples:
     """One phase's answered requests as the descriptive statistics read them: send-relative first
-    byte, first token, last token and end (loop ns) and output tokens, one 8-byte column each, so a
-    window of a million events holds tens of MB here rather than every request row."""
+    byte, first token, last token and end (loop ns) and output tokens, 8 bytes each, so a window of a
+    million events holds tens of MB here rather than every request row. The five are interleaved in
+    one column (one append a request; a long window has 10^5) and read back as five slices."""
 
-    __slots__ = ("fb", "ft", "lt", "end", "n")
+    __slots__ = ("col",)
+    WIDTH = 5
 
     def __init__(self) -> None:
-        self.fb, self.ft, self.lt, self.end, self.n = (array("q") for _ in range(5))
+        self.col = array("q")
 
     def add(self, rd) -> None:
         """One answered request's times and tokens (its request_done; None when it has none)."""
         if rd is None:
-            for col in (self.fb, self.ft, self.lt, self.end, self.n):
-                col.append(_NONE)
+            self.col.extend(_NO_SAMPLE)
             return
-        v = rd.first_byte_ns
-        self.fb.append(_NONE if v is None else v)
-        v = rd.first_token_ns
-        self.ft.append(_NONE if v is None else v)
-        v = rd.last_token_ns
-        self.lt.append(_NONE if v is None else v)
-        v = rd.end_ns
-        self.end.append(_NONE if v is None else v)
-        v = rd.completion_tokens
-        self.n.append(_NONE if v is None else v)
+        fb, ft, lt, end, n = rd.first_byte_ns, rd.first_token_ns, rd.last_token_ns, rd.end_ns, rd.completion_tokens
+        self.col.extend((_NONE if fb is None else fb, _NONE if ft is None else ft, _NONE if lt is None else lt,
+                         _NONE if end is None else end, _NONE if n is None else n))
 
     def __len__(self) -> int:
-        return len(self.end)
+        return len(self.col) // self.WIDTH
+
+    @property
+    def fb(self) -> array:
+        return self.col[0::self.WIDTH]
+
+    @property
+    def ft(self) -> array:
+        return self.col[1::self.WIDTH]
+
+    @property
+    def lt(self) -> array:
+        return self.col[2::self.WIDTH]
+
+    @property
+    def end(self) -> array:
+        return self.col[3::self.WIDTH]
+
+    @property
+    def n(self) -> array:
+        return self.col[4::self.WIDTH]
 
     def seconds(self, col: array, scale: float) -> list[float | None]:
         """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
         return [None if v == _NONE else v * scale / 1e9 for v in col]
+
+
+_NO_SAMPLE = (_NONE,) * _Samples.WIDTH
 
 
 def _p4(xs: list[float], q: float) -> float | None:
@@ -639,6 +662,10 @@ class _MeasuredView(_RequestKeys, gc=False):
     delta: _DeltaView
 
 
+def _delta_dict(d) -> dict:
+    return d if type(d) is dict else msgspec.structs.asdict(d)
+
+
 # the gauges the occupancy evidence reads
 _OccupancyView = _numbers("_OccupancyView", OCCUPANCY_GAUGES)
 
@@ -686,12 +713,13 @@ def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict, s
     series and natural failures go there as they are made, and the report keeps empty lists in
     their place (the renderers assemble the files from both), so a long window's report never holds them."""
     p = _Projection(window_id, integrity, spool)
-    apply, dispatch = p.apply, _DISPATCH
+    apply, entry_of = p.apply_entry, _DISPATCH.get
     for env in envelopes:
         # most of a long window is events no report shows (ticks): skipped here, before a call is
         # spent on them
-        if env.type in dispatch and env.window_id == window_id:
-            apply(env)
+        entry = entry_of(env.type)
+        if entry is not None and env.window_id == window_id:
+            apply(env, entry)
     return p.finish()
 
 

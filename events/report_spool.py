@@ -24,11 +24,13 @@ _PENDING = 256  # rows buffered before they are encoded and written
 
 
 class Spooled:
-    """Bytes in an anonymous temporary file, written in pieces and read back in blocks."""
+    """Bytes in an anonymous temporary file, written in pieces and read back in blocks, with pieces
+    inserted at places already written (a table's head that counts its rows) when they are read."""
 
     def __init__(self) -> None:
         self.file = tempfile.TemporaryFile()
         self.pending: list[str] = []
+        self.inserts: list[tuple[int, bytes]] = []  # (offset, bytes), offsets ascending
 
     def add(self, piece: str) -> None:
         self.pending.append(piece)
@@ -44,14 +46,40 @@ class Spooled:
             self.file.write("".join(self.pending).encode())
             self.pending.clear()
 
+    def tell(self) -> int:
+        """The offset the next piece will be written at."""
+        self.flush()
+        return self.file.tell()
+
+    def insert(self, at: int, piece: str) -> None:
+        """`piece` read back at offset `at` (from tell()), before what was written there: the rows of a
+        long table go straight to the file, and its head, which counts them, joins them when read."""
+        if self.inserts and at < self.inserts[-1][0]:
+            raise ValueError("inserts are made in the order of their offsets")
+        self.inserts.append((at, piece.encode()))
+
     def blocks(self) -> Iterator[bytes]:
         self.flush()
         self.file.seek(0)
-        while b := self.file.read(1 << 20):
+        pos = 0
+        for at, piece in self.inserts:
+            yield from self._read(at - pos)
+            pos = at
+            yield piece
+        yield from self._read(-1)
+
+    def _read(self, n: int) -> Iterator[bytes]:
+        """The next n bytes of the file (all that is left when n < 0), a block at a time."""
+        while n:
+            b = self.file.read(1 << 20 if n < 0 else min(n, 1 << 20))
+            if not b:
+                return
+            n -= len(b) if n > 0 else 0
             yield b
 
     def clear(self) -> None:
         self.pending.clear()
+        self.inserts.clear()
         self.file.seek(0)
         self.file.truncate()
 
@@ -109,9 +137,9 @@ class ReportSpool:
         self.failure_count = 0
         self._cells: tuple[float, bool, str] | None = None  # scale, wall column, html table head (the clock's)
         self._phase: str | None = None
-        # the open phase's html rows: its table's summary counts them, so they wait (on disk: a phase
-        # may be most of a window) until the phase ends
-        self._phase_rows = Spooled()
+        # the open phase's html rows go to the file as they come; its table's head, whose summary
+        # counts them, is inserted before them when the phase ends
+        self._phase_at = 0
         self._phase_count = 0
         self._phases = 0
 
@@ -128,21 +156,18 @@ class ReportSpool:
         self.md.add("\n" + md_row(row))
         if row[0] != self._phase:  # a phase's rows are consecutive in the log
             self._close_phase()
-            self._phase = row[0]
-        self._phase_rows.add(request_tr(row))
+            self._phase, self._phase_at = row[0], self.html.tell()
+        self.html.add(request_tr(row))
         self._phase_count += 1
 
     def _close_phase(self) -> None:
         if self._phase is None:
             return
         head = self._cells[2] if self._cells else ""
-        self.html.add(("\n" if self._phases else "") + phase_table_open(head, self._phase, self._phase_count))
-        for b in self._phase_rows.blocks():
-            self.html.add_bytes(b)
+        self.html.insert(self._phase_at, ("\n" if self._phases else "") + phase_table_open(head, self._phase, self._phase_count))
         self.html.add(PHASE_TABLE_CLOSE)
         self._phases += 1
         self._phase, self._phase_count = None, 0
-        self._phase_rows.clear()
 
     def scrape(self, minute: float | None, values: tuple) -> None:
         self._scrapes.append((minute, *values))
@@ -189,7 +214,7 @@ class ReportSpool:
         yield b"}"
 
     def close(self) -> None:
-        for s in (self.requests, self.md, self.html, self._phase_rows, self.failures, self.failures_html,
+        for s in (self.requests, self.md, self.html, self.failures, self.failures_html,
                   *self.counters.values()):
             s.close()
 

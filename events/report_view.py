@@ -487,7 +487,8 @@ def request_columns(r: dict) -> tuple[str, ...]:
 _ROW_KEYS = ("phase", "order_index", "body_sha256", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
              "visible_output", "reasoning_only", "first_token_ns", "end_ns", "outcome", "natural_failure", "delta")
 _DELTA_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens", "gpu_reused_tokens")
-_row_items, _row_attrs, _delta_values = itemgetter(*_ROW_KEYS), attrgetter(*_ROW_KEYS), itemgetter(*_DELTA_KEYS)
+_row_items, _row_attrs = itemgetter(*_ROW_KEYS), attrgetter(*_ROW_KEYS)
+_delta_values, _delta_attrs = itemgetter(*_DELTA_KEYS), attrgetter(*_DELTA_KEYS)
 _G3 = [f"{i:03}" for i in range(1000)]  # the last three digits of a grouped count
 
 
@@ -504,8 +505,8 @@ def request_row(q, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
         except KeyError:
             ph, o, sha, a, b, c, f, vis, ro, ft, end, out, nf, d = map(q.get, _ROW_KEYS)
     try:
-        lk, hi, fe, re_, gr = _delta_values(d)
-    except (KeyError, TypeError):
+        lk, hi, fe, re_, gr = _delta_values(d) if type(d) is dict else _delta_attrs(d)  # a RequestRow's may be its view
+    except (KeyError, TypeError, AttributeError):
         lk, hi, fe, re_, gr = map((d or {}).get, _DELTA_KEYS)
     # counts of 1,000 and more grouped, below a million by a table of three-digit groups: a grouping
     # format spec costs three plain formats (callgrind), the table a third of that; most counts are small.
