@@ -99,6 +99,7 @@ async def _fill(path: Path, n: int, phases: int = PHASES, time_scale: float = 1.
         batch.append(ev)
         if len(batch) == 50_000:
             store.submit_many(batch, window_id=WINDOW)
+            await store.flush()  # committed a batch at a time: the fill's memory stays bounded too
             batch = []
     if batch:
         store.submit_many(batch, window_id=WINDOW)
