@@ -584,3 +584,29 @@ def test_every_command_a_report_gives_names_a_subcommand_and_options_the_cli_has
     md = (default_rehearsal[2] / "report.md").read_text()
     assert "`flare-diag reproduce " in md  # the report's reproducer line: what this test reads
     assert misnamed(md, _parsers()) == []
+
+
+@pytest.mark.parametrize("data", [
+    {"families": 12, "note": "fits a scrape's shape"},
+    {"counters": ["not", "an", "object"], "gauges": "nor this"},  # a scrape's view refuses it
+    {"counters": {"host_hits": "n/a"}},  # a counter that is not a number
+], ids=["fits", "counters-a-list", "counter-not-a-number"])
+def test_a_snapshot_answer_is_shown_as_stored_whatever_its_data_looks_like(data):
+    """The projection reads each answer as a scrape's first (most of a long window's are): a snapshot's
+    answer, whether or not its data fits that shape, is still shown exactly as the host gave it."""
+    from flare_diag.events.actions import ScrapeMetrics, Snapshot
+    from flare_diag.events.base import encode_payload
+    from flare_diag.events.envelope import ReadEvent
+    from flare_diag.events.report import project
+    from flare_diag.events.schema import ActionDone, ActionRequested, WindowOpened
+    events = [WindowOpened(at_ns=0, window_id="w", plan={"name": "p"}, plan_sha256="0" * 64, site="s",
+                           gpu_source="sim", rehearsal=True, candidate_recipe="c"),
+              ActionRequested(action_id=1, request=Snapshot(what="monitoring")),
+              ActionDone(at_ns=1, action_id=1, ok=True, data=data),
+              ActionRequested(action_id=2, request=ScrapeMetrics()),
+              ActionDone(at_ns=2, action_id=2, ok=True, data={"counters": {"host_hits": 7}, "gauges": {}})]
+    envs = [ReadEvent(i + 1, i, type(e).__struct_config__.tag, type(e).schema_v, "w", encode_payload(e))
+            for i, e in enumerate(events)]
+    r = project(envs, "w", {"events": 5, "head_seq": 5, "head_hash": "", "chain_ok": True, "audit_ok": True})
+    assert r["snapshots"]["before"]["monitoring"]["data"] == data
+    assert r["counters"]["host_hits"] == [7]  # the scrape after it is still read as one
