@@ -392,7 +392,8 @@ class _Samples:
     one column (one append a request; a long window has 10^5) and read back as five slices."""
 
     __slots__ = ("col",)
-    WIDTH = 5
+    FIELDS = ("fb", "ft", "lt", "end", "n")
+    WIDTH = len(FIELDS)
 
     def __init__(self) -> None:
         self.col = array("q")
@@ -409,25 +410,9 @@ class _Samples:
     def __len__(self) -> int:
         return len(self.col) // self.WIDTH
 
-    @property
-    def fb(self) -> array:
-        return self.col[0::self.WIDTH]
-
-    @property
-    def ft(self) -> array:
-        return self.col[1::self.WIDTH]
-
-    @property
-    def lt(self) -> array:
-        return self.col[2::self.WIDTH]
-
-    @property
-    def end(self) -> array:
-        return self.col[3::self.WIDTH]
-
-    @property
-    def n(self) -> array:
-        return self.col[4::self.WIDTH]
+    def column(self, name: str) -> array:
+        """One of FIELDS (first byte, first token, last token, end, output tokens) for every request, in order."""
+        return self.col[self.FIELDS.index(name)::self.WIDTH]
 
     def seconds(self, col: array, scale: float) -> list[float | None]:
         """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
@@ -443,8 +428,8 @@ def _p4(xs: list[float], q: float) -> float | None:
 
 
 def _stats(smp: _Samples | None, scale: float) -> dict:
-    ttft = [t for t in smp.seconds(smp.ft, scale) if t is not None] if smp is not None else []
-    lat = [t for t in smp.seconds(smp.end, scale) if t is not None] if smp is not None else []
+    ttft = [t for t in smp.seconds(smp.column("ft"), scale) if t is not None] if smp is not None else []
+    lat = [t for t in smp.seconds(smp.column("end"), scale) if t is not None] if smp is not None else []
     return {"ttft_p50_s": _p4(ttft, 50), "ttft_p90_s": _p4(ttft, 90), "latency_p50_s": _p4(lat, 50),
             "latency_p90_s": _p4(lat, 90)}
 
@@ -462,9 +447,9 @@ def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
     """Each request's costs, separated as the seed asks: waiting for the host (send to first byte),
     prefill (to first token), decode (per output token after the first), and its output rate."""
     out: dict[str, list[float]] = {k: [] for k in COST_KEYS}
-    ns = [None if v == _NONE else v for v in smp.n]
-    for fb, ft, lt, end, n in zip(smp.seconds(smp.fb, scale), smp.seconds(smp.ft, scale), smp.seconds(smp.lt, scale),
-                                  smp.seconds(smp.end, scale), ns):
+    ns = [None if v == _NONE else v for v in smp.column("n")]
+    fbs, fts, lts, ends = (smp.seconds(smp.column(k), scale) for k in ("fb", "ft", "lt", "end"))
+    for fb, ft, lt, end, n in zip(fbs, fts, lts, ends, ns):
         decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]
         rate = n / end if n is not None and end else None
         for k, v in zip(COST_KEYS, (fb, ft, decode, rate)):
