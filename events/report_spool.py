@@ -77,12 +77,6 @@ class Spooled:
             n -= len(b) if n > 0 else 0
             yield b
 
-    def clear(self) -> None:
-        self.pending.clear()
-        self.inserts.clear()
-        self.file.seek(0)
-        self.file.truncate()
-
     def close(self) -> None:
         self.file.close()
 
