@@ -12,7 +12,8 @@ must do. Integrity (verify, audit) is measured by bench/event_log.py and left ou
 The two are run alternately `--rounds` times in the same process and each side's best round is
 compared (as timeit does): on a shared machine a single round of either can be stretched by a
 neighbour, and the spread of the per-round ratios is printed with it. `--memory` adds one traced
-pass of each for its peak Python heap; `--phases 6000` shows what a cell costs (about 14 KB each,
+pass of each for its peak Python heap, and this process's peak RSS over every round (the log is
+written by a child process, so none of it is the fill's); `--phases 6000` shows what a cell costs (about 14 KB each,
 held until the files are written).
 
 Usage: python bench/report.py [--events 1000000] [--rounds 3] [--memory] [--phases 48]
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -108,6 +111,10 @@ async def _fill(path: Path, n: int, phases: int = PHASES, time_scale: float = 1.
     return store.head[0]
 
 
+def _fill_log(path: Path, n: int, phases: int) -> int:
+    return asyncio.run(_fill(path, n, phases))
+
+
 def _bare(r: LogReader) -> tuple[float, int]:
     t0 = time.perf_counter()
     count = fold(r.iter(window_id=WINDOW), 0, lambda s, env: s + (env.event() is not None))
@@ -160,7 +167,9 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         db = Path(d) / "log.db"
-        n = asyncio.run(_fill(db, a.events, a.phases))
+        # the log is written by a child process, so this one's peak RSS is the reading sides' alone
+        with ProcessPoolExecutor(1) as pool:
+            n = pool.submit(_fill_log, db, a.events, a.phases).result()
         integrity = {"events": n, "head_seq": n, "head_hash": "", "chain_ok": True, "audit_ok": True}
         bares, reports = [], []
         with LogReader(db) as r:
@@ -182,6 +191,8 @@ def main() -> None:
               f"assembled around them {times[1]:.2f} s) {total:.2f} s")
         print(f"ratio report/fold = {total / bare:.2f}  (goal <= 1.25; per round {', '.join(f'{x:.2f}' for x in per_round)})")
         if a.memory:
+            print(f"peak RSS of this process over every round of both sides: "
+                  f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (the interpreter and imports included)")
             print(f"peak traced memory: bare fold {fold_mb:.0f} MB   report {report_mb:.0f} MB "
                   f"(goal <= 150 MB; request rows, counters and failures spooled, per-phase sample columns kept)")
 
