@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import shutil
 import sys
@@ -170,6 +171,7 @@ def main() -> None:
         # the log is written by a child process, so this one's peak RSS is the reading sides' alone
         with ProcessPoolExecutor(1) as pool:
             n = pool.submit(_fill_log, db, a.events, a.phases).result()
+        os.sync()  # the fill's write-back is neither side's work: it would land in the first round's clock
         integrity = {"events": n, "head_seq": n, "head_hash": "", "chain_ok": True, "audit_ok": True}
         bares, reports = [], []
         with LogReader(db) as r:
