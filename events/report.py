@@ -84,12 +84,7 @@ class _Projection:
     def minute(self, at_ns: int) -> float | None:
         return self.fold.minute_at(at_ns)
 
-    def apply(self, env: Read) -> None:
-        entry = _DISPATCH.get(env.type)
-        if entry is not None:
-            self.apply_entry(env, entry)
-
-    def apply_entry(self, env: Read, entry: tuple) -> None:
+    def apply(self, env: Read, entry: tuple) -> None:
         """`env` through its type's entry of _DISPATCH (its handler, narrow view, input flag, view version)."""
         handler, light, is_input, version = entry
         # The events a long window is made of are read through narrow views (only the fields this
@@ -681,22 +676,23 @@ class _ScrapeDoneView(msgspec.Struct, gc=False):
     data: _ScrapeView = _ScrapeView()
 
 
+_scrape = msgspec.json.Decoder(_ScrapeView)
+_done = msgspec.json.Decoder(_DoneView)
+_scrape_done = msgspec.json.Decoder(_ScrapeDoneView)
+
+
 class _DoneDecoder:
     """action_done as a scrape's answer when its data fits one, else with its data kept as stored
     (the handler decodes again the few answers that fit a scrape's shape but are another action's)."""
 
-    def __init__(self) -> None:
-        self.scrape, self.done = msgspec.json.Decoder(_ScrapeDoneView), msgspec.json.Decoder(_DoneView)
-
-    def decode(self, payload: bytes):
+    @staticmethod
+    def decode(payload: bytes):
         try:
-            return self.scrape.decode(payload)
+            return _scrape_done.decode(payload)
         except msgspec.ValidationError:
-            return self.done.decode(payload)
+            return _done.decode(payload)
 
 
-_scrape = msgspec.json.Decoder(_ScrapeView)
-_done = msgspec.json.Decoder(_DoneView)
 _NO_GAUGES = (None,) * len(OCCUPANCY_GAUGES)
 _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": _DoneDecoder(),
           "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView),
@@ -728,7 +724,7 @@ def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict, s
     series and natural failures go there as they are made, and the report keeps empty lists in
     their place (the renderers assemble the files from both), so a long window's report never holds them."""
     p = _Projection(window_id, integrity, spool)
-    apply, entry_of = p.apply_entry, _DISPATCH.get
+    apply, entry_of = p.apply, _DISPATCH.get
     for env in envelopes:
         # most of a long window is events no report shows (ticks): skipped here, before a call is
         # spent on them
