@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+SCENARIOS = ROOT / "fixtures" / "flaresim" / "scenarios"
 SCALE = 100
 
 
@@ -49,8 +50,15 @@ def stop_process(proc: subprocess.Popen) -> None:
 class Sim:
     """flaresim as a process with a random token; `site` is a profile pointing every service at it."""
 
-    def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE) -> None:
+    def __init__(self, tmp: Path, scenario: str = "flare-47581cca", time_scale: float = SCALE,
+                 load_s: float | None = None) -> None:
         from flare_diag.daemon.rehearsal.rehearse import start_sim
+        if load_s is not None:  # the scenario with recipes that load in `load_s` window seconds
+            quick = tmp / "flaresim" / f"{Path(scenario).stem}-load.toml"  # not in a daemon's sites folder
+            quick.parent.mkdir(exist_ok=True)
+            source = Path(scenario) if scenario.endswith(".toml") else SCENARIOS / f"{scenario}.toml"
+            quick.write_text(source.read_text() + f"\nload_s = {load_s}\n")
+            scenario = str(quick)
         self.token = secrets.token_hex(16)
         self.proc, self.url = start_sim(scenario, time_scale, self.token)
         (tmp / "sim.token").write_text(self.token)

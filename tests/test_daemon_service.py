@@ -152,6 +152,34 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_two_starts_sent_at_once_open_one_window_and_the_other_is_told_busy(daemon, sim):
+    import threading
+    daemon.start()
+    cmd = json.dumps({"cmd": "start", "plan_toml": PLAN.read_text(), "site": sim.site.stem, "plan_label": str(PLAN),
+                      "time_scale": SCALE, "accept_partial": True}).encode() + b"\n"
+    go, replies = threading.Barrier(2), []
+
+    def operator() -> None:
+        go.wait()
+        replies.extend(_raw(daemon, cmd))
+
+    threads = [threading.Thread(target=operator) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.cli("abort", "--reason", "operator test").returncode == 0
+    daemon.wait_for(lambda st: st["state"] == "idle" and st["last_window"], timeout=120, what="the restore")
+    started = [r for r in replies if r["ok"]]
+    refused = [r for r in replies if not r["ok"]]
+    assert len(started) == 1 and len(refused) == 1 and refused[0]["code"] == "busy", replies
+    with LogReader(daemon.state / "log.db") as r:
+        opened = [e for e in r.iter() if e.type == "window_opened"]
+    assert [e.window_id for e in opened] == [started[0]["window_id"]]
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+
+
 def test_watch_with_json_prints_every_event_of_the_window_as_a_json_line_until_it_closes(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)

@@ -132,6 +132,27 @@ def test_a_start_on_a_full_pool_is_refused_with_exit_4_naming_the_holder_and_the
         assert c.execute("SELECT COUNT(*) FROM events WHERE type = 'window_opened'").fetchone() == (0,)
 
 
+def test_a_start_its_site_check_refuses_after_the_lease_gives_the_lease_back_and_the_host_untouched(
+        tmp_path, fleet_dsn, sim, pool_plan):
+    # the lease comes before the host's reads (a start that would lose the pool's last slot sends the
+    # primary no probes); a site check that then refuses must not leave the slot taken
+    _pool(fleet_dsn, 1)
+    (tmp_path / "sim.token").write_text("0" * 32)  # not the simulator's token: every read of the host is refused
+    d = _daemon(tmp_path, fleet_dsn)
+    try:
+        p = _start(d, pool_plan, sim)
+        _wait(lambda: not _query(fleet_dsn, "SELECT 1 FROM leases"), 30, "the lease to be given back")
+        loaded = sim.get("/manager/v1/state")
+    finally:
+        d.stop()
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    log = _query(fleet_dsn, "SELECT change, NULLIF(reason, '') FROM lease_log WHERE host = 'h1' ORDER BY id")
+    assert log == [("taken", None), ("released", "the window never opened")]
+    assert loaded["loaded"]["recipe"] == "glm-incumbent"
+    with sqlite3.connect(d.state / "log.db") as c:
+        assert c.execute("SELECT COUNT(*) FROM events WHERE type = 'window_opened'").fetchone() == (0,)
+
+
 def test_a_start_with_the_fleet_database_unreachable_is_refused_and_changes_nothing(tmp_path, pg, sim, pool_plan):
     gone = pg.database_dsn("no_such_database")
     d = _daemon(tmp_path, gone)
@@ -231,6 +252,8 @@ def _control_start(d: Daemon, plan: Path, site: str, scale: float) -> dict:
 
 
 POOL_SCALE = 400  # the pool's windows are about leases, not timings: each closes in about a real second
+POOL_LOAD_S = 2.0  # window seconds a recipe takes to load on the pool's hosts (the default scenario's 45 s
+# were two thirds of each window, polled every 5 window seconds by three watchers)
 
 
 def _intervals(dsn: str) -> list[tuple[str, int, int]]:
@@ -266,7 +289,7 @@ def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_prima
         for f in folders:
             f.mkdir()
         with ThreadPoolExecutor(hosts) as pool:  # twelve simulators start side by side
-            sims.extend(pool.map(lambda f: Sim(f, time_scale=POOL_SCALE), folders))
+            sims.extend(pool.map(lambda f: Sim(f, time_scale=POOL_SCALE, load_s=POOL_LOAD_S), folders))
         for i, f in enumerate(folders):
             daemons.append(Daemon(f, args=("--fleet", str(_fleet_file(f, fleet_dsn, f"h{i:02d}")))).start(wait=False))
         for d in daemons:
@@ -339,7 +362,7 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
         for h in ("c1", "c2"):
             d_tmp = tmp_path / h
             d_tmp.mkdir()
-            sims.append(Sim(d_tmp, time_scale=POOL_SCALE))
+            sims.append(Sim(d_tmp, time_scale=POOL_SCALE, load_s=POOL_LOAD_S))
             daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, h)))).start())
         fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
         with psycopg.connect(fleet_dsn, autocommit=True) as c:  # another primary holds the pool's one slot
@@ -390,7 +413,7 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
                       'verdict = "row_checkpoint_churn"\npolicy = "marconi"\norder = ["baseline", "candidate"]\n'
                       'repeats = 1\nmin_benefit = 0.2\n')
     plan.write_text(plan.read_text().replace('fixture = "c1-52"', 'fixture = "tok1024"'))
-    sim = Sim(tmp_path, time_scale=POOL_SCALE)
+    sim = Sim(tmp_path, time_scale=POOL_SCALE, load_s=POOL_LOAD_S)
     (tmp_path / "site-policy.toml").write_text(sim.site.read_text())  # the policy's build: here the same recipe
     d = Daemon(tmp_path, args=("--fleet", str(_fleet_file(tmp_path, fleet_dsn, "f1")))).start()
     fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]

@@ -105,6 +105,7 @@ class Service:
         self.window: ActiveWindow | None = None
         self.last: dict | None = None  # progress of the last window that closed
         self.stopping = False
+        self.starting = False  # a start is between its first check and its launch
         # a window opened in the log that nothing runs (it could not be resumed, or its runner failed
         # twice, or its log could not be written): {"window_id", "needs"}; status says NEEDS ATTENTION
         self.stuck: dict | None = None
@@ -543,7 +544,7 @@ class Service:
         log, the hand-over is appended through the daemon's store (the chain keeps one writer), and
         only then are the archived rows dropped."""
         from flare_diag.events.archive import ArchiveError, drop_archived, hand_over, parse_day, prepare_archive
-        if self.window is not None or self.stopping:
+        if self.window is not None or self.starting or self.stopping:
             return control.error("a window is running; archive between windows", code="busy")
         try:
             before_ns = parse_day(cmd.before)
@@ -591,6 +592,16 @@ class Service:
                 "fleet": self.fleet.status() if self.fleet is not None else None}
 
     async def _start(self, cmd: Start, uid: int, pid: int) -> bytes:
+        if self.starting:
+            # a second start while one is being checked: its lease and its window would be the first's
+            return control.error("another start is being checked; one window at a time", code="busy")
+        self.starting = True
+        try:
+            return await self._checked_start(cmd, uid, pid)
+        finally:
+            self.starting = False
+
+    async def _checked_start(self, cmd: Start, uid: int, pid: int) -> bytes:
         if self.stopping:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
@@ -602,17 +613,27 @@ class Service:
             # opened and never closed, and nothing is running it: its host may still be taken apart
             return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
                                  "(restart flare-diagd to resume it in its restore path) before a new window")
-        if self.fleet is not None:  # a full pool is said before the preflight's reads, not after them
+        if self.fleet is not None:  # a full pool is said before anything is read, not after
             refused = await self._fleet_gate(self.fleet.check_room(), uid, pid)
             if refused is not None:
                 return refused
-        try:
+        try:  # the caller's plan and the operator's files: read here, nothing on the host yet
             setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
                                   self.sites_dir, cmd.time_scale, cmd.caller_fixtures)
             if cmd.calibration:
                 setup.calibration = _calibration(cmd.calibration)
             setup.accept_partial = cmd.accept_partial
             setup.expected_incumbent = await _thread(unrestored_incumbent, self.db)
+        except InputError as exc:
+            return self._refused(exc, uid, pid)
+        window_id = new_window_id(setup.plan)
+        if self.fleet is not None:
+            # the lease before the host's reads: a start that would lose the pool's last slot sends the
+            # primary no forecast probes, and a refused check gives the lease back (it never opened)
+            refused = await self._fleet_gate(self.fleet.take_lease(window_id, f"uid {uid} pid {pid}"), uid, pid)
+            if refused is not None:
+                return refused
+        try:
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
             # refused before anything on it changes; then the forecast
             target = await checked_target(setup, self.state_dir / "recipes")
@@ -625,19 +646,14 @@ class Service:
                         await self.store.append_many(setup.probes)
                 raise
         except InputError as exc:
-            # to the journal only: a refused command changes nothing, and a socket-group member must
-            # not be able to grow the audit log without bound by sending bad ones
-            self.log.warning("start refused", uid=uid, pid=pid, error=str(exc))
-            return control.error(str(exc))
-        if self.window is not None or self.stopping:  # another start (or a stop) won the race while the files were read
+            return self._refused(exc, uid, pid)
+        except BaseException:
+            self._lease_unused()
+            raise
+        if self.stopping:  # a stop came while the host was read
             await target.close()
-            return control.error("another window started, or the daemon is stopping; no window starts")
-        window_id = new_window_id(setup.plan)
-        if self.fleet is not None:
-            refused = await self._fleet_gate(self.fleet.take_lease(window_id, f"uid {uid} pid {pid}"), uid, pid)
-            if refused is not None:
-                await target.close()
-                return refused
+            self._lease_unused()
+            return control.error("the daemon is stopping; no window starts")
         if setup.probes:  # the forecast's requests, sent before the window opened
             await self.store.append_many(setup.probes, window_id=window_id)
         w = self._new_window(window_id, setup, target)
@@ -651,6 +667,18 @@ class Service:
         self.log.info("window started", window_id=window_id, plan=setup.plan.name, site=setup.site.name,
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
+
+    def _refused(self, exc: InputError, uid: int, pid: int) -> bytes:
+        # to the journal only: a refused command changes nothing, and a socket-group member must
+        # not be able to grow the audit log without bound by sending bad ones
+        self.log.warning("start refused", uid=uid, pid=pid, error=str(exc))
+        self._lease_unused()
+        return control.error(str(exc))
+
+    def _lease_unused(self) -> None:
+        """A lease taken for a start refused after it: the release follows the log (nothing opened)."""
+        if self.fleet is not None:
+            self.fleet.launched()
 
     async def start_run(self, run) -> dict:
         """A fleet campaign's run, started as an operator's `start` would be, by the daemon itself."""
