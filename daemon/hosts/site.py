@@ -219,7 +219,14 @@ def _http_url(url: str) -> bool:
         u.port  # noqa: B018  (raises on a port that is not a number)
     except ValueError:
         return False
-    return u.scheme in ("http", "https") and bool(u.hostname)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return False
+    import httpx
+    try:  # the client's own parse, stricter than urlsplit's: a host that is no IDNA name is refused here
+        httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError):
+        return False
+    return True
 
 
 def _check_engine(path: Path, e: Engine) -> None:
