@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
 SCENARIOS = ROOT / "fixtures" / "flaresim" / "scenarios"
 SCALE = 100
+# window seconds a recipe takes to load on a host in tests about something other than loads (the
+# default scenario's 45 s were most of a short window, polled by three watchers every 5 window seconds)
+QUICK_LOAD_S = 2.0
 
 
 def blocked_signals(pid: int, tid: int) -> set[int] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemontools import PLAN, SCALE, Daemon, Sim, SocketThread, in_phase, threads_taking
+from tests.daemontools import PLAN, QUICK_LOAD_S, SCALE, Daemon, Sim, SocketThread, in_phase, threads_taking
 from flare_diag.events.reader import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def sim(tmp_path):
-    s = Sim(tmp_path)
+    s = Sim(tmp_path, load_s=QUICK_LOAD_S)
     yield s
     s.stop()
 

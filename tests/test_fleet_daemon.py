@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.daemontools import SCALE, Daemon, Sim, in_phase
+from tests.daemontools import QUICK_LOAD_S, SCALE, Daemon, Sim, in_phase
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def fleet_dsn(pg):
 
 @pytest.fixture
 def sim(tmp_path):
-    s = Sim(tmp_path)
+    s = Sim(tmp_path, load_s=QUICK_LOAD_S)
     yield s
     s.stop()
 
@@ -289,7 +289,7 @@ def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_prima
         for f in folders:
             f.mkdir()
         with ThreadPoolExecutor(hosts) as pool:  # twelve simulators start side by side
-            sims.extend(pool.map(lambda f: Sim(f, time_scale=POOL_SCALE, load_s=POOL_LOAD_S), folders))
+            sims.extend(pool.map(lambda f: Sim(f, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S), folders))
         for i, f in enumerate(folders):
             daemons.append(Daemon(f, args=("--fleet", str(_fleet_file(f, fleet_dsn, f"h{i:02d}")))).start(wait=False))
         for d in daemons:
@@ -368,7 +368,7 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
         for h in ("c1", "c2"):
             d_tmp = tmp_path / h
             d_tmp.mkdir()
-            sims.append(Sim(d_tmp, time_scale=POOL_SCALE, load_s=POOL_LOAD_S))
+            sims.append(Sim(d_tmp, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S))
             daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, h)))).start())
         fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
         with psycopg.connect(fleet_dsn, autocommit=True) as c:  # another primary holds the pool's one slot
@@ -420,7 +420,7 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
                       'verdict = "row_checkpoint_churn"\npolicy = "marconi"\norder = ["baseline", "candidate"]\n'
                       'repeats = 1\nmin_benefit = 0.2\n')
     plan.write_text(plan.read_text().replace('fixture = "c1-52"', 'fixture = "tok1024"'))
-    sim = Sim(tmp_path, time_scale=POOL_SCALE, load_s=POOL_LOAD_S)
+    sim = Sim(tmp_path, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S)
     (tmp_path / "site-policy.toml").write_text(sim.site.read_text())  # the policy's build: here the same recipe
     d = Daemon(tmp_path, args=("--fleet", str(_fleet_file(tmp_path, fleet_dsn, "f1")))).start()
     fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
