@@ -650,10 +650,10 @@ class Service:
         except BaseException:
             self._lease_unused()
             raise
-        if self.stopping:  # a stop came while the host was read
+        if self.window is not None or self.stopping:  # a stop (or a resumed window) came while the host was read
             await target.close()
             self._lease_unused()
-            return control.error("the daemon is stopping; no window starts")
+            return control.error("another window runs, or the daemon is stopping; no window starts")
         if setup.probes:  # the forecast's requests, sent before the window opened
             await self.store.append_many(setup.probes, window_id=window_id)
         w = self._new_window(window_id, setup, target)
