@@ -62,10 +62,7 @@ _LANES = 512  # steps a block: big enough that Python's per-operation cost is sp
 def _lanes() -> tuple[int, int, int]:
     """(1 in every lane, 2**64 - 1 in every lane, j + 1 in lane j), lane j at bit 128 j."""
     def packed(values) -> int:
-        words = array("Q", (w for v in values for w in (v, 0)))
-        if sys.byteorder == "big":
-            words.byteswap()
-        return int.from_bytes(words.tobytes(), "little")
+        return int.from_bytes(b"".join(v.to_bytes(16, "little") for v in values), "little")
     return packed([1] * _LANES), packed([_MASK] * _LANES), packed(range(1, _LANES + 1))
 
 

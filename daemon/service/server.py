@@ -645,10 +645,10 @@ class Service:
                     if setup.probes:  # refused after its probe: what the probe sent is logged all the same
                         await self.store.append_many(setup.probes)
                 raise
-        except InputError as exc:
-            return self._refused(exc, uid, pid)
-        except BaseException:
+        except BaseException as exc:
             self._lease_unused()
+            if isinstance(exc, InputError):
+                return self._refused(exc, uid, pid)
             raise
         if self.window is not None or self.stopping:  # a stop (or a resumed window) came while the host was read
             await target.close()
@@ -672,7 +672,6 @@ class Service:
         # to the journal only: a refused command changes nothing, and a socket-group member must
         # not be able to grow the audit log without bound by sending bad ones
         self.log.warning("start refused", uid=uid, pid=pid, error=str(exc))
-        self._lease_unused()
         return control.error(str(exc))
 
     def _lease_unused(self) -> None:
