@@ -203,8 +203,8 @@ class SocketThread:
 
 def one_phase_plan(path: Path, name: str = "pool-window") -> Path:
     """The shipped plan cut to its first identity phase (its starting observation, which names a cut
-    phase, goes too): a whole window in about a second at x400, for tests about something else. Its
-    drains may take 6,000 window seconds (15 real at x400, not the 5 of the floor) and its restore
+    phase, goes too): a whole window in about half a second at x100, for tests about something else. Its
+    drains may take 6,000 window seconds (60 real at x100, not the 5 of the floor) and its restore
     reservation is 150 minutes: a machine running a dozen daemons beside another test worker has been
     seen to need more than 5 real seconds for the last gate's two stable scrapes, and these tests are
     about leases and campaigns, not that bound (tests/test_policy_window.py and the fault matrix are)."""

@@ -44,6 +44,9 @@ def test_the_wheel_ships_the_units_the_site_templates_the_build_script_and_the_d
                "flare_diag/share/systemd/flare-diag.tmpfiles.conf", "flare_diag/share/docs/operations.md",
                "flare_diag/share/docs/site-profile.md", "flare_diag/fixtures/engines/llamacpp/build.sh",
                "flare_diag/daemon/fleet/migrations/001_init.sql",
+               # what `flare-diag rehearse` runs with no arguments: the shipped plan and its 52 bodies
+               "flare_diag/fixtures/plans/2026-10-22-cache-diagnosis.toml", "flare_diag/fixtures/data/c1-52/bodies.jsonl",
+               "flare_diag/fixtures/data/c1-52/manifest.json",
                *(f"flare_diag/daemon/templates/{k}.toml" for k in ("flare", "vllm", "sglang", "llamacpp"))}
     assert shipped <= names, shipped - names
     docs = {p.name for p in (ROOT / "docs").glob("*.md")}
@@ -71,14 +74,16 @@ def _fresh_venv(tmp_path: Path, *requirements: str) -> Path:
     return venv
 
 
-def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_rehearse_works(wheel, tmp_path):
+def test_python_daemon_and_fixtures_installed_beside_flare_diag_all_import_and_rehearse_works(wheel, tmp_path, small_plan):
     venv = _fresh_venv(tmp_path, f"{wheel}[sim]", "python-daemon", "fixtures")
     py = venv / "bin" / "python"
     probe = ("import daemon, daemon.daemon, fixtures, flare_diag.daemon.cli.commands, flare_diag.fixtures.flaresim.host;"
              "print(daemon.daemon.DaemonContext.__name__, fixtures.Fixture.__name__)")
     p = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.split() == ["DaemonContext", "Fixture"], p.stderr[-2000:]
-    p = subprocess.run([str(venv / "bin" / "flare-diag"), "rehearse", "--out", str(tmp_path / "out")],
+    # the shipped plan's shape on the eight-body working set: the installed simulator, fixtures and
+    # reports, in a second rather than the five of the 52 bodies (the wheel test above checks they ship)
+    p = subprocess.run([str(venv / "bin" / "flare-diag"), "rehearse", "--plan", str(small_plan), "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     assert (tmp_path / "out" / "report.html").is_file()

@@ -124,7 +124,9 @@ def _without_wall_clock(out: Path, r: dict) -> bytes:
 
 def test_two_default_rehearsals_one_beside_a_cpu_hog_decide_alike_and_report_byte_for_byte_alike(tmp_path, default_rehearsal):
     rc1, r1, out1 = default_rehearsal  # on a quiet machine, or as quiet as the suite leaves it
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]  # a CPU hog, as issue 14 asks
+    # a CPU hog, as issue 14 asks, at the lowest priority: on an idle machine it takes a whole core;
+    # in the suite, whose workers already keep both cores busy, it does not take their time as well
+    hogs = [subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"])]
     try:
         rc2, r2, out2 = rehearse(tmp_path, out_name="beside-a-hog")
     finally:
