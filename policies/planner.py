@@ -160,6 +160,11 @@ class Estimator:
         # phase estimates until the next observed round: the window re-projects its remaining phases
         # after every input, and they change only when a round teaches the estimator something
         self._phase_memo: dict[tuple, float] = {}
+        # each fixture's bodies' work_s, until a round changes a body's tokens or the output share: a
+        # round changes the fit every time but the work rarely after the first pass, and re-deriving
+        # every remaining request's work after each request was most of the policy's time
+        self._body_work: dict[str, list[float]] = {}
+        self._requests: dict[tuple, list[int]] = {}  # a phase's body indexes (they never change)
 
     # --- the fit -----------------------------------------------------------------------------
 
@@ -207,13 +212,22 @@ class Estimator:
         out = completion if completion is not None else self.completion.get(b.sha256, b.max_tokens * self.output_share)
         return self._prompt_tokens(b) / self.rates.prefill_tokens_per_s + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
 
+    def _works(self, fixture: str) -> list[float]:
+        """work_s of each of the fixture's bodies (the same numbers, computed once until they change)."""
+        w = self._body_work.get(fixture)
+        if w is None:
+            w = self._body_work[fixture] = [self.work_s(b) for b in self.work[fixture]]
+        return w
+
     def request_s(self, fixture: str, body: int) -> float:
         a, b = self._solve()
-        return a * self.work_s(self.work[fixture][body]) + b
+        return a * self._works(fixture)[body] + b
 
     def round_s(self, fixture: str, batch: list[int]) -> float:
         """A round of concurrent requests ends with its slowest one."""
-        return max((self.request_s(fixture, b) for b in batch), default=0.0)
+        a, b = self._solve()
+        w = self._works(fixture)
+        return max((a * w[i] + b for i in batch), default=0.0)
 
     def drain_s(self) -> float:
         """A drain that settles at once: its polls, each a counter scrape."""
@@ -228,9 +242,19 @@ class Estimator:
         memo = self._phase_memo.get(key)
         if memo is not None:
             return memo
-        reqs = phase_requests(ph, len(self.work.get(ph.fixture, [])))[skip:]
+        every = self._requests.get(key[:-1])
+        if every is None:
+            every = self._requests[key[:-1]] = phase_requests(ph, len(self.work.get(ph.fixture, [])))
+        reqs = every[skip:]
         c = max(ph.concurrency, 1)
-        rounds = sum(self.round_s(ph.fixture, reqs[k:k + c]) for k in range(0, len(reqs), c))
+        if not reqs:
+            rounds = 0
+        elif c == 1:  # a round per request: the same sum, in the same order, as round_s would give
+            a, b = self._solve()
+            w = self._works(ph.fixture)
+            rounds = sum([a * w[i] + b for i in reqs])
+        else:
+            rounds = sum(self.round_s(ph.fixture, reqs[k:k + c]) for k in range(0, len(reqs), c))
         est = self._phase_memo[key] = rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
         return est
 
@@ -250,16 +274,23 @@ class Estimator:
                       completions: dict[int, int | None], prompts: dict[int, int | None]) -> None:
         """Learns from one finished round: the tokens each body really used, then the fit."""
         self._phase_memo.clear()
+        changed = False
         for b, n in completions.items():
             if n is not None:
                 bw = self.work[fixture][b]
+                changed = changed or self.completion.get(bw.sha256) != float(n)
                 self.completion[bw.sha256] = float(n)
                 if bw.max_tokens and bw.sha256 not in self._share_of:
                     self._share_of[bw.sha256] = min(n / bw.max_tokens, 1.0)
                     self._share_sum += self._share_of[bw.sha256]
+                    changed = True  # the output share of every body not seen yet moved
         for b, n in prompts.items():
             if n is not None:
-                self.prompt[self.work[fixture][b].sha256] = int(n)
+                sha = self.work[fixture][b].sha256
+                changed = changed or self.prompt.get(sha) != int(n)
+                self.prompt[sha] = int(n)
+        if changed:
+            self._body_work.clear()
         x = max((self.work_s(self.work[fixture][b]) for b in batch), default=0.0)
         if actual_s < 0 or not batch:
             return

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flare_diag.daemon.cli.commands import main
 from flare_diag.daemon.hosts.fixture import BUILTIN, load_fixture
@@ -211,3 +213,33 @@ def test_the_live_views_window_total_is_every_request_the_planner_would_send():
     p.fixture_sizes.update(sizes)
     planned = sum(0 if ph.kind == "identity" else len(phase_requests(ph, sizes[ph.fixture])) for ph in all_phases(plan))
     assert p.requests_planned == planned and planned > 0
+
+
+def _phase_s_from_scratch(est: Estimator, ph, skip: int) -> float:
+    """phase_s as its definition reads: each round the slowest of its requests, each request the fit
+    applied to the body's work as the estimator knows it now."""
+    from flare_diag.policies.planner import phase_requests
+    reqs = phase_requests(ph, len(est.work[ph.fixture]))[skip:]
+    c = max(ph.concurrency, 1)
+    rounds = sum(max((est.pace * est.work_s(est.work[ph.fixture][i]) + est.overhead_s for i in reqs[k:k + c]), default=0.0)
+                 for k in range(0, len(reqs), c))
+    return rounds + (2 * est.drain_s() if skip == 0 else est.drain_s())
+
+
+_ROUND = st.tuples(st.integers(0, 7), st.floats(0.1, 60), st.one_of(st.none(), st.integers(0, 300)),
+                   st.one_of(st.none(), st.integers(0, 5000)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(_ROUND, max_size=30), skips=st.lists(st.integers(0, 20), min_size=1, max_size=3))
+def test_phase_estimates_after_any_rounds_are_the_estimates_computed_from_scratch(rounds, skips):
+    """The estimator keeps each body's work between rounds: a round that changes a body's tokens, or
+    the output share, must be seen by every later estimate, at one request a round and at four."""
+    est = Estimator(PLAN, work())
+    replay = [p for a in arms(PLAN) for p in a.phases if p.fixture == "tok1024"]
+    assert {p.concurrency for p in replay} >= {1, 4}
+    for body, took, completion, prompt in rounds:
+        for ph in replay:
+            for skip in skips:
+                assert est.phase_s(ph, skip) == _phase_s_from_scratch(est, ph, skip)
+        est.observe_round("tok1024", [body], took, {body: completion}, {body: prompt})
