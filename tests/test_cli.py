@@ -61,6 +61,20 @@ def test_a_cli_call_loads_neither_the_simulated_host_nor_the_metadata_to_build_i
     assert out.strip() == "[]"
 
 
+@pytest.mark.parametrize("command", [["start", "PLAN", "--site", "flare"], ["abort", "--reason", "a drill"], ["status"]])
+def test_a_daemon_client_call_loads_neither_the_host_api_nor_the_live_view(tmp_path, command):
+    # a `start` without --calibrate loaded the forecast, and with it httpx and the host API: half of
+    # its CPU, in every operator's start; the live view's (rich's live display, the report's words) is
+    # for `watch` alone
+    plan = str(ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml")
+    args = [plan if a == "PLAN" else a for a in command] + ["--socket", str(tmp_path / "none.sock")]
+    probe = ("import sys; from flare_diag.daemon.cli.commands import main; rc = main(sys.argv[1:]); "
+             "print(rc, sorted(m for m in ('httpx', 'flare_diag.daemon.window.forecast', 'flare_diag.daemon.cli.live', "
+             "'rich.live') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True)
+    assert p.stdout.split(" ", 1) == ["5", "[]\n"], p.stdout + p.stderr  # 5: no daemon there
+
+
 def test_no_arguments_print_the_help_and_exit_2(capsys):
     assert main([]) == 2
     out = capsys.readouterr().out

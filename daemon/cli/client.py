@@ -10,10 +10,8 @@ from typing import TextIO
 
 import msgspec
 from rich.console import Console
-from rich.table import Table
 
 from flare_diag.daemon.service import control
-from flare_diag.daemon.cli.live import LiveView
 from flare_diag.events.base import decode_payload
 from flare_diag.events.schema import WindowClosed
 
@@ -86,6 +84,7 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
     if as_json:
         sys.stdout.write(msgspec.json.encode(rep).decode() + "\n")
         return 0
+    from rich.table import Table
     t = Table(title=f"flare-diagd ({rep['state']})", show_header=False)
     t.add_column(style="dim")
     t.add_column()
@@ -148,6 +147,7 @@ def watch(path: Path, from_seq: int | None, console: Console, json_out: TextIO |
     c = Connection(path, timeout=None)
     try:
         c.call(control.Watch(from_seq=from_seq))
+        from flare_diag.daemon.cli.live import LiveView  # the live view's imports only where it is shown
         view = LiveView(console, json_out=json_out)
         with view:
             while True:

@@ -292,10 +292,10 @@ def load_plan(path: Path) -> tuple[bytes, object]:
 
 
 def _calibration(path: Path | None):
+    if path is None:  # before the imports: the forecast's (httpx, the host API) are most of a `start`'s own
+        return None
     from flare_diag.daemon.window.forecast import load_calibration
     from flare_diag.daemon.window.setup import InputError
-    if path is None:
-        return None
     try:
         return load_calibration(path)
     except InputError as exc:
