@@ -79,6 +79,10 @@ _encode = _encoder.encode
 _encode_meta = msgspec.json.Encoder().encode
 # A batch also stops growing past this many payload bytes: SQLite caps one bound blob at 1 GB.
 _MAX_BATCH_BYTES = 64 << 20
+# A log whose commits do not wait for the disk (a rehearsal's) has its checkpoint replaced after
+# this many commits and when it closes, not after each: creating and renaming a file per commit
+# was an eighth of a rehearsal's CPU (in virtual time each idle moment of the loop is a commit).
+UNDURABLE_CHECKPOINT_EVERY = 32
 _TAGS: dict[type, tuple[str, int]] = {}
 
 
@@ -99,7 +103,7 @@ class EventStore:
     """
 
     def __init__(self, conn: aiosqlite.Connection, path: Path, checkpoint_path: Path, clock: Clock,
-                 seq: int, head_hash: bytes, max_batch: int) -> None:
+                 seq: int, head_hash: bytes, max_batch: int, durable: bool = True) -> None:
         self._conn = conn
         self.path = path
         self.checkpoint_path = checkpoint_path
@@ -116,6 +120,8 @@ class EventStore:
         self._listeners: list[Callable[[list[tuple]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
         self.checkpoint_key: bytes | None = None  # signs each checkpoint (HMAC) when set
+        self._checkpoint_every = 1 if durable else UNDURABLE_CHECKPOINT_EVERY
+        self._uncheckpointed = 0  # commits since the checkpoint was last replaced
         self._lock_fd: int | None = None  # the writer lock, held from open to close
         self._failed: StoreWriteError | None = None  # the commit failure that stopped writes (fail-stop)
         self._loop = asyncio.get_running_loop()
@@ -171,7 +177,7 @@ class EventStore:
                 raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
             raise
         seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
-        store = cls(conn, path, cp, clock, seq, head, max_batch)
+        store = cls(conn, path, cp, clock, seq, head, max_batch, durable)
         store._lock_fd = lock_fd
         await store._tg.__aenter__()
         store._tg.start_soon(store._write_loop, name="event-store-writer")
@@ -321,7 +327,8 @@ class EventStore:
             await inflight.wait()
 
     async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
-        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9], self.checkpoint_key)
+        due = self._uncheckpointed + 1 >= self._checkpoint_every
+        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9], self.checkpoint_key) if due else None
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
             why = await _on_thread(run(_write_transaction, self._conn._conn, bulk, checkpoint))
@@ -329,11 +336,21 @@ class EventStore:
             await _on_thread(self._conn.execute("BEGIN IMMEDIATE"))
             await _on_thread(self._conn.execute(BULK_INSERT, bulk))
             await _on_thread(self._conn.execute("COMMIT"))
-            try:
-                await asyncio.to_thread(write_checkpoint, *checkpoint)
-                why = None
-            except OSError as exc:
-                why = f"{checkpoint[0]}: {exc.strerror or exc}"
+            why = await self._write_checkpoint(checkpoint) if checkpoint is not None else None
+        if due:
+            self._uncheckpointed = 0
+            self._checkpoint_said(why)
+        else:
+            self._uncheckpointed += 1
+
+    async def _write_checkpoint(self, checkpoint: tuple[Path, int, bytes, bytes | None]) -> str | None:
+        try:
+            await asyncio.to_thread(write_checkpoint, *checkpoint)
+            return None
+        except OSError as exc:
+            return f"{checkpoint[0]}: {exc.strerror or exc}"
+
+    def _checkpoint_said(self, why: str | None) -> None:
         if why is not None and why != self.checkpoint_error:
             _log.error("checkpoint not written (the log is committed; the checkpoint lags it): %s", why)
         self.checkpoint_error = why
@@ -438,6 +455,10 @@ class EventStore:
         self._wake.set()
         try:
             await self._tg.__aexit__(None, None, None)  # the writer ends at _STOP, after the last commit
+            if self._uncheckpointed:  # an undurable log's last commits: its checkpoint catches up
+                self._uncheckpointed = 0
+                self._checkpoint_said(await self._write_checkpoint(
+                    (self.checkpoint_path, self._seq, self._head, self.checkpoint_key)))
         finally:
             try:
                 await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced

@@ -11,7 +11,7 @@ from flare_diag.events.chain import GENESIS
 from flare_diag.events.checkpoint import default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import LogNote
-from flare_diag.events.store import EventStore
+from flare_diag.events.store import UNDURABLE_CHECKPOINT_EVERY, EventStore
 from flare_diag.events.verify import verify_log
 
 
@@ -91,6 +91,34 @@ async def test_checkpoint_follows_every_commit(tmp_path):
         env = await store.append(LogNote(text="x"))
         cp = read_checkpoint(default_path(path))
     assert cp is not None and cp.seq == env.seq and cp.hash == env.hash.hex()
+
+
+async def test_a_durable_logs_checkpoint_is_its_head_after_each_of_many_commits(tmp_path):
+    path = tmp_path / "log.db"
+    async with await EventStore.open(path) as store:
+        for i in range(2 * UNDURABLE_CHECKPOINT_EVERY + 3):
+            env = await store.append(LogNote(text=f"{i}"))
+            cp = read_checkpoint(default_path(path))
+            assert cp is not None and (cp.seq, cp.hash) == (env.seq, env.hash.hex())
+
+
+async def test_an_undurable_logs_checkpoint_lags_by_fewer_commits_than_its_cadence_and_is_the_head_once_closed(tmp_path):
+    path = tmp_path / "log.db"
+    store = await EventStore.open(path, durable=False)
+    seen = set()
+    try:
+        for i in range(2 * UNDURABLE_CHECKPOINT_EVERY + 3):
+            env = await store.append(LogNote(text=f"{i}"))  # a commit each
+            cp = read_checkpoint(default_path(path))
+            lag = env.seq - (cp.seq if cp is not None else 0)
+            assert 0 <= lag < UNDURABLE_CHECKPOINT_EVERY
+            seen.add(lag)
+    finally:
+        await store.close()
+    assert 0 in seen and len(seen) > 1  # it caught up at its cadence, and lagged between
+    cp = read_checkpoint(default_path(path))
+    with LogReader(path) as r:
+        assert verify_log(r, cp).ok and cp.seq == env.seq and cp.hash == env.hash.hex()
 
 
 async def test_iteration_by_window_and_by_type(tmp_path):
