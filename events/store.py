@@ -303,6 +303,14 @@ class EventStore:
                     continue
                 self._wake.clear()
                 await self._wake.wait()
+                # Then two passes of the loop before the batch is gathered, so that the tasks the
+                # submission woke (an observation's reader, then the policy's decisions on it) add
+                # theirs: one commit for the moment rather than three. In virtual time every commit
+                # is a round trip to the writer thread the clock waits for (3,399 commits in the
+                # default rehearsal, 1,566 this way: 10% of its CPU); on the wall clock it is a
+                # few microseconds before a commit that then waits for the disk.
+                for _ in range(2):
+                    await asyncio.sleep(0)
             batch, n, size = [], 0, 0
             while queue and n < self._max_batch and size < _MAX_BATCH_BYTES:
                 item = queue.popleft()

@@ -121,6 +121,26 @@ async def test_an_undurable_logs_checkpoint_lags_by_fewer_commits_than_its_caden
         assert verify_log(r, cp).ok and cp.seq == env.seq and cp.hash == env.hash.hex()
 
 
+async def test_an_event_submitted_by_the_task_a_submission_woke_shares_its_commit(tmp_path):
+    """An observation, and the decision the runner makes on it once the observation wakes it: one
+    transaction, not two (in virtual time each is a round trip to the writer thread)."""
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        inbox: asyncio.Queue = asyncio.Queue()
+
+        async def runner() -> asyncio.Future:
+            await inbox.get()
+            return store.submit(LogNote(text="the decision"))
+
+        decide = asyncio.create_task(runner())
+        await asyncio.sleep(0)  # the runner waits for its input
+        observed = store.submit(LogNote(text="the observation"))
+        inbox.put_nowait(observed)
+        decided = await decide
+        assert decided is observed  # one commit group's future
+        receipt = await decided
+    assert [e.seq for e in receipt.envelopes()] == [1, 2]
+
+
 async def test_iteration_by_window_and_by_type(tmp_path):
     async with await EventStore.open(tmp_path / "log.db") as store:
         await store.append(LogNote(text="a"), window_id="w1")
