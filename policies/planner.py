@@ -216,7 +216,7 @@ class Estimator:
         """work_s of each of the fixture's bodies (the same numbers, computed once until they change)."""
         w = self._body_work.get(fixture)
         if w is None:
-            w = self._body_work[fixture] = [self.work_s(b) for b in self.work[fixture]]
+            w = self._body_work[fixture] = [self.work_s(b) for b in self.work.get(fixture, ())]
         return w
 
     def request_s(self, fixture: str, body: int) -> float:
@@ -242,9 +242,10 @@ class Estimator:
         memo = self._phase_memo.get(key)
         if memo is not None:
             return memo
-        every = self._requests.get(key[:-1])
+        which = (ph.kind, *key[:-1])
+        every = self._requests.get(which)
         if every is None:
-            every = self._requests[key[:-1]] = phase_requests(ph, len(self.work.get(ph.fixture, [])))
+            every = self._requests[which] = phase_requests(ph, len(self.work.get(ph.fixture, [])))
         reqs = every[skip:]
         c = max(ph.concurrency, 1)
         if not reqs:
