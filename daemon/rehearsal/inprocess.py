@@ -109,8 +109,7 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             app_scope.cancel()
             raise
         if not start:
-            detail = f": {type(failure[0]).__name__}" if failure else ""
-            return httpx.Response(500, content=f"in-process app failed before answering{detail}".encode(), request=request)
+            return _failed_before_answering(request, failure[0] if failure else None)
         headers = [(k, v) for k, v in start.get("headers", [])]
         return httpx.Response(start["status"], headers=headers, stream=_Body(receive_msg, gone, app_scope),
                               request=request)
@@ -136,15 +135,20 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
-        failure = ""
+        failure: Exception | None = None
         try:
             await self.app(scope, receive, send)
         except Exception as exc:  # an app that fails answers 500, as a server would; after its start, what it sent
-            failure = f": {type(exc).__name__}"
+            failure = exc
         if not start:
-            return httpx.Response(500, content=f"in-process app failed before answering{failure}".encode(), request=request)
+            return _failed_before_answering(request, failure)
         return httpx.Response(start["status"], headers=list(start.get("headers", [])), content=b"".join(chunks),
                               request=request)
+
+
+def _failed_before_answering(request: httpx.Request, exc: BaseException | None) -> httpx.Response:
+    detail = f": {type(exc).__name__}" if exc is not None else ""
+    return httpx.Response(500, content=f"in-process app failed before answering{detail}".encode(), request=request)
 
 
 @asynccontextmanager
