@@ -48,19 +48,46 @@ class StoreWriteError(RuntimeError):
 _Row = tuple[str, int, str, "int | None", bytes, int, int]
 
 
+class _Chained:
+    """One batch chained onto the log, in the form BULK_INSERT takes; its rows are built only when read."""
+
+    __slots__ = ("meta", "payloads", "hashes")
+
+    def __init__(self, meta: list[tuple], payloads: list[bytes], hashes: list[bytes]) -> None:
+        self.meta = meta  # per event: seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, offset, length
+        self.payloads = payloads
+        self.hashes = hashes  # the previous head, then each event's hash: event k's prev_hash is hashes[k]
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @property
+    def head(self) -> tuple[int, bytes]:
+        return self.meta[-1][0], self.hashes[-1]
+
+    def bulk(self) -> tuple[bytes, bytes, bytes]:
+        return _encode_meta(self.meta), b"".join(self.payloads), b"".join(self.hashes)
+
+    def envelopes(self, start: int = 0, stop: int | None = None) -> list[Envelope]:
+        meta, payloads, hashes = self.meta, self.payloads, self.hashes
+        return [Envelope(*meta[k][:7], payloads[k], hashes[k], hashes[k + 1])
+                for k in range(*slice(start, stop).indices(len(meta)))]
+
+
 class _Receipt:
     """The envelopes of one committed group, built only when read (the hot path rarely reads them)."""
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_chained", "_start", "_n")
 
-    def __init__(self, rows: list[tuple]) -> None:
-        self._rows = rows
+    def __init__(self, chained: _Chained, start: int, n: int) -> None:
+        self._chained, self._start, self._n = chained, start, n
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._n
 
     def envelopes(self, start: int = 0, stop: int | None = None) -> list[Envelope]:
-        return [row_envelope(r) for r in self._rows[start:stop]]
+        lo, hi, _ = slice(start, stop).indices(self._n)
+        return self._chained.envelopes(self._start + lo, self._start + max(lo, hi))
 
 
 class _Group:
@@ -98,7 +125,7 @@ class EventStore:
     """Appends are queued, stamped in submission order, and acknowledged only once committed.
 
     One writer task owns the connection: it drains whatever is queued, hashes it onto the chain,
-    writes it in one `BEGIN IMMEDIATE` transaction with `synchronous=FULL`, then resolves the
+    writes it in one statement, one transaction, with `synchronous=FULL`, then resolves the
     waiters. Callers on a hot path use `submit` and need not await the fsync.
     """
 
@@ -197,19 +224,20 @@ class EventStore:
         """The last acknowledged (seq, hash)."""
         return self._seq, self._head
 
-    def _enqueue(self, rows: list[_Row]) -> tuple[asyncio.Future[_Receipt], int]:
+    def _enqueue(self, rows: list[_Row], size: int) -> tuple[asyncio.Future[_Receipt], int]:
         # Submissions join the open group until the writer takes it, so the hot path allocates no
-        # future (and gives the garbage collector nothing new to scan) per event.
+        # future (and gives the garbage collector nothing new to scan) per event. The writer waits
+        # only on an empty queue, so waking it when a group joins the queue is enough.
         group = self._open
         if group is None:
             group = self._open = _Group(self._loop.create_future())
             self._queue.append(group)
+            self._wake.set()
         start = len(group.rows)
-        group.rows.extend(rows)
-        group.size += sum(len(r[4]) for r in rows)
+        group.rows += rows
+        group.size += size
         if len(group.rows) >= self._max_batch or group.size >= _MAX_BATCH_BYTES:
             self._open = None
-        self._wake.set()
         return group.fut, start
 
     def _stamp(self, mono_ns: int | None, wall_ns: int | None) -> tuple[int, int]:
@@ -227,9 +255,25 @@ class EventStore:
         The future is shared by every submission of the same commit group; `append` returns the
         event's own envelope.
         """
-        mono_ns, wall_ns = self._stamp(mono_ns, wall_ns)
-        tag, v = _tag_of(event)
-        return self._enqueue([(tag, v, window_id, causation_seq, _encode(event), mono_ns, wall_ns)])[0]
+        # the hot path (every observation of a window): _stamp, _tag_of and _enqueue inlined
+        if self._closed:
+            raise StoreClosed(f"{self.path}: event store is closed")
+        if mono_ns is None or wall_ns is None:
+            m, w = self._clock()
+            mono_ns, wall_ns = (m if mono_ns is None else mono_ns), (w if wall_ns is None else wall_ns)
+        tv = _TAGS.get(type(event)) or _tag_of(event)
+        payload = _encode(event)
+        group = self._open
+        if group is None:
+            group = self._open = _Group(self._loop.create_future())
+            self._queue.append(group)
+            self._wake.set()
+        rows = group.rows
+        rows.append((tv[0], tv[1], window_id, causation_seq, payload, mono_ns, wall_ns))
+        group.size += len(payload)
+        if len(rows) >= self._max_batch or group.size >= _MAX_BATCH_BYTES:
+            self._open = None
+        return group.fut
 
     def submit_many(self, events: Iterable[Event], *, window_id: str = "", causation_seq: int | None = None,
                     mono_ns: int | None = None, wall_ns: int | None = None,
@@ -246,12 +290,15 @@ class EventStore:
                      caused_by_first: bool = False) -> tuple[asyncio.Future[_Receipt], int, int]:
         mono_ns, wall_ns = self._stamp(mono_ns, wall_ns)
         rows = []
+        size = 0
         for i, e in enumerate(events):
             tag, v = _tag_of(e)
             # a negative causation is an offset back to the cause inside this submission; the
             # hashing pass turns it into that event's seq before anything is hashed or stored
             caus = -i if caused_by_first and i else causation_seq
-            rows.append((tag, v, window_id, caus, _encode(e), mono_ns, wall_ns))
+            payload = _encode(e)
+            size += len(payload)
+            rows.append((tag, v, window_id, caus, payload, mono_ns, wall_ns))
         if not rows:  # still a barrier: resolves after everything submitted before it
             group = self._open
             if group is None:
@@ -260,7 +307,7 @@ class EventStore:
                 self._wake.set()
                 return fut, 0, 0
             return group.fut, len(group.rows), 0
-        fut, start = self._enqueue(rows)
+        fut, start = self._enqueue(rows, size)
         return fut, start, len(rows)
 
     async def append(self, event: Event, *, window_id: str = "", causation_seq: int | None = None,
@@ -325,25 +372,24 @@ class EventStore:
             if not batch:
                 continue
             base = (self._tent_seq, self._tent_head)
-            rows, bulk = self._hash_rows(batch, *base)
+            chained = self._hash_rows(batch, *base)
             if inflight is not None and not await inflight.wait():
-                rows, bulk = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
+                chained = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
             inflight = _Commit()
-            self._tg.start_soon(inflight.run, self._commit(batch, rows, bulk))
+            self._tg.start_soon(inflight.run, self._commit(batch, chained))
             await asyncio.sleep(0)  # let the commit reach the writer thread before hashing the next batch
         if inflight is not None:
             await inflight.wait()
 
-    async def _write_rows(self, rows: list[tuple], bulk: tuple[bytes, bytes, bytes]) -> None:
+    async def _write_rows(self, chained: _Chained) -> None:
         due = self._uncheckpointed + 1 >= self._checkpoint_every
-        checkpoint = (self.checkpoint_path, rows[-1][0], rows[-1][9], self.checkpoint_key) if due else None
+        checkpoint = (self.checkpoint_path, *chained.head, self.checkpoint_key) if due else None
+        bulk = chained.bulk()
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
             why = await _on_thread(run(_write_transaction, self._conn._conn, bulk, checkpoint))
         else:
-            await _on_thread(self._conn.execute("BEGIN IMMEDIATE"))
             await _on_thread(self._conn.execute(BULK_INSERT, bulk))
-            await _on_thread(self._conn.execute("COMMIT"))
             why = await self._write_checkpoint(checkpoint) if checkpoint is not None else None
         if due:
             self._uncheckpointed = 0
@@ -363,15 +409,14 @@ class EventStore:
             _log.error("checkpoint not written (the log is committed; the checkpoint lags it): %s", why)
         self.checkpoint_error = why
 
-    def _hash_rows(self, batch: list[_Group], seq: int,
-                   prev: bytes) -> tuple[list[tuple], tuple[bytes, bytes, bytes]]:
-        """Chains the batch onto (seq, prev); returns its rows and their BULK_INSERT parameters."""
+    def _hash_rows(self, batch: list[_Group], seq: int, prev: bytes) -> _Chained:
+        """Chains the batch onto (seq, prev)."""
         # event_hash() inlined, with the (type, window) part of the preimage cached: the store's hot loop
         sha, pack, join, tag, pre = hashlib.sha256, _fixed.pack, b"".join, DOMAIN_TAG, self._prefixes
-        rows: list[tuple] = []
         meta: list[tuple] = []
         payloads: list[bytes] = []
         hashes: list[bytes] = [prev]
+        add_meta, add_payload, add_hash = meta.append, payloads.append, hashes.append
         off = 1
         for group in batch:
             for type_, v, wid, caus, payload, mono, wall in group.rows:
@@ -382,35 +427,33 @@ class EventStore:
                 if tw is None:
                     t, w = type_.encode(), wid.encode()
                     tw = pre[(type_, wid)] = len(t).to_bytes(2, "big") + t + len(w).to_bytes(2, "big") + w
-                h = sha(join((tag, prev, pack(seq, v, mono, wall, -1 if caus is None else caus), tw, payload))).digest()
-                rows.append((seq, mono, wall, type_, v, wid, caus, payload, prev, h))
+                prev = sha(join((tag, prev, pack(seq, v, mono, wall, -1 if caus is None else caus), tw, payload))).digest()
                 n = len(payload)
-                meta.append((seq, mono, wall, type_, v, wid, caus, off, n))
-                payloads.append(payload)
-                hashes.append(h)
+                add_meta((seq, mono, wall, type_, v, wid, caus, off, n))
+                add_payload(payload)
+                add_hash(prev)
                 off += n
-                prev = h
         self._tent_seq, self._tent_head = seq, prev
-        return rows, (_encode_meta(meta), join(payloads), join(hashes))
+        return _Chained(meta, payloads, hashes)
 
-    async def _commit(self, batch: list[_Group], rows: list[tuple],
-                      bulk: tuple[bytes, bytes, bytes]) -> bool:
-        if rows and self._failed is not None:
+    async def _commit(self, batch: list[_Group], chained: _Chained) -> bool:
+        if chained and self._failed is not None:
             self._tent_seq, self._tent_head = self._seq, self._head
             for group in batch:
                 if not group.fut.done():
                     group.fut.set_exception(self._failed)
             return False
-        if rows:
+        if chained:
             try:
-                await self._write_rows(rows, bulk)
+                await self._write_rows(chained)
             except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
-                try:
-                    await _on_thread(self._conn.execute("ROLLBACK"))
-                except Exception:
-                    pass
+                if self._conn.in_transaction:  # the insert is its own transaction; only a failure between statements leaves one open
+                    try:
+                        await _on_thread(self._conn.execute("ROLLBACK"))
+                    except Exception:
+                        pass
                 self._tent_seq, self._tent_head = self._seq, self._head
-                err = StoreWriteError(f"{self.path}: commit of {len(rows)} events failed: {exc}")
+                err = StoreWriteError(f"{self.path}: commit of {len(chained)} events failed: {exc}")
                 # fail-stop: every later batch fails too, until `resume_writes`, so the log stays a
                 # prefix of what was submitted (never a gap where a lost batch was)
                 self._failed = self._failed or err
@@ -418,9 +461,9 @@ class EventStore:
                     if not group.fut.done():
                         group.fut.set_exception(err)
                 return False
-            self._seq, self._head = rows[-1][0], rows[-1][9]
+            self._seq, self._head = chained.head
             if self._listeners:
-                envs = [row_envelope(r) for r in rows]
+                envs = chained.envelopes()
                 for listener in list(self._listeners):
                     try:
                         listener(envs)
@@ -437,7 +480,7 @@ class EventStore:
         for group in batch:
             n = len(group.rows)
             if not group.fut.done():
-                group.fut.set_result(_Receipt(rows[i:i + n]))
+                group.fut.set_result(_Receipt(chained, i, n))
             i += n
         return True
 
@@ -561,15 +604,12 @@ def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes
     """Commits the batch, then (on the same worker thread, off the event loop) replaces the
     checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
     log, so failing to write one must not fail a commit that is already durable."""
-    # One statement for the whole batch: SQLite unpacks it in C with the GIL released, so the
-    # writer thread does not contend with the event loop row by row as executemany would.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        conn.execute(BULK_INSERT, bulk)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    # One statement for the whole batch, and so its own transaction (the connection autocommits):
+    # SQLite unpacks it in C with the GIL released, so the writer thread does not contend with the
+    # event loop row by row as executemany would. Every hand-back of the GIL costs this thread up to
+    # a switch interval while the loop is busy (a burst of submissions), so no BEGIN or COMMIT of
+    # its own: each would be two more.
+    conn.execute(BULK_INSERT, bulk)
     if checkpoint is not None:
         try:
             write_checkpoint(*checkpoint)

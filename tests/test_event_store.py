@@ -62,6 +62,29 @@ async def test_many_submissions_share_one_commit(tmp_path):
         conn.close()
 
 
+async def test_envelopes_acknowledged_from_shared_commits_are_the_rows_the_log_holds(tmp_path):
+    seen = []
+    async with await EventStore.open(tmp_path / "log.db") as store:
+        store.subscribe(seen.extend)
+
+        async def appender(k: int) -> list:
+            envs = []
+            for j in range(30):  # singles and runs interleaved, so most commits hold several submissions
+                if j % 3:
+                    envs.append(await store.append(LogNote(text=f"{k}.{j}"), window_id=f"w{k}"))
+                else:
+                    envs.extend(await store.append_many([LogNote(text=f"{k}.{j}.{i}") for i in range(4)],
+                                                        window_id=f"w{k}", causation_seq=j))
+            return envs
+
+        acked = [e for envs in await asyncio.gather(*(appender(k) for k in range(6))) for e in envs]
+    with LogReader(tmp_path / "log.db") as r:
+        stored = {e.seq: e for e in r.iter()}
+    assert sorted(e.seq for e in acked) == list(stored)
+    assert all(e == stored[e.seq] for e in acked)
+    assert seen == [stored[s] for s in sorted(stored)]
+
+
 async def test_reopened_store_continues_the_chain(tmp_path):
     path = tmp_path / "log.db"
     async with await EventStore.open(path) as store:

@@ -34,7 +34,7 @@ async def test_a_checkpoint_that_cannot_be_written_does_not_stop_commits(tmp_pat
 
 def _window_with_failing_writes(tmp_path, fail, plan_path) -> tuple[object, str]:
     """Runs a window in virtual time against flaresim in-process whose store's commits fail while
-    `fail(n, rows)` says so (n: the commit's number); returns (the runner's outcome or exception, the
+    `fail(n, events)` says so (n: the commit's number, events: its envelopes); returns (the runner's outcome or exception, the
     simulator's loaded recipe)."""
     return virtualtime.run(_failing_window(tmp_path, fail, plan_path))
 
@@ -53,11 +53,11 @@ async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
         real = store._write_rows
         calls = {"n": 0}
 
-        async def failing(rows, bulk):
+        async def failing(batch):
             calls["n"] += 1
-            if fail(calls["n"], rows):
+            if fail(calls["n"], batch.envelopes()):
                 raise OSError(28, "No space left on device")
-            await real(rows, bulk)
+            await real(batch)
 
         store._write_rows = failing
         runner = Runner(store, target, "w-disk")
@@ -73,7 +73,7 @@ async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
 def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up_when_it_frees(tmp_path, monkeypatch, small_plan):
     from flare_diag.events.reader import LogReader
     from flare_diag.events.verify import verify_log
-    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: 60 <= n < 63, small_plan)
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _events: 60 <= n < 63, small_plan)
     assert outcome == "aborted" and loaded == "glm-incumbent"
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
@@ -91,7 +91,7 @@ def test_a_disk_that_fills_mid_window_sends_it_to_restore_and_the_log_catches_up
 
 
 def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_log_lacks(tmp_path, monkeypatch, small_plan):
-    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: n >= 60, small_plan)
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _events: n >= 60, small_plan)
     assert isinstance(outcome, StoreWriteError) and "restored from memory" in str(outcome)
     assert "are not in the log" in str(outcome)
     assert loaded == "glm-incumbent"
@@ -111,7 +111,7 @@ def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_
         real(*args)
 
     monkeypatch.setattr(store_mod, "write_checkpoint", emfile)
-    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _rows: False, small_plan)
+    outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _events: False, small_plan)
     assert outcome in ("completed", "partial") and loaded == "glm-incumbent" and calls["n"] > 20
     with LogReader(tmp_path / "log.db") as r:
         assert verify_log(r).ok
@@ -123,8 +123,8 @@ def test_a_failed_commit_of_the_window_close_itself_is_caught_up_before_the_runn
     from flare_diag.events.verify import verify_log
     failed = []
 
-    def the_close_once(_n, rows):
-        if not failed and any(r[3] == "window_closed" for r in rows):
+    def the_close_once(_n, events):
+        if not failed and any(e.type == "window_closed" for e in events):
             failed.append(True)
             return True
         return False
@@ -153,7 +153,7 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
                 while not (svc.window and svc.window.progress.phase_requests >= 2):
                     await anyio.sleep(0.05)
 
-            async def full(rows, bulk):
+            async def full(batch):
                 raise OSError(28, "No space left on device")
 
             svc.store._write_rows = full  # the disk fills
