@@ -125,7 +125,7 @@ class EventStore:
     """Appends are queued, stamped in submission order, and acknowledged only once committed.
 
     One writer task owns the connection: it drains whatever is queued, hashes it onto the chain,
-    writes it in one statement, one transaction, with `synchronous=FULL`, then resolves the
+    writes it in one `BEGIN IMMEDIATE` transaction with `synchronous=FULL`, then resolves the
     waiters. Callers on a hot path use `submit` and need not await the fsync.
     """
 
@@ -389,7 +389,9 @@ class EventStore:
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
             why = await _on_thread(run(_write_transaction, self._conn._conn, bulk, checkpoint))
         else:
+            await _on_thread(self._conn.execute("BEGIN IMMEDIATE"))
             await _on_thread(self._conn.execute(BULK_INSERT, bulk))
+            await _on_thread(self._conn.execute("COMMIT"))
             why = await self._write_checkpoint(checkpoint) if checkpoint is not None else None
         if due:
             self._uncheckpointed = 0
@@ -447,11 +449,10 @@ class EventStore:
             try:
                 await self._write_rows(chained)
             except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
-                if self._conn.in_transaction:  # the insert is its own transaction; only a failure between statements leaves one open
-                    try:
-                        await _on_thread(self._conn.execute("ROLLBACK"))
-                    except Exception:
-                        pass
+                try:
+                    await _on_thread(self._conn.execute("ROLLBACK"))
+                except Exception:
+                    pass
                 self._tent_seq, self._tent_head = self._seq, self._head
                 err = StoreWriteError(f"{self.path}: commit of {len(chained)} events failed: {exc}")
                 # fail-stop: every later batch fails too, until `resume_writes`, so the log stays a
@@ -604,12 +605,15 @@ def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes
     """Commits the batch, then (on the same worker thread, off the event loop) replaces the
     checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
     log, so failing to write one must not fail a commit that is already durable."""
-    # One statement for the whole batch, and so its own transaction (the connection autocommits):
-    # SQLite unpacks it in C with the GIL released, so the writer thread does not contend with the
-    # event loop row by row as executemany would. Every hand-back of the GIL costs this thread up to
-    # a switch interval while the loop is busy (a burst of submissions), so no BEGIN or COMMIT of
-    # its own: each would be two more.
-    conn.execute(BULK_INSERT, bulk)
+    # One statement for the whole batch: SQLite unpacks it in C with the GIL released, so the
+    # writer thread does not contend with the event loop row by row as executemany would.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(BULK_INSERT, bulk)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
     if checkpoint is not None:
         try:
             write_checkpoint(*checkpoint)
