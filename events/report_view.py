@@ -490,6 +490,21 @@ _DELTA_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_
 _row_items, _row_attrs = itemgetter(*_ROW_KEYS), attrgetter(*_ROW_KEYS)
 _delta_values, _delta_attrs = itemgetter(*_DELTA_KEYS), attrgetter(*_DELTA_KEYS)
 _G3 = [f"{i:03}" for i in range(1000)]  # the last three digits of a grouped count
+# A count's cell by its value: a window's counts repeat (52 bodies' prompts, block-sized cache deltas),
+# and a dict lookup is a third of formatting one. Ints only (1717.0 == 1717 would share a key), bounded.
+_COUNT_CELLS: dict[int, str] = {}
+_COUNT_CELLS_MAX = 1 << 12
+
+
+def _count_cell(a) -> str:
+    """A count's cell when `_COUNT_CELLS` lacks it: grouped by thousands (a grouping format spec costs
+    three plain formats under callgrind, the table of three-digit groups a third of that)."""
+    if a is None:
+        return "n/a"
+    cell = f"{a}" if a < 1000 else f"{a // 1000},{_G3[a % 1000]}" if a < 1_000_000 and type(a) is int else f"{a:,}"
+    if type(a) is int and len(_COUNT_CELLS) < _COUNT_CELLS_MAX:
+        _COUNT_CELLS[a] = cell
+    return cell
 
 
 def request_row(q, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
@@ -508,21 +523,21 @@ def request_row(q, scale: float = 1.0, wall: bool = False) -> tuple[str, ...]:
         lk, hi, fe, re_, gr = _delta_values(d) if type(d) is dict else _delta_attrs(d)  # a RequestRow's may be its view
     except (KeyError, TypeError, AttributeError):
         lk, hi, fe, re_, gr = map((d or {}).get, _DELTA_KEYS)
-    # counts of 1,000 and more grouped, below a million by a table of three-digit groups: a grouping
-    # format spec costs three plain formats (callgrind), the table a third of that; most counts are small.
-    # A delta may be a float (a counter as Prometheus text gives it): the format spec takes those
+    # counts grouped by thousands, from _COUNT_CELLS when seen before (a delta may be a float, a
+    # counter as Prometheus text gives it: _count_cell formats those)
+    cells_of = _COUNT_CELLS.get
     head = (ph, f"{o}", sha[:12],
-            "n/a" if a is None else f"{a}" if a < 1000 else f"{a // 1000},{_G3[a % 1000]}" if a < 1_000_000 and type(a) is int else f"{a:,}",
-            "n/a" if b is None else f"{b}" if b < 1000 else f"{b // 1000},{_G3[b % 1000]}" if b < 1_000_000 and type(b) is int else f"{b:,}",
-            "n/a" if c is None else f"{c}" if c < 1000 else f"{c // 1000},{_G3[c % 1000]}" if c < 1_000_000 and type(c) is int else f"{c:,}",
+            (type(a) is int and cells_of(a)) or _count_cell(a),
+            (type(b) is int and cells_of(b)) or _count_cell(b),
+            (type(c) is int and cells_of(c)) or _count_cell(c),
             "n/a" if f is None else f"{f}",
             "yes" if vis else ("reasoning only" if ro else "no"),
             "n/a" if ft is None else f"{ft * scale / 1e9:.3f}", "n/a" if end is None else f"{end * scale / 1e9:.3f}")
-    tail = ("n/a" if lk is None else f"{lk}" if lk < 1000 else f"{lk // 1000},{_G3[lk % 1000]}" if lk < 1_000_000 and type(lk) is int else f"{lk:,}",
-            "n/a" if hi is None else f"{hi}" if hi < 1000 else f"{hi // 1000},{_G3[hi % 1000]}" if hi < 1_000_000 and type(hi) is int else f"{hi:,}",
-            "n/a" if fe is None else f"{fe}" if fe < 1000 else f"{fe // 1000},{_G3[fe % 1000]}" if fe < 1_000_000 and type(fe) is int else f"{fe:,}",
-            "n/a" if re_ is None else f"{re_}" if re_ < 1000 else f"{re_ // 1000},{_G3[re_ % 1000]}" if re_ < 1_000_000 and type(re_) is int else f"{re_:,}",
-            "n/a" if gr is None else f"{gr}" if gr < 1000 else f"{gr // 1000},{_G3[gr % 1000]}" if gr < 1_000_000 and type(gr) is int else f"{gr:,}",
+    tail = ((type(lk) is int and cells_of(lk)) or _count_cell(lk),
+            (type(hi) is int and cells_of(hi)) or _count_cell(hi),
+            (type(fe) is int and cells_of(fe)) or _count_cell(fe),
+            (type(re_) is int and cells_of(re_)) or _count_cell(re_),
+            (type(gr) is int and cells_of(gr)) or _count_cell(gr),
             out + (f" ({nf})" if nf else ""))
     if wall:
         return head + ("n/a" if end is None else f"{end / 1e9:.3f}",) + tail
