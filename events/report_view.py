@@ -490,10 +490,14 @@ _DELTA_KEYS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_
 _row_items, _row_attrs = itemgetter(*_ROW_KEYS), attrgetter(*_ROW_KEYS)
 _delta_values, _delta_attrs = itemgetter(*_DELTA_KEYS), attrgetter(*_DELTA_KEYS)
 _G3 = [f"{i:03}" for i in range(1000)]  # the last three digits of a grouped count
-# A count's cell by its value: a window's counts repeat (52 bodies' prompts, block-sized cache deltas),
-# and a dict lookup is a third of formatting one. Ints only (1717.0 == 1717 would share a key), bounded.
+# A count's cell by its value: a window's counts repeat (the default rehearsal's 336 rows hold 123
+# distinct counts: 52 bodies' prompts, block-sized cache deltas), and a dict lookup is a third of
+# formatting one. Ints only (1717.0 == 1717 would share a key). Bounded: 6.4 MB of cells when full,
+# kept by a daemon between reports. A miss costs more than formatting alone, so it is sized for a
+# window of millions of events, whose counts run to tens of thousands of values (bench/report.py:
+# 4,096 entries made the report slower at 4M events, 65,536 faster).
 _COUNT_CELLS: dict[int, str] = {}
-_COUNT_CELLS_MAX = 1 << 12
+_COUNT_CELLS_MAX = 1 << 16
 
 
 def _count_cell(a) -> str:
