@@ -505,7 +505,7 @@ def _count_cell(a) -> str:
     three plain formats under callgrind, the table of three-digit groups a third of that)."""
     if a is None:
         return "n/a"
-    cell = f"{a}" if a < 1000 else f"{a // 1000},{_G3[a % 1000]}" if a < 1_000_000 and type(a) is int else f"{a:,}"
+    cell = f"{a}" if -1000 < a < 1000 else f"{a // 1000},{_G3[a % 1000]}" if 0 < a < 1_000_000 and type(a) is int else f"{a:,}"
     if type(a) is int and len(_COUNT_CELLS) < _COUNT_CELLS_MAX:
         _COUNT_CELLS[a] = cell
     return cell

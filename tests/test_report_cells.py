@@ -1,5 +1,6 @@
-"""Property: a request row's count cells are the count grouped by thousands, whether or not the same
-value was formatted before (the cells are kept by value) and whichever of int or float it is."""
+"""Property: a request row's count cells are the count grouped by thousands (a negative delta, a
+counter's reset, too), whether or not the same value was formatted before (the cells are kept by
+value) and whichever of int or float it is."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ _COUNTS = st.one_of(st.none(), st.integers(min_value=-10**7, max_value=10**13),
 
 
 def _expected(v) -> str:
-    return "n/a" if v is None else f"{v}" if v < 1000 else f"{v:,}"
+    return "n/a" if v is None else f"{v}" if -1000 < v < 1000 else f"{v:,}"
 
 
 def _row(v) -> dict:
