@@ -34,8 +34,8 @@ async def test_a_checkpoint_that_cannot_be_written_does_not_stop_commits(tmp_pat
 
 def _window_with_failing_writes(tmp_path, fail, plan_path) -> tuple[object, str]:
     """Runs a window in virtual time against flaresim in-process whose store's commits fail while
-    `fail(n, events)` says so (n: the commit's number, events: its envelopes); returns (the runner's outcome or exception, the
-    simulator's loaded recipe)."""
+    `fail(n, events)` says so (n: the commit's number, events: its envelopes); returns (the runner's
+    outcome or exception, the simulator's loaded recipe)."""
     return virtualtime.run(_failing_window(tmp_path, fail, plan_path))
 
 
