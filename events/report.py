@@ -310,7 +310,7 @@ class _Projection:
              "restoration": f.restoration, "integrity": self.integrity, "timeline": f.timeline,
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
-             "alarms": f.alarms, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
+             "alarms": f.alarms, "scaled_bounds": f.scaled_bounds, "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
              "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
              "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]})
         if self.spool is not None:  # what the renderers would otherwise read from the lists in the spool

@@ -455,6 +455,8 @@ def needs_attention(r: dict) -> list[str]:
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    out += [f"bound raised by the scaled clock: {b['bound']} held at {b['effective_s']:g} window s, not the plan's "
+            f"{b['plan_s']:g} ({b['reason']})" for b in r.get("scaled_bounds") or []]
     out += [f"OUTPUTS CHANGED UNDER REUSE in {c['phase']}: {c['reason']}" for c in r.get("cells") or []
             if (c.get("consistency") or {}).get("differ")]
     it = r.get("integrity") or {}

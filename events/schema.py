@@ -379,6 +379,14 @@ class VerdictReached(Decision, tag="verdict_reached"):
 
 
 @register
+class BoundsScaled(Decision, tag="bounds_scaled"):
+    """The bounds a real-seconds floor raised under a scaled clock, as the window opened (contract 4,
+    amended 2026-12-03): each {"bound", "plan_s", "effective_s", "reason"}. Never at x1."""
+
+    bounds: list[dict]
+
+
+@register
 class Alarm(Decision, tag="alarm"):
     """Something a person must hear about that is not an abort (a restore overrun, a resume mismatch, a
     primary left quiesced, a rule disabled, a guard's dry run...): `kind` names it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
-    AbortDecided, Alarm, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    AbortDecided, Alarm, BoundsScaled, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
 )
 
@@ -45,6 +45,7 @@ class WindowFold:
         self.cells: dict[str, dict] = {}
         self.abort: dict | None = None
         self.alarms: list[dict] = []
+        self.scaled_bounds: list[dict] = []
         self.verdict: dict | None = None
         self.restoration: dict | None = None
         self.restoration_failed: list[str] | None = None
@@ -199,6 +200,9 @@ class WindowFold:
         self.verdict = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
                         "findings": ev.findings}
 
+    def _bounds_scaled(self, ev: BoundsScaled, _wall: int | None) -> None:
+        self.scaled_bounds = list(ev.bounds)
+
     def _alarm(self, ev: Alarm, _wall: int | None) -> None:
         self.alarms.append({"kind": ev.kind, "detail": ev.detail})
 
@@ -211,7 +215,7 @@ class WindowFold:
 
 
 RESTORE_CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registered", "direct_preflight", "readmitted",
-                  "routed_preflight", "no_fault_during_restore", "within_reservation")
+                  "routed_preflight", "identity_restored", "no_fault_during_restore", "within_reservation")
 
 
 def failed_checks(checks: dict) -> list[str]:
@@ -222,6 +226,6 @@ _HANDLERS = {
     WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,
     RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,
     RestoreStarted: WindowFold._restore_started, RestorationRecorded: WindowFold._restoration,
-    VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, TraceOrderFrozen: WindowFold._trace_order,
+    VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, BoundsScaled: WindowFold._bounds_scaled, TraceOrderFrozen: WindowFold._trace_order,
     WindowClosed: WindowFold._closed,
 }

@@ -16,10 +16,10 @@ from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration, Estimator
+from flare_diag.policies.restarts import RestartWatch
+from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
 
-WATCH_LOST_MIN_REAL_S = 5.0
-DRAIN_MIN_REAL_S = 5.0  # a drain's bound never shrinks below this much real time under a scaled clock
 
 
 class WindowCore(Driver):
@@ -81,6 +81,10 @@ class WindowCore(Driver):
         self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
         self.steady_state = False  # the plan's guards are evaluated on the site's Prometheus (WindowOpened)
         self.guard_runs = steady.Tally()  # each guard's consecutive breaches, and what a dry run has said
+        self.restart_watch = RestartWatch()  # the loaded incarnation's last counters: they never go back
+        self.restore_restarts = 0  # unseen engine restarts the restore met: each one starts it over
+        self.refused_run: list = []  # the latest consecutive requests the host refused (RequestDone)
+        self.restore_unloaded = False  # the restore has the window's candidate unloaded: every bound holds again
 
     @property
     def closed(self) -> bool:
@@ -133,18 +137,23 @@ class WindowCore(Driver):
         """How long (window seconds) a watch may stay silent: the plan's bound, but never less than
         WATCH_LOST_MIN_REAL_S of real time. A scaled clock (a simulated site only) would otherwise
         shrink 30 window seconds to a fraction of a real second, which a loaded machine's poll can take."""
-        return max(self.plan.timing.watch_lost_s, WATCH_LOST_MIN_REAL_S * self.time_scale)
+        return effective_s(self.plan.timing.watch_lost_s, WATCH_LOST_MIN_REAL_S, self.time_scale)
 
     def drain_timeout_s(self, planned: float) -> float:
         """How long (window seconds) a drain may take to settle: the plan's bound, but never less than
         DRAIN_MIN_REAL_S of real time. At x100, the plan's 10 s would leave a tenth of a real second for
         the consecutive scrapes the drain rule needs, which a loaded machine cannot promise."""
-        return max(planned, DRAIN_MIN_REAL_S * self.time_scale)
+        return effective_s(planned, DRAIN_MIN_REAL_S, self.time_scale)
 
     def _mark_stop(self) -> None:
         if not self.stop_marked:
             self.stop_marked = True
             self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]
+
+    def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
+        if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
+            self.restart_watch.reset()
+        return super()._request(action, args, experimental)
 
     # --- aborts and faults ---------------------------------------------------------------------
 
@@ -163,7 +172,9 @@ class WindowCore(Driver):
         self._abort_inside(rules.abort_for_error(res.error) or "preflight", f"{what}: {res.detail or res.error}")
 
     def _restore_fault(self, what: str) -> None:
-        """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said."""
+        """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said once."""
+        if what in self.restore_faults:
+            return
         self.restore_faults.append(what)
         self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmit_requested else
                                                                      " (after the primary's readmit was sent)")))
@@ -181,6 +192,8 @@ class WindowCore(Driver):
         if self.current is not None:
             c = self.current
             why = (f"cut at the stop minute after {c.done} of {c.total} requests" if cause == "stop_minute"
+                   else f"the engine restarted during this phase, after {c.done} of {c.total} requests ({self.abort.detail})"
+                   if self.abort and self.abort.reason == "engine_restart"
                    else f"window aborted ({self.abort.reason if self.abort else cause}) after {c.done} of {c.total} requests")
             drifted = self.drifted or bool(self.abort and self.abort.reason == "identity_drift")
             self._cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable, incarnation_id=self.candidate_id,
@@ -197,4 +210,7 @@ class WindowCore(Driver):
             if pid in conditional:
                 self._cell(pid, "deferred", f"later conditional stage, {conditional[pid]}", comparable=False)
             elif pid not in self.ledger:
-                self._cell(pid, "deferred", why, comparable=self.comparable.get(pid, True))
+                # contract 4 (amended 2026-12-03): a required cell an abort left unmeasured is `failed`,
+                # the abort named; `deferred` is for what time or the plan's order left out
+                aborted = cause not in ("completed", "stop_minute") and pid in self.required
+                self._cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))

@@ -454,6 +454,10 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         if w.stop_marked:
             why += (f"; its closing drain settled at minute {w._minute():.2f}, after the stop minute "
                     f"{plan.timing.stop_min:g} (all its requests had finished before it)")
+        raised = w.drain_timeout_s(plan.timing.drain_timeout_s)
+        if raised > plan.timing.drain_timeout_s:
+            why += (f"; its drains were allowed {raised:g} window s, not the plan's {plan.timing.drain_timeout_s:g} "
+                    f"(the scaled clock's real-seconds floor, in scaled_bounds)")
         if w.drain_unseen:
             why += (f"; drains judged without {', '.join(sorted(w.drain_unseen))} (not exposed by this host; the plan "
                     f"accepts the weaker drain)")

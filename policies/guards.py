@@ -75,6 +75,26 @@ class Baseline:
         return None
 
 
+def incumbent_breaches(gauges: Mapping, gpus: list[Mapping], growth: Growth) -> list[str]:
+    """The plan's growth bounds that the incumbent, as it serves before anything changes, already
+    breaches: each as 'key: reading'. A bound a healthy host breaches would abort every window it ran
+    in and strand its primary, so such a plan is refused before the quiesce."""
+    out = []
+    for g in gpus:
+        used, total = g.get("memory_used_bytes"), g.get("memory_total_bytes")
+        if used is not None and total and used / total > growth.max_gpu_memory_fraction:
+            out.append(f"growth.max_gpu_memory_fraction = {growth.max_gpu_memory_fraction:g}: GPU {g.get('uuid')} "
+                       f"already uses {used / total:.3f} of its memory")
+    resident = gauges.get("resident_bytes")
+    if resident is not None and resident > growth.max_resident_bytes:
+        out.append(f"growth.max_resident_bytes = {growth.max_resident_bytes}: the engine already holds {resident:.0f} B")
+    records = gauges.get("host_cache_records")
+    if records is not None and records > growth.max_host_cache_records:
+        out.append(f"growth.max_host_cache_records = {growth.max_host_cache_records}: the host cache already holds "
+                   f"{records:.0f} records")
+    return out
+
+
 def gpu_rules_disabled(data: Mapping) -> str | None:
     """What the GPU watch reports it cannot watch, as the rules that no longer fire, or None."""
     parts = []

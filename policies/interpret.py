@@ -32,6 +32,13 @@ NEXT_EXPERIMENT = {
 }
 
 
+RESTORED_UNUSED = (
+    "Reverse replay fetched {fetched} host tokens but prefill reused none: inspect why restored state was not used "
+    "(the checkpoint positions against the prompts' shared prefixes, the rendered message-prefix keys, which of the "
+    "three checkpoints the fetched state came from) before touching eviction or compaction."
+)
+
+
 # Contract section 4 (amended 2026-12-01): a replay reads the state its own prime left, so it is
 # usable only when that prime is measured on the same incarnation. A cell may name its prime
 # itself (`prime`); these are the 2026-10-22 plan's.
@@ -69,12 +76,26 @@ RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward r
              "that does not reproduce.")
 
 
-def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = ()) -> tuple[str, str, str]:
+NO_CAUSE = {
+    "engine_restart": ("the engine restarted unseen during the window, so its counters and caches may have been "
+                       "emptied under any phase", "Find why the engine restarted (the supervisor's journal, the engine's "
+                       "own log, OOM kills) and repeat the window once it stays up; nothing measured here names a cause."),
+    "rejected": ("the host refused the plan's bodies", "Make the bodies acceptable to this engine (its request schema, "
+                 "the plan's [sampling]) or the engine's version the bodies were written for, then repeat the window."),
+}
+
+
+def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = (), no_cause: str | None = None) -> tuple[str, str, str]:
     """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order.
 
-    The basis always names every required cell that was not measured."""
+    `no_cause`: an abort after which no cause may be named (contract 4, amended 2026-12-03). The basis
+    always names every required cell that was not measured."""
     unmeasured = [p for p in required if (cells.get(p) or {}).get("status") != "measured"]
-    hyp, basis, nxt = _rule(cells)
+    if no_cause in NO_CAUSE:
+        why, nxt = NO_CAUSE[no_cause]
+        hyp, basis = "inconclusive", f"no cause is named: {why} (abort {no_cause})"
+    else:
+        hyp, basis, nxt = _rule(cells)
     if unmeasured:
         why = "; ".join(f"{p} {(cells.get(p) or {}).get('status') or 'not run'}"
                         + (f" ({cells[p].get('reason')})" if cells.get(p) and cells[p].get("reason") else "")
@@ -114,10 +135,13 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
         which = f" (order indices {', '.join(map(str, where[:12]))}{', ...' if len(where) > 12 else ''})" if where else ""
         return ("restore_path", f"A.reverse_replay: {hits} host hits{which}, 0 tokens fetched, 0 reused",
                 NEXT_EXPERIMENT["restore_path"])
-    parts = [f"A.reverse_replay reused 0 host tokens ({hits if hits is not None else 'unobservable'} hits)"]
+    parts = [f"A.reverse_replay reused 0 host tokens ({hits if hits is not None else 'unobservable'} hits"
+             + (f", {fetched} tokens fetched" if fetched else "") + ")"]
     if small_reused is not None:
         parts.append("B.small_control reused 0")
-    return "key_or_checkpoint_eligibility", "; ".join(parts), NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]
+    # the next step says only what the figures show: state that was fetched did restore, and went unused
+    nxt = RESTORED_UNUSED.format(fetched=fetched) if fetched else NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]
+    return "key_or_checkpoint_eligibility", "; ".join(parts), nxt
 
 
 def findings(cells: Mapping[str, Mapping]) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 from typing import Literal
@@ -10,6 +9,7 @@ from typing import Literal
 import msgspec
 
 from flare_diag.policies.acceptance import MAX_REGRESSION, MIN_BENEFIT, percent
+from flare_diag.policies.ranges import out_of_range
 from flare_diag.policies.steady import Guard, GuardError, check_guards
 
 
@@ -100,6 +100,14 @@ class Growth(msgspec.Struct, forbid_unknown_fields=True):
 
 DRAIN_GAUGES = ("requests_active", "requests_pending", "requests_retiring",
                 "host_transfers_inflight", "host_transfers_waiting")
+
+
+class AbortRules(msgspec.Struct, forbid_unknown_fields=True):
+    """Abort rules a plan tunes (the others are fixed by the seed's execution contract)."""
+
+    # that many consecutive requests refused with a 4xx other than 401/403/429 abort `rejected`: a host
+    # that refuses the plan's bodies wholesale (a schema, an enum value) has nothing to measure
+    rejected_streak: int = 3
 
 
 class Drain(msgspec.Struct, forbid_unknown_fields=True):
@@ -209,6 +217,7 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     trace: TraceArms | None = None
     conditional: list[ConditionalStage] = []
     drain: Drain = msgspec.field(default_factory=Drain)
+    abort: AbortRules = msgspec.field(default_factory=AbortRules)
     starting_observation: StartingObservation | None = None
     production: bool = True
     description: str = ""
@@ -251,22 +260,21 @@ def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: {exc}") from None
     except RecursionError:
         raise PlanError(f"{source}: nested too deeply to be a plan") from None
-    _check_finite(msgspec.to_builtins(plan), source, "")
+    _check_ranges(msgspec.to_builtins(plan), source)
     check_plan(plan, source)
     return plan
 
 
-def _check_finite(node: object, source: str, where: str) -> None:
-    """Every number a window computes with is finite: `inf` or `nan` would pass a comparison and
-    crash (or never end) the window that meets it."""
-    if isinstance(node, float) and not math.isfinite(node):
-        raise PlanError(f"{source}: {where.lstrip('.')} = {node}: expected a finite number")
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _check_finite(v, source, f"{where}.{k}")
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            _check_finite(v, source, f"{where}[{i}]")
+def _check_ranges(builtins: dict, source: str) -> None:
+    """Every number in its range (policies/ranges.RANGES), and finite: `inf` or `nan` would pass a
+    comparison and crash (or never end) the window that meets it."""
+    bad = out_of_range(builtins)
+    if bad is None:
+        return
+    where, value, rng = bad
+    if rng is None:
+        raise PlanError(f"{source}: {where} = {value}: expected a finite number")
+    raise PlanError(f"{source}: {where} = {value:g}: expected {rng.words()} ({rng.why})")
 
 
 def _within(source: str, field: str, value: float, low: float, high: float) -> None:
@@ -283,52 +291,21 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         if missing:
             raise PlanError(f"{source}: identity.{missing[0]}: a production plan must state every identity field")
     t = plan.timing
-    # bounds a window can run under: a day at most, sizes a host can serve
-    _within(source, "timing.window_min", t.window_min, 1e-3, 24 * 60)
-    _within(source, "timing.restore_reserve_min", t.restore_reserve_min, 1e-3, 24 * 60)
-    for f in ("drain_timeout_s", "drain_poll_s", "watch_lost_s", "action_timeout_s", "load_timeout_s", "request_timeout_s",
-              "quiesce_drain_timeout_s"):
-        _within(source, f"timing.{f}", getattr(t, f), 1e-3, 86_400)
-    _within(source, "timing.stable_observations", t.stable_observations, 2, 1000)
-    _within(source, "timing.arm_margin_min", t.arm_margin_min, 0, 24 * 60)
-    for f in ("prefill_tokens_per_s", "decode_tokens_per_s", "chars_per_token"):
-        _within(source, f"rates.{f}", getattr(plan.rates, f), 1e-6, 1e9)
-    _within(source, "rates.request_overhead_s", plan.rates.request_overhead_s, 0, 3600)
-    _within(source, "rates.load_s", plan.rates.load_s, 0, 86_400)
-    _within(source, "rates.probe_requests", plan.rates.probe_requests, 0, 16)
+    # each key's own range is policies/ranges.RANGES (checked by plan_from_builtins); what follows
+    # relates keys to one another
+    _within(source, "fixtures (count)", len(plan.fixtures), 1, 64)
+    _within(source, "phases (count)", len(plan.phases), 1, 1000)
+    if plan.trace is not None:
+        _within(source, "trace.concurrency (count)", len(plan.trace.concurrency), 1, 16)
+    if not 0 < t.stop_min < t.window_min:
+        raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
+    if t.window_min - t.stop_min < t.restore_reserve_min:
+        raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
     fo = plan.follow_on
     if fo is not None and not (MIN_BENEFIT <= fo.min_benefit <= 1 and 0 <= fo.max_regression <= MAX_REGRESSION):
         raise PlanError(f"{source}: follow_on.min_benefit = {fo.min_benefit:g}, max_regression = {fo.max_regression:g}: "
                         f"expected at least {percent(MIN_BENEFIT)} benefit and at most {percent(MAX_REGRESSION)} "
                         f"regression (the seed's acceptance rule; a stricter bar is allowed)")
-    sp = plan.sampling
-    _within(source, "sampling.max_tokens", sp.max_tokens, 1, 1_000_000)
-    _within(source, "sampling.temperature", sp.temperature, 0, 2)
-    for i, f in enumerate(plan.fixtures):
-        if f.max_tokens is not None:
-            _within(source, f"fixtures[{i}].max_tokens", f.max_tokens, 1, 1_000_000)
-        if f.temperature is not None:
-            _within(source, f"fixtures[{i}].temperature", f.temperature, 0, 2)
-    _within(source, "fixtures (count)", len(plan.fixtures), 1, 64)
-    _within(source, "phases (count)", len(plan.phases), 1, 1000)
-    for i, ph in enumerate(plan.phases):
-        _within(source, f"phases[{i}].passes", ph.passes, 1, 100)
-        _within(source, f"phases[{i}].concurrency", ph.concurrency, 1, 1024)
-        if ph.select_last is not None:
-            _within(source, f"phases[{i}].select_last", ph.select_last, 1, 1_000_000)
-    if plan.trace is not None:
-        _within(source, "trace.repetitions", plan.trace.repetitions, 1, 100)
-        _within(source, "trace.concurrency (count)", len(plan.trace.concurrency), 1, 16)
-        for i, c in enumerate(plan.trace.concurrency):
-            _within(source, f"trace.concurrency[{i}]", c, 1, 1024)
-    g = plan.growth
-    for f in ("max_resident_bytes", "max_host_cache_records", "max_resident_growth_bytes", "max_queue_excess"):
-        _within(source, f"growth.{f}", getattr(g, f), 0, 2**62)
-    _within(source, "growth.queue_excess_observations", g.queue_excess_observations, 1, 10_000)
-    if not 0 < t.stop_min < t.window_min:
-        raise PlanError(f"{source}: timing.stop_min = {t.stop_min} must be above 0 and below timing.window_min = {t.window_min}")
-    if t.window_min - t.stop_min < t.restore_reserve_min:
-        raise PlanError(f"{source}: timing.restore_reserve_min = {t.restore_reserve_min} does not fit between stop_min and window_min")
     restore_expected_s = 2 * plan.rates.load_s + 8 * plan.rates.request_overhead_s  # unload, load, the checks
     budget = t.restore_budget()
     if not 0 < budget * 60 or budget + t.closing_drain_bound_min() > t.restore_reserve_min:

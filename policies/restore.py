@@ -106,8 +106,64 @@ def steady_state_after(w: WindowCore) -> Proc:
         yield Sleep(w.now + int(step * NS_PER_S))
 
 
+RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not one to readmit
+
+
 def restore(w: WindowCore) -> Proc:
     yield Quiet()
+    checks: dict[str, Any] = {}
+    identity: dict = {}
+    for _pass in range(RESTORE_PASSES):
+        seen = w.restore_restarts
+        checks, identity, breaches = yield from restore_pass(w)
+        if w.restore_restarts == seen:
+            break
+    else:
+        breaches = [f"engine_restart: the engine restarted under each of {RESTORE_PASSES} passes of the restore"]
+    for breach in breaches:
+        w._restore_fault(breach)
+    checks["no_fault_during_restore"] = not w.restore_faults
+    yield from readmission(w, checks)
+    if checks.get("readmitted"):
+        # what the window may have changed, every field of it, against the identity before the take-down
+        after = yield from w._act("read_identity", {})
+        checks["identity_restored"] = restored_identity(w, identity, after)
+        yield from steady_state_after(w)
+    checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
+    # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
+    # the window end did not keep it, whatever else it verified
+    end = w.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.t0 is not None else None
+    checks["within_reservation"] = None if end is None else w.now <= end
+    verified = all(v is not False for v in checks.values())
+    w._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
+                                finished_minute=w._minute()))
+    cells = w.ledger.as_builtins()
+    hyp, basis, nxt = verdict(cells, w.required, no_cause=w.abort.reason if w.abort and
+                              w.abort.reason in rules.NO_CAUSE_ABORTS else None)
+    w._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
+    # `completed` only when every required cell was measured (contract 4, amended)
+    complete = all(w.ledger.status(p) == "measured" for p in w.required)
+    outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")
+    w._emit(WindowClosed(outcome=outcome, minute=w._minute()))
+
+
+def restored_identity(w: WindowCore, before: dict, after: Any) -> bool | None:
+    """Every contract field of the identity read after the readmission equal to the one read before the
+    take-down (the incarnation aside, where the restore loaded the incumbent anew); None: nothing to compare."""
+    if not before:
+        return None
+    changes = rules.restored_changes(before, after.data if after.ok else {}, reloaded=w.took_down)
+    if not after.ok:
+        changes = [f"the identity could not be read after the readmit ({after.detail or after.error})"]
+    if changes:
+        w._emit(Alarm(kind="identity_not_restored", detail="after the readmit the incumbent's identity differs from "
+                                                            "before the take-down: " + "; ".join(changes)))
+    return not changes
+
+
+def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict, dict, list[str]]]:
+    """One pass of the restore's checks, from the manager's state to the last gate: (checks, the
+    identity the incumbent is held to, the last gate's breaches)."""
     checks: dict[str, Any] = {}
     inc = w.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
@@ -118,6 +174,7 @@ def restore(w: WindowCore) -> Proc:
     if sha and w.took_down:  # a window that changed nothing puts nothing back
         if loaded and loaded.get("sha256") != sha:
             yield from w._act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
+        w.restore_unloaded = True  # from here on the GPUs and the engine are the incumbent's to answer for
         if not loaded or loaded.get("sha256") != sha:
             for _attempt in range(2):
                 r = yield from w._act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
@@ -127,6 +184,7 @@ def restore(w: WindowCore) -> Proc:
     first = yield from w._act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
     w.restore_resident = ((first.data.get("gauges") or {}).get("resident_bytes") if first.ok else None)
     ident = yield from w._act("read_identity", {})
+    ident = yield from trace_back(w, identity, ident)
     checks["incumbent_sha256_match"] = bool(ident.ok and sha and ident.data.get("recipe_sha256") == sha)
     if checks["incumbent_sha256_match"] and identity:
         drift = rules.identity_mismatches({k: identity.get(k) for k in rules.IDENTITY_FIELDS if k in identity}, ident.data)
@@ -155,12 +213,28 @@ def restore(w: WindowCore) -> Proc:
     checks["direct_preflight"] = bool(direct.ok)
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
     checks["no_fault_during_restore"] = not w.restore_faults
+    breaches: list[str] = []
     if w.took_down and not [k for k in ("incumbent_sha256_match", "direct_preflight", "containment")
                             if checks[k] is False]:
         # the last gate: every rule that would abort an experiment, applied before the primary goes back
-        for breach in (yield from last_gate(w, identity)):
-            w._restore_fault(breach)
-        checks["no_fault_during_restore"] = not w.restore_faults
+        breaches = yield from last_gate(w, identity)
+    return checks, identity, breaches
+
+
+def trace_back(w: WindowCore, identity: dict, ident: Any) -> Generator[Any, Any, Any]:
+    """The one identity field a window sets itself: put back as it was before the take-down, and read again."""
+    want = identity.get("trace_enabled") if identity else None
+    if not (ident.ok and isinstance(want, bool) and ident.data.get("trace_enabled") not in (None, want)):
+        return ident
+    res = yield from w._act("set_trace", {"enabled": want})
+    if not res.ok:
+        w._restore_fault(f"identity_drift: the incumbent's trace could not be set back {'on' if want else 'off'} "
+                         f"({res.detail or res.error})")
+    return (yield from w._act("read_identity", {}))
+
+
+def readmission(w: WindowCore, checks: dict) -> Proc:
+    """The primary back in rotation, only when every check of the restore holds; the routed path tried."""
     unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
                if checks[k] is False]
     if "router" in w.snapshots and w.snapshots["router"] is None:  # the site has no router
@@ -183,20 +257,3 @@ def restore(w: WindowCore) -> Proc:
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
         routed = yield from w._act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
-    if checks.get("readmitted"):
-        yield from steady_state_after(w)
-    checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
-    # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
-    # the window end did not keep it, whatever else it verified
-    end = w.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.t0 is not None else None
-    checks["within_reservation"] = None if end is None else w.now <= end
-    verified = all(v is not False for v in checks.values())
-    w._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
-                                finished_minute=w._minute()))
-    cells = w.ledger.as_builtins()
-    hyp, basis, nxt = verdict(cells, w.required)
-    w._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
-    # `completed` only when every required cell was measured (contract 4, amended)
-    complete = all(w.ledger.status(p) == "measured" for p in w.required)
-    outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")
-    w._emit(WindowClosed(outcome=outcome, minute=w._minute()))

@@ -7,12 +7,16 @@ from collections.abc import Collection, Mapping
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                  "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                 "preflight", "steady_state")
+                 "preflight", "steady_state", "engine_restart", "rejected")
+
+# Aborts after which no cell may name a cause (contract 4, amended 2026-12-03): what the window measured
+# may be an engine that restarted under it, or a host that refused the bodies themselves.
+NO_CAUSE_ABORTS = ("engine_restart", "rejected")
 
 # Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
 # window refused a host it never changed), with the class kept in the detail.
 HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-               "uncontrolled_growth", "watch_lost", "engine_lost")
+               "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected")
 
 # A request's error classes that mean nothing is serving (the engine stopped, or was never there).
 UNAVAILABLE = ("http_503", "http_502")
@@ -87,6 +91,20 @@ def identity_changes(verified: Mapping, observed: Mapping) -> list[str]:
             out.append(f"{f}: was {verified[f]!r}, now {observed.get(f)!r}")
     if "gpus" in verified:
         out += gpu_changes(verified["gpus"] or [], observed.get("gpus") or [])
+    return out
+
+
+# the identity's contract fields a restore must bring back as they were before the take-down
+RESTORED_FIELDS = (*IDENTITY_FIELDS, "trace_enabled", "recipe", "recipe_sha256", "incarnation")
+
+
+def restored_changes(before: Mapping, after: Mapping, *, reloaded: bool) -> list[str]:
+    """Every contract field of the identity after the restore that differs from before the take-down,
+    as 'field: was X, now Y'; a reloaded incumbent is a new incarnation of the same recipe."""
+    fields = [f for f in RESTORED_FIELDS if f in before and not (reloaded and f == "incarnation")]
+    out = [f"{f}: was {before[f]!r}, now {after.get(f)!r}" for f in fields if after.get(f) != before[f]]
+    if "gpus" in before:
+        out += gpu_changes(before["gpus"] or [], after.get("gpus") or [])
     return out
 
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 import msgspec
 
 from flare_diag.events.schema import (
-    ActionDone, Alarm, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort, NS_PER_MIN,
+    ActionDone, Alarm, BoundsScaled, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort, NS_PER_MIN,
     RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
 )
-from flare_diag.policies import guards, rules, steady
+from flare_diag.policies import guards, restarts, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.driver import Sleep
 from flare_diag.policies.experiment import experiment
 from flare_diag.policies.plan import plan_from_builtins
 from flare_diag.policies.planner import Calibration, all_phases, arms
 from flare_diag.policies.restore import restore
+from flare_diag.policies.scaling import scaled_bounds
 from flare_diag.policies.state import Stage, advance
 
 
@@ -142,6 +143,9 @@ class WindowPolicy(WindowCore):
         self.comparable = {p.id: p.comparable for p in self.all_phases}
         self.required = [p.id for p in self.all_phases if not p.optional]
         self.stage = advance(self.stage, Stage.EXPERIMENT)
+        raised = scaled_bounds(self.plan.timing, self.time_scale)
+        if raised:
+            self._emit(BoundsScaled(bounds=[msgspec.to_builtins(b) for b in raised]))
         self._start(experiment(self), self._procedure_ended)
 
     def _procedure_ended(self, cause: str | None) -> None:
@@ -153,16 +157,24 @@ class WindowPolicy(WindowCore):
     def _outcome(self, inp: ActionDone | RequestDone) -> None:
         if inp.action_id not in self.pending:
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
-        self.pending.pop(inp.action_id)
+        action, _experimental = self.pending.pop(inp.action_id)
         self.results[inp.action_id] = inp
-        if self.stage == "restore" and rules.abort_for_error(inp.error) == "gpu_fault":
-            self._restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
+        if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
+            restarted = self.restart_watch.observe(inp.data.get("counters") or {}, inp.data.get("gauges") or {})
+            if restarted:
+                self._engine_restarted(restarted)
+        if self.stage == "restore":
+            self._restore_outcome(inp)
+            return
         if self.stage != "experiment":
             return
         reason = rules.abort_for_error(inp.error)
         if reason:
             self._abort_from_outside(reason, f"{'request' if isinstance(inp, RequestDone) else 'action'} "
                                              f"{inp.action_id}: {inp.detail or inp.error}")
+            return
+        if isinstance(inp, RequestDone):
+            self._refusal(inp)
             return
         if isinstance(inp, ActionDone) and inp.ok:
             hit = guards.action_observation(inp.data, self.ref_labels, self.quiesced, self.plan.growth,
@@ -173,6 +185,42 @@ class WindowPolicy(WindowCore):
                 hit = self.baseline.check(gauges, in_flight, self.plan.growth)
             if hit:
                 self._abort_from_outside(*hit)
+
+    def _restore_outcome(self, inp: ActionDone | RequestDone) -> None:
+        """An outcome during the restore: a GPU fault at any moment, and once the window's candidate is
+        unloaded (the incumbent loading, loaded, checked) any growth bound crossed, until the readmit."""
+        if rules.abort_for_error(inp.error) == "gpu_fault":
+            self._restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
+        if isinstance(inp, ActionDone) and inp.ok and self.restore_unloaded and not self.readmit_requested:
+            hit = guards.action_observation(inp.data, None, True, self.plan.growth, self.plan.identity.host_cache_bytes)
+            if hit:
+                self._restore_fault(f"{hit[0]}: during the restore: {hit[1]}")
+
+    def _refusal(self, rd: RequestDone) -> None:
+        """Consecutive requests the host refused for what they are (a 4xx other than 401/403/429):
+        `[abort] rejected_streak` of them abort `rejected`; any request answered ends the run."""
+        if rd.outcome == "ok":
+            self.refused_run = []
+            return
+        if not restarts.refused(rd.status_code):
+            return
+        self.refused_run.append(rd)
+        streak = self.plan.abort.rejected_streak
+        if len(self.refused_run) >= streak:
+            first = self.refused_run[0]
+            self._abort_from_outside("rejected", f"the host refused {streak} consecutive requests (HTTP {first.status_code}), "
+                                                 f"first {first.phase} #{first.order_index} (body {first.body_index}, "
+                                                 f"sha256 {first.body_sha256[:12]}): {first.detail or first.error}")
+
+    def _engine_restarted(self, detail: str) -> None:
+        """An unseen restart: the experiment aborts (every phase spanning it invalid); a restore starts over."""
+        if self.stage == "experiment":
+            self._abort_from_outside("engine_restart", detail)
+        elif self.stage == "restore" and not self.readmit_requested:
+            self.restore_restarts += 1
+            self._emit(Alarm(kind="engine_restart_during_restore", detail=detail + "; the restore starts over from its first check"))
+            if self.abort is None:
+                self._record_abort("engine_restart", detail + " (during the restore)")
 
     def _gpu_rules_disabled(self, data: dict) -> None:
         """GPUs whose Xid events NVML cannot report, or an Xid watch that failed: the rules it
@@ -226,7 +274,8 @@ class WindowPolicy(WindowCore):
             self._abort_from_outside(*hit)
         # during the restore: an Xid or a containment breach at any moment; the other rules (GPU
         # memory here, everything at the last gate) once the incumbent is back and until its readmit
-        elif hit[0] in ("gpu_fault", "containment") or self.incumbent_back and not self.readmit_requested:
+        elif hit[0] in ("gpu_fault", "containment") or (self.restore_unloaded or self.incumbent_back) \
+                and not self.readmit_requested:
             self._restore_fault(f"{hit[0]}: {hit[1]}")
 
     def _guard_evaluated(self, inp: WatchObserved) -> None:

@@ -20,6 +20,18 @@ serves until killed, and appends every request it receives to `request_log` (JSO
 `set_cookie` has every answer set a cookie (a load balancer's sticky session, say); the request log
 records any Cookie header that comes back.
 
+Misbehaviours of real engines and supervisors:
+- `restart` ({"incarnation": "c3", "chats": N, "scrapes_after": M}): once that incarnation has served N
+  chat requests and answered M scrapes of /metrics after that, the engine restarts under the same
+  incarnation string (counters, cache and trace back to their start; `process_start_time_seconds` moves
+  unless `no_start_time`), as a supervisor's `Restart=` or a liveness probe does. Once.
+- `reject_value` ({"reasoning_effort": "max"}): every chat body with that value is refused 400 before any
+  output, as a release whose schema lacks the value does; `reject_nth` ([k, ...]): the k-th chat
+  requests (1-based, on the serving port) are refused 400.
+- `trace_survives_load`: the trace switch is the host's, not the incarnation's: a load keeps it.
+- `gpu_memory_on_load` (bytes): while an incumbent load is under way, the GPU view shows that much
+  memory used on every GPU.
+
 `idle_close_s` emulates a host closing idle keep-alive connections in the unlucky order: a request
 that arrives on a connection idle for longer than that is dropped without an answer, as when the
 host's close crosses the client's next request on the wire.
@@ -48,6 +60,10 @@ class State:
         self.incarnation = 1
         self.trace = False
         self.admitted = True
+        self.restarted = False
+        self.start_time = 1_700_000_000.0
+        self.chats = 0  # chat requests the serving port has received, any incarnation
+        self.loading_incumbent = False
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
 
@@ -57,6 +73,25 @@ class State:
                   "gpu_queries": 0, "prompt": 0, "generation": 0, "stop": 0, "length": 0}
         self.active = 0
         self.served = 0  # chat requests this incarnation has answered
+        self.scrapes = 0  # scrapes of /metrics this incarnation has answered since its `restart` was due
+
+    def maybe_restart(self, scraping: bool = False) -> None:
+        """The `restart` fault, when it is due: the same incarnation string, everything else anew."""
+        r = self.cfg.get("restart")
+        if not r or self.restarted or self.loaded is None or f"c{self.incarnation}" != r["incarnation"]:
+            return
+        if self.served < r["chats"]:
+            return
+        after = r.get("scrapes_after", 0)
+        if scraping:
+            self.scrapes += 1
+        # at once after the N-th chat when no scrape is to come between; else at the (M+1)-th scrape
+        if not (self.scrapes > after if scraping else after == 0):
+            return
+        self.restarted = True
+        self.start_time += 17.0
+        self.trace = False
+        self._reset()
 
     def drifted(self) -> dict:
         """The identity fields a `drift` fault has changed by now (empty before it is due)."""
@@ -220,6 +255,14 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         messages = req["messages"]
     except (ValueError, KeyError, TypeError):
         return h.error(400, "invalid_request", "expected a JSON body with messages")
+    if not routed:
+        st.chats += 1
+        if st.chats in st.cfg.get("reject_nth", []):
+            return h.error(400, "invalid_request", f"request {st.chats} refused by the host's schema")
+    for field, value in (st.cfg.get("reject_value") or {}).items():
+        if req.get(field) == value:
+            return h.error(400, "BadRequestError", f"1 validation error: {field}: input should be 'low', 'medium' "
+                                                   f"or 'high', got {value!r}")
     text = " ".join(str(m.get("content", "")) for m in messages)
     prompt = len(text.split()) + 4 * len(messages)
     key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
@@ -277,10 +320,13 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
             st.active -= 1
             if not routed:
                 st.served += 1
+                st.maybe_restart()
 
 
 def r_metrics(h, _raw) -> None:
     st: State = h.server.state
+    with st.lock:
+        st.maybe_restart(scraping=True)
     omit = set(st.cfg.get("omit_metrics", []))
     c = st.c
     cap = st.cfg["cache_entries"]
@@ -321,6 +367,8 @@ def r_metrics(h, _raw) -> None:
                      ("flare_host_cache_pages_used", 0), ("flare_host_cache_pages_capacity", cap),
                      ("flare_process_resident_bytes", 8 << 30)):
             fam(g, "gauge", [("", v)])
+        if not st.cfg.get("no_start_time"):
+            fam("process_start_time_seconds", "gauge", [("", st.start_time)])
         i = identity(st)
         fam("flare_build_info", "gauge", [('{image="%s",flare_commit="%s",package="%s",model="%s"}' % (
             i["image"], i["flare_commit"], i["package"], i["model"]), 1)])
@@ -378,11 +426,14 @@ def r_load(h, raw) -> None:
     if got is None:
         return
     st: State = h.server.state
+    st.loading_incumbent = got[1] == st.cfg["incumbent"]
     time.sleep(st.cfg.get("load_delay_s", 0))
     with st.lock:
+        st.loading_incumbent = False
         st.loaded = got[1]
         st.incarnation += 1
-        st.trace = False
+        if not st.cfg.get("trace_survives_load"):
+            st.trace = False
         st._reset()
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
@@ -426,7 +477,11 @@ def r_targets(h, _raw) -> None:
 
 
 def r_gpu(h, _raw) -> None:
-    h.send_json({"gpus": h.server.state.gpus(), "xid_events": []})
+    st: State = h.server.state
+    gpus = st.gpus()
+    if st.loading_incumbent and st.cfg.get("gpu_memory_on_load"):
+        gpus = [{**g, "memory_used_bytes": st.cfg["gpu_memory_on_load"]} for g in gpus]
+    h.send_json({"gpus": gpus, "xid_events": []})
 
 
 ROUTES = {

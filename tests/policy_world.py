@@ -48,6 +48,7 @@ class World:
         self.trace = False
         self.fail: dict[str, str] = {}          # action -> error class, answered once
         self.request_error: dict[int, str] = {}  # nth request (1-based) -> error class
+        self.request_status: dict[int, int] = {}  # nth request (1-based) -> the HTTP status its error answered
         self.requests_sent = 0
         self.drain_stuck = False
         self.identity_override: dict = {}
@@ -151,7 +152,8 @@ class World:
         common = dict(at_ns=self.now, action_id=d.action_id, phase=args["phase"], order_index=args["order_index"],
                       body_index=args["body_index"], body_sha256=args["body_sha256"])
         if err:
-            return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}")
+            return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}",
+                               status_code=self.request_status.get(self.requests_sent))
         length = args["body_index"] % 5 == 0
         total = int(cost * S)
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",

@@ -56,7 +56,7 @@ def test_a_plan_that_is_not_production_may_run_on_a_site_without_a_gpu(tmp_path)
     assert not setup.plan.production and not setup.rehearsal
 
 
-@pytest.mark.parametrize("scale", ["0.001", "20"])
+@pytest.mark.parametrize("scale", ["2", "20"])
 def test_a_scaled_clock_on_a_site_that_is_not_simulated_is_refused_in_one_line(tmp_path, capsys, scale):
     rc = main(["run", "--plan", str(PRODUCTION_PLAN), "--site", str(_site(tmp_path, 'source = "nvml"')),
                "--out", str(tmp_path / "out"), "--time-scale", scale])
@@ -65,10 +65,29 @@ def test_a_scaled_clock_on_a_site_that_is_not_simulated_is_refused_in_one_line(t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("scale", ["0.5", "0", "-3", "nan", "inf", "1e308", "3000"])
+def test_a_time_scale_below_1_not_finite_or_above_what_the_plan_allows_is_refused_in_one_line(tmp_path, capsys, scale):
+    rc = main(["run", "--plan", str(PRODUCTION_PLAN), "--site", str(_site(tmp_path, 'source = "sim"')),
+               "--out", str(tmp_path / "out"), "--time-scale", scale])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("flare-diag: error: --time-scale"), err
+    assert ("expected at most 215 for this plan" in err) if scale in ("1e308", "3000") else ("at least 1" in err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_start_over_the_socket_with_an_absurd_time_scale_is_refused_before_anything_is_read(tmp_path):
+    from flare_diag.daemon.window.setup import InputError, setup_for_start
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    _site(sites, 'source = "sim"')
+    with pytest.raises(InputError, match="expected at most 215 for this plan"):
+        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=1e308)
+
+
 def test_start_with_a_scaled_clock_on_a_production_site_is_refused_before_anything_is_read_from_the_host(tmp_path):
     from flare_diag.daemon.window.setup import InputError, setup_for_start
     sites = tmp_path / "sites"
     sites.mkdir()
     _site(sites, 'source = "nvml"')
     with pytest.raises(InputError, match="only a simulated site"):
-        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=0.001)
+        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=20)

@@ -558,8 +558,9 @@ def _window(args: argparse.Namespace) -> int:
         if missing:
             raise UsageError(f"run: expected {', '.join(missing)} (or --resume OUT)")
     plan_raw, plan = load_plan(args.plan)
-    if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
-        raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
+    from flare_diag.policies.scaling import time_scale_error
+    if args.time_scale is not None and (bad := time_scale_error(plan, args.time_scale)):
+        raise UsageError(f"--{bad.replace('_', '-', 1)}")
     if args.cmd == "rehearse":
         from flare_diag.daemon.simulator import RECIPES
         if args.candidate not in RECIPES or args.candidate == "glm-incumbent":
@@ -732,8 +733,9 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "start":
             import msgspec
             plan_raw, plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
-            if not 0 < args.time_scale < float("inf"):
-                raise UsageError(f"--time-scale {args.time_scale}: expected a positive factor")
+            from flare_diag.policies.scaling import time_scale_error
+            if bad := time_scale_error(plan, args.time_scale):
+                raise UsageError(f"--{bad.replace('_', '-', 1)}")
             cal = _calibration(args.calibrate)
             # fixtures beside the plan are the caller's: named to the daemon so that a refusal can say
             # where they are and why it cannot read them, never opened by it

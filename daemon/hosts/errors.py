@@ -12,25 +12,42 @@ _log = logging.getLogger("flare_diag.runner")
 
 
 class ActionFailed(Exception):
-    def __init__(self, error: str, detail: str) -> None:
+    def __init__(self, error: str, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
         self.error = error
         self.detail = detail
+        self.status = status  # the HTTP status the host answered, where it answered one
+
+
+MESSAGE_CAP = 200  # characters of a refusal's message kept in the log
+
+
+def _error_words(resp: httpx.Response) -> tuple[str | None, str]:
+    """(type, message) of an error body: `{"error": {"type", "message"}}`, `{"error": "..."}` (vLLM's 401),
+    or `{"object": "error", "message"}`; (None, "") for anything else."""
+    try:
+        body = resp.json()
+    except Exception:
+        return None, ""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, str):
+        return None, err
+    node = err if isinstance(err, dict) else body if isinstance(body, dict) else {}
+    etype, msg = node.get("type"), node.get("message")
+    return (etype if isinstance(etype, str) else None), (" ".join(msg.split())[:MESSAGE_CAP] if isinstance(msg, str) else "")
 
 
 def classify_response(resp: httpx.Response, what: str) -> ActionFailed:
-    etype = None
-    try:
-        etype = resp.json().get("error", {}).get("type")
-    except Exception:
-        pass
-    if resp.status_code == 401:
-        return ActionFailed("authentication", f"{what}: 401 unauthorized")
+    etype, msg = _error_words(resp)
+    status = resp.status_code
+    if status == 401:
+        return ActionFailed("authentication", f"{what}: 401 unauthorized", status)
     if etype in ("cuda_error", "out_of_memory"):
-        return ActionFailed(etype, f"{what}: {resp.status_code} {etype}")
-    if resp.status_code == 404 and what.startswith(("router", "monitoring")):
-        return ActionFailed("not_found", f"{what}: 404")
-    return ActionFailed(f"http_{resp.status_code}", f"{what}: HTTP {resp.status_code} {etype or ''}".strip())
+        return ActionFailed(etype, f"{what}: {status} {etype}", status)
+    if status == 404 and what.startswith(("router", "monitoring")):
+        return ActionFailed("not_found", f"{what}: 404", status)
+    said = f": {msg}" if msg and 400 <= status < 500 else ""  # a refusal says why; the caller scrubs secrets
+    return ActionFailed(f"http_{status}", f"{what}: HTTP {status} {etype or ''}".strip() + said, status)
 
 
 MALFORMED = (json.JSONDecodeError, msgspec.DecodeError, UnicodeDecodeError, httpx.DecodingError)

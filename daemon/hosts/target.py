@@ -18,6 +18,7 @@ from flare_diag.daemon.hosts import metrics
 from flare_diag.events import actions as act
 from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
+from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
 from flare_diag.daemon.hosts.site import Site
@@ -310,12 +311,12 @@ class Target:
                     break
                 try:
                     chunk = json.loads(sse.data)
-                except ValueError:
-                    raise ActionFailed("malformed_transport", "chat completion: a server-sent event is not JSON") from None
-                if "error" in chunk:
-                    et = (chunk["error"] or {}).get("type", "engine_error")
-                    raise ActionFailed(et if et in ("cuda_error", "out_of_memory") else "engine_error",
-                                       f"chat completion: stream error {et}")
+                except (ValueError, RecursionError):
+                    plain = stream_error(sse.data, "error") if sse.event == "error" else None  # words as plain text
+                    raise plain or ActionFailed("malformed_transport", "chat completion: a server-sent event is not JSON") from None
+                failed = stream_error(chunk, sse.event if sse.event != "message" else None)
+                if failed is not None:
+                    raise failed
                 for ch in chunk.get("choices") or []:
                     delta = ch.get("delta") or {}
                     if delta.get("content"):

@@ -243,17 +243,19 @@ class Runner:
                 res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
             except Exception as exc:  # every outcome, failure included, goes back to the policy
                 f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
-                res = self._failed(d, f.error, f.detail)
+                res = self._failed(d, f.error, f.detail, status=f.status)
         self.scopes.pop(d.action_id, None)
         if res is None:  # its scope was cancelled: by the policy, or because the window ended
             res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
         self._send.send_nowait(res)
 
-    def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False) -> Input:
+    def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False,
+                status: int | None = None) -> Input:
         detail = scrub(detail, self.target.site.tokens.values())  # a host may echo a token in its error body
         if d.action == "send_request":
             return RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args),
-                               outcome="cancelled" if cancelled else "error", error=None if cancelled else error, detail=detail)
+                               outcome="cancelled" if cancelled else "error", error=None if cancelled else error,
+                               detail=detail, status_code=status)
         return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail)
 
     async def _watch(self) -> None:

@@ -17,6 +17,7 @@ from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
 from flare_diag.daemon.hosts.site import Site, SiteError, load_site
 from flare_diag.events.schema import WindowOpened
 from flare_diag.policies.plan import Plan, PlanError, decode_plan
+from flare_diag.policies.scaling import time_scale_error
 from flare_diag.policies.planner import Calibration
 from flare_diag.resources import resource
 
@@ -178,8 +179,9 @@ def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) ->
 
 def _setup(plan_raw: bytes, plan: Plan, site_path: Path, dirs: list[Path], time_scale: float,
            plan_label: str) -> WindowSetup:
-    if not 0 < time_scale < float("inf"):
-        raise InputError(f"time_scale {time_scale}: expected a positive factor")
+    bad = time_scale_error(plan, time_scale)
+    if bad:
+        raise InputError(bad)
     try:
         site = load_site(site_path)
     except SiteError as exc:

@@ -16,7 +16,7 @@ import httpx
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
-from flare_diag.policies import steady
+from flare_diag.policies import guards, steady
 from flare_diag.policies.plan import Plan, expected_identity
 from flare_diag.policies.rules import DRAIN_GAUGES, IDENTITY_FIELDS
 
@@ -363,4 +363,26 @@ async def checked_target(setup: WindowSetup, recipe_dir: Path) -> Target:
     if not check.ready:
         await target.close()
         raise InputError(check.summary() + f"; see `flare-diag site check {setup.site_profile or 'SITE'} --plan PLAN`")
+    try:
+        breaches = await incumbent_breaches(target, setup.plan)
+    except BaseException:
+        await target.close()
+        raise
+    if breaches:
+        await target.close()
+        raise InputError(f"{setup.plan_path or 'plan'}: the incumbent as it serves now already breaches "
+                         f"{'; '.join(breaches)}; a window would abort and strand the primary, so nothing was changed")
     return target
+
+
+async def incumbent_breaches(target: Target, plan: Plan) -> list[str]:
+    """The plan's growth bounds the incumbent breaches before anything changes (reads only)."""
+    try:
+        gpu = await target.snapshot({"what": "gpu"})
+    except (ActionFailed, httpx.HTTPError):  # no GPU view here: site check said whether the plan can go without one
+        gpu = {}
+    try:
+        m = await target.scrape_metrics({})
+    except (ActionFailed, httpx.HTTPError):
+        m = {}
+    return guards.incumbent_breaches(m.get("gauges") or {}, gpu.get("gpus") or [], plan.growth)

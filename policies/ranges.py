@@ -1,0 +1,132 @@
+"""Every numeric key of a plan and the range it must lie in: one table that `plan check`, `run`,
+`start` and the docs (docs/plan-ranges.md) all read.
+
+A range is physical (a fraction in (0, 1], a count of at least 1, a timeout above 0) or a bound the
+daemon itself sets (a watch's silence no shorter than the daemon's own poll of it). A value outside
+its range is refused before anything starts, naming the key, the value and the range.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+WATCH_POLL_S = 5.0  # window seconds between the runner's GPU and router polls (daemon/window/runner.py)
+DAY_MIN, DAY_S, HUGE = 24 * 60, 86_400.0, float(2**62)
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    low_open: bool = False  # the low end itself is outside the range
+    why: str = ""
+
+    def holds(self, v: float) -> bool:
+        return (v > self.low if self.low_open else v >= self.low) and v <= self.high and math.isfinite(v)
+
+    def words(self) -> str:
+        lo = "(" if self.low_open else "["
+        return f"{lo}{self.low:g}, {self.high:g}]"
+
+
+def _r(low: float, high: float, why: str = "", low_open: bool = False) -> Range:
+    return Range(low, high, low_open, why)
+
+
+POS = "a time or a rate above 0"
+# key (with [] for every element of a list) -> its range
+RANGES: dict[str, Range] = {
+    "timing.window_min": _r(0, DAY_MIN, "the window, a day at most", True),
+    "timing.stop_min": _r(0, DAY_MIN, "above 0 and below timing.window_min", True),
+    "timing.restore_reserve_min": _r(0, DAY_MIN, POS, True),
+    "timing.drain_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.stable_observations": _r(2, 1000, "the drain rule compares consecutive observations"),
+    "timing.drain_poll_s": _r(0.01, 3600, "at least 10 ms between a drain's scrapes"),
+    "timing.quiesce_drain_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.watch_lost_s": _r(WATCH_POLL_S, DAY_S, f"no shorter than the daemon's own poll of a watch ({WATCH_POLL_S:g} s)"),
+    "timing.action_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.load_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.request_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.arm_margin_min": _r(0, DAY_MIN, "minutes, 0 or more"),
+    "timing.restore_budget_min": _r(0, DAY_MIN, POS, True),
+    "rates.prefill_tokens_per_s": _r(0, 1e9, POS, True),
+    "rates.decode_tokens_per_s": _r(0, 1e9, POS, True),
+    "rates.output_share": _r(0, 1, "a fraction of max_tokens", True),
+    "rates.request_overhead_s": _r(0, 3600, "seconds, 0 or more"),
+    "rates.load_s": _r(0, DAY_S, "seconds, 0 or more"),
+    "rates.chars_per_token": _r(0, 1e9, POS, True),
+    "rates.probe_requests": _r(0, 16, "at most 16 bodies sent to the incumbent by a forecast"),
+    "growth.max_resident_bytes": _r(0, HUGE, "bytes, above 0", True),
+    "growth.max_host_cache_records": _r(0, HUGE, "a count, 0 or more"),
+    "growth.max_gpu_memory_fraction": _r(0, 1, "a fraction of a GPU's memory", True),
+    "growth.max_resident_growth_bytes": _r(0, HUGE, "bytes, above 0", True),
+    "growth.max_queue_excess": _r(0, HUGE, "a count, 0 or more"),
+    "growth.queue_excess_observations": _r(1, 10_000, "consecutive scrapes, at least 1"),
+    "abort.rejected_streak": _r(1, 1000, "consecutive refused requests, at least 1"),
+    "sampling.max_tokens": _r(1, 1_000_000, "tokens, at least 1"),
+    "sampling.temperature": _r(0, 2, "the OpenAI range"),
+    "sampling.top_p": _r(0, 1, "a probability mass", True),
+    "fixtures[].max_tokens": _r(1, 1_000_000, "tokens, at least 1"),
+    "fixtures[].temperature": _r(0, 2, "the OpenAI range"),
+    "phases[].passes": _r(1, 100, "passes over the bodies, at least 1"),
+    "phases[].concurrency": _r(1, 1024, "requests in flight, at least 1"),
+    "phases[].select_last": _r(1, 1_000_000, "bodies, at least 1"),
+    "trace.repetitions": _r(1, 100, "off/on pairs, at least 1"),
+    "trace.concurrency[]": _r(1, 1024, "requests in flight, at least 1"),
+    "trace.overhead_max": _r(0, 10, "a share of the off arms' median, 0 or more"),
+    "trace.overhead_interval_max": _r(0, 10, "a share of the off arms' median, 0 or more"),
+    "starting_observation.stores_per_request": _r(0, HUGE, "0 or more"),
+    "starting_observation.records": _r(0, HUGE, "0 or more"),
+    "starting_observation.bytes_used": _r(0, HUGE, "0 or more"),
+    "starting_observation.bytes_capacity": _r(0, HUGE, "0 or more"),
+    "starting_observation.restored_tokens": _r(0, HUGE, "0 or more"),
+    "starting_observation.tolerance": _r(0, 1, "a relative difference"),
+    "follow_on.repeats": _r(1, 100, "matched repeats, at least 1"),
+    "guards[].threshold": _r(-HUGE, HUGE, "a finite number"),
+    "guards[].consecutive": _r(1, 10_000, "consecutive breaches, at least 1"),
+    "guards[].interval_s": _r(1, DAY_S, "seconds between evaluations, at least 1"),
+    "identity.tensor_parallel": _r(1, 1024, "GPUs a model is split over, at least 1"),
+    "identity.draft_tokens": _r(0, 1024, "speculative tokens, 0 or more"),
+    "identity.host_cache_bytes": _r(0, HUGE, "bytes, 0 or more"),
+    "identity.gpu_count": _r(0, 1024, "GPUs, 0 or more"),
+    "identity.gpu_power_limit_w": _r(1, 10_000, "watts, above 0"),
+    "follow_on.min_benefit": _r(0, 1, "a share"),
+    "follow_on.max_regression": _r(0, 1, "a share"),
+}
+
+
+def numbers(node: object, key: str = "") -> Iterator[tuple[str, str, float]]:
+    """(table key, where, value) of every number in a plan's builtins (bools are not numbers)."""
+    if isinstance(node, bool):
+        return
+    if isinstance(node, (int, float)):
+        yield re.sub(r"\[\d+\]", "[]", key), key, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from numbers(v, f"{key}.{k}" if key else k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from numbers(v, f"{key}[{i}]")
+
+
+def out_of_range(builtins: dict) -> tuple[str, float, Range | None] | None:
+    """The first number outside its range (or with no range in the table): (where, value, range)."""
+    for key, where, v in numbers(builtins):
+        rng = RANGES.get(key)
+        if rng is None:
+            if not math.isfinite(v):
+                return where, v, None
+            continue
+        if not rng.holds(v):
+            return where, v, rng
+    return None
+
+
+def render() -> str:
+    """The table as the docs show it (docs/plan-ranges.md)."""
+    rows = ["| key | range | what it is |", "|---|---|---|"]
+    rows += [f"| `{k}` | {r.words()} | {r.why} |" for k, r in RANGES.items()]
+    return "\n".join(rows) + "\n"

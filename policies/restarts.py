@@ -1,0 +1,51 @@
+"""Unseen engine restarts: a counter that goes back, or a process start time that moves, within one incarnation.
+
+Contract section 4 (amended 2026-12-03): counters are monotonic within an incarnation. A supervisor
+(systemd `Restart=`, a liveness probe) can restart an engine under the same incarnation string, with
+its counters and caches back at zero; the only trace it leaves is a counter that decreased, or the
+`process_start_time_seconds` gauge an engine exports, which moved. The window names no cause from
+what such a restart leaves behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+
+class RestartWatch(msgspec.Struct):
+    """The last counters and start time seen on the incarnation now loaded (empty after a load or unload)."""
+
+    counters: dict[str, float] = {}
+    start_time: float | None = None
+
+    def reset(self) -> None:
+        self.counters, self.start_time = {}, None
+
+    def observe(self, counters: Mapping[str, float | None], gauges: Mapping[str, float | None]) -> str | None:
+        """Takes one scrape; returns what shows the engine restarted since the last one, or None."""
+        found = []
+        for k, v in sorted(counters.items()):
+            was = self.counters.get(k)
+            if v is not None and was is not None and v < was:
+                found.append(f"{k} went from {was:g} to {v:g}")
+        start = gauges.get("process_start_time")
+        if start is not None and self.start_time is not None and start != self.start_time:
+            found.insert(0, f"process start time moved from {self.start_time:.3f} to {start:.3f}")
+        self.counters = {k: v for k, v in counters.items() if v is not None}
+        self.start_time = start if start is not None else self.start_time
+        if not found:
+            return None
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        return "the engine restarted unseen under the same incarnation: " + "; ".join(found[:3]) + more
+
+
+# a 4xx the host answers when the body itself is refused; 401/403 are the credential's and 429 the
+# host's load, each with a meaning of its own
+NOT_A_REFUSAL = (401, 403, 429)
+
+
+def refused(status: int | None) -> bool:
+    """A request the host refused for what it is (a schema, a value, a context length)."""
+    return status is not None and 400 <= status < 500 and status not in NOT_A_REFUSAL

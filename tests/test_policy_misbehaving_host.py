@@ -1,0 +1,319 @@
+"""The decider against hosts that misbehave as real engines and supervisors do (contract 4, amended
+2026-12-03): unseen restarts, bodies refused wholesale, a restore that would restore half, scaled clocks."""
+
+from __future__ import annotations
+
+from flare_diag.events.schema import (
+    AbortDecided, ActionDone, ActionRequested, Alarm, BoundsScaled, CellRecorded, OperatorAbort, PhaseStarted,
+    RestorationRecorded, RestoreStarted, VerdictReached, WatchObserved, WindowClosed,
+)
+from flare_diag.policies.window import WindowPolicy
+from tests.policy_world import World, decisions, drive, plan_builtins
+
+
+def run(world: World | None = None, hook=None, opened=None):
+    w = world or World(plan_builtins())
+    return w, drive(WindowPolicy(), w, hook, opened=opened)
+
+
+def cells(h) -> dict[str, CellRecorded]:
+    return {c.phase: c for c in decisions(h, CellRecorded)}
+
+
+def abort(h) -> AbortDecided | None:
+    found = decisions(h, AbortDecided)
+    return found[0] if found else None
+
+
+def restart_after_request(n: int):
+    """The engine restarts under the same incarnation once `n` requests were answered: counters at zero."""
+    fired = [False]
+
+    def hook(world: World, _history):
+        if not fired[0] and world.requests_sent == n:
+            fired[0] = True
+            world.counters = world._zero()
+        return None
+    return hook
+
+
+# --- unseen restarts ---------------------------------------------------------------------------
+
+def test_a_counter_that_goes_back_aborts_engine_restart():
+    _w, h = run(hook=restart_after_request(5))
+    a = abort(h)
+    assert a is not None and a.reason == "engine_restart" and "host_lookups went from" in a.detail
+
+
+def test_the_phase_an_unseen_restart_falls_in_is_invalid_and_says_so():
+    _w, h = run(hook=restart_after_request(5))
+    c = cells(h)["A.forward_prime"]
+    assert c.status == "invalid" and "the engine restarted during this phase" in c.reason
+
+
+def test_an_unseen_restart_names_no_cause_even_with_the_order_probe_measured():
+    # A's prime and reverse replay are measured (52 + 52 requests); the restart falls in B's prime
+    _w, h = run(hook=restart_after_request(52 * 2 + 3))
+    assert cells(h)["A.reverse_replay"].status == "measured"
+    v = decisions(h, VerdictReached)[0]
+    assert v.hypothesis == "inconclusive" and "engine restarted" in v.basis
+
+
+def test_a_process_start_time_that_moves_is_a_restart_with_every_counter_at_zero():
+    w = World(plan_builtins())
+    w.gauges["process_start_time"] = 1000.0
+    fired = [False]
+
+    def hook(world: World, history):
+        # B is loaded and its identity verified (counters at zero), and B's prime has not sent a request
+        if not fired[0] and any(isinstance(d, CellRecorded) and d.phase == "B.identity" for _i, ds in history for d in ds):
+            fired[0] = True
+            world.gauges["process_start_time"] = 2000.0
+        return None
+    _w, h = run(w, hook)
+    a = abort(h)
+    assert a is not None and a.reason == "engine_restart" and "process start time moved" in a.detail
+    assert cells(h)["B.forward_prime"].status == "invalid"
+
+
+def test_counters_that_start_over_on_a_load_the_window_asked_for_are_no_restart():
+    w = World(plan_builtins())
+    w.gauges["process_start_time"] = 1000.0
+    _w, h = run(w)  # World's loads zero the counters; its start time is one value throughout
+    assert abort(h) is None and decisions(h, WindowClosed)[-1].outcome == "completed"
+
+
+def test_a_restart_during_the_restore_starts_the_restore_over():
+    w = World(plan_builtins())
+    w.gauges["process_start_time"] = 1000.0
+    fired = [False]
+
+    def hook(world: World, history):
+        if fired[0]:
+            return None
+        flat = [d for _i, ds in history for d in ds]
+        start = next((i for i, d in enumerate(flat) if isinstance(d, RestoreStarted)), None)
+        first = next((d.action_id for d in flat[start or 0:] if isinstance(d, ActionRequested)
+                      and d.action == "scrape_metrics"), None) if start is not None else None
+        # once the restored incumbent's first scrape is answered: the next one meets a restarted engine
+        if first is not None and any(isinstance(i, ActionDone) and i.action_id == first for i, _ds in history):
+            fired[0] = True
+            world.gauges["process_start_time"] = 3000.0
+        return None
+    # a window that completed its cells: the restart is met only by the restore
+    _w, h = run(w, hook)
+    flat = decisions(h)
+    start = next(i for i, d in enumerate(flat) if isinstance(d, RestoreStarted))
+    states = [d for d in flat[start:] if isinstance(d, ActionRequested) and d.action == "manager_state"]
+    assert len(states) == 2, "the restore did not start over from its first check"
+    assert [a for a in decisions(h, Alarm) if a.kind == "engine_restart_during_restore"]
+    assert abort(h).reason == "engine_restart"
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+    assert decisions(h, RestorationRecorded)[0].verified
+    assert decisions(h, WindowClosed)[-1].outcome == "aborted"
+
+
+# --- bodies refused wholesale ------------------------------------------------------------------
+
+def refusing(statuses: dict[int, int]) -> World:
+    w = World(plan_builtins())
+    for n, status in statuses.items():
+        w.request_error[n] = f"http_{status}"
+        w.request_status[n] = status
+    return w
+
+
+def test_a_host_that_refuses_every_body_aborts_rejected_within_the_streak():
+    w = refusing({n: 400 for n in range(1, 300)})
+    _w, h = run(w)
+    a = abort(h)
+    assert a is not None and a.reason == "rejected"
+    assert "HTTP 400" in a.detail and "A.forward_prime #0" in a.detail and "injected http_400" in a.detail
+    sent = [d for d in decisions(h, ActionRequested) if d.action == "send_request"]
+    assert len(sent) == 3  # the plan's default streak, at C1: no fourth body goes out
+    assert not [d for d in decisions(h, ActionRequested) if d.action == "load" and d.args.get("label") == "B"]
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+    assert decisions(h, RestorationRecorded)[0].verified
+
+
+def test_one_refused_body_among_52_fails_its_request_and_the_phase_goes_on():
+    _w, h = run(refusing({7: 400}))
+    assert abort(h) is None
+    c = cells(h)["A.forward_prime"]
+    assert c.status == "failed" and "1 of 52 requests failed" in c.reason and c.requests == 52
+    # the window goes on: the replay that reads this prime is invalid for it, the B arm runs
+    assert cells(h)["A.reverse_replay"].status == "invalid" and "its prime A.forward_prime" in cells(h)["A.reverse_replay"].reason
+    assert cells(h)["B.forward_replay"].status == "measured"
+
+
+def test_refusals_broken_by_an_answered_request_never_reach_the_streak():
+    _w, h = run(refusing({1: 400, 2: 422, 4: 400, 5: 400}))
+    assert abort(h) is None
+
+
+def test_credential_and_load_refusals_do_not_count_towards_the_streak():
+    # 401 and 403 are the credential's (authentication aborts on its own class), 429 is the host's load
+    _w, h = run(refusing({1: 429, 2: 429, 3: 429, 4: 429}))
+    assert abort(h) is None
+
+
+def test_the_streak_is_the_plans():
+    plan = plan_builtins()
+    plan["abort"] = {"rejected_streak": 5}
+    w = World(plan)
+    for n in range(1, 300):
+        w.request_error[n], w.request_status[n] = "http_400", 400
+    _w, h = run(w)
+    assert abort(h).reason == "rejected"
+    assert len([d for d in decisions(h, ActionRequested) if d.action == "send_request"]) == 5
+
+
+# --- a restore that restores everything --------------------------------------------------------
+
+TRACE_ON = "trace.C1.r1.on"
+
+
+def _trace_on_actions() -> list[int]:
+    """The action ids of the first trace-on arm, from its trace toggle to its cell."""
+    _w, h = run()
+    flat = decisions(h)
+    start = next(i for i, d in enumerate(flat) if isinstance(d, PhaseStarted) and d.phase == TRACE_ON)
+    end = next(i for i, d in enumerate(flat) if isinstance(d, CellRecorded) and d.phase == TRACE_ON)
+    return [d.action_id for d in flat[start:end] if isinstance(d, ActionRequested)]
+
+
+def _abort_at(action_id: int):
+    fired = [False]
+
+    def hook(world: World, history):
+        asked = any(isinstance(d, ActionRequested) and d.action_id == action_id for _i, ds in history for d in ds)
+        if not fired[0] and asked:
+            fired[0] = True
+            return OperatorAbort(at_ns=world.now, reason=f"abort at action {action_id}")
+        return None
+    return hook
+
+
+def test_an_abort_at_every_action_of_a_trace_on_arm_restores_every_field_of_the_identity():
+    ids = _trace_on_actions()
+    assert len(ids) > 20  # its toggle, drains, 8 requests with their reads, its closing reads
+    before = World(plan_builtins()).identity()
+    for aid in ids:
+        w, h = run(hook=_abort_at(aid))  # World's trace switch survives a load, as some hosts' does
+        res = decisions(h, RestorationRecorded)[0]
+        assert res.verified and res.checks["identity_restored"] is True, (aid, res.checks)
+        now = w.identity()
+        assert {k: v for k, v in now.items() if k != "incarnation"} == \
+               {k: v for k, v in before.items() if k != "incarnation"}, aid
+
+
+def test_a_trace_left_on_is_set_back_by_the_restore():
+    ids = _trace_on_actions()
+    w, h = run(hook=_abort_at(ids[len(ids) // 2]))
+    flat = decisions(h)
+    start = next(i for i, d in enumerate(flat) if isinstance(d, RestoreStarted))
+    toggles = [d.args for d in flat[start:] if isinstance(d, ActionRequested) and d.action == "set_trace"]
+    assert toggles == [{"enabled": False}] and w.trace is False
+
+
+def test_a_field_not_back_after_the_readmit_leaves_the_restoration_unverified():
+    readmitted = [False]
+
+    def hook(world: World, history):
+        last = history[-1][1] if history else []
+        if not readmitted[0] and any(isinstance(d, ActionRequested) and d.action == "readmit" for d in last):
+            readmitted[0] = True
+            world.identity_override = {"capture_enabled": True}  # something left the capture on
+        return None
+    _w, h = run(hook=hook)
+    res = decisions(h, RestorationRecorded)[0]
+    assert res.checks["identity_restored"] is False and not res.verified
+    assert [a for a in decisions(h, Alarm) if a.kind == "identity_not_restored" and "capture_enabled" in a.detail]
+    assert decisions(h, WindowClosed)[-1].outcome == "restore_failed"
+
+
+def test_a_gpu_memory_breach_while_the_incumbent_loads_keeps_the_primary_out():
+    fired = [False]
+
+    def hook(world: World, history):
+        last = history[-1][1] if history else []
+        loading = any(isinstance(d, ActionRequested) and d.action == "load" and d.args.get("label") == "incumbent"
+                      for d in last)
+        if not fired[0] and loading:
+            fired[0] = True
+            return WatchObserved(at_ns=world.now, source="gpu", data={"xid_events": [], "gpus": [
+                {"uuid": "GPU-0", "memory_used_bytes": 999, "memory_total_bytes": 1000}]})
+        return None
+    _w, h = run(hook=hook)
+    res = decisions(h, RestorationRecorded)[0]
+    assert res.checks["readmitted"] is False and not res.verified
+    assert not [d for d in decisions(h, ActionRequested) if d.action == "readmit"]
+    assert decisions(h, WindowClosed)[-1].outcome == "restore_failed"
+
+
+def test_a_gpu_memory_breach_while_the_candidate_is_still_loaded_does_not_block_the_restore():
+    """The candidate's own breach is what the experiment aborted for; the restore unloads it first."""
+    w = World(plan_builtins())
+    hit = [0]
+
+    def hook(world: World, history):
+        if hit[0] == 0 and world.requests_sent == 10:
+            hit[0] = 1
+            return WatchObserved(at_ns=world.now, source="gpu", data={"xid_events": [], "gpus": [
+                {"uuid": "GPU-0", "memory_used_bytes": 999, "memory_total_bytes": 1000}]})
+        return None
+    _w, h = run(w, hook)
+    assert abort(h).reason == "uncontrolled_growth"
+    assert decisions(h, RestorationRecorded)[0].verified
+
+
+# --- scaled clocks -----------------------------------------------------------------------------
+
+def _scaled(scale: float):
+    return lambda first: first.__class__(**{**{f: getattr(first, f) for f in first.__struct_fields__},
+                                            "time_scale": scale})
+
+
+def test_bounds_a_real_seconds_floor_raises_are_recorded_as_the_window_opens():
+    _w, h = run(opened=_scaled(60))
+    raised = {b["bound"]: b for b in decisions(h, BoundsScaled)[0].bounds}
+    assert raised["timing.watch_lost_s"]["plan_s"] == 30 and raised["timing.watch_lost_s"]["effective_s"] == 300
+    assert raised["timing.drain_timeout_s"]["effective_s"] == 300
+    assert "drains were allowed 300 window s" in cells(h)["A.forward_prime"].reason
+
+
+def test_at_x6_every_bound_holds_as_planned_but_the_drains():
+    _w, h = run(opened=_scaled(6))
+    raised = {b["bound"] for d in decisions(h, BoundsScaled) for b in d.bounds}
+    assert "timing.watch_lost_s" not in raised and "timing.drain_timeout_s" in raised
+
+
+def test_a_window_at_x1_records_no_scaled_bound():
+    _w, h = run()
+    assert decisions(h, BoundsScaled) == []
+
+
+def test_at_x6_a_silent_gpu_view_aborts_watch_lost_within_the_plans_30_window_seconds():
+    w = World(plan_builtins())
+    silent_at = [None]
+
+    def hook(world: World, history):
+        if silent_at[0] is None and world.requests_sent == 5:
+            silent_at[0] = world.now
+            world.watch_silent.add("gpu")
+        return None
+    _w, h = run(w, hook, opened=_scaled(6))
+    flat = [(i, d) for i, ds in h for d in ds]
+    a = next((i, d) for i, d in flat if isinstance(d, AbortDecided))
+    assert a[1].reason == "watch_lost"
+    # the last answer came at most one poll (5 s) before the silence: the abort within 30 + 5 s of it
+    assert a[0].at_ns - silent_at[0] <= (30 + 5) * 10**9 + 10**6
+
+
+def test_outcomes_of_unexpected_actions_change_nothing():
+    """An ActionDone nobody waits for (a stale reply) never moves the window."""
+    _w, h = run(hook=lambda world, history: ActionDone(at_ns=world.now, action_id=10**6, ok=True,
+                                                        data={"counters": {"host_lookups": -1}})
+                if world.requests_sent == 3 and not getattr(world, "_stale", None) and not setattr(world, "_stale", 1)
+                else None)
+    assert abort(h) is None
