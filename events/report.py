@@ -587,7 +587,7 @@ _HANDLERS = {  # None: the window fold alone reads it
     "time_marked": None, "phase_started": _Projection.phase_started, "cell_recorded": _Projection.cell_recorded,
     "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,
     "abort_decided": None, "restore_started": None, "restoration_recorded": None, "verdict_reached": None,
-    "alarm": None, "trace_order_frozen": None, "window_closed": None,
+    "alarm": None, "bounds_scaled": None, "trace_order_frozen": None, "window_closed": None,
 }
 
 

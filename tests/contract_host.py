@@ -31,6 +31,8 @@ Misbehaviours of real engines and supervisors:
 - `trace_survives_load`: the trace switch is the host's, not the incarnation's: a load keeps it.
 - `gpu_memory_on_load` (bytes): while an incumbent load is under way, the GPU view shows that much
   memory used on every GPU.
+- `gpu_silent` ({"after_chats": N, "for_s": S}): once N chat requests came, the GPU view answers 503
+  for S real seconds, then answers again.
 
 `idle_close_s` emulates a host closing idle keep-alive connections in the unlucky order: a request
 that arrives on a connection idle for longer than that is dropped without an answer, as when the
@@ -478,6 +480,11 @@ def r_targets(h, _raw) -> None:
 
 def r_gpu(h, _raw) -> None:
     st: State = h.server.state
+    silent = st.cfg.get("gpu_silent")
+    if silent and st.chats >= silent["after_chats"]:
+        since = st.__dict__.setdefault("gpu_silent_since", time.monotonic())
+        if time.monotonic() - since < silent["for_s"]:
+            return h.error(503, "unavailable", "the GPU view is not answering")
     gpus = st.gpus()
     if st.loading_incumbent and st.cfg.get("gpu_memory_on_load"):
         gpus = [{**g, "memory_used_bytes": st.cfg["gpu_memory_on_load"]} for g in gpus]

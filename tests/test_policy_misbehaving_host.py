@@ -317,3 +317,67 @@ def test_outcomes_of_unexpected_actions_change_nothing():
                 if world.requests_sent == 3 and not getattr(world, "_stale", None) and not setattr(world, "_stale", 1)
                 else None)
     assert abort(h) is None
+
+
+# --- the decider's one promise, over random hosts ----------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+REQUIRED_REQUESTS = 4 * 52  # A's prime and reverse replay, B's prime and forward replay, at C1
+
+
+def _misbehaving(kind: str, n: int):
+    """A hook that makes the host misbehave as `kind` from its n-th answered request on."""
+    fired = [False]
+
+    def hook(world: World, _history):
+        if fired[0] or world.requests_sent < n:
+            return None
+        fired[0] = True
+        if kind == "restart":  # what an engine's restart does: counters at zero, a new process
+            world.counters = world._zero()
+            world.gauges["process_start_time"] = 2.0
+        elif kind == "counters_only":  # an engine that exports no start time
+            world.counters = world._zero()
+        elif kind == "start_time":
+            world.gauges["process_start_time"] = 2.0
+        elif kind == "drift":
+            world.identity_override = {"draft_tokens": 3}
+        elif kind == "refuse":
+            for k in range(n + 1, n + 400):
+                world.request_error[k], world.request_status[k] = "http_400", 400
+        return None
+    return hook
+
+
+# a restart right after an incarnation's first request, before any scrape saw a counter above zero,
+# leaves its counters where they were (0 -> 0): without a process start time nothing shows it
+FIRST_ON_AN_INCARNATION = (1, 2 * 52 + 1)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["restart", "counters_only", "start_time", "drift", "refuse"]),
+       n=st.integers(1, REQUIRED_REQUESTS - 1))
+def test_a_counter_decrease_identity_change_or_refusal_among_the_required_cells_never_names_a_cause(kind, n):
+    if kind == "counters_only" and n in FIRST_ON_AN_INCARNATION:
+        n += 1
+    w = World(plan_builtins())
+    w.gauges["process_start_time"] = 1.0
+    _w, h = run(w, _misbehaving(kind, n))
+    v = decisions(h, VerdictReached)[0]
+    assert v.hypothesis == "inconclusive", (kind, n, v.basis)
+    # this world's drift is the host's, not the incarnation's: the restored incumbent shows it too,
+    # and the restore must then refuse to call itself verified
+    assert decisions(h, RestorationRecorded)[0].verified is (kind != "drift")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reuse=st.sets(st.sampled_from(["A.reverse_replay", "B.forward_replay", "B.small_control"])),
+       request_s=st.floats(2.0, 16.0))
+def test_a_healthy_host_still_gets_a_cause(reuse, request_s):
+    w = World(plan_builtins(), request_s=request_s, reuse_on=set(reuse))
+    w.gauges["process_start_time"] = 1.0
+    _w, h = run(w)
+    assert abort(h) is None and decisions(h, WindowClosed)[-1].outcome == "completed"
+    assert decisions(h, VerdictReached)[0].hypothesis != "inconclusive"

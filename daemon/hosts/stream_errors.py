@@ -43,5 +43,6 @@ def stream_error(chunk: object, event: str | None = None) -> ActionFailed | None
     else:
         return None
     msg = " ".join(str(msg).split())[:MESSAGE_CAP]
+    etype = " ".join(etype.split())[:60] if etype else None
     error = etype if etype in GPU_ERRORS else "engine_error"
     return ActionFailed(error, f"chat completion: stream error{f' {etype}' if etype else ''}" + (f": {msg}" if msg else ""))

@@ -1,0 +1,122 @@
+"""Refusals, half restores, stranding bounds and scaled clocks through the real runner, on the contract host."""
+
+from __future__ import annotations
+
+import json
+
+from flare_diag.events.reader import LogReader
+from tests.contract_tools import ContractHost
+from tests.test_contract_host import _without_trace, flare_diag, run_window
+
+MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/flare/v1/trace")
+
+
+def _window(tmp_path, plan, **host):
+    h = ContractHost(tmp_path / "host", cache_entries=4, **host)
+    try:
+        rc, r = run_window(h, tmp_path / "out", plan)
+        seen = h.requests()
+    finally:
+        h.stop()
+    return rc, r, seen
+
+
+def test_a_host_that_refuses_every_body_aborts_rejected_before_b_is_loaded(tmp_path, small_plan):
+    # an older release whose schema has no reasoning_effort "max": every body of the plan is refused
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), reject_value={"reasoning_effort": "max"})
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "rejected"), (r["abort"], r["alarms"])
+    detail = r["abort"]["detail"]
+    assert "HTTP 400" in detail and "A.forward_prime #0" in detail and "reasoning_effort" in detail
+    chats = [x for x in seen if x.get("path") == "/v1/chat/completions" and x["service"] == "serving"]
+    loads = [x for x in seen if x.get("path") == "/manager/v1/load"]
+    assert len(loads) == 2  # candidate A, then the incumbent back: B never loaded
+    assert len(chats) == 3 + 1  # the streak, then the restore's direct preflight (which has no such value)
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
+    assert {c["phase"]: c["status"] for c in r["cells"]}["B.forward_prime"] == "failed"
+
+
+def test_one_refused_body_fails_its_request_and_the_window_goes_on(tmp_path, small_plan):
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), reject_nth=[3])
+    assert r["abort"] is None, r["abort"]
+    cell = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert cell["status"] == "failed" and "1 of 8 requests failed: #2: http_400" in cell["reason"]
+    assert next(c for c in r["cells"] if c["phase"] == "B.forward_replay")["status"] == "measured"
+    assert rc == 0 or r["outcome"] == "partial"
+
+
+def test_a_trace_left_on_by_an_aborted_trace_arm_is_set_back_and_only_then_verified(tmp_path, small_plan):
+    # the host keeps its trace switch across loads; an identity drift aborts the window inside the
+    # first trace-on arm: B's prime 8, replay 8, small control 16, warm-up 8 and C1 r1 off 8 come first
+    rc, r, seen = _window(tmp_path, small_plan, trace_survives_load=True,
+                          drift={"after": 52, "field": "draft_tokens", "value": 3})
+    assert r["abort"] and r["abort"]["reason"] == "identity_drift", r["abort"]
+    assert r["abort"]["detail"].startswith("trace.C1.r1.on"), r["abort"]
+    toggles = [x for x in seen if x.get("path") == "/flare/v1/trace"]
+    assert len(toggles) >= 2, "the window never turned a trace on: the test tested nothing"
+    res = r["restoration"]
+    assert res["identity_restored"] is True and res["verified"] and rc == 1, res
+
+
+def test_a_gpu_memory_breach_while_the_incumbent_loads_keeps_the_primary_out_exit_3(tmp_path, small_plan):
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), load_delay_s=1.0,
+                          gpu_memory_on_load=141 << 30)  # all of it: over the plan's 0.995
+    assert (rc, r["outcome"]) == (3, "restore_failed"), (r["restoration"], r["alarms"])
+    assert r["restoration"]["readmitted"] is False
+    assert [a for a in r["alarms"] if a["kind"] == "fault_during_restore" and "memory" in a["detail"]]
+    assert not [x for x in seen if x.get("path", "").endswith("/readmit")]
+
+
+def test_a_bound_the_healthy_incumbent_already_breaches_is_refused_with_no_host_change(tmp_path, small_plan):
+    plan = tmp_path / "tight.toml"
+    text = small_plan.read_text()
+    assert "max_gpu_memory_fraction = 0.995" in text
+    plan.write_text(text.replace("max_gpu_memory_fraction = 0.995", "max_gpu_memory_fraction = 0.3"))
+    h = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        p = flare_diag("run", "--plan", str(plan), "--site", str(h.site), "--out", str(tmp_path / "out"),
+                       "--time-scale", "60")
+        seen = h.requests()
+    finally:
+        h.stop()
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "growth.max_gpu_memory_fraction = 0.3" in p.stderr and "already uses 0.355" in p.stderr
+    assert not [x for x in seen if any(m in x.get("path", "") for m in MUTATING)]
+    assert not [x for x in seen if x.get("path") == "/v1/chat/completions"]
+
+
+def test_at_x60_the_raised_bounds_are_in_scaled_bounds_and_under_needs_attention(tmp_path, small_plan):
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path))
+    raised = {b["bound"]: b for b in r["scaled_bounds"]}
+    assert raised["timing.watch_lost_s"] == {"bound": "timing.watch_lost_s", "plan_s": 30.0, "effective_s": 300.0,
+                                             "reason": raised["timing.watch_lost_s"]["reason"]}
+    assert "5 real s" in raised["timing.watch_lost_s"]["reason"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    head = md[md.index("Needs attention"):]
+    assert "timing.watch_lost_s held at 300 window s, not the plan's 30" in head
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        kinds = [type(e.event()).__name__ for e in reader.iter()]
+    assert "BoundsScaled" in kinds and rc == 0
+
+
+def test_at_x6_a_gpu_view_that_falls_silent_aborts_watch_lost_within_the_plans_30_window_seconds(tmp_path, small_plan):
+    # loads take 3 real s (18 window s), so the experiment outlasts 30 window s of silence from A's
+    # third request; the view answers again 6.5 real s in, before the restore reads it
+    h = ContractHost(tmp_path / "host", cache_entries=4, load_delay_s=3.0, gpu_silent={"after_chats": 3, "for_s": 6.5})
+    try:
+        p = flare_diag("run", "--plan", str(_without_trace(small_plan, tmp_path)), "--site", str(h.site),
+                       "--out", str(tmp_path / "out"), "--time-scale", "6")
+    finally:
+        h.stop()
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r["abort"]["reason"] == "watch_lost" and "over 30 s" in r["abort"]["detail"], (r["abort"], p.stderr[-800:])
+    assert not [b for b in r["scaled_bounds"] if b["bound"] == "timing.watch_lost_s"]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        events = [e.event() for e in reader.iter()]
+    gpu = [e.at_ns for e in events if type(e).__name__ == "WatchObserved" and e.source == "gpu"]
+    aborted = next(i for i, e in enumerate(events) if type(e).__name__ == "AbortDecided")
+    decided_at = next(e.at_ns for e in reversed(events[:aborted]) if hasattr(e, "at_ns"))
+    last_answer = max(t for t in gpu if t <= decided_at)
+    # the silence is judged against the plan's 30 s from the last answer (not the 300 of x60); a busy
+    # machine's late tick may add real seconds, never the 270 window s a raised bound would
+    assert 30 * 10**9 < decided_at - last_answer < 60 * 10**9
+    assert r["restoration"]["verified"] and p.returncode == 1
