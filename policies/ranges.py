@@ -125,8 +125,28 @@ def out_of_range(builtins: dict) -> tuple[str, float, Range | None] | None:
     return None
 
 
+HEAD = """# The ranges of a plan's numbers
+
+Every number in a plan must lie in its range, or `plan check`, `run` and `start` refuse it (exit 2, nothing
+changed), naming the key, the value and the range. `(a, b]` excludes `a`; `[a, b]` includes it. A key
+with `[]` is every element of a list. The table is `policies/ranges.RANGES`; this page is rendered from it
+(`python -m flare_diag.policies.ranges > docs/plan-ranges.md`) and a test holds the two equal.
+
+Besides each key's own range, `plan check` relates keys to one another: `timing.stop_min` below
+`timing.window_min`, the restore reserve between them, the restore's budget and its expected length
+within the reserve, the follow-on's acceptance bar no looser than the seed's. Before a window opens the
+growth bounds are also held to the incumbent as it serves (a bound it already breaches is refused), and
+`--time-scale` to `policies.scaling.max_time_scale` (docs/departures.md, "scaled clocks").
+
+"""
+
+
 def render() -> str:
-    """The table as the docs show it (docs/plan-ranges.md)."""
+    """docs/plan-ranges.md: its opening words, then the table."""
     rows = ["| key | range | what it is |", "|---|---|---|"]
     rows += [f"| `{k}` | {r.words()} | {r.why} |" for k, r in RANGES.items()]
-    return "\n".join(rows) + "\n"
+    return HEAD + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -122,3 +122,9 @@ def test_the_event_reference_is_what_the_schema_renders():
 def test_every_event_and_action_type_says_what_it_is():
     from flare_diag.events.reference import undocumented
     assert undocumented() == []
+
+
+def test_the_plan_ranges_page_is_what_the_table_renders():
+    from flare_diag.policies.ranges import render
+    assert (ROOT / "docs" / "plan-ranges.md").read_text() == render(), \
+        "docs/plan-ranges.md is stale: python -m flare_diag.policies.ranges > docs/plan-ranges.md"
