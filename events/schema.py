@@ -167,6 +167,18 @@ class LogArchived(Event, tag="log_archived"):
 
 
 @register
+class LeaseGranted(Event, tag="lease_granted"):
+    """The fleet's pool lease this window runs under, as granted before anything changed: its fencing
+    epoch (contract 4, amended 2026-12-03). Every host change of the window follows it in the chain; the
+    daemon re-asserts the lease (host, window, epoch) against the fleet database while the window runs."""
+
+    pool: str
+    host: str
+    epoch: int
+    how: str  # taken | kept (a daemon resuming its own window)
+
+
+@register
 class ProbeRequest(Event, tag="probe_request"):
     """A generation sent outside any window: the forecast's pace probe, before a window opens (opt-in
     per site). Logged like every other request the daemon sends; no decision reads it."""

@@ -87,3 +87,18 @@ class PgServer:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.database_dsn(name)
+
+
+def role_dsn(dsn: str, role: str, group: str = "flare_diag_host") -> str:
+    """`dsn` as the login role `role`, a member of `group` (made as `fleet host add` makes a host's):
+    what the daemon and the CLI connect as under test, never the superuser."""
+    import re
+
+    import psycopg
+    from psycopg import sql
+    # roles are the server's, not a database's: made through its `postgres` database (the DSN's own may not exist)
+    with psycopg.connect(re.sub(r"dbname=\S+", "dbname=postgres", dsn), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role)))
+    return re.sub(r"user=\S+", f"user={role}", dsn)

@@ -16,6 +16,7 @@ from flare_diag.daemon.fleet import lease
 from flare_diag.daemon.fleet.db import migrate
 from flare_diag.daemon.fleet.shipper import Fork, ship_once
 from flare_diag.daemon.fleet.views import verify_host
+from tests.pgtools import role_dsn
 
 CORPUS = Path(__file__).parent / "data" / "replay"
 
@@ -58,7 +59,8 @@ async def test_init_applies_each_migration_once(pg):
     dsn = pg.database()
     first = await migrate(dsn)
     again = await migrate(dsn)
-    assert first == ["001_init.sql", "002_campaigns.sql", "003_views.sql"] and again == []
+    assert first == ["001_init.sql", "002_campaigns.sql", "003_views.sql", "004_leases_bound_to_windows.sql"]
+    assert again == []
 
 
 async def test_a_shipped_log_equals_the_local_one_hash_by_hash(fleet, tmp_path):
@@ -160,9 +162,10 @@ async def test_two_hundred_concurrent_lease_attempts_never_grant_more_than_k(fle
     await _pool(fleet, "pool-a", 3)
     granted: list[str] = []
     refused: list[str] = []
+    dsns = {i: role_dsn(fleet, f"h{i}") for i in range(200)}  # each host as its own login role
 
     async def attempt(i: int) -> None:
-        async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        async with await psycopg.AsyncConnection.connect(dsns[i]) as conn:
             try:
                 await lease.take(conn, "pool-a", f"h{i}", f"w{i}", "test")
                 granted.append(f"h{i}")
@@ -175,29 +178,101 @@ async def test_two_hundred_concurrent_lease_attempts_never_grant_more_than_k(fle
     assert len(granted) == 3 and len(refused) == 197
 
 
+async def test_the_documented_host_role_takes_and_releases_a_lease(fleet):
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as conn:
+        got = await lease.take(conn, "pool-a", "h1", "w1", "test")
+        assert got.how == "taken" and got.epoch >= 1
+        assert await lease.release(conn, "h1", "test", "done", window_id="w1")
+
+
 async def test_a_full_pool_names_who_holds_its_slots(fleet):
     await _pool(fleet, "pool-a", 1)
-    async with await psycopg.AsyncConnection.connect(fleet) as conn:
-        await lease.take(conn, "pool-a", "h1", "w1", "test")
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1, \
+            await psycopg.AsyncConnection.connect(role_dsn(fleet, "h2")) as h2:
+        await lease.take(h1, "pool-a", "h1", "w1", "test")
         with pytest.raises(lease.PoolFull, match=r"h1 \(window w1, held\)"):
-            await lease.take(conn, "pool-a", "h2", "w2", "test")
+            await lease.take(h2, "pool-a", "h2", "w2", "test")
 
 
-async def test_a_host_resuming_its_window_keeps_its_lease(fleet):
+async def test_a_host_resuming_its_window_keeps_its_lease_under_the_same_epoch(fleet):
     await _pool(fleet, "pool-a", 1)
-    async with await psycopg.AsyncConnection.connect(fleet) as conn:
-        assert await lease.take(conn, "pool-a", "h1", "w1", "test") == "taken"
-        assert await lease.take(conn, "pool-a", "h1", "w1", "test") == "kept"
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as conn:
+        first = await lease.take(conn, "pool-a", "h1", "w1", "test")
+        again = await lease.take(conn, "pool-a", "h1", "w1", "test")
+    assert (first.how, again.how) == ("taken", "kept") and first.epoch == again.epoch
+
+
+async def test_a_lease_is_a_windows_so_the_hosts_next_window_does_not_keep_it(fleet):
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as conn:
+        await lease.take(conn, "pool-a", "h1", "w1", "test")
+        with pytest.raises(lease.HeldByAnotherWindow, match="earlier window w1"):
+            await lease.take(conn, "pool-a", "h1", "w2", "test")
+
+
+async def test_max_down_1_a_delayed_release_of_the_earlier_window_never_lets_two_primaries_out(fleet):
+    """Issue 49's reproduction: h1's window w1 closes verified; its release comes late, after h1's next
+    window w2 took the lease. The late release must not free w2's lease for h2 to take."""
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1, \
+            await psycopg.AsyncConnection.connect(role_dsn(fleet, "h2")) as h2:
+        first = await lease.take(h1, "pool-a", "h1", "w1", "flare-diagd")
+        assert await lease.release(h1, "h1", "flare-diagd", "restoration verified", window_id="w1")
+        second = await lease.take(h1, "pool-a", "h1", "w2", "flare-diagd")
+        assert second.epoch > first.epoch
+        # the duplicate, late release of w1 (a reconcile that read the log before w2 began)
+        assert not await lease.release(h1, "h1", "flare-diagd", "restoration verified", window_id="w1")
+        with pytest.raises(lease.PoolFull):
+            await lease.take(h2, "pool-a", "h2", "w3", "flare-diagd")
+        out = await (await h1.execute("SELECT host, window_id FROM leases WHERE pool = 'pool-a'")).fetchall()
+    assert out == [("h1", "w2")]
+
+
+async def test_a_lease_reasserted_under_its_epoch_holds_and_one_granted_again_since_does_not(fleet):
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as conn:
+        got = await lease.take(conn, "pool-a", "h1", "w1", "test")
+        assert await lease.reassert(conn, "h1", "w1", got.epoch) is None
+        await lease.release(conn, "h1", "test", "by hand")
+        assert "holds no lease" in await lease.reassert(conn, "h1", "w1", got.epoch)
+        again = await lease.take(conn, "pool-a", "h1", "w1", "test")
+        assert f"epoch {again.epoch}" in await lease.reassert(conn, "h1", "w1", got.epoch)
+
+
+async def test_a_host_role_cannot_take_change_or_free_another_hosts_lease(fleet):
+    await _pool(fleet, "pool-a", 2)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1, \
+            await psycopg.AsyncConnection.connect(role_dsn(fleet, "h2"), autocommit=True) as h2:
+        await lease.take(h1, "pool-a", "h1", "w1", "test")
+        assert not await lease.release(h2, "h1", "h2", "not mine")  # row-level security: no row of h1's to delete
+        cur = await h2.execute("UPDATE leases SET window_id = 'forged' WHERE host = 'h1'")
+        assert cur.rowcount == 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await h2.execute("INSERT INTO leases (host, pool, window_id) VALUES ('h3', 'pool-a', 'w9')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await h2.execute("UPDATE pools SET max_down = 100")
+        assert await (await h2.execute("SELECT count(*) FROM leases")).fetchone() == (1,)  # it reads the pool's
+
+
+async def test_a_host_role_ships_only_its_own_events(fleet, tmp_path):
+    db = _log(tmp_path)
+    await _pool(fleet, "pool-a", 1)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h2")) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await ship_once(conn, "h1", "pool-a", db, 100)
+    assert await _ship_all(role_dsn(fleet, "h1"), "h1", db) == len(_local(db))
 
 
 async def test_a_lease_after_a_failed_restore_stays_held_until_a_person_releases_it(fleet):
     await _pool(fleet, "pool-a", 2)
-    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as conn, \
+            await psycopg.AsyncConnection.connect(role_dsn(fleet, "alice", "flare_diag_operator")) as alice:
         await lease.take(conn, "pool-a", "h1", "w1", "flare-diagd")
         await lease.needs_person(conn, "h1", "w1", "flare-diagd", "restore_failed")
         with pytest.raises(lease.NeedsPerson, match="did not verify"):
             await lease.take(conn, "pool-a", "h1", "w2", "flare-diagd")
-        assert await lease.release(conn, "h1", "alice", "restored by hand")
+        assert await lease.release(alice, "h1", "alice", "restored by hand")
         log = await (await conn.execute("SELECT change, caller, reason FROM lease_log WHERE host = 'h1' ORDER BY id")).fetchall()
     assert log == [("taken", "flare-diagd", ""), ("needs_a_person", "flare-diagd", "restore_failed"),
                    ("released", "alice", "restored by hand")]

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from tests.daemontools import QUICK_LOAD_S, SCALE, Daemon, Sim, in_phase
+from tests.pgtools import role_dsn
 
 
 @pytest.fixture
@@ -45,9 +46,16 @@ def _pool(dsn: str, k: int, pool: str = "pool-a") -> None:
 
 
 def _fleet_file(tmp: Path, dsn: str, host: str = "h1") -> Path:
+    """The daemon's fleet file: it connects as the host's own login role (flare_diag_host), never as
+    the superuser the test's own checks read with."""
     f = tmp / "fleet.toml"
-    f.write_text(f'dsn = "{dsn}"\nhost = "{host}"\npool = "pool-a"\nlease_timeout_s = 5\n')
+    f.write_text(f'dsn = "{role_dsn(dsn, host)}"\nhost = "{host}"\npool = "pool-a"\nlease_timeout_s = 5\n')
     return f
+
+
+def _operator(dsn: str) -> str:
+    """The CLI's DSN: an operator's login role (flare_diag_operator)."""
+    return role_dsn(dsn, "alice", "flare_diag_operator")
 
 
 def _daemon(tmp: Path, dsn: str, *more: str) -> Daemon:
@@ -376,13 +384,13 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
         with psycopg.connect(fleet_dsn, autocommit=True) as c:  # another primary holds the pool's one slot
             c.execute("INSERT INTO leases (host, pool, window_id) VALUES ('h9', 'pool-a', 'w-other')")
         p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--hosts", "c1,c2", "--repeats", "1",
-                            "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", fleet_dsn],
+                            "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", _operator(fleet_dsn)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         campaign = p.stdout.split()[1].rstrip(":")
 
         def shown() -> dict:
-            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", fleet_dsn], cwd=ROOT, capture_output=True,
+            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", _operator(fleet_dsn)], cwd=ROOT, capture_output=True,
                                text=True, timeout=60)
             assert q.returncode == 0, q.stderr
             return json.loads(q.stdout)
@@ -428,13 +436,13 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
     fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
     try:
         p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--candidate-site", "site-policy",
-                            "--hosts", "f1", "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", fleet_dsn],
+                            "--hosts", "f1", "--time-scale", str(POOL_SCALE), "--accept-partial", "--dsn", _operator(fleet_dsn)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         campaign = p.stdout.split()[1].rstrip(":")
 
         def shown() -> dict:
-            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", fleet_dsn], cwd=ROOT,
+            q = subprocess.run([*fleet, "show", campaign, "--json", "--dsn", _operator(fleet_dsn)], cwd=ROOT,
                                capture_output=True, text=True, timeout=120)
             assert q.returncode == 0, q.stderr
             return json.loads(q.stdout)
@@ -451,3 +459,30 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
     verdict = done["acceptance"]["f1"]
     assert verdict["reason"].startswith(("accepted", "not accepted")) and verdict["primary_benefit"] is not None
     assert verdict["bar"] == {"min_benefit": 0.2, "max_regression": 0.03}  # the plan's, stricter than the seed's
+
+
+def test_a_window_whose_lease_is_freed_under_it_aborts_and_restores(tmp_path, fleet_dsn, sim, small_plan):
+    """The daemon re-asserts its running window's lease (host, window, epoch): freed by hand while the
+    window runs, the primary would be out without its pool's slot, so the window aborts and restores."""
+    from flare_diag.events.reader import LogReader
+    _pool(fleet_dsn, 1)
+    d = _daemon(tmp_path, fleet_dsn)
+    try:
+        p = _start(d, small_plan, sim)
+        assert p.returncode == 0, p.stderr
+        window_id = p.stdout.strip().splitlines()[-1]
+        d.wait_for(lambda st: in_phase(st, 2), timeout=120, what="a phase with requests")
+        with psycopg.connect(_operator(fleet_dsn)) as c:
+            c.execute("DELETE FROM leases WHERE host = 'h1'")
+        st = d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=240, what="the restore")
+    finally:
+        d.stop()
+    last = st["last_window"]
+    assert last["window_id"] == window_id and last["outcome"] == "aborted", last
+    with LogReader(d.state / "log.db") as reader:
+        events = [e.event() for e in reader.iter() if e.window_id == window_id]
+    granted = [e for e in events if type(e).__name__ == "LeaseGranted"]
+    aborted = [e for e in events if type(e).__name__ == "AbortDecided"]
+    assert len(granted) == 1 and granted[0].epoch >= 1 and granted[0].pool == "pool-a"
+    assert aborted and aborted[0].reason == "operator" and "fleet lease" in aborted[0].detail
+    assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"

@@ -41,6 +41,12 @@ def add_parser(sub, parser_class) -> None:
     lr.add_argument("host", help="the host whose lease to free")
     lr.add_argument("--reason", required=True, help="why (kept in the fleet's lease log)")
     conn_flags(lr)
+    hs = fsub.add_parser("host", help="hosts' login roles")
+    hsub = hs.add_subparsers(dest="host_cmd", required=True, parser_class=parser_class)
+    ha = hsub.add_parser("add", help="create a host's login role (a member of flare_diag_host, writing only its own "
+                                     "rows) and print the dsn line for its fleet file; needs CREATEROLE")
+    ha.add_argument("host", help="the host's name, as its fleet file's `host` (the role is named the same)")
+    conn_flags(ha)
     sh = fsub.add_parser("ship", help="ship a log's events not yet in the fleet (what flare-diagd does continuously)")
     sh.add_argument("log", type=Path, help="the host's log.db")
     sh.add_argument("--host", default=None, help="the host's id (default: the config's)")
@@ -139,6 +145,11 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
             freed = await lease.release(conn, args.host, _caller(), args.reason)
         print(f"{args.host}: lease released" if freed else f"{args.host}: held no lease")
         return EXIT_OK if freed else EXIT_FAILED
+    if cmd == "host":
+        from flare_diag.daemon.fleet.db import add_host
+        line = await add_host(dsn, check_name("host", args.host))
+        print(line)
+        return EXIT_OK
     if cmd == "ship":
         from flare_diag.daemon.fleet.shipper import ship_once
         host = args.host or (cfg.host if cfg else None)

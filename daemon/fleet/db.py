@@ -62,3 +62,19 @@ async def migrate(dsn: str) -> list[str]:
                 await conn.execute("INSERT INTO fleet_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(name)
     return applied
+
+
+async def add_host(dsn: str, host: str) -> str:
+    """Creates `host`'s login role in flare_diag_host (row-level security lets it write only rows of
+    `host`); returns the dsn line for its fleet file, without any password (the host's credential is
+    its own: a passfile, a client certificate or peer authentication, as the site's pg_hba says)."""
+    from psycopg import sql
+    async with await connect(dsn, autocommit=True) as conn:
+        exists = await (await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (host,))).fetchone()
+        if exists is None:
+            await conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE flare_diag_host").format(sql.Identifier(host)))
+        else:
+            await conn.execute(sql.SQL("GRANT flare_diag_host TO {}").format(sql.Identifier(host)))
+        info = conn.info
+        parts = {"host": info.host, "port": info.port, "dbname": info.dbname, "user": host}
+    return "dsn = \"" + " ".join(f"{k}={v}" for k, v in parts.items()) + "\""

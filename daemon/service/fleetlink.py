@@ -53,6 +53,17 @@ def window_end(db: Path, window_id: str) -> dict:
     return end
 
 
+def granted_epoch(db: Path, window_id: str) -> int | None:
+    """The fencing epoch the window's local log recorded for its lease, or None."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        row = conn.execute("SELECT schema_v, payload FROM events WHERE window_id = ? AND type = 'lease_granted' "
+                           "ORDER BY seq DESC LIMIT 1", (window_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else decode_payload("lease_granted", row[0], row[1]).epoch
+
+
 class FleetLink:
     def __init__(self, cfg: FleetConfig, dsn: str, db: Path, log, running) -> None:
         self.cfg, self.dsn, self.db, self.log = cfg, dsn, db, log
@@ -64,6 +75,8 @@ class FleetLink:
         self.starter = None  # set by the service: async (campaigns.Run) -> the start's reply as a dict
         self.idle = lambda: False  # set by the service: whether a new window may start now
         self.campaigns = False  # the database has campaigns (and this link is listening for runs)
+        self.granted: dict[str, int] = {}  # window id -> the fencing epoch its lease was granted under
+        self.lease_lost = lambda window_id, why: None  # set by the service: aborts a window whose lease is gone
         self._wake = anyio.Event()
 
     async def check_room(self) -> None:
@@ -71,13 +84,18 @@ class FleetLink:
         async with await connect(self.dsn) as conn:
             await lease.check_room(conn, self.cfg.pool, self.cfg.host)
 
-    async def take_lease(self, window_id: str, caller: str) -> str:
-        """Before anything changes: 'taken' or 'kept'; PoolFull, NeedsPerson or FleetError refuse the start."""
+    async def take_lease(self, window_id: str, caller: str) -> lease.Grant:
+        """Before anything changes: the grant ('taken' or 'kept', its epoch); PoolFull, NeedsPerson,
+        HeldByAnotherWindow or FleetError refuse the start. An earlier window's lease that its own log
+        lets go is released first, from that log, never on the word of memory."""
+        await self.reconcile()
         self.pending = window_id
         async with await connect(self.dsn) as conn:
             got = await lease.take(conn, self.cfg.pool, self.cfg.host, window_id, f"{CALLER} for {caller}")
             self.lease = await lease.held(conn, self.cfg.host)
-        self.log.info("fleet lease " + got, pool=self.cfg.pool, host=self.cfg.host, window_id=window_id)
+        self.granted[window_id] = got.epoch
+        self.log.info("fleet lease " + got.how, pool=self.cfg.pool, host=self.cfg.host, window_id=window_id,
+                      epoch=got.epoch)
         return got
 
     def launched(self) -> None:
@@ -115,6 +133,7 @@ class FleetLink:
         for a person when the window closed without one; leaves it alone while the window runs."""
         async with await connect(self.dsn) as conn:
             held = await lease.held(conn, self.cfg.host)
+            await self._reassert(conn, held)
             if held is not None and held["state"] == "held" and held["window_id"] not in (self.running(), self.pending):
                 end = await anyio.to_thread.run_sync(quiet(window_end), self.db, held["window_id"])
                 if not end["opened"]:
@@ -135,6 +154,25 @@ class FleetLink:
             self.lease = held
             if self.campaigns:
                 await self._finish_runs(conn)
+
+    async def _reassert(self, conn, held: dict | None) -> None:
+        """The running window's lease, read back: still its own under the epoch it was granted. One that
+        is gone or another's (released by hand, or granted again since) aborts the window, which
+        restores: a primary out of rotation without its pool's lease is over the pool's limit."""
+        running = self.running()
+        if running is None:
+            return
+        epoch = self.granted.get(running)
+        if epoch is None:
+            epoch = await anyio.to_thread.run_sync(quiet(granted_epoch), self.db, running)
+            if epoch is None:
+                return  # a window opened without a lease (before this host joined a pool): nothing to hold it to
+            self.granted[running] = epoch
+        why = await lease.reassert(conn, self.cfg.host, running, epoch)
+        if why is not None:
+            self.log.error("fleet lease lost while the window runs: aborting it", host=self.cfg.host,
+                           window_id=running, epoch=epoch, error=why)
+            self.lease_lost(running, why)
 
     async def _finish_runs(self, conn) -> None:
         """Campaign runs of this host whose windows have closed, marked done from the local log."""

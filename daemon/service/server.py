@@ -36,7 +36,7 @@ from flare_diag.daemon.window.setup import InputError, WindowSetup, new_window_i
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import AbortDecided, ControlCommand, LogNote
+from flare_diag.events.schema import AbortDecided, ControlCommand, LeaseGranted, LogNote
 from flare_diag.events.signals import quiet, quiet_default_executor
 from flare_diag.events.store import EventStore, StoreWriteError
 
@@ -633,6 +633,7 @@ class Service:
             refused = await self._fleet_gate(self.fleet.take_lease(window_id, f"uid {uid} pid {pid}"), uid, pid)
             if refused is not None:
                 return refused
+            grant = self.fleet.granted[window_id]
         try:
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
             # refused before anything on it changes; then the forecast
@@ -657,6 +658,9 @@ class Service:
         if setup.probes:  # the forecast's requests, sent before the window opened
             await self.store.append_many(setup.probes, window_id=window_id)
         w = self._new_window(window_id, setup, target)
+        if self.fleet is not None:  # the lease's fencing epoch, in the chain before any host change
+            await self.store.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant,
+                                                 how="taken"), window_id=window_id)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)
         self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
@@ -679,6 +683,12 @@ class Service:
         if self.fleet is not None:
             self.fleet.launched()
 
+    def lease_lost(self, window_id: str, why: str) -> None:
+        """The fleet database says the running window's lease is gone or another's: it aborts and restores."""
+        w = self.window
+        if w is not None and w.window_id == window_id:
+            w.runner.abort(f"the fleet lease this window ran under was lost: {why}")
+
     async def start_run(self, run) -> dict:
         """A fleet campaign's run, started as an operator's `start` would be, by the daemon itself."""
         reply = await self._start(Start(plan_toml=run.plan_toml, site=run.site, plan_label=run.label,
@@ -690,12 +700,12 @@ class Service:
         """The pool's room, or its lease, before anything changes: None when granted, else the refusal
         to send (exit 4 for a full pool, naming who holds it; exit 2 for a database that cannot say)."""
         from flare_diag.daemon.fleet.config import FleetError
-        from flare_diag.daemon.fleet.lease import PoolFull
+        from flare_diag.daemon.fleet.lease import HeldByAnotherWindow, PoolFull
         try:
             with anyio.fail_after(self.fleet.cfg.lease_timeout_s):
                 await call
             return None
-        except PoolFull as exc:
+        except (PoolFull, HeldByAnotherWindow) as exc:  # both pass: try again later
             why, code = str(exc), "busy"
         except TimeoutError:
             why, code = f"the fleet database did not answer within {self.fleet.cfg.lease_timeout_s:g} s", None
@@ -944,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics.fleet = fleet.status
         fleet.starter = svc.start_run
         fleet.idle = lambda: svc.window is None and svc.stuck is None and not svc.stopping
+        fleet.lease_lost = svc.lease_lost
     try:
         return anyio.run(svc.run)
     except Exception as exc:
