@@ -51,6 +51,25 @@ def _head(r: dict) -> list[str]:
                 f"{' — rehearsal against the simulator' + clock_words(r) if r.get('rehearsal') else ''}. "
                 f"t0 {utc(r.get('t0_wall'))}; stop at minute {val(timing.get('stop_min'))}, "
                 f"window ends at minute {val(timing.get('window_min'))}."]
+    return out + provenance(r)
+
+
+def provenance(r: dict) -> list[str]:
+    """What the window relied on before it started: the review of its plan, the offline harness's rehearsal,
+    and the preserved history it promised to leave untouched."""
+    out = []
+    rv = r.get("review")
+    if rv:
+        out += ["", f"Plan reviewed by **{rv.get('by')}**" + (f" ({rv['note']})" if rv.get("note") else "")
+                + f", recorded in {rv.get('log')} at seq {rv.get('seq')} (event sha256 {str(rv.get('hash'))[:12]})."]
+    h = r.get("harness")
+    if h:
+        out += ["", f"Offline harness: rehearsed this plan's bytes against the simulator ({h.get('scenario')}) before "
+                    f"anything changed: **{h.get('outcome')}**, verdict {h.get('verdict')}, {h.get('forecast')}; its log's "
+                    f"head seq {h.get('log_head_seq')}, hash {str(h.get('log_head_hash'))[:16]}."]
+    for p in r.get("preserved") or []:
+        state = {True: "unchanged", False: "**CHANGED**", None: "not checked after publishing"}[p.get("unchanged")]
+        out += ["", f"Preserved: `{p['path']}`: {state} (sha256 {str(p.get('sha256_before'))[:12]})."]
     return out
 
 

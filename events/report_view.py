@@ -455,6 +455,9 @@ def needs_attention(r: dict) -> list[str]:
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    out += [f"PRESERVED HISTORY CHANGED: {p['path']} (sha256 {str(p['sha256_before'])[:12]} before the window, "
+            f"{str(p['sha256_after'])[:12] if p['sha256_after'] else 'missing'} after publishing)"
+            for p in r.get("preserved") or [] if p.get("unchanged") is False]
     out += [f"bound raised by the scaled clock: {b['bound']} held at {b['effective_s']:g} window s, not the plan's "
             f"{b['plan_s']:g} ({b['reason']})" for b in r.get("scaled_bounds") or []]
     out += [f"OUTPUTS CHANGED UNDER REUSE in {c['phase']}: {c['reason']}" for c in r.get("cells") or []

@@ -68,6 +68,8 @@ class WindowOpened(Input, tag="window_opened"):
     # the site's Prometheus is there to evaluate the plan's steady-state guards (a model run, which
     # has none, opens its windows without it: its guards are neither evaluated nor depended on)
     steady_state: bool = False
+    # the review that let a production plan run: by, note, and where it is recorded (log, seq, hash)
+    review: dict = {}
 
 
 @register
@@ -164,6 +166,50 @@ class LogArchived(Event, tag="log_archived"):
     head_hash: str
     windows: list[str]
     events: int
+
+
+@register
+class ReviewSigned(Event, tag="review_signed"):
+    """A person's review of a plan's exact bytes and of every fixture's manifest (the seed: "lead research
+    plus independent plan/fixture review"), or of a follow-on's source window and policy change. A
+    production plan runs only with a review of exactly its bytes by someone other than its `author`."""
+
+    subject: str  # plan | follow_on
+    plan_name: str
+    plan_sha256: str
+    author: str
+    fixtures: dict[str, str]  # fixture name -> sha256 of its manifest.json
+    by: str
+    note: str = ""
+    uid: int | None = None  # the caller's, as the control socket saw it (None: signed offline into a log)
+    source_window: str = ""  # a follow-on's: the window its plan was derived from
+    policy: str = ""  # a follow-on's: the policy change under review (the candidate eviction policy, or "nsight")
+
+
+@register
+class HarnessRehearsed(Event, tag="harness_rehearsed"):
+    """The offline harness run on the window's own plan and fixture bytes before any host change (the
+    seed: "validate existing offline harness and new HTTP-only replay fixture"): a virtual-time rehearsal
+    against the embedded simulator, its outcome, its log's head hash and its forecast's last minute."""
+
+    plan_sha256: str
+    fixtures: dict[str, str]
+    scenario: str
+    outcome: str
+    verdict: str
+    log_head_seq: int
+    log_head_hash: str
+    forecast: str
+    wall_s: float
+
+
+@register
+class PreservedChecked(Event, tag="preserved_checked"):
+    """The plan's preserved history (`[preserve] paths`) hashed: `when` before anything changed, or after
+    the reports were published; each path -> {"sha256" (None: missing), "unchanged" (after only)}."""
+
+    when: str  # before | after_publishing
+    paths: dict[str, dict]
 
 
 @register

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
-    AbortDecided, Alarm, BoundsScaled, CellRecorded, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    AbortDecided, Alarm, BoundsScaled, CellRecorded, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
 )
 
@@ -46,6 +46,9 @@ class WindowFold:
         self.abort: dict | None = None
         self.alarms: list[dict] = []
         self.scaled_bounds: list[dict] = []
+        self.review: dict = {}  # who reviewed the plan's bytes (production plans)
+        self.harness: dict = {}  # the offline harness's rehearsal the window relied on
+        self.preserved: dict[str, dict] = {}  # preserved path -> its hash before, after and whether unchanged
         self.verdict: dict | None = None
         self.restoration: dict | None = None
         self.restoration_failed: list[str] | None = None
@@ -97,6 +100,7 @@ class WindowFold:
         self.plan = str(ev.plan.get("name", ""))
         self.plan_sha256, self.site, self.rehearsal = ev.plan_sha256, ev.site, ev.rehearsal
         self.clock = {"kind": ev.clock, "sim_seed": ev.sim_seed, "time_scale": ev.time_scale}
+        self.review = dict(ev.review)
         self.phase_specs = {str(p.get("id")): p for p in ev.plan.get("phases") or [] if isinstance(p, dict)}
         self.trace_fixture = (ev.plan.get("trace") or {}).get("fixture")
         trc = ev.plan.get("trace") if isinstance(ev.plan.get("trace"), dict) else {}
@@ -200,6 +204,20 @@ class WindowFold:
         self.verdict = {"hypothesis": ev.hypothesis, "basis": ev.basis, "next_experiment": ev.next_experiment,
                         "findings": ev.findings}
 
+    def _harness(self, ev: HarnessRehearsed, _wall: int | None) -> None:
+        self.harness = {"outcome": ev.outcome, "verdict": ev.verdict, "scenario": ev.scenario,
+                        "log_head_seq": ev.log_head_seq, "log_head_hash": ev.log_head_hash, "forecast": ev.forecast,
+                        "plan_sha256": ev.plan_sha256}
+
+    def _preserved(self, ev: PreservedChecked, _wall: int | None) -> None:
+        for path, d in ev.paths.items():
+            row = self.preserved.setdefault(path, {"path": path, "sha256_before": None, "sha256_after": None,
+                                                   "unchanged": None})
+            if ev.when == "before":
+                row["sha256_before"] = d.get("sha256")
+            else:
+                row["sha256_after"], row["unchanged"] = d.get("sha256"), d.get("unchanged")
+
     def _bounds_scaled(self, ev: BoundsScaled, _wall: int | None) -> None:
         self.scaled_bounds = list(ev.bounds)
 
@@ -226,6 +244,7 @@ _HANDLERS = {
     WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,
     RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,
     RestoreStarted: WindowFold._restore_started, RestorationRecorded: WindowFold._restoration,
-    VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, BoundsScaled: WindowFold._bounds_scaled, TraceOrderFrozen: WindowFold._trace_order,
+    VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, BoundsScaled: WindowFold._bounds_scaled,
+    HarnessRehearsed: WindowFold._harness, PreservedChecked: WindowFold._preserved, TraceOrderFrozen: WindowFold._trace_order,
     WindowClosed: WindowFold._closed,
 }

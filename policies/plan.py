@@ -110,6 +110,13 @@ class AbortRules(msgspec.Struct, forbid_unknown_fields=True):
     rejected_streak: int = 3
 
 
+class Preserve(msgspec.Struct, forbid_unknown_fields=True):
+    """History a window must leave untouched (the seed: "preserve wave-v1 and its hosted snapshot"): files
+    or folders, relative to the plan's folder; hashed before anything changes, checked after publishing."""
+
+    paths: list[str] = []
+
+
 class Drain(msgspec.Struct, forbid_unknown_fields=True):
     """The seed's drain rule holds only where every drain gauge is exposed. A plan may accept,
     by name, gauges the site does not expose: the drain is then judged without them, a weaker
@@ -203,6 +210,8 @@ class FollowOn(msgspec.Struct, forbid_unknown_fields=True):
     override: str = ""  # the gates --force passed over, as they were said
     # the greedy fixture of the plan's output-consistency phase (independent correctness)
     consistency_fixture: str = ""
+    # the recorded review that let this follow-on be written (by whom, and where: log and seq)
+    review: str = ""
 
 
 class Plan(msgspec.Struct, forbid_unknown_fields=True):
@@ -220,6 +229,9 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     abort: AbortRules = msgspec.field(default_factory=AbortRules)
     starting_observation: StartingObservation | None = None
     production: bool = True
+    # who wrote the plan: a production plan runs only after someone else reviewed its exact bytes
+    author: str = ""
+    preserve: Preserve = msgspec.field(default_factory=Preserve)
     description: str = ""
     follow_on: FollowOn | None = None
     # the routed pool's steady state, watched on the site's Prometheus (policies/steady.py)
@@ -250,7 +262,12 @@ def decode_plan(data: bytes, source: str = "plan") -> Plan:
         kind = ph.get("kind") if isinstance(ph, dict) else None
         if isinstance(kind, str) and kind in FORBIDDEN_KINDS:
             raise PlanError(f"{source}: phases[{i}].kind = {kind!r} is never schedulable: {FORBIDDEN_KINDS[kind]}")
-    return plan_from_builtins(raw, source)
+    plan = plan_from_builtins(raw, source)
+    # a plan file's admission, not its replay: a log recorded before plans named their authors still replays
+    if plan.production and not plan.author.strip():
+        raise PlanError(f"{source}: author: a production plan must name its author (someone else reviews it "
+                        f"before it runs: `flare-diag review sign`)")
+    return plan
 
 
 def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
@@ -290,6 +307,9 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         missing = [f for f in ExpectedIdentity.__struct_fields__ if getattr(plan.identity, f) is None]
         if missing:
             raise PlanError(f"{source}: identity.{missing[0]}: a production plan must state every identity field")
+    for i, p in enumerate(plan.preserve.paths):
+        if not p.strip() or "\0" in p:
+            raise PlanError(f"{source}: preserve.paths[{i}] = {p!r}: expected a file or folder path")
     t = plan.timing
     # each key's own range is policies/ranges.RANGES (checked by plan_from_builtins); what follows
     # relates keys to one another

@@ -15,14 +15,16 @@ import pytest
 
 from flare_diag.events.reader import LogReader
 from tests.contract_tools import PLAN, ROOT, ContractHost
+from tests.reviewtools import with_review
 
 SCALE = "60"
 MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/flare/v1/trace", "/v1/chat/completions")
 
 
 def flare_diag(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    """The CLI; a `run` gets a review of its plan (tests/reviewtools.py), as a production plan needs."""
+    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(list(args))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def run_window(host: ContractHost, out: Path, plan: Path = PLAN) -> tuple[int, dict]:
@@ -333,9 +335,9 @@ def test_run_piped_into_head_completes_the_window_and_leaves_the_host_restored(t
     host = ContractHost(tmp_path / "host", cache_entries=4)
     out = tmp_path / "out"
     try:
-        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan",
+        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(["run", "--plan",
                               str(_without_trace(small_plan, tmp_path)), "--site", str(host.site), "--out", str(out),
-                              "--time-scale", SCALE], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              "--time-scale", SCALE])], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         head = [p.stdout.readline() for _ in range(6)]  # `| head -n 6`: six lines, then the reader is gone
         p.stdout.close()
         err = p.stderr.read()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import signal
+import threading
 
 from flare_diag.daemon.service import control
 from flare_diag.daemon.cli.client import Connection
@@ -12,6 +13,7 @@ from flare_diag.daemon.service.logs import configure
 from flare_diag.daemon.service.notify import Notifier
 from flare_diag.daemon.service.server import Service
 from tests.daemontools import PLAN, SCALE, Sim
+from tests.reviewtools import review_over_socket
 
 
 async def _until(pred, timeout: float = 120.0) -> None:
@@ -28,7 +30,8 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
     raised: list[str] = []
 
     def receive_that_fails_once(self, inp):
-        if not raised and type(inp).__name__ == "RequestDone":
+        # the window's own policy, on the daemon's loop (the offline harness rehearses in a worker thread)
+        if not raised and type(inp).__name__ == "RequestDone" and threading.current_thread() is threading.main_thread():
             raised.append(inp.phase)
             raise RuntimeError("injected policy failure")
         return real(self, inp)
@@ -40,6 +43,7 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
     task = asyncio.create_task(svc.run())
     try:
         await _until(lambda: (tmp_path / "control.sock").exists(), 30)
+        await asyncio.to_thread(review_over_socket, PLAN, tmp_path / "control.sock")
 
         def start() -> dict:
             c = Connection(tmp_path / "control.sock")

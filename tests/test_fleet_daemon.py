@@ -304,6 +304,7 @@ def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_prima
             daemons.append(Daemon(f, args=("--fleet", str(_fleet_file(f, fleet_dsn, f"h{i:02d}")))).start(wait=False))
         for d in daemons:
             d.wait_ready(120)
+            d.review(plan)  # each daemon records the plan's review in its own log before its starts
         go = threading.Barrier(hosts)
 
         def operator(d: Daemon, sim: Sim) -> None:
@@ -381,6 +382,8 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
             sims.append(Sim(d_tmp, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S))
             daemons.append(Daemon(d_tmp, args=("--fleet", str(_fleet_file(d_tmp, fleet_dsn, h)))).start())
         fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
+        for d in daemons:  # each host's daemon starts its runs only with the plan's review in its own log
+            d.review(plan)
         with psycopg.connect(fleet_dsn, autocommit=True) as c:  # another primary holds the pool's one slot
             c.execute("INSERT INTO leases (host, pool, window_id) VALUES ('h9', 'pool-a', 'w-other')")
         p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--hosts", "c1,c2", "--repeats", "1",
@@ -433,6 +436,7 @@ def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_
     sim = Sim(tmp_path, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S)
     (tmp_path / "site-policy.toml").write_text(sim.site.read_text())  # the policy's build: here the same recipe
     d = Daemon(tmp_path, args=("--fleet", str(_fleet_file(tmp_path, fleet_dsn, "f1")))).start()
+    d.review(plan)
     fleet = [sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign"]
     try:
         p = subprocess.run([*fleet, "create", "--plan", str(plan), "--site", "site", "--candidate-site", "site-policy",

@@ -10,12 +10,16 @@ import pytest
 
 from flare_diag.daemon.cli.commands import main
 from flare_diag.policies.plan import decode_plan
+from tests.reviewtools import follow_on_reviewed
 from tests.simtools import flare_diag_here
 
 
-def _follow_on(capsys, *args: str) -> tuple[int, str]:
+def _follow_on(capsys, source: str, *args: str, reviewed: bool = True) -> tuple[int, str]:
+    """`plan follow-on SOURCE ...`, with a recorded review of that follow-on unless `reviewed` is False."""
+    change = "nsight" if "nsight" in args else args[args.index("--policy") + 1] if "--policy" in args else ""
+    more = follow_on_reviewed(Path(source), change) if reviewed and change else []
     capsys.readouterr()
-    rc = main(["plan", "follow-on", *args])
+    rc = main(["plan", "follow-on", source, *args, *more])
     cap = capsys.readouterr()
     return rc, cap.out + cap.err
 
@@ -94,3 +98,37 @@ def test_a_follow_on_plan_that_lowers_the_seeds_acceptance_bar_is_refused_naming
     with pytest.raises(PlanError, match=r"follow_on.min_benefit = 0.01, max_regression = 0.03: expected at least 5% "
                                         r"benefit and at most 3% regression \(the seed's acceptance rule"):
         plan_from_builtins(plan)
+
+
+def test_a_follow_on_without_its_recorded_review_is_refused_and_force_does_not_skip_it(default_rehearsal, capsys, tmp_path):
+    for force in ([], ["--force"]):
+        rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--policy", "marconi", *force,
+                              "--out", str(tmp_path / "p.toml"), reviewed=False)
+        assert rc == 2 and "no review of a follow-on of window" in said and "--force does not skip" in said, said
+        assert not (tmp_path / "p.toml").exists()
+
+
+def test_a_follow_on_reviewed_only_by_the_source_plans_author_is_refused(default_rehearsal, capsys, tmp_path):
+    more = follow_on_reviewed(default_rehearsal[2], "marconi", by="lead-research")
+    capsys.readouterr()
+    rc = main(["plan", "follow-on", str(default_rehearsal[2]), "--policy", "marconi", "--out", str(tmp_path / "p.toml"),
+               *more])
+    assert rc == 2 and "by the source plan's author" in capsys.readouterr().err
+
+
+def test_the_written_follow_on_names_its_review(default_rehearsal, capsys, tmp_path):
+    rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--policy", "marconi", "--out", str(tmp_path / "p.toml"))
+    assert rc == 0, said
+    assert decode_plan((tmp_path / "p.toml").read_bytes()).follow_on.review.startswith("test-reviewer (seq 1 of ")
+
+
+def test_no_follow_on_comes_from_a_window_whose_restoration_did_not_verify_not_even_forced(capsys, tmp_path):
+    import gzip
+    import shutil
+    db = tmp_path / "restore-failed.db"
+    with gzip.open(Path(__file__).parent / "data" / "replay" / "restore-failed-gate.db.gz", "rb") as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    capsys.readouterr()
+    rc = main(["plan", "follow-on", str(db), "--policy", "marconi", "--force", "--out", str(tmp_path / "p.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "without a verified restoration" in err and not (tmp_path / "p.toml").exists(), err

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flare_diag.policies.plan import decode_plan
+from tests.reviewtools import follow_on_reviewed
 from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +72,8 @@ def _window(site: Path, plan: Path, recipe: str, name: str, scenario: str = "chu
 def marconi_sides(site, source) -> dict[str, list[str]]:
     """The marconi follow-on's six windows, run in the plan's own order."""
     plan = site / "marconi.toml"
-    rc, said = _cli("plan", "follow-on", str(source), "--policy", "marconi", "--scenario", str(site / "churn.toml"),
+    rc, said = _cli("plan", "follow-on", str(source), "--policy", "marconi", *follow_on_reviewed(Path(source), "marconi"),
+                    "--scenario", str(site / "churn.toml"),
                     "--out", str(plan))
     assert rc == 0, said
     fo = decode_plan(plan.read_bytes()).follow_on
@@ -120,7 +122,7 @@ def test_a_policy_that_does_not_help_is_rejected_and_the_comparison_says_why(sit
     plan = site / "no-help.toml"
     # the incumbent's own policy as the candidate build: the gate refuses it, --force records the override
     rc, said = _cli("plan", "follow-on", str(source), "--policy", "lru_leaf", "--force", "--scenario",
-                    str(site / "churn.toml"), "--out", str(plan))
+                    str(site / "churn.toml"), "--out", str(plan), *follow_on_reviewed(Path(source), "lru_leaf"))
     assert rc == 0 and "FORCED" in said
     candidates = [_window(site, plan, "glm-candidate-lru_leaf", f"no-help-{i}") for i in range(3)]
     rc, said = _cli("report", "compare", "--windows", *candidates, "--baseline", *marconi_sides["baseline"])
@@ -129,7 +131,8 @@ def test_a_policy_that_does_not_help_is_rejected_and_the_comparison_says_why(sit
 
 def test_a_build_whose_answers_change_under_reuse_fails_correctness_although_its_latency_improves(site, source):
     plan = site / "unsafe-follow-on.toml"
-    rc, said = _cli("plan", "follow-on", str(source), "--policy", "marconi", "--scenario", str(site / "churn.toml"),
+    rc, said = _cli("plan", "follow-on", str(source), "--policy", "marconi", *follow_on_reviewed(Path(source), "marconi"),
+                    "--scenario", str(site / "churn.toml"),
                     "--out", str(plan))
     assert rc == 0, said
     cand = _window(site, plan, "glm-candidate-marconi", "unsafe-candidate", "unsafe.toml")

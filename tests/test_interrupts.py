@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemontools import Sim
+from tests.reviewtools import with_review
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -28,7 +29,7 @@ def small_plan(tmp_path_factory) -> Path:
 
 def interrupted(args: list[str], sig: signal.Signals) -> tuple[int, str]:
     """Runs the CLI until a phase has started, sends `sig` once, and waits for the exit."""
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(args)], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
     seen: list[str] = []
     deadline = time.monotonic() + 120

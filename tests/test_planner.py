@@ -20,6 +20,7 @@ from flare_diag.policies.plan import decode_plan
 from flare_diag.policies.planner import BodyWork, Calibration, Estimator, arms, forecast, work_from
 from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import World, drive, plan_builtins
+from tests.reviewtools import with_review
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN_PATH = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -162,8 +163,8 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     host = ContractHost(tmp_path)
     try:
         out = tmp_path / "out"
-        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(p), "--site", str(host.site),
-                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(["run", "--plan", str(p), "--site",
+                            str(host.site), "--out", str(out)])], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "do not fit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert not (out / "log.db").exists()
         # nothing is loaded, unloaded, quiesced or traced, and no body is sent (the site does not opt in

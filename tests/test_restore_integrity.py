@@ -13,6 +13,7 @@ import httpx
 from flare_diag.events.reader import LogReader
 from tests.daemontools import Sim
 from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse
+from tests.reviewtools import with_review
 
 
 def _events(log) -> list:
@@ -71,8 +72,8 @@ def test_a_window_refuses_a_host_whose_loaded_recipe_is_the_candidate(small_plan
         httpx.post(f"{sim.url}/manager/v1/load", json={"recipe": "glm-candidate", "sha256": cand["sha256"]}, headers=h, timeout=30)
         assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-candidate"
         out = tmp_path / "out"
-        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(small_plan), "--site", str(sim.site),
-                            "--out", str(out), "--time-scale", "100"], cwd=ROOT, capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(["run", "--plan", str(small_plan), "--site",
+                            str(sim.site), "--out", str(out), "--time-scale", "100"])], cwd=ROOT, capture_output=True, text=True,
                            timeout=300, env={**os.environ, "COLUMNS": "200"})
         r = json.loads((out / "report.json").read_text())
         assert r["abort"]["reason"] == "preflight" and "is the plan's candidate" in r["abort"]["detail"], p.stdout[-2000:]

@@ -26,6 +26,7 @@ from flare_diag.policies.plan import decode_plan
 from tests.contract_tools import ContractHost
 from tests.daemontools import PLAN, ROOT, Sim
 from tests.promtools import BINARY, PromServer
+from tests.reviewtools import with_review
 
 SCALE = 4
 SCENARIO = ROOT / "fixtures" / "flaresim" / "scenarios" / "flare-47581cca.toml"
@@ -96,8 +97,8 @@ class Pool:
 
 
 def _run(plan: Path, site: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
-                             str(site), "--out", str(out), "--time-scale", str(SCALE)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(["run", "--plan", str(plan), "--site",
+                             str(site), "--out", str(out), "--time-scale", str(SCALE)])], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,6 +1,7 @@
 """What `run` and `start` check before anything starts: a production plan gets its GPUs watched."""
 
 from __future__ import annotations
+from tests.reviewtools import with_review
 
 from pathlib import Path
 
@@ -31,7 +32,7 @@ candidate_recipe = "glm-candidate"
 
 
 def _run(plan: Path, site: Path, out: Path, capsys) -> tuple[int, str]:
-    rc = main(["run", "--plan", str(plan), "--site", str(site), "--out", str(out)])
+    rc = main(with_review(["run", "--plan", str(plan), "--site", str(site), "--out", str(out)]))
     return rc, capsys.readouterr().err
 
 

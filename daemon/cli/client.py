@@ -75,6 +75,15 @@ class Connection:
         self.sock.close()
 
 
+def call(path: Path, cmd: control.Command) -> dict:
+    """One command, its reply (Refused or DaemonUnreachable as any other call raises)."""
+    c = Connection(path)
+    try:
+        return c.call(cmd)
+    finally:
+        c.close()
+
+
 def status(path: Path, console: Console, as_json: bool = False) -> int:
     c = Connection(path)
     try:

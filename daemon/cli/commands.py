@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and restore the incumbent")
     rn.add_argument("--time-scale", type=float, default=1.0,
                     help="window seconds per wall second (a site whose clock runs faster, as a simulator's may)")
+    rn.add_argument("--reviews", type=Path, default=None, metavar="LOG",
+                    help="the log holding the plan's review (`flare-diag review sign PLAN --by NAME --log LOG`): a "
+                         "production plan runs only with a review of its exact bytes by someone other than its author")
     for sp in (rh, rn):
         _forecast_flags(sp)
         sp.add_argument("--json", action="store_true",
@@ -239,7 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="policy: a policy window (default); nsight: admit the capture stage")
     fo.add_argument("--repeats", type=int, default=3, help="matched repeats a side, interleaved ABBA (default 3)")
     fo.add_argument("--scenario", default="flare-47581cca", help="the reproducer's model of the host (as `reproduce`)")
-    fo.add_argument("--force", action="store_true", help="write the plan despite a gate it fails, recording which")
+    fo.add_argument("--force", action="store_true", help="write the plan despite a gate it fails, recording which "
+                                                           "(never without the follow-on's recorded review, nor from a "
+                                                           "window whose restoration did not verify)")
+    fo.add_argument("--reviews", type=Path, default=None, metavar="LOG",
+                    help="the log holding the follow-on's review (`flare-diag review sign WINDOW --policy P --by NAME "
+                         "--log LOG`); default: the source log")
     fo.add_argument("--out", type=Path, required=True, help="where to write the plan (TOML); never overwritten")
     pf = psub.add_parser("forecast", help="the schedule a window would follow, and whether its required cells fit",
                          description="Exit 0: every required cell fits before the stop minute; 1: some do not; 2: bad input.")
@@ -256,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--scenario", default="flare-47581cca", help=f"with --simulate: the simulated host: {scenarios}")
     from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
     add_fleet(sub, _Parser)
+    from flare_diag.daemon.cli.review_commands import add_parser as add_review
+    add_review(sub, _Parser)
     return p
 
 
@@ -312,7 +322,7 @@ def _plan_follow_on(args: argparse.Namespace) -> int:
     try:
         sc = load_scenario(args.scenario)
         db = source_log(args.source)
-        plan = follow_on(db, args.window, sc, args.policy, args.stage, args.repeats, args.force)
+        plan = follow_on(db, args.window, sc, args.policy, args.stage, args.repeats, args.force, args.reviews)
         greedy = write_consistency_fixture(plan, db, args.out)
     except (Refused, ScenarioError) as exc:
         raise UsageError(str(exc)) from None
@@ -585,7 +595,7 @@ def _window(args: argparse.Namespace) -> int:
                               args.candidate)
         else:
             import asyncio
-            setup = setup_for_site(args.plan, args.site, args.time_scale)
+            setup = setup_for_site(args.plan, args.site, args.time_scale, args.reviews)
             setup.calibration = _calibration(args.calibrate)
             setup.accept_partial = args.accept_partial
             report = asyncio.run(run_window(setup, out, console, events_out=events_out))
@@ -874,6 +884,16 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd == "fleet":
             from flare_diag.daemon.cli.fleet_commands import run_fleet
             return run_fleet(args)
+        if args.cmd == "review":
+            from flare_diag.daemon.cli import client
+            from flare_diag.daemon.cli.review_commands import run_review
+            try:
+                return run_review(args)
+            except client.DaemonUnreachable as exc:
+                print(f"flare-diag: error: {exc}", file=sys.stderr)
+                return EXIT_UNREACHABLE
+            except client.Refused as exc:
+                raise UsageError(f"the daemon refused the review: {exc}") from None
         if args.cmd in ("rehearse", "run"):
             return _window(args)
         if args.cmd == "sim":

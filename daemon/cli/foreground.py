@@ -14,6 +14,7 @@ import msgspec
 from rich.console import Console
 
 from flare_diag.daemon.rehearsal import virtualtime
+from flare_diag.daemon.rehearsal.harness import after_publishing, preconditions
 from flare_diag.daemon.window.forecast import planned
 from flare_diag.daemon.cli.live import LiveView
 from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, SIM_URL, inject_faults, served_flaresim
@@ -34,7 +35,12 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     `before_open` runs once the site check and the forecast have passed (a rehearsal's faults go in
     there, so that the forecast's probe requests do not count towards a fault's request number)."""
     quiet_default_executor()  # the operator's Ctrl-C is the loop's, never a worker's
-    target = await checked_target(setup, out / "recipes")
+    target = await checked_target(setup, out / "recipes")  # reads only: the site check and the incumbent's bounds
+    try:
+        await preconditions(setup, out / "harness", [out], Path(setup.plan_path).parent.resolve() if setup.plan_path else None)
+    except BaseException:
+        await target.close()
+        raise
     try:
         sched = await planned(setup, target)
     except BaseException:
@@ -78,9 +84,9 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     except BaseException:
         await target.close()
         raise
-    if setup.probes:  # the forecast's requests, sent before the window opened: in its log, before it
+    if setup.probes or setup.preconditions:  # what was done before the window opened: in its log, before it
         try:
-            await store.append_many(setup.probes, window_id=window_id)
+            await store.append_many([*setup.preconditions, *setup.probes], window_id=window_id)
         except BaseException:
             await target.close()
             await store.close()
@@ -94,7 +100,17 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     finally:
         await target.close()
         await store.close()
-    return write_reports(db, window_id, out)
+    report = write_reports(db, window_id, out)
+
+    async def append(ev) -> None:
+        log = await EventStore.open(db, durable=not setup.rehearsal)
+        try:
+            await log.append(ev, window_id=window_id)
+        finally:
+            await log.close()
+    if await after_publishing(setup, append):  # the check that publishing left the history as it was
+        report = write_reports(db, window_id, out)
+    return report
 
 
 async def resume_window(out: Path, console: Console, events_out: TextIO | None = None) -> dict:
@@ -171,19 +187,21 @@ class Interrupts:
 def rehearse(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, time_scale: float | None,
              console: Console, calibration: Calibration | None = None, accept_partial: bool = False,
              plan_path: str = "", seed: int = 0, events_out: TextIO | None = None,
-             candidate: str = "glm-candidate") -> dict:
+             candidate: str = "glm-candidate", fixtures: dict | None = None) -> dict:
     """A whole window against flaresim served in this process: in virtual time (`time_scale` None),
-    or live-paced on the wall clock at `time_scale`."""
+    or live-paced on the wall clock at `time_scale`. `fixtures`: the bodies already loaded, else those
+    beside the plan, then the built-in ones."""
     main = rehearse_async(plan_raw, plan, scenario, faults, out, console, time_scale=time_scale,
                           calibration=calibration, accept_partial=accept_partial, plan_path=plan_path, seed=seed,
-                          events_out=events_out, candidate=candidate)
+                          events_out=events_out, candidate=candidate, fixtures=fixtures)
     return virtualtime.run(main) if time_scale is None else asyncio.run(main)
 
 
 async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: list[dict], out: Path, console: Console,
                          time_scale: float | None = None, calibration: Calibration | None = None,
                          accept_partial: bool = False, plan_path: str = "", seed: int = 0,
-                         events_out: TextIO | None = None, candidate: str = "glm-candidate") -> dict:
+                         events_out: TextIO | None = None, candidate: str = "glm-candidate",
+                         fixtures: dict | None = None) -> dict:
     """`rehearse` on the running loop (a VirtualTimeLoop for virtual time); `candidate`: the simulated
     host's recipe the window loads (a follow-on's baseline or policy build)."""
     import secrets
@@ -196,7 +214,7 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
         # fixtures beside the plan first (an operator's own bodies), then the built-in ones
         beside = [Path(plan_path).parent.resolve()] if plan_path else []
-        setup = WindowSetup(plan_raw, plan, site, load_fixtures(plan, beside), time_scale or 1.0, rehearsal=True,
+        setup = WindowSetup(plan_raw, plan, site, fixtures or load_fixtures(plan, beside), time_scale or 1.0, rehearsal=True,
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
                             clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True,
                             fixture_dirs=[str(d) for d in beside])

@@ -114,12 +114,20 @@ def _verify(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     with _open(args.db) as reader:
         res = verify_log(reader, cp, anchor)
+        changed = preserved_changes(reader)
     if getattr(args, "json", False):
-        print(json.dumps({"ok": res.ok, "events": res.events, "head_seq": res.head_seq, "head_hash": res.head_hash,
-                          "checkpoint_seq": cp.seq if cp else None, "signature_verified": key is not None,
-                          "anchor_seq": anchor.seq if anchor else None, "first_bad_seq": res.first_bad_seq,
-                          "problem": res.problem}))
-        return EXIT_OK if res.ok else EXIT_FAILED
+        print(json.dumps({"ok": res.ok and not changed, "events": res.events, "head_seq": res.head_seq,
+                          "head_hash": res.head_hash, "checkpoint_seq": cp.seq if cp else None,
+                          "signature_verified": key is not None, "anchor_seq": anchor.seq if anchor else None,
+                          "first_bad_seq": res.first_bad_seq, "problem": res.problem, "preserved_changed": changed}))
+        return EXIT_OK if res.ok and not changed else EXIT_FAILED
+    for c in changed:  # the chain may hold, and still record that a window broke its promise
+        print(f"PRESERVED HISTORY CHANGED: {c['path']} in window {c['window_id']} (seq {c['seq']}): sha256 "
+              f"{str(c['was'])[:12]} before the window, {str(c['now'])[:12] if c['now'] else 'missing'} after publishing")
+    if res.ok and changed:
+        print(f"the chain verifies ({res.events} events, head seq {res.head_seq}), but {len(changed)} preserved "
+              f"path(s) changed")
+        return EXIT_FAILED
     if res.ok:
         print(f"ok: {res.events} events, head seq {res.head_seq} hash {res.head_hash}"
               + (f", checkpoint seq {cp.seq} matches" if cp else ", no checkpoint")
@@ -128,6 +136,18 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"FAILED at seq {res.first_bad_seq}: {res.problem}")
     return EXIT_FAILED
+
+
+def preserved_changes(reader) -> list[dict]:
+    """Every preserved path a window's log records as changed once its reports were out."""
+    out = []
+    for env in reader.iter(types=("preserved_checked",)):
+        ev = env.event()
+        if ev.when != "after_publishing":
+            continue
+        out += [{"path": p, "window_id": env.window_id, "seq": env.seq, "was": d.get("was"), "now": d.get("sha256")}
+                for p, d in ev.paths.items() if d.get("unchanged") is False]
+    return out
 
 
 def _anchor(spec: str):

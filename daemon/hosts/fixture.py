@@ -27,6 +27,7 @@ class Fixture(msgspec.Struct):
     sha256: list[str]
     sampling: dict
     prompt_tokens: list[int] | None = None  # optional in the manifest: the host tokenizer's count per body
+    manifest_sha256: str = ""  # of manifest.json's bytes: what a review covers (it lists every body's hash)
 
     def work(self) -> dict:
         """What each body asks of the engine, for the planner: max_tokens, prompt size, hash."""
@@ -97,7 +98,8 @@ def find_fixture(name: str, search: list[Path]) -> Path:
 
 def load_fixture(path: Path) -> Fixture:
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest_bytes = (path / "manifest.json").read_bytes()
+        manifest = json.loads(manifest_bytes)
         raw = (path / "bodies.jsonl").read_bytes()
     except (OSError, ValueError, RecursionError) as exc:
         raise FixtureError(f"{path}: unreadable fixture ({exc})") from None
@@ -119,7 +121,8 @@ def load_fixture(path: Path) -> Fixture:
     if pt is not None and (not isinstance(pt, list) or len(pt) != len(bodies)
                            or not all(isinstance(x, int) and x >= 0 for x in pt)):
         raise FixtureError(f"{path}: manifest prompt_tokens: expected one whole number per body ({len(bodies)})")
-    return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}), pt)
+    return Fixture(manifest.get("name", path.name), bodies, shas, manifest.get("sampling", {}), pt,
+                   hashlib.sha256(manifest_bytes).hexdigest())
 
 
 GREEDY_SEED = 20261022  # sent to engines that take a seed; greedy decoding should not need it

@@ -28,6 +28,8 @@ from flare_diag.events.schema import WindowOpened
 from flare_diag.daemon.hosts.fixture import (Fixture, FixtureError, find_fixture, greedy_variant, load_fixture,
                                               write_fixture)
 from flare_diag.daemon.window.setup import fixture_digest
+from flare_diag.daemon.window.reviews import ReviewError, reviews_in
+from flare_diag.policies.review import follow_on_review
 from flare_diag.policies.plan import FixtureRef, FollowOn, PhaseSpec, Plan, plan_from_builtins
 
 
@@ -62,7 +64,9 @@ def _opened(db: Path, window: str) -> WindowOpened:
 
 
 def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, stage: str, repeats: int,
-              force: bool) -> Plan:
+              force: bool, reviews: Path | None = None) -> Plan:
+    """The follow-on plan a source window earns. `reviews`: the log holding the follow-on's review (default:
+    the source log itself)."""
     try:
         with LogReader(db) as r:
             window = choose_window(r, db, window)
@@ -77,6 +81,20 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     opened = _opened(db, window)
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
     source = plan_from_builtins(opened.plan, "the source window's plan")
+    restored = report.get("restoration") or {}
+    if report.get("outcome") == "restore_failed" or not restored.get("verified"):
+        # not a gate --force may pass: a window that left its primary unrestored earns no second one
+        raise Refused(f"window {window} ended {report.get('outcome')} without a verified restoration; no follow-on is "
+                      f"derived from it (restore the primary and repeat the window first)")
+    change = "nsight" if stage == "nsight" else policy
+    if not change:
+        raise Refused("plan follow-on: give --policy NAME (or --stage nsight)")
+    try:
+        review, why = follow_on_review(reviews_in(reviews or db), window, change, source.author)
+    except ReviewError as exc:
+        raise Refused(f"--reviews {exc}") from None
+    if review is None:
+        raise Refused(f"plan follow-on refused: {why} (--force does not skip the review)")
     missed: list[str] = []
     if stage == "nsight":
         tr = report.get("trace") or {}
@@ -109,6 +127,8 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
         fo = FollowOn("policy", window, opened.plan_sha256, verdict, policy=policy, baseline_policy=sc.eviction,
                       reproducer=f"{rep.agreed} of {rep.compared} requests agree (scenario {sc.name})",
                       model_reused_tokens=reuse, order=abba(repeats), repeats=repeats)  # type: ignore[arg-type]
+    fo = msgspec.structs.replace(fo, review=f"{review.by} (seq {review.seq} of {reviews or db})"
+                                 + (f": {review.note}" if review.note else ""))
     if missed and not force:
         raise Refused("plan follow-on refused: " + "; ".join(missed))
     if missed:

@@ -52,7 +52,23 @@ class Archive(msgspec.Struct, tag_field="cmd", tag="archive", forbid_unknown_fie
     before: str
 
 
-Command = Union[Status, Start, Abort, Watch, Report, Archive]
+class ReviewSign(msgspec.Struct, tag_field="cmd", tag="review_sign", forbid_unknown_fields=True):
+    """A review of a plan's bytes, recorded in the daemon's log with the caller's uid (the client hashed
+    the plan and its fixtures' manifests; the daemon checks them again when a start names that plan)."""
+
+    plan_name: str
+    plan_sha256: str
+    author: str
+    fixtures: dict[str, str]
+    by: str
+    note: str = ""
+
+
+class ReviewList(msgspec.Struct, tag_field="cmd", tag="review_list", forbid_unknown_fields=True):
+    pass
+
+
+Command = Union[Status, Start, Abort, Watch, Report, Archive, ReviewSign, ReviewList]
 _decoder = msgspec.json.Decoder(Command)
 _encoder = msgspec.json.Encoder()
 

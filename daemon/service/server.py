@@ -32,11 +32,13 @@ from flare_diag.daemon.window.recovery import Unfinished, open_window_ids, setup
 from flare_diag.daemon.window.runner import Runner
 from flare_diag.daemon.window.sitecheck import checked_target
 from flare_diag.daemon.hosts.target import Target
-from flare_diag.daemon.window.setup import InputError, WindowSetup, new_window_id, setup_for_start
+from flare_diag.daemon.rehearsal.harness import after_publishing, preconditions
+from flare_diag.daemon.window.reviews import reviews_in
+from flare_diag.daemon.window.setup import InputError, WindowSetup, check_review, new_window_id, setup_for_start
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import AbortDecided, ControlCommand, LeaseGranted, LogNote
+from flare_diag.events.schema import AbortDecided, ControlCommand, LeaseGranted, LogNote, ReviewSigned
 from flare_diag.events.signals import quiet, quiet_default_executor
 from flare_diag.events.store import EventStore, StoreWriteError
 
@@ -92,6 +94,7 @@ class Service:
                  archive_keep_days: int = ARCHIVE_KEEP_DAYS, fleet=None) -> None:
         self.archive_keep_days = archive_keep_days
         self.fleet = fleet  # FleetLink (service/fleetlink.py) when the daemon has fleet settings
+        self.preserving: dict[str, WindowSetup] = {}  # window -> its setup, until its preserved history is checked
         self.metrics = metrics  # daemon.exporter.ServiceMetrics when --metrics-address is given
         self._aborts: dict[str, int] = {}  # windows aborted since the daemon started, by reason
         self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
@@ -323,6 +326,9 @@ class Service:
             self.stuck = None
         if (w.progress.outcome or outcome) is not None and self.stuck is None:
             await self._publish(w.window_id)
+            setup = self.preserving.pop(w.window_id, None)
+            if setup is not None:  # the preserved history checked once the report is out, into the log
+                await after_publishing(setup, lambda ev: self.store.append(ev, window_id=w.window_id))
         elif outcome is None and retry and not self.stopping:
             self.store.resume_writes()  # the retry is the recovery path's own attempt to write
             await self._recover(retry=False)
@@ -537,7 +543,30 @@ class Service:
                                  content=render(report, cmd.format).decode())
         if isinstance(cmd, Archive):
             return await self._archive(cmd, uid, pid)
+        if isinstance(cmd, control.ReviewSign):
+            return await self._review_sign(cmd, uid)
+        if isinstance(cmd, control.ReviewList):
+            reviews = await _thread(self._reviews)
+            return control.reply(reviews=[msgspec.to_builtins(r) for r in reviews])
         return control.error("unknown command")
+
+    def _reviews(self) -> list:
+        """Every review the daemon has recorded: in its log, and in the archives it moved closed windows to
+        (a review signed before them went with them, and still admits its plan)."""
+        archived = sorted((self.state_dir / "archive").glob("*.db")) if (self.state_dir / "archive").is_dir() else []
+        return [r for db in (*archived, self.db) for r in reviews_in(db)]
+
+    async def _review_sign(self, cmd, uid: int) -> bytes:
+        """A review into the daemon's log, with the caller's uid: chained and audited like every event."""
+        if not " ".join(cmd.by.split()) or len(cmd.by) > 200 or len(cmd.note) > 4000 or len(cmd.fixtures) > 64 \
+                or not all(len(x) == 64 for x in (cmd.plan_sha256, *cmd.fixtures.values())):
+            return control.error("review: expected a reviewer's name (at most 200 characters), a note of at most 4000, "
+                                 "and sha256 digests of the plan and its fixtures' manifests")
+        env = await self.store.append(ReviewSigned(subject="plan", plan_name=cmd.plan_name[:200], plan_sha256=cmd.plan_sha256,
+                                                   author=cmd.author[:200], fixtures=cmd.fixtures,
+                                                   by=" ".join(cmd.by.split()), note=cmd.note, uid=uid))
+        self.log.info("review recorded", plan=cmd.plan_name[:200], by=cmd.by[:200], uid=uid, seq=env.seq)
+        return control.reply(seq=env.seq, hash=env.hash.hex())
 
     async def _archive(self, cmd: Archive, uid: int, pid: int) -> bytes:
         """Archives the daemon's own log between windows: the archive is written from a read of the
@@ -624,6 +653,7 @@ class Service:
                 setup.calibration = _calibration(cmd.calibration)
             setup.accept_partial = cmd.accept_partial
             setup.expected_incumbent = await _thread(unrestored_incumbent, self.db)
+            check_review(setup, await _thread(self._reviews), "the daemon's log")
         except InputError as exc:
             return self._refused(exc, uid, pid)
         window_id = new_window_id(setup.plan)
@@ -639,6 +669,8 @@ class Service:
             # refused before anything on it changes; then the forecast
             target = await checked_target(setup, self.state_dir / "recipes")
             try:
+                # the preserved history hashed and the offline harness rehearsed: the host only read so far
+                await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None)
                 await planned(setup, target)
             except BaseException:
                 with anyio.CancelScope(shield=True):
@@ -655,8 +687,9 @@ class Service:
             await target.close()
             self._lease_unused()
             return control.error("another window runs, or the daemon is stopping; no window starts")
-        if setup.probes:  # the forecast's requests, sent before the window opened
-            await self.store.append_many(setup.probes, window_id=window_id)
+        if setup.probes or setup.preconditions:  # what was done before the window opened, in its log before it
+            await self.store.append_many([*setup.preconditions, *setup.probes], window_id=window_id)
+        self.preserving[window_id] = setup
         w = self._new_window(window_id, setup, target)
         if self.fleet is not None:  # the lease's fencing epoch, in the chain before any host change
             await self.store.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant,

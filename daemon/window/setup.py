@@ -15,8 +15,10 @@ import msgspec
 from flare_diag.daemon.hosts.fixture import sampling_mismatch, Fixture, FixtureError, find_fixture, load_fixture
 from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
 from flare_diag.daemon.hosts.site import Site, SiteError, load_site
+from flare_diag.daemon.window.reviews import ReviewError, gate, reviews_in
 from flare_diag.events.schema import WindowOpened
 from flare_diag.policies.plan import Plan, PlanError, decode_plan
+from flare_diag.policies.review import Review
 from flare_diag.policies.scaling import time_scale_error
 from flare_diag.policies.planner import Calibration
 from flare_diag.resources import resource
@@ -61,6 +63,8 @@ class WindowSetup:
     sim_seed: int | None = None
     inprocess_sim: bool = False  # a rehearsal's own simulator, served in this process
     probes: list = field(default_factory=list)  # ProbeRequest events the forecast sent, for the log
+    review: dict = field(default_factory=dict)  # the review that let a production plan run (by, note, seq, hash)
+    preconditions: list = field(default_factory=list)  # events logged before the window opens (harness, preserved)
 
     @property
     def plan_sha256(self) -> str:
@@ -78,7 +82,7 @@ class WindowSetup:
                             site_profile_toml=self.site.profile_toml,
                             fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())},
                             expected_incumbent_sha256=self.expected_incumbent, clock=self.clock,
-                            sim_seed=self.sim_seed,
+                            sim_seed=self.sim_seed, review=self.review,
                             steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None)
 
 
@@ -142,6 +146,22 @@ def site_in(sites_dir: Path, name: str) -> Path:
     return path
 
 
+def check_review(setup: WindowSetup, reviews: list[Review] | None, where: str) -> None:
+    """A production plan's review of exactly its bytes by someone else, recorded on the setup; InputError
+    (nothing changed) when there is none. `reviews` None: no review log was named."""
+    plan = setup.plan
+    if not plan.production:
+        return
+    if reviews is None:
+        raise InputError(f"{setup.plan_path or 'plan'}: a production plan needs a recorded review of its exact bytes: "
+                         f"give --reviews LOG (a log that `flare-diag review sign PLAN --by NAME --log LOG` wrote)")
+    try:
+        r = gate(setup.plan_raw, plan.author, setup.fixtures, reviews, where)
+    except ReviewError as exc:
+        raise InputError(f"{setup.plan_path or 'plan'}: {exc}") from None
+    setup.review = {"by": r.by, "note": r.note, "seq": r.seq, "hash": r.hash, "log": where}
+
+
 def setup_for_start(plan_raw: bytes, plan_label: str, site_name: str, sites_dir: Path,
                     time_scale: float = 1.0, caller_fixtures: dict[str, str] | None = None) -> WindowSetup:
     """A window started over the control socket: the plan as the caller sent it, the site and its
@@ -167,13 +187,19 @@ def setup_for_start(plan_raw: bytes, plan_label: str, site_name: str, sites_dir:
     return setup
 
 
-def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0) -> WindowSetup:
+def setup_for_site(plan_path: Path, site_path: Path, time_scale: float = 1.0, reviews_log: Path | None = None) -> WindowSetup:
     """Everything a foreground window against a site needs (files the caller can read), checked
-    before anything starts."""
+    before anything starts: a production plan's review in `reviews_log` among them."""
     plan_raw, plan = read_plan(plan_path)
     setup = _setup(plan_raw, plan, site_path, [plan_path.parent.resolve(), site_path.parent.resolve()], time_scale,
                    str(plan_path))
     setup.plan_path = str(plan_path)
+    if plan.production:
+        try:
+            reviews = reviews_in(reviews_log) if reviews_log is not None else None
+        except ReviewError as exc:
+            raise InputError(f"--reviews {exc}") from None
+        check_review(setup, reviews, str(reviews_log))
     return setup
 
 

@@ -1,0 +1,132 @@
+"""The offline harness validated on a window's own plan and fixture bytes, before any host change.
+
+The seed: "validate existing offline harness and new HTTP-only replay fixture". Before `run` or
+`start` changes anything, the same plan and fixture bytes are rehearsed against the embedded
+simulator in virtual time (seconds, in a worker thread with a virtual-time loop of its own). Its
+outcome, its log's head and its forecast become a precondition of the window, logged before it opens;
+a plan the harness cannot complete is refused (a partial one only with --accept-partial).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+
+from flare_diag.daemon.window.reviews import subject
+from flare_diag.daemon.window.setup import InputError, WindowSetup
+from flare_diag.events.schema import HarnessRehearsed, PreservedChecked
+
+SCENARIO = "flare-47581cca"  # the simulator's model of the incumbent build: the seed's own host
+
+
+async def _rehearse(setup: WindowSetup, folder: Path) -> dict:
+    """The window's plan and fixtures against flaresim in this thread's virtual-time loop; its report."""
+    import secrets
+
+    import msgspec
+
+    from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, served_flaresim
+    from flare_diag.daemon.reports.publish import write_reports
+    from flare_diag.daemon.window.forecast import planned
+    from flare_diag.daemon.window.runner import Runner
+    from flare_diag.daemon.window.setup import new_window_id
+    from flare_diag.daemon.window.sitecheck import checked_target
+    from flare_diag.events.store import EventStore
+    async with served_flaresim(SCENARIO, secrets.token_hex(SIM_TOKEN_BYTES)) as (_host, site):
+        rs = WindowSetup(setup.plan_raw, setup.plan, site, setup.fixtures, rehearsal=True, accept_partial=setup.accept_partial,
+                         plan_path=setup.plan_path, clock="virtual", sim_seed=0, inprocess_sim=True)
+        target = await checked_target(rs, folder / "recipes")
+        try:
+            sched = await planned(rs, target)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
+            window_id = new_window_id(setup.plan)
+            store = await EventStore.open(folder / "log.db", durable=False)
+            try:
+                await Runner(store, target, window_id, 1.0).run(rs.opened(window_id))
+            finally:
+                await store.close()
+        finally:
+            await target.close()
+    return write_reports(folder / "log.db", window_id, folder)
+
+
+def rehearse_harness(setup: WindowSetup, folder: Path) -> HarnessRehearsed:
+    """Blocking (run it in a worker thread: it runs a virtual-time loop of its own): the rehearsal into
+    `folder`, then the precondition it gives."""
+    from flare_diag.daemon.rehearsal import virtualtime
+    started = time.monotonic()
+    try:
+        report = virtualtime.run(_rehearse(setup, folder))
+    except Exception as exc:  # noqa: BLE001 - a refusal may come wrapped by the simulator's task group
+        refused = _refusal(exc)
+        if refused is None:  # the harness itself broke: the window is refused all the same, saying so
+            raise InputError(f"the offline harness failed on this plan ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]}); nothing on the host was changed") from None
+        raise InputError(f"the offline harness could not complete this plan: it refused it before its rehearsal "
+                         f"({refused})") from None
+    plan_sha, manifests = subject(setup.plan_raw, setup.fixtures)
+    forecast = ""
+    if (folder / "forecast.json").is_file():
+        f = json.loads((folder / "forecast.json").read_text())
+        end = f.get("required_end_min") if isinstance(f, dict) else None
+        forecast = f"the required cells end at minute {end:.1f}" if isinstance(end, (int, float)) else "no required cell fits"
+    it = report.get("integrity") or {}
+    return HarnessRehearsed(plan_sha256=plan_sha, fixtures=manifests, scenario=SCENARIO, outcome=str(report.get("outcome")),
+                            verdict=str((report.get("verdict") or {}).get("hypothesis")), log_head_seq=int(it.get("head_seq") or 0),
+                            log_head_hash=str(it.get("head_hash") or ""), forecast=forecast,
+                            wall_s=round(time.monotonic() - started, 3))
+
+
+def _refusal(exc: BaseException) -> InputError | None:
+    """The InputError inside `exc` (itself, or in an exception group), or None."""
+    if isinstance(exc, InputError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        if (found := _refusal(inner)) is not None:
+            return found
+    return None
+
+
+def judge(ev: HarnessRehearsed, accept_partial: bool, folder: Path) -> None:
+    """InputError (nothing changed) unless the harness completed the plan, or ended partial under --accept-partial."""
+    if ev.outcome == "completed" or (ev.outcome == "partial" and accept_partial):
+        return
+    more = "" if ev.outcome != "partial" else " (give --accept-partial to run a plan that ends partial)"
+    raise InputError(f"the offline harness could not complete this plan: its rehearsal against the embedded simulator "
+                     f"ended {ev.outcome}{more}; see {folder / 'report.md'}")
+
+
+async def preconditions(setup: WindowSetup, folder: Path, outputs: list[Path], base: Path | None) -> None:
+    """What a window on a site needs before anything on the host is read or changed: its preserved
+    history hashed (relative paths against `base`, the plan's folder; None: absolute paths only), and
+    (a production plan's) the offline harness rehearsed on its own plan and fixture bytes into `folder`;
+    each an event in `setup.preconditions`, logged before the window opens. InputError refuses it."""
+    from flare_diag.daemon.window.preserve import PreserveError, before, resolve
+    if setup.inprocess_sim:  # `flare-diag rehearse` is the harness itself
+        return
+    if setup.plan.preserve.paths:
+        try:
+            setup.preconditions.append(await anyio.to_thread.run_sync(before, resolve(setup.plan.preserve.paths, base),
+                                                                       outputs))
+        except (PreserveError, OSError) as exc:
+            raise InputError(str(exc)) from None
+    if setup.plan.production:
+        ev = await anyio.to_thread.run_sync(rehearse_harness, setup, folder)
+        setup.preconditions.append(ev)
+        judge(ev, setup.accept_partial, folder)
+
+
+async def after_publishing(setup: WindowSetup, append: Callable[[PreservedChecked], Awaitable[object]]) -> bool:
+    """The preserved history hashed again once the reports are out, handed to `append` (the window's
+    log); False when the plan preserves nothing."""
+    from flare_diag.daemon.window.preserve import after
+    first = next((p for p in setup.preconditions if isinstance(p, PreservedChecked)), None)
+    if first is None:
+        return False
+    await append(await anyio.to_thread.run_sync(after, first))
+    return True

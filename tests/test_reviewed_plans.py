@@ -1,0 +1,187 @@
+"""The seed's last rows: a production plan runs only after someone else reviewed its exact bytes, its
+preserved history is checked, and the offline harness is validated on it first (through `run`, on the
+contract host)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from flare_diag.events.reader import LogReader
+from tests.contract_tools import BUILD, ROOT, ContractHost
+from tests.daemontools import Daemon, Sim
+from tests.reviewtools import REVIEWER
+from tests.test_contract_host import _without_trace
+
+MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/flare/v1/trace", "/v1/chat/completions")
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def sign(plan: Path, by: str, log: Path, *more: str) -> None:
+    p = cli("review", "sign", str(plan), "--by", by, "--log", str(log), *more)
+    assert p.returncode == 0, p.stderr
+
+
+def run(host: ContractHost, plan: Path, out: Path, *more: str) -> subprocess.CompletedProcess:
+    return cli("run", "--plan", str(plan), "--site", str(host.site), "--out", str(out), "--time-scale", "60", *more)
+
+
+def untouched(host: ContractHost) -> bool:
+    return not [x for x in host.requests() if any(m in x.get("path", "") for m in MUTATING)]
+
+
+def test_a_production_plan_without_a_review_log_is_refused_and_the_host_untouched(tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host")
+    try:
+        p = run(host, _without_trace(small_plan, tmp_path), tmp_path / "out")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "needs a recorded review" in p.stderr, p.stderr
+        assert untouched(host) and not (tmp_path / "out" / "log.db").exists()
+    finally:
+        host.stop()
+
+
+def test_a_review_of_other_bytes_does_not_count(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "bob", tmp_path / "reviews.db")
+    plan.write_text(plan.read_text() + "\n# one more line, after the review\n")
+    host = ContractHost(tmp_path / "host")
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+        assert p.returncode == 2 and "no review of these exact bytes" in p.stderr, p.stderr
+        assert untouched(host)
+    finally:
+        host.stop()
+
+
+def test_a_review_by_the_plans_author_is_refused(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "Lead-Research", tmp_path / "reviews.db")  # the author, whatever the case
+    host = ContractHost(tmp_path / "host")
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+        assert p.returncode == 2 and "only reviews of these bytes are by the plan's author" in p.stderr, p.stderr
+        assert untouched(host)
+    finally:
+        host.stop()
+
+
+def test_a_review_by_someone_else_lets_it_run_and_the_report_names_the_reviewer(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "Bob Reviewer", tmp_path / "reviews.db", "--note", "bodies and sampling checked", "--export")
+    assert json.loads(Path(f"{plan}.review-Bob-Reviewer.json").read_text())["seq"] == 1
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+    finally:
+        host.stop()
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert p.returncode == 0 and r["outcome"] == "completed", p.stderr[-1500:]
+    assert r["review"]["by"] == "Bob Reviewer" and r["review"]["seq"] == 1
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Plan reviewed by **Bob Reviewer** (bodies and sampling checked)" in md
+
+
+def test_the_harness_rehearsal_is_in_the_windows_log_and_report_with_its_logs_head(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+    finally:
+        host.stop()
+    assert p.returncode == 0, p.stderr[-1500:]
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        events = [e.event() for e in reader.iter()]
+    names = [type(e).__name__ for e in events]
+    assert names.index("HarnessRehearsed") < names.index("WindowOpened")  # a precondition, before anything
+    ev = events[names.index("HarnessRehearsed")]
+    harness_log = tmp_path / "out" / "harness" / "log.db"
+    v = cli("log", "verify", str(harness_log))
+    assert v.returncode == 0 and f"head seq {ev.log_head_seq} hash {ev.log_head_hash}" in v.stdout, v.stdout
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r["harness"]["log_head_hash"] == ev.log_head_hash and r["harness"]["outcome"] == "completed"
+    assert f"hash {ev.log_head_hash[:16]}" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_plan_the_harness_cannot_complete_is_refused_before_the_host_is_touched(tmp_path, small_plan):
+    # a build the simulator does not serve: the harness's rehearsal aborts on its identity
+    plan = _without_trace(small_plan, tmp_path)
+    plan.write_text(plan.read_text().replace("draft_tokens = 2", "draft_tokens = 3"))
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", build={**BUILD, "draft_tokens": 3})
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+        assert p.returncode == 2 and "the offline harness could not complete this plan" in p.stderr, p.stderr
+        assert untouched(host)
+    finally:
+        host.stop()
+
+
+def test_a_preserved_file_changed_during_the_window_is_said_by_the_report_and_log_verify(tmp_path, small_plan):
+    history = tmp_path / "wave-v1"
+    history.mkdir()
+    (history / "report.md").write_text("the hosted historical report\n")
+    plan = _without_trace(small_plan, tmp_path)
+    plan.write_text(plan.read_text() + '\n[preserve]\npaths = ["wave-v1"]\n')
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", cache_entries=4, load_delay_s=1.0)
+    out = tmp_path / "out"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
+                                 str(host.site), "--out", str(out), "--time-scale", "60", "--reviews",
+                                 str(tmp_path / "reviews.db"), "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        for line in proc.stdout:  # once a phase runs, someone rewrites the preserved report
+            if '"phase_started"' in line:
+                (history / "report.md").write_text("overwritten during the window\n")
+                break
+        proc.communicate(timeout=300)
+    finally:
+        host.stop()
+    r = json.loads((out / "report.json").read_text())
+    (row,) = r["preserved"]
+    assert row["path"] == str(history.resolve()) and row["unchanged"] is False and row["sha256_before"] != row["sha256_after"]
+    md = (out / "report.md").read_text()
+    assert "PRESERVED HISTORY CHANGED" in md[:md.index("## Verdict")] and "**CHANGED**" in md
+    v = cli("log", "verify", str(out / "log.db"))
+    assert v.returncode == 1 and f"PRESERVED HISTORY CHANGED: {history.resolve()}" in v.stdout, v.stdout
+
+
+def test_reports_inside_a_preserved_folder_are_refused(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    plan.write_text(plan.read_text() + '\n[preserve]\npaths = ["history"]\n')
+    (tmp_path / "history").mkdir()
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host")
+    try:
+        p = run(host, plan, tmp_path / "history" / "out", "--reviews", str(tmp_path / "reviews.db"))
+        assert p.returncode == 2 and "would be written inside it" in p.stderr, p.stderr
+        assert untouched(host)
+    finally:
+        host.stop()
+
+
+def test_the_daemon_starts_a_production_plan_only_with_a_review_in_its_own_log(tmp_path, small_plan):
+    sim = Sim(tmp_path)
+    d = Daemon(tmp_path).start()
+    try:
+        start = [sys.executable, "-m", "flare_diag.daemon.cli", "start", str(small_plan), "--site", sim.site.stem,
+                 "--time-scale", "100", "--accept-partial", "--socket", str(d.socket)]
+        p = subprocess.run(start, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "the daemon's log" in p.stderr and "review" in p.stderr, p.stderr
+        listed = cli("review", "list", str(small_plan), "--socket", str(d.socket))
+        assert "may run: no" in listed.stdout, listed.stdout
+        d.review(small_plan)
+        listed = cli("review", "list", str(small_plan), "--socket", str(d.socket), "--json")
+        assert json.loads(listed.stdout)["may_run"] and json.loads(listed.stdout)["reviews"][0]["by"] == REVIEWER
+        p = subprocess.run(start, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    finally:
+        d.stop()
+        sim.stop()
