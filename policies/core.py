@@ -85,6 +85,8 @@ class WindowCore(Driver):
         self.restore_restarts = 0  # unseen engine restarts the restore met: each one starts it over
         self.refused_run: list = []  # the latest consecutive requests the host refused (RequestDone)
         self.restore_unloaded = False  # the restore has the window's candidate unloaded: every bound holds again
+        self.read_args: dict[int, dict] = {}  # outstanding re-askable actions -> their arguments
+        self.reasked: dict[int, int] = {}  # a read asked again after a restart -> the id the restore waits on
 
     @property
     def closed(self) -> bool:
@@ -153,7 +155,11 @@ class WindowCore(Driver):
     def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
             self.restart_watch.reset()
-        return super()._request(action, args, experimental)
+        aid = super()._request(action, args, experimental)
+        if self.stage == Stage.RESTORE and action in ("scrape_metrics", "snapshot", "read_identity", "manager_state",
+                                                      "health", "preflight", "steady_state"):
+            self.read_args[aid] = dict(args or {})  # kept until answered: a restart may have to ask it again
+        return aid
 
     # --- aborts and faults ---------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ from flare_diag.policies.state import Stage, advance
 
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
                    "retain_recipe", "health"})
+# what a restore may ask again after the daemon restarted without its answer: reads, and the restore's own
+# preflight generations and guard evaluations, none of which changes the host
+RE_ASKABLE = READS | {"preflight", "steady_state"}
 
 
 class WindowPolicy(WindowCore):
@@ -62,9 +65,14 @@ class WindowPolicy(WindowCore):
                                                       f"restoring from memory")
         elif isinstance(inp, DaemonRestarted):
             for aid in sorted(self.pending):
+                action, experimental = self.pending.pop(aid)
+                args = self.read_args.pop(aid, None)
+                if self.stage == "restore" and action in RE_ASKABLE and not experimental and args is not None:
+                    # a read whose answer the restart lost is asked again: only a host change is never repeated
+                    self.reasked[self._request(action, args)] = aid
+                    continue
                 self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
                                                detail="the daemon restarted before its outcome was recorded; possibly done")
-                self.pending.pop(aid)
             if inp.mismatches:
                 # the replay cannot be trusted to have rebuilt the window's state exactly: restore
                 # from it anyway (the restore reads what is loaded), and say so
@@ -158,7 +166,9 @@ class WindowPolicy(WindowCore):
         if inp.action_id not in self.pending:
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
         action, _experimental = self.pending.pop(inp.action_id)
-        self.results[inp.action_id] = inp
+        self.read_args.pop(inp.action_id, None)
+        # an answer to a read asked again after a restart is the answer the restore waits for under the first id
+        self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
             restarted = self.restart_watch.observe(inp.data.get("counters") or {}, inp.data.get("gauges") or {})
             if restarted:

@@ -80,6 +80,32 @@ class PgServer:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def standby(self, synchronous: bool = True) -> "PgServer":
+        """A streaming-replication standby of this server (pg_basebackup -R: standby.signal and its
+        primary_conninfo), on a socket folder of its own; `synchronous`: the primary's commits wait for it."""
+        sb = PgServer.__new__(PgServer)
+        sb.bin, sb.user = self.bin, self.user
+        sb.root = Path(tempfile.mkdtemp(prefix="flare-diag-pg-standby-"))
+        sb.data, sb.sock = sb.root / "data", sb.root / "sock"
+        sb.sock.mkdir(parents=True)
+        if self.user is not None:
+            for p in (sb.root, sb.sock):
+                os.chown(p, self.user.pw_uid, self.user.pw_gid)
+        self._run(["pg_basebackup", "-h", str(self.sock), "-p", "5432", "-U", "postgres", "-D", str(sb.data), "-R",
+                   "-X", "stream", "--no-sync", "-c", "fast"])
+        with open(sb.data / "postgresql.auto.conf", "a") as f:
+            f.write("primary_conninfo = 'host=%s port=5432 user=postgres application_name=standby'\n" % self.sock)
+        sb.start()
+        if synchronous:
+            import psycopg
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+                conn.execute("SELECT pg_reload_conf()")
+        return sb
+
+    def promote(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote"])
+
     def database(self) -> str:
         """A new, empty database on this server; its DSN."""
         import psycopg

@@ -490,3 +490,47 @@ def test_a_window_whose_lease_is_freed_under_it_aborts_and_restores(tmp_path, fl
     assert len(granted) == 1 and granted[0].epoch >= 1 and granted[0].pool == "pool-a"
     assert aborted and aborted[0].reason == "operator" and "fleet lease" in aborted[0].detail
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
+
+
+def test_a_standby_promoted_mid_window_takes_the_daemon_over_and_the_lease_is_never_doubled(tmp_path, sim, small_plan):
+    """A streaming-replication standby (pg_basebackup -R, synchronous), promoted while a window runs; the
+    daemon's DSN names both servers with target_session_attrs=read-write, so it finds the new primary,
+    re-asserts its lease there (replicated synchronously) and releases it once the window restores."""
+    import anyio
+
+    from flare_diag.daemon.fleet.db import migrate
+    from tests.pgtools import PgServer
+    primary = PgServer()
+    standby = primary.standby(synchronous=True)
+    try:
+        dsn = primary.database()
+        anyio.run(migrate, dsn)
+        _pool(dsn, 1)
+        role_dsn(dsn, "h1")
+        name = dsn.split("dbname=")[1].split()[0]
+        both = (f"host={primary.sock},{standby.sock} port=5432,5432 dbname={name} user=h1 "
+                f"target_session_attrs=read-write connect_timeout=2")
+        f = tmp_path / "fleet.toml"
+        f.write_text(f'dsn = "{both}"\nhost = "h1"\npool = "pool-a"\nlease_timeout_s = 5\n')
+        d = Daemon(tmp_path, args=("--fleet", str(f))).start()
+        try:
+            p = _start(d, small_plan, sim)
+            assert p.returncode == 0, p.stderr
+            window_id = p.stdout.strip().splitlines()[-1]
+            d.wait_for(lambda st: in_phase(st, 2), timeout=120, what="a phase with requests")
+            primary.stop("immediate")  # the fleet database's primary is lost mid-window
+            standby.promote()
+            new = standby.database_dsn(name)
+            # the lease the window runs under is on the new primary: the grant was synchronous
+            assert _query(new, "SELECT host, window_id FROM leases") == [("h1", window_id)]
+            st = d.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=240, what="the window to close")
+            _wait(lambda: not _query(new, "SELECT 1 FROM leases"), 60, "the lease to be released on the new primary")
+            _wait(lambda: _shipped_all(new, d.state / "log.db"), 60, "every event to be shipped to the new primary")
+        finally:
+            d.stop()
+        assert st["last_window"]["window_id"] == window_id and st["last_window"]["outcome"] in ("completed", "partial")
+        assert _query(new, "SELECT change, window_id FROM lease_log ORDER BY id") == [("taken", window_id),
+                                                                                    ("released", window_id)]
+    finally:
+        standby.remove()
+        primary.remove()

@@ -25,6 +25,15 @@ class FleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     lease_timeout_s: float = 10.0  # a lease attempt that takes longer refuses the start
 
 
+def names_password(dsn: str) -> bool:
+    """Whether a DSN carries a password in any form libpq reads (key=value, or a URI's user:password@)."""
+    from psycopg.conninfo import conninfo_to_dict
+    try:
+        return bool(conninfo_to_dict(dsn).get("password")) or "password" in dsn.lower()
+    except Exception:  # noqa: BLE001 - one that does not parse is judged by its words
+        return "password" in dsn.lower()
+
+
 def check_name(what: str, value: str) -> str:
     if not _NAME.match(value or ""):
         raise FleetError(f"{what} {value!r}: expected 1-64 letters, digits, '.', '_' or '-'")
@@ -42,7 +51,7 @@ def load_config(path: Path) -> FleetConfig:
     check_name("pool", cfg.pool)
     if not 1 <= cfg.batch <= 100_000:
         raise FleetError(f"{path}: batch {cfg.batch}: expected 1 to 100000 events")
-    if "password" in cfg.dsn.lower():
+    if names_password(cfg.dsn):
         raise FleetError(f"{path}: the dsn names a password; put it in a credential file (password_file or "
                          f"systemd LoadCredential={CREDENTIAL}:...) instead")
     return cfg
@@ -51,8 +60,8 @@ def load_config(path: Path) -> FleetConfig:
 def conninfo(dsn: str, password_file: str = "") -> str:
     """The DSN with the password read from its credential file, if there is one (never logged)."""
     from psycopg.conninfo import make_conninfo
-    if "password" in dsn.lower():
-        raise FleetError("the DSN names a password; put it in a credential file instead")
+    if names_password(dsn):
+        raise FleetError("the DSN names a password (key=value or in a URI); put it in a credential file instead")
     path = Path(password_file) if password_file else None
     if path is None and os.environ.get("CREDENTIALS_DIRECTORY"):
         cand = Path(os.environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL
