@@ -99,3 +99,12 @@ def pg():
     server = PgServer()
     yield server
     server.remove()
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "slow: a long run (minutes to hours): run with FLARE_DIAG_SLOW=1")
+
+
+def pytest_runtest_setup(item) -> None:
+    if "slow" in item.keywords and not os.environ.get("FLARE_DIAG_SLOW"):
+        pytest.skip("a slow run: FLARE_DIAG_SLOW=1 runs it")
