@@ -59,7 +59,8 @@ async def test_init_applies_each_migration_once(pg):
     dsn = pg.database()
     first = await migrate(dsn)
     again = await migrate(dsn)
-    assert first == ["001_init.sql", "002_campaigns.sql", "003_views.sql", "004_leases_bound_to_windows.sql"]
+    assert first == ["001_init.sql", "002_campaigns.sql", "003_views.sql", "004_leases_bound_to_windows.sql",
+                     "005_campaign_visibility.sql"]
     assert again == []
 
 
@@ -307,3 +308,83 @@ async def test_reports_of_several_windows_over_two_hosts_each_equal_the_hosts_ow
     assert list(got) == asked
     own = {w: build_report(logs["h2" if w == "w-c" else "h1"], w) for w in asked}
     assert got == own and {r["window_id"] for r in got.values()} == set(asked)
+
+
+# --- campaign runs with a visibility timeout -------------------------------------------------------
+
+async def _campaign(fleet: str, retries: int = 1, visibility_s: float = 1.0) -> int:
+    from flare_diag.daemon.fleet import campaigns
+    operator = role_dsn(fleet, "alice", "flare_diag_operator")
+    return await campaigns.create(operator, 'name = "p"\n', "p", "site", ["h1"], 1, 1.0, False, "alice",
+                                  retries=retries, visibility_s=visibility_s)
+
+
+async def _state(fleet: str, campaign: int) -> tuple:
+    async with await psycopg.AsyncConnection.connect(fleet) as conn:
+        return await (await conn.execute("SELECT state, attempts, detail FROM runs WHERE campaign = %s", (campaign,))).fetchone()
+
+
+async def test_a_claim_its_daemon_stops_renewing_expires_and_the_run_is_queued_again(fleet):
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, retries=1, visibility_s=1.0)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        assert (await campaigns.claim(h1, "h1")).run == 1
+        assert (await _state(fleet, cid))[:2] == ("claimed", 1)
+        await anyio.sleep(1.3)  # its daemon died: nothing renews the claim
+        assert await campaigns.expire(h1, "h1") == [(cid, 1, "queued")]
+    state, attempts, detail = await _state(fleet, cid)
+    assert (state, attempts) == ("queued", 1) and "claim expired" in detail
+
+
+async def test_a_renewed_claim_does_not_expire(fleet):
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, visibility_s=1.0)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        await campaigns.claim(h1, "h1")
+        for _ in range(3):
+            await anyio.sleep(0.5)
+            assert await campaigns.renew(h1, "h1", []) == 1
+        assert await campaigns.expire(h1, "h1") == []
+    assert (await _state(fleet, cid))[0] == "claimed"
+
+
+async def test_a_run_whose_claims_keep_expiring_fails_once_its_retries_are_spent(fleet):
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, retries=1, visibility_s=0.2)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        for _ in range(2):  # the first claim and its one retry
+            assert await campaigns.claim(h1, "h1") is not None
+            await anyio.sleep(0.3)
+        assert await campaigns.claim(h1, "h1") is None  # the expiry it ran first failed the run
+    state, attempts, detail = await _state(fleet, cid)
+    assert (state, attempts) == ("failed", 2) and "retries spent" in detail
+
+
+async def test_a_run_whose_window_closes_after_its_claim_expired_is_still_marked_done(fleet):
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, visibility_s=0.2)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        run = await campaigns.claim(h1, "h1")
+        await campaigns.mark(h1, run, "running", "w-late")
+        await anyio.sleep(0.3)
+        await campaigns.expire(h1, "h1")  # its daemon was down for a while
+        await campaigns.finish(h1, "w-late", "completed", "not_reproduced", True)  # back, its log says closed
+    assert (await _state(fleet, cid))[0] == "done"
+
+
+def test_a_start_refused_by_a_full_pool_or_a_silent_database_is_for_later_not_for_good():
+    from flare_diag.daemon.fleet.campaigns import requeue_after
+    assert requeue_after({"ok": False, "code": "busy"}) and requeue_after({"ok": False, "code": "fleet_unavailable"})
+    assert not requeue_after({"ok": False, "error": "plan: bad"})
+
+
+async def test_an_operator_cancels_and_requeues_a_campaigns_runs(fleet):
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet)
+    operator = role_dsn(fleet, "alice", "flare_diag_operator")
+    assert await campaigns.cancel(operator, cid, "alice") == 1
+    assert (await _state(fleet, cid))[0] == "cancelled"
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        assert await campaigns.claim(h1, "h1") is None
+    assert await campaigns.requeue(operator, cid, "alice") == 1
+    assert (await _state(fleet, cid))[:2] == ("queued", 0)

@@ -398,7 +398,8 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
             assert q.returncode == 0, q.stderr
             return json.loads(q.stdout)
 
-        _wait(lambda: any(r.get("event") == "campaign run requeued: the pool is full" for d in daemons for r in d.records()),
+        _wait(lambda: any(r.get("event") == "campaign run requeued" and r.get("why") == "busy"
+                          for d in daemons for r in d.records()),
               60, "a run refused on the full pool and requeued")
         with psycopg.connect(fleet_dsn, autocommit=True) as c:  # the other primary is back: its slot frees
             c.execute("DELETE FROM leases WHERE host = 'h9'")

@@ -74,7 +74,20 @@ def add_parser(sub, parser_class) -> None:
                          "candidate runs go there, the baseline's to --site)")
     cc.add_argument("--time-scale", type=float, default=1.0, help="for simulated sites only (default 1)")
     cc.add_argument("--accept-partial", action="store_true", help="start even if the forecast says required cells do not fit")
+    cc.add_argument("--retries", type=int, default=2,
+                    help="how often a run whose claim expired (its daemon stopped renewing it) is queued again before "
+                         "it fails (default 2)")
+    cc.add_argument("--visibility-s", type=float, default=120.0,
+                    help="seconds a claimed run stays its daemon's without a renewal (every daemon renews every 5 s; "
+                         "default 120)")
     conn_flags(cc)
+    for name, what in (("cancel", "cancel every run of a campaign not started yet (queued or claimed)"),
+                       ("requeue", "queue a campaign's failed, refused or cancelled runs again (attempts from zero)")):
+        sp = csub.add_parser(name, help=what)
+        sp.add_argument("campaign", type=int, help="the campaign's number")
+        if name == "requeue":
+            sp.add_argument("--run", type=int, default=None, help="only this run")
+        conn_flags(sp)
     cs = csub.add_parser("show", help="every run of a campaign: state, window, outcome, verdict, restoration, report")
     cs.add_argument("campaign", type=int, help="the campaign's number")
     cs.add_argument("--json", action="store_true", help="one JSON object instead of lines")
@@ -203,11 +216,22 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
             except PlanError as exc:
                 raise UsageError(str(exc)) from None
             order = list(plan.follow_on.order) if plan.follow_on and plan.follow_on.stage == "policy" else None
+            if not 0 <= args.retries <= 100 or not 1 <= args.visibility_s <= 86_400:
+                raise UsageError(f"--retries {args.retries} / --visibility-s {args.visibility_s:g}: expected 0 to 100 "
+                                 f"retries and 1 to 86400 s")
             cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
                                          args.repeats, args.time_scale, args.accept_partial, _caller(), order,
-                                         args.candidate_site)
+                                         args.candidate_site, args.retries, args.visibility_s)
             print(f"campaign {cid}: {plan.name} on {args.hosts} x{args.repeats}")
             return EXIT_OK
+        if args.campaign_cmd == "cancel":
+            n = await campaigns.cancel(dsn, args.campaign, _caller())
+            print(f"campaign {args.campaign}: {n} runs cancelled")
+            return EXIT_OK
+        if args.campaign_cmd == "requeue":
+            n = await campaigns.requeue(dsn, args.campaign, _caller(), args.run)
+            print(f"campaign {args.campaign}: {n} runs queued again")
+            return EXIT_OK if n else EXIT_FAILED
         shown = await campaigns.show(dsn, args.campaign)
         if args.json:
             print(json.dumps(shown))

@@ -35,7 +35,7 @@ class Run:
 
 async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: list[str], repeats: int,
                  time_scale: float, accept_partial: bool, caller: str, order: list[str] | None = None,
-                 candidate_site: str | None = None) -> int:
+                 candidate_site: str | None = None, retries: int = 2, visibility_s: float = 120.0) -> int:
     """`order`: a follow-on plan's sides (baseline/candidate), one a repeat; the candidate's runs use
     `candidate_site` (the policy's build), the baseline's `site`."""
     for h in hosts:
@@ -56,9 +56,10 @@ async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: lis
         async with conn.transaction():
             row = await (await conn.execute(
                 "INSERT INTO campaigns (plan_name, plan_toml, plan_sha256, site, time_scale, accept_partial, repeats, "
-                "created_by, candidate_site) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING campaign",
+                "created_by, candidate_site, retries, visibility_s) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "RETURNING campaign",
                 (plan_name, plan_toml, sha, site, time_scale, accept_partial, repeats, caller,
-                 candidate_site if order else None))).fetchone()
+                 candidate_site if order else None, retries, visibility_s))).fetchone()
             campaign = row[0]
             n = 0
             for r in range(1, repeats + 1):
@@ -69,8 +70,40 @@ async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: lis
     return campaign
 
 
+async def expire(conn: psycopg.AsyncConnection, host: str) -> list[tuple[int, int, str]]:
+    """This host's claimed or running runs whose claim was not renewed in time: back to the queue, or
+    `failed` once their campaign's retries are spent; (campaign, run, new state) of each."""
+    async with conn.transaction():
+        rows = await (await conn.execute(
+            "UPDATE runs r SET state = CASE WHEN r.attempts > c.retries THEN 'failed' ELSE 'queued' END, "
+            "lease_until = NULL, detail = CASE WHEN r.attempts > c.retries THEN "
+            "'its claim expired ' || r.attempts || ' times (its daemon stopped renewing it); retries spent' "
+            "ELSE 'its claim expired (its daemon stopped renewing it); queued again' END "
+            "FROM campaigns c WHERE c.campaign = r.campaign AND r.host = %s AND r.state IN ('claimed', 'running') "
+            "AND r.lease_until < now() RETURNING r.campaign, r.run, r.state", (host,))).fetchall()
+    return [tuple(r) for r in rows]
+
+
+async def renew(conn: psycopg.AsyncConnection, host: str, window_ids: list[str]) -> int:
+    """The claims of this host's runs that are still its daemon's (claimed, or running one of `window_ids`),
+    renewed for their campaign's visibility timeout; how many."""
+    async with conn.transaction():
+        cur = await conn.execute(
+            "UPDATE runs r SET lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
+            "WHERE c.campaign = r.campaign AND r.host = %s AND (r.state = 'claimed' OR "
+            "(r.state = 'running' AND r.window_id = ANY(%s)))", (host, window_ids))
+    return cur.rowcount
+
+
+def requeue_after(reply: dict) -> bool:
+    """Whether a start the daemon refused for a claimed run is for later, not for good: the pool was full
+    (`busy`), or the fleet database could not answer (`fleet_unavailable`: a hang delays a run)."""
+    return reply.get("code") in ("busy", "fleet_unavailable")
+
+
 async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
-    """This host's next queued run, claimed; None when it has none."""
+    """This host's next queued run, claimed for its campaign's visibility timeout; None when it has none."""
+    await expire(conn, host)
     async with conn.transaction():
         row = await (await conn.execute(
             "SELECT r.campaign, r.run, r.repeat, c.plan_toml, c.plan_sha256, "
@@ -79,8 +112,9 @@ async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
             "ORDER BY r.campaign, r.run LIMIT 1 FOR UPDATE OF r SKIP LOCKED", (host,))).fetchone()
         if row is None:
             return None
-        await conn.execute("UPDATE runs SET state = 'claimed', claimed_at = now() WHERE campaign = %s AND run = %s",
-                           (row[0], row[1]))
+        await conn.execute("UPDATE runs r SET state = 'claimed', claimed_at = now(), attempts = r.attempts + 1, "
+                           "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
+                           "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s", (row[0], row[1]))
     return Run(*row)
 
 
@@ -99,9 +133,30 @@ async def running(conn: psycopg.AsyncConnection, host: str) -> list[str]:
 async def finish(conn: psycopg.AsyncConnection, window_id: str, outcome: str | None, verdict: str | None,
                  verified: bool) -> None:
     async with conn.transaction():
+        # a run whose claim expired while its daemon was down is still this window's once the window closes
         await conn.execute("UPDATE runs SET state = 'done', finished_at = now(), outcome = %s, verdict = %s, "
-                           "restoration_verified = %s WHERE window_id = %s AND state = 'running'",
-                           (outcome, verdict, verified, window_id))
+                           "restoration_verified = %s, lease_until = NULL WHERE window_id = %s AND state IN "
+                           "('running', 'queued')", (outcome, verdict, verified, window_id))
+
+
+async def cancel(dsn: str, campaign: int, caller: str) -> int:
+    """Every run of the campaign not started yet (queued, claimed) is cancelled; how many."""
+    async with await connect(dsn) as conn:
+        async with conn.transaction():
+            cur = await conn.execute("UPDATE runs SET state = 'cancelled', lease_until = NULL, detail = %s WHERE "
+                                     "campaign = %s AND state IN ('queued', 'claimed')", (f"cancelled by {caller}", campaign))
+            return cur.rowcount
+
+
+async def requeue(dsn: str, campaign: int, caller: str, run: int | None = None) -> int:
+    """The campaign's failed, refused or cancelled runs (or run `run`) queued again, attempts from zero; how many."""
+    async with await connect(dsn) as conn:
+        async with conn.transaction():
+            cur = await conn.execute(
+                "UPDATE runs SET state = 'queued', attempts = 0, lease_until = NULL, window_id = NULL, detail = %s "
+                "WHERE campaign = %s AND state IN ('failed', 'refused', 'cancelled') AND (%s::integer IS NULL OR run = %s)",
+                (f"requeued by {caller}", campaign, run, run))
+            return cur.rowcount
 
 
 async def acceptance(dsn: str, runs: list[dict], repeats: int, bar: dict[str, float] | None = None) -> dict:

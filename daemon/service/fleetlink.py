@@ -153,6 +153,8 @@ class FleetLink:
                 held = await lease.held(conn, self.cfg.host)
             self.lease = held
             if self.campaigns:
+                running = [w for w in (self.running(), self.pending) if w]
+                await campaigns.renew(conn, self.cfg.host, running)  # the claims still this daemon's
                 await self._finish_runs(conn)
 
     async def _reassert(self, conn, held: dict | None) -> None:
@@ -222,10 +224,10 @@ class FleetLink:
                 self.log.info("campaign run started", host=self.cfg.host, campaign=run.campaign, run=run.run,
                               window_id=reply["window_id"])
                 return False
-            if reply.get("code") == "busy":
+            if campaigns.requeue_after(reply):  # a full pool or a database that did not answer: for later
                 await campaigns.mark(conn, run, "queued", detail=reply.get("error", ""))
-                self.log.info("campaign run requeued: the pool is full", host=self.cfg.host, campaign=run.campaign,
-                              run=run.run)
+                self.log.info("campaign run requeued", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                              why=reply.get("code"))
                 return True
             await campaigns.mark(conn, run, "refused", detail=reply.get("error", ""))
             self.log.warning("campaign run refused", host=self.cfg.host, campaign=run.campaign, run=run.run,

@@ -741,11 +741,12 @@ class Service:
         except (PoolFull, HeldByAnotherWindow) as exc:  # both pass: try again later
             why, code = str(exc), "busy"
         except TimeoutError:
-            why, code = f"the fleet database did not answer within {self.fleet.cfg.lease_timeout_s:g} s", None
+            why, code = f"the fleet database did not answer within {self.fleet.cfg.lease_timeout_s:g} s", "fleet_unavailable"
         except FleetError as exc:
-            why, code = str(exc), None
+            why, code = str(exc), ("fleet_unavailable" if "cannot connect" in str(exc) else None)
         except Exception as exc:  # noqa: BLE001 - psycopg's errors and the network's: refused, never started
-            why, code = f"the fleet lease could not be taken ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})", None
+            why, code = (f"the fleet lease could not be taken ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})",
+                         "fleet_unavailable")
         self.fleet.launched()
         self.log.warning("start refused: no fleet lease", uid=uid, pid=pid, pool=self.fleet.cfg.pool, error=why)
         extra = {"code": code} if code else {}
