@@ -32,6 +32,12 @@ NEXT_EXPERIMENT = {
 }
 
 
+UNOBSERVABLE = (
+    "The window measured A.reverse_replay, but this host does not expose how many host-cached tokens prefill reused: "
+    "map the engine's metric for them in the site profile's [metrics] (docs/engines.md) or run on a host that exports "
+    "it; without it no cause can be named."
+)
+
 RESTORED_UNUSED = (
     "Reverse replay fetched {fetched} host tokens but prefill reused none: inspect why restored state was not used "
     "(the checkpoint positions against the prompts' shared prefixes, the rendered message-prefix keys, which of the "
@@ -112,7 +118,7 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
     rev_host = rev.get("host") or {}
     if rev_host.get("reused_tokens") is None:
         return ("inconclusive", "A.reverse_replay was measured but host reused tokens are not observable on this target",
-                NEXT_EXPERIMENT["inconclusive"])
+                UNOBSERVABLE)
     fwd_reused = _reused(cells, "B.forward_replay")
     if fwd_reused is not None and fwd_reused > 0:
         return ("not_reproduced", f"B.forward_replay measured with {fwd_reused} host reused tokens",

@@ -381,3 +381,28 @@ def test_a_healthy_host_still_gets_a_cause(reuse, request_s):
     _w, h = run(w)
     assert abort(h) is None and decisions(h, WindowClosed)[-1].outcome == "completed"
     assert decisions(h, VerdictReached)[0].hypothesis != "inconclusive"
+
+
+# --- the next step agrees with the figures it cites ------------------------------------------------
+
+def _cells(rev_host: dict, fwd_reused: int | None = 0) -> dict:
+    measured = {"status": "measured", "incarnation_id": "a"}
+    out = {"A.forward_prime": measured, "A.reverse_replay": {**measured, "host": rev_host},
+           "B.forward_prime": {**measured, "incarnation_id": "b"}}
+    if fwd_reused is not None:
+        out["B.forward_replay"] = {**measured, "incarnation_id": "b", "host": {"reused_tokens": fwd_reused}}
+    return out
+
+
+def test_a_fetch_that_restored_but_went_unused_is_never_called_a_restore_that_did_not_happen():
+    from flare_diag.policies.interpret import verdict
+    hyp, basis, nxt = verdict(_cells({"lookups": 52, "hits": 40, "fetched_tokens": 9000, "reused_tokens": 0}))
+    assert hyp == "key_or_checkpoint_eligibility" and "9000 tokens fetched" in basis
+    assert "did not restore" not in nxt and "fetched 9000 host tokens but prefill reused none" in nxt
+
+
+def test_unobservable_host_reuse_is_never_called_an_unmeasured_replay():
+    from flare_diag.policies.interpret import verdict
+    hyp, basis, nxt = verdict(_cells({"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": None}))
+    assert hyp == "inconclusive" and "not observable" in basis
+    assert "was not measured" not in nxt and "does not expose" in nxt
