@@ -66,7 +66,8 @@ def provenance(r: dict) -> list[str]:
     if h:
         out += ["", f"Offline harness: rehearsed this plan's bytes against the simulator ({h.get('scenario')}) before "
                     f"anything changed: **{h.get('outcome')}**, verdict {h.get('verdict')}, {h.get('forecast')}; its log's "
-                    f"head seq {h.get('log_head_seq')}, hash {str(h.get('log_head_hash'))[:16]}."]
+                    f"head seq {h.get('log_head_seq')}, hash {str(h.get('log_head_hash'))[:16]}"
+                    + (f" ({h['folder']})" if h.get("folder") else "") + "."]
     for p in r.get("preserved") or []:
         state = {True: "unchanged", False: "**CHANGED**", None: "not checked after publishing"}[p.get("unchanged")]
         out += ["", f"Preserved: `{p['path']}`: {state} (sha256 {str(p.get('sha256_before'))[:12]})."]

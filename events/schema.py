@@ -201,6 +201,7 @@ class HarnessRehearsed(Event, tag="harness_rehearsed"):
     log_head_hash: str
     forecast: str
     wall_s: float
+    folder: str = ""  # where the rehearsal's log and report are (an earlier window's, when it validated these bytes)
 
 
 @register

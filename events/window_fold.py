@@ -207,7 +207,7 @@ class WindowFold:
     def _harness(self, ev: HarnessRehearsed, _wall: int | None) -> None:
         self.harness = {"outcome": ev.outcome, "verdict": ev.verdict, "scenario": ev.scenario,
                         "log_head_seq": ev.log_head_seq, "log_head_hash": ev.log_head_hash, "forecast": ev.forecast,
-                        "plan_sha256": ev.plan_sha256}
+                        "plan_sha256": ev.plan_sha256, "folder": ev.folder}
 
     def _preserved(self, ev: PreservedChecked, _wall: int | None) -> None:
         for path, d in ev.paths.items():

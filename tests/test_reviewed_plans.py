@@ -101,7 +101,7 @@ def test_the_harness_rehearsal_is_in_the_windows_log_and_report_with_its_logs_he
     names = [type(e).__name__ for e in events]
     assert names.index("HarnessRehearsed") < names.index("WindowOpened")  # a precondition, before anything
     ev = events[names.index("HarnessRehearsed")]
-    harness_log = tmp_path / "out" / "harness" / "log.db"
+    harness_log = Path(ev.folder) / "log.db"  # this run's, or the earlier one that validated the same bytes
     v = cli("log", "verify", str(harness_log))
     assert v.returncode == 0 and f"head seq {ev.log_head_seq} hash {ev.log_head_hash}" in v.stdout, v.stdout
     r = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -185,3 +185,21 @@ def test_the_daemon_starts_a_production_plan_only_with_a_review_in_its_own_log(t
     finally:
         d.stop()
         sim.stop()
+
+
+def test_the_same_bytes_validated_once_are_not_rehearsed_again_and_the_window_names_that_rehearsal(tmp_path, small_plan):
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    try:
+        runs = [subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
+                                str(host.site), "--out", str(tmp_path / f"out{i}"), "--time-scale", "60", "--reviews",
+                                str(tmp_path / "reviews.db")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                               env={**__import__("os").environ, **cache}) for i in (1, 2)]
+    finally:
+        host.stop()
+    assert [p.returncode for p in runs] == [0, 0], runs[1].stderr[-800:]
+    first, second = (json.loads((tmp_path / f"out{i}" / "report.json").read_text())["harness"] for i in (1, 2))
+    assert first == second and first["folder"] == str((tmp_path / "out1" / "harness").resolve())
+    assert not (tmp_path / "out2" / "harness").exists()  # no second rehearsal of the same bytes

@@ -14,7 +14,7 @@ import msgspec
 from rich.console import Console
 
 from flare_diag.daemon.rehearsal import virtualtime
-from flare_diag.daemon.rehearsal.harness import after_publishing, preconditions
+from flare_diag.daemon.rehearsal.harness import after_publishing, default_cache, preconditions
 from flare_diag.daemon.window.forecast import planned
 from flare_diag.daemon.cli.live import LiveView
 from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, SIM_URL, inject_faults, served_flaresim
@@ -37,7 +37,8 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     quiet_default_executor()  # the operator's Ctrl-C is the loop's, never a worker's
     target = await checked_target(setup, out / "recipes")  # reads only: the site check and the incumbent's bounds
     try:
-        await preconditions(setup, out / "harness", [out], Path(setup.plan_path).parent.resolve() if setup.plan_path else None)
+        await preconditions(setup, out / "harness", [out], Path(setup.plan_path).parent.resolve() if setup.plan_path else None,
+                            default_cache())
     except BaseException:
         await target.close()
         raise

@@ -9,12 +9,16 @@ a plan the harness cannot complete is refused (a partial one only with --accept-
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from flare_diag.daemon.window.reviews import subject
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -36,8 +40,11 @@ async def _rehearse(setup: WindowSetup, folder: Path) -> dict:
     from flare_diag.daemon.window.setup import new_window_id
     from flare_diag.daemon.window.sitecheck import checked_target
     from flare_diag.events.store import EventStore
+    # the steady-state guards watch the site's routed pool through its Prometheus, which the simulator
+    # does not model: the harness rehearses the window's host path, every phase, rule and restore of it
+    plan = msgspec.structs.replace(setup.plan, guards=[])
     async with served_flaresim(SCENARIO, secrets.token_hex(SIM_TOKEN_BYTES)) as (_host, site):
-        rs = WindowSetup(setup.plan_raw, setup.plan, site, setup.fixtures, rehearsal=True, accept_partial=setup.accept_partial,
+        rs = WindowSetup(setup.plan_raw, plan, site, setup.fixtures, rehearsal=True, accept_partial=setup.accept_partial,
                          plan_path=setup.plan_path, clock="virtual", sim_seed=0, inprocess_sim=True)
         target = await checked_target(rs, folder / "recipes")
         try:
@@ -53,6 +60,55 @@ async def _rehearse(setup: WindowSetup, folder: Path) -> dict:
         finally:
             await target.close()
     return write_reports(folder / "log.db", window_id, folder)
+
+
+@functools.cache
+def build_digest() -> str:
+    """This build's code that a rehearsal runs (the decider, the log, the shell, the simulator)."""
+    import flare_diag.daemon
+    import flare_diag.events
+    import flare_diag.fixtures.flaresim
+    import flare_diag.policies
+    h = hashlib.sha256()
+    for pkg in (flare_diag.policies, flare_diag.events, flare_diag.daemon, flare_diag.fixtures.flaresim):
+        root = Path(pkg.__file__).parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def default_cache() -> Path:
+    """Where a foreground `run` keeps validations: $XDG_CACHE_HOME/flare-diag/harness (~/.cache by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flare-diag" / "harness"
+
+
+def _cache_key(setup: WindowSetup) -> str:
+    plan_sha, manifests = subject(setup.plan_raw, setup.fixtures)
+    return hashlib.sha256(json.dumps([plan_sha, manifests, setup.accept_partial, SCENARIO, build_digest()]).encode()).hexdigest()
+
+
+def validated(setup: WindowSetup, folder: Path, cache: Path | None) -> HarnessRehearsed:
+    """The harness's validation of these bytes by this build: the one already made (a virtual-time rehearsal
+    of the same bytes by the same code decides alike, and its log is kept where it ran), or a new one."""
+    key = _cache_key(setup)
+    hit = cache / f"{key}.json" if cache is not None else None
+    if hit is not None and hit.is_file():
+        try:
+            ev = msgspec.json.decode(hit.read_bytes(), type=HarnessRehearsed)
+            if Path(ev.folder, "log.db").is_file():
+                return ev
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            pass  # a damaged entry is made again
+    ev = rehearse_harness(setup, folder)
+    if hit is not None and ev.outcome in ("completed", "partial"):
+        try:
+            hit.parent.mkdir(parents=True, exist_ok=True)
+            tmp = hit.with_suffix(".tmp")
+            tmp.write_bytes(msgspec.json.encode(ev))
+            tmp.replace(hit)
+        except OSError:
+            pass  # no cache where it cannot be written: the next window rehearses again
+    return ev
 
 
 def rehearse_harness(setup: WindowSetup, folder: Path) -> HarnessRehearsed:
@@ -79,7 +135,7 @@ def rehearse_harness(setup: WindowSetup, folder: Path) -> HarnessRehearsed:
     return HarnessRehearsed(plan_sha256=plan_sha, fixtures=manifests, scenario=SCENARIO, outcome=str(report.get("outcome")),
                             verdict=str((report.get("verdict") or {}).get("hypothesis")), log_head_seq=int(it.get("head_seq") or 0),
                             log_head_hash=str(it.get("head_hash") or ""), forecast=forecast,
-                            wall_s=round(time.monotonic() - started, 3))
+                            wall_s=round(time.monotonic() - started, 3), folder=str(folder.resolve()))
 
 
 def _refusal(exc: BaseException) -> InputError | None:
@@ -101,7 +157,8 @@ def judge(ev: HarnessRehearsed, accept_partial: bool, folder: Path) -> None:
                      f"ended {ev.outcome}{more}; see {folder / 'report.md'}")
 
 
-async def preconditions(setup: WindowSetup, folder: Path, outputs: list[Path], base: Path | None) -> None:
+async def preconditions(setup: WindowSetup, folder: Path, outputs: list[Path], base: Path | None,
+                        cache: Path | None = None) -> None:
     """What a window on a site needs before anything on the host is read or changed: its preserved
     history hashed (relative paths against `base`, the plan's folder; None: absolute paths only), and
     (a production plan's) the offline harness rehearsed on its own plan and fixture bytes into `folder`;
@@ -116,7 +173,7 @@ async def preconditions(setup: WindowSetup, folder: Path, outputs: list[Path], b
         except (PreserveError, OSError) as exc:
             raise InputError(str(exc)) from None
     if setup.plan.production:
-        ev = await anyio.to_thread.run_sync(rehearse_harness, setup, folder)
+        ev = await anyio.to_thread.run_sync(validated, setup, folder, cache)
         setup.preconditions.append(ev)
         judge(ev, setup.accept_partial, folder)
 

@@ -670,7 +670,8 @@ class Service:
             target = await checked_target(setup, self.state_dir / "recipes")
             try:
                 # the preserved history hashed and the offline harness rehearsed: the host only read so far
-                await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None)
+                await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None,
+                                    self.state_dir / "harness" / "validated")
                 await planned(setup, target)
             except BaseException:
                 with anyio.CancelScope(shield=True):
