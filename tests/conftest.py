@@ -105,7 +105,7 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "slow: a long run (minutes to hours): run with FLARE_DIAG_SLOW=1")
     # the offline harness's validations (daemon/rehearsal/harness.py) are kept per test worker, not in the
     # user's ~/.cache: the windows of one worker's tests share them, as one operator's runs would
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="flare-diag-test-cache-")
+    os.environ["FLARE_DIAG_HARNESS_CACHE"] = tempfile.mkdtemp(prefix="flare-diag-test-harness-")
 
 
 def pytest_runtest_setup(item) -> None:

@@ -46,29 +46,28 @@ def test_a_production_plan_without_a_review_log_is_refused_and_the_host_untouche
         host.stop()
 
 
+def refused_untouched(tmp_path: Path, plan: Path, words: str) -> None:
+    """`run` with the review log refuses the plan (exit 2, `words`), and the host saw no change."""
+    host = ContractHost(tmp_path / "host")
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
+        assert p.returncode == 2 and words in p.stderr, p.stderr
+        assert untouched(host)
+    finally:
+        host.stop()
+
+
 def test_a_review_of_other_bytes_does_not_count(tmp_path, small_plan):
     plan = _without_trace(small_plan, tmp_path)
     sign(plan, "bob", tmp_path / "reviews.db")
     plan.write_text(plan.read_text() + "\n# one more line, after the review\n")
-    host = ContractHost(tmp_path / "host")
-    try:
-        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
-        assert p.returncode == 2 and "no review of these exact bytes" in p.stderr, p.stderr
-        assert untouched(host)
-    finally:
-        host.stop()
+    refused_untouched(tmp_path, plan, "no review of these exact bytes")
 
 
 def test_a_review_by_the_plans_author_is_refused(tmp_path, small_plan):
     plan = _without_trace(small_plan, tmp_path)
     sign(plan, "Lead-Research", tmp_path / "reviews.db")  # the author, whatever the case
-    host = ContractHost(tmp_path / "host")
-    try:
-        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"))
-        assert p.returncode == 2 and "only reviews of these bytes are by the plan's author" in p.stderr, p.stderr
-        assert untouched(host)
-    finally:
-        host.stop()
+    refused_untouched(tmp_path, plan, "only reviews of these bytes are by the plan's author")
 
 
 def test_a_review_by_someone_else_lets_it_run_and_the_report_names_the_reviewer(tmp_path, small_plan):
@@ -191,7 +190,7 @@ def test_the_same_bytes_validated_once_are_not_rehearsed_again_and_the_window_na
     plan = _without_trace(small_plan, tmp_path)
     sign(plan, "bob", tmp_path / "reviews.db")
     host = ContractHost(tmp_path / "host", cache_entries=4)
-    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    cache = {"FLARE_DIAG_HARNESS_CACHE": str(tmp_path / "cache")}
     try:
         runs = [subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
                                 str(host.site), "--out", str(tmp_path / f"out{i}"), "--time-scale", "60", "--reviews",

@@ -52,6 +52,11 @@ class Connection:
         except PermissionError:
             self.sock.close()
             raise DaemonUnreachable(f"{path}: permission denied (the socket is for root and the daemon's group)") from None
+        except OSError as exc:  # a path the kernel refuses (too long for a unix socket), not a socket, ...
+            self.sock.close()
+            why = (f"{len(str(path).encode())} bytes, longer than a unix socket's path may be (107)"
+                   if "too long" in str(exc) else exc.strerror or str(exc))
+            raise DaemonUnreachable(f"--socket {str(path)[:120]}: cannot connect ({why})") from None
         self.rfile = self.sock.makefile("rb")
 
     def send(self, cmd: control.Command) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sqlite3
 import sys
 from pathlib import Path
@@ -541,6 +542,10 @@ DEFAULT_PLAN = resource("flare_diag.fixtures", "plans", "2026-10-22-cache-diagno
 def _out_dir(out: Path | None) -> Path:
     import time
     out = out or Path("out") / time.strftime("rehearsal-%Y%m%dT%H%M%SZ", time.gmtime())
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a folder; expected a new folder (or an empty one) for the log and reports")
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise UsageError(f"--out {out}: a part of the path is a file; expected a folder that can be made")
     if (out / "log.db").exists():
         raise UsageError(f"{out}: already holds a window's log; choose a new --out")
     return out
@@ -716,6 +721,10 @@ def _sim(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         raise UsageError(str(exc)) from None
     if args.sim_cmd == "serve":
+        if not 0 <= args.port <= 65535:
+            raise UsageError(f"--port {args.port}: expected 0 to 65535 (0: any free one)")
+        if not (math.isfinite(args.time_scale) and 0 < args.time_scale <= 1e6):
+            raise UsageError(f"--time-scale {args.time_scale}: expected a finite factor above 0, at most 1e6")
         _need_simulator("sim serve")
         from flare_diag.daemon.simulator import serve
         import secrets

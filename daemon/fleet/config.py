@@ -59,7 +59,13 @@ def load_config(path: Path) -> FleetConfig:
 
 def conninfo(dsn: str, password_file: str = "") -> str:
     """The DSN with the password read from its credential file, if there is one (never logged)."""
-    from psycopg.conninfo import make_conninfo
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:  # its words, never the DSN itself (it may hold what it should not)
+        raise FleetError(f"the DSN does not parse as a libpq connection string or URI "
+                         f"({' '.join(str(exc).split())[:120]})") from None
     if names_password(dsn):
         raise FleetError("the DSN names a password (key=value or in a URI); put it in a credential file instead")
     path = Path(password_file) if password_file else None

@@ -7,9 +7,15 @@ import json
 from pathlib import Path
 
 import msgspec
+
+from flare_diag.daemon.hosts.files import FileRefused, read_bounded
 from flare_diag.resources import resource
 
 BUILTIN = resource("flare_diag.fixtures", "data")
+
+
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists a hash per body
+MAX_BODIES_BYTES = 1 << 30  # the retained bodies of a window: tens of MB at most in practice
 
 
 class FixtureError(ValueError):
@@ -98,9 +104,11 @@ def find_fixture(name: str, search: list[Path]) -> Path:
 
 def load_fixture(path: Path) -> Fixture:
     try:
-        manifest_bytes = (path / "manifest.json").read_bytes()
+        manifest_bytes = read_bounded(path / "manifest.json", "the fixture's manifest", MAX_MANIFEST_BYTES)
         manifest = json.loads(manifest_bytes)
-        raw = (path / "bodies.jsonl").read_bytes()
+        raw = read_bounded(path / "bodies.jsonl", "the fixture's bodies", MAX_BODIES_BYTES)
+    except FileRefused as exc:
+        raise FixtureError(str(exc)) from None
     except (OSError, ValueError, RecursionError) as exc:
         raise FixtureError(f"{path}: unreadable fixture ({exc})") from None
     if not isinstance(manifest, dict):

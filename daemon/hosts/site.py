@@ -115,11 +115,15 @@ TOKEN_SERVICES = ("serving", "manager", "router", "monitoring", "gpu", "steady_s
 PLACEHOLDER_TOKEN = "REPLACE-WITH-THE-SERVICE-TOKEN"
 
 
+MAX_SITE_BYTES = 1 << 20  # a site profile is a few hundred bytes of TOML
+
+
 def load_site(path: Path) -> Site:
+    from flare_diag.daemon.hosts.files import FileRefused, read_bounded
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SiteError(f"{path}: cannot read site profile ({exc.strerror})") from None
+        data = read_bounded(path, "the site profile", MAX_SITE_BYTES)
+    except FileRefused as exc:
+        raise SiteError(str(exc)) from None
     return site_from_bytes(data, path)
 
 

@@ -78,7 +78,10 @@ def build_digest() -> str:
 
 
 def default_cache() -> Path:
-    """Where a foreground `run` keeps validations: $XDG_CACHE_HOME/flare-diag/harness (~/.cache by default)."""
+    """Where a foreground `run` keeps validations: $FLARE_DIAG_HARNESS_CACHE, else
+    $XDG_CACHE_HOME/flare-diag/harness (~/.cache by default)."""
+    if os.environ.get("FLARE_DIAG_HARNESS_CACHE"):
+        return Path(os.environ["FLARE_DIAG_HARNESS_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flare-diag" / "harness"
 
 

@@ -14,10 +14,11 @@ import msgspec
 
 from flare_diag.daemon.hosts.fixture import sampling_mismatch, Fixture, FixtureError, find_fixture, load_fixture
 from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
+from flare_diag.daemon.hosts.files import FileRefused, read_bounded
 from flare_diag.daemon.hosts.site import Site, SiteError, load_site
 from flare_diag.daemon.window.reviews import ReviewError, gate, reviews_in
 from flare_diag.events.schema import WindowOpened
-from flare_diag.policies.plan import Plan, PlanError, decode_plan
+from flare_diag.policies.plan import MAX_PLAN_BYTES, Plan, PlanError, decode_plan
 from flare_diag.policies.review import Review
 from flare_diag.policies.scaling import time_scale_error
 from flare_diag.policies.planner import Calibration
@@ -92,9 +93,9 @@ def new_window_id(plan: Plan) -> str:
 
 def read_plan(path: Path) -> tuple[bytes, Plan]:
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read plan ({exc.strerror})") from None
+        raw = read_bounded(path, "the plan", MAX_PLAN_BYTES)
+    except FileRefused as exc:
+        raise InputError(str(exc)) from None
     try:
         return raw, decode_plan(raw, str(path))
     except PlanError as exc:

@@ -1,0 +1,56 @@
+"""Mistaken inputs at the console: each is one line naming the input and what was expected, never a
+traceback, never a hang (issue 52's list, as far as this build has answered it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flare_diag.daemon.cli.commands import main
+
+LONG_SOCKET = "/tmp/" + "x" * 120 + "/control.sock"
+
+# argv -> (exit code, words the one line must hold)
+CASES = [
+    (["rehearse", "--out", "/etc/hostname"], 2, "--out /etc/hostname: not a folder"),
+    (["rehearse", "--out", "/etc/hostname/inside"], 2, "a part of the path is a file"),
+    (["sim", "serve", "--port", "99999"], 2, "--port 99999: expected 0 to 65535"),
+    (["sim", "serve", "--port", "-1"], 2, "--port -1: expected 0 to 65535"),
+    (["sim", "serve", "--time-scale", "inf"], 2, "--time-scale inf: expected a finite factor"),
+    (["plan", "check", "/dev/zero"], 2, "/dev/zero: the plan is a device; expected a regular file"),
+    (["plan", "check", "/tmp"], 2, "/tmp: the plan is a folder; expected a regular file"),
+    (["fleet", "status", "--dsn", "garbage=1=2"], 2, "the DSN does not parse"),
+    (["fleet", "status", "--dsn", "postgresql://u:s3cret@127.0.0.1/x"], 2, "names a password"),
+    (["status", "--socket", LONG_SOCKET], 5, "longer than a unix socket's path may be"),
+]
+
+
+@pytest.mark.parametrize("argv,rc,words", CASES, ids=[" ".join(c[0])[:40] for c in CASES])
+def test_a_mistaken_input_is_one_line_naming_it(capsys, argv, rc, words):
+    assert main(argv) == rc
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
+    assert "s3cret" not in err
+
+
+def test_a_plan_that_is_a_fifo_is_refused_at_once_not_read_for_ever(tmp_path, capsys):
+    fifo = tmp_path / "plan.toml"
+    os.mkfifo(fifo)
+    assert main(["plan", "check", str(fifo)]) == 2  # no writer: a plain read would block here for ever
+    assert "the plan is a FIFO; expected a regular file" in capsys.readouterr().err
+
+
+def test_a_site_profile_that_is_a_device_is_refused(tmp_path, capsys):
+    assert main(["site", "check", "/dev/null"]) == 2
+    assert "the site profile is a device" in capsys.readouterr().err
+
+
+def test_a_fixture_whose_bodies_are_not_a_regular_file_is_refused(tmp_path, capsys):
+    from flare_diag.daemon.hosts.fixture import FixtureError, load_fixture
+    (tmp_path / "fx").mkdir()
+    (tmp_path / "fx" / "manifest.json").write_text('{"name": "fx", "count": 0, "sha256": []}')
+    os.mkfifo(tmp_path / "fx" / "bodies.jsonl")
+    with pytest.raises(FixtureError, match="bodies is a FIFO"):
+        load_fixture(Path(tmp_path / "fx"))
