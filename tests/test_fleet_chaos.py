@@ -188,7 +188,7 @@ def chaos_plan(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("seed", [20261203])
 def test_a_pool_under_a_seeded_fault_schedule_never_has_more_than_max_down_out(tmp_path, chaos_plan, seed):
-    got = run_chaos(tmp_path, seed, duration_s=30, hang_s=6, plan=chaos_plan)
+    got = run_chaos(tmp_path, seed, duration_s=22, hang_s=5, plan=chaos_plan)
     assert not got["errors"], got
     assert got["windows"] >= HOSTS, f"too few windows ran for the schedule to test anything: {got}"
     assert got["peak"] <= MAX_DOWN, got

@@ -65,13 +65,12 @@ async def _rehearse(setup: WindowSetup, folder: Path) -> dict:
 @functools.cache
 def build_digest() -> str:
     """This build's code that a rehearsal runs (the decider, the log, the shell, the simulator)."""
-    import flare_diag.daemon
-    import flare_diag.events
-    import flare_diag.fixtures.flaresim
-    import flare_diag.policies
+    import importlib.util
     h = hashlib.sha256()
-    for pkg in (flare_diag.policies, flare_diag.events, flare_diag.daemon, flare_diag.fixtures.flaresim):
-        root = Path(pkg.__file__).parent
+    # located, not imported: the daemon reaches the simulator only through daemon/simulator.py
+    roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0])  # type: ignore[union-attr, index]
+             for name in ("flare_diag.policies", "flare_diag.events", "flare_diag.daemon", "flare_diag.fixtures")]
+    for root in roots:
         for f in sorted(root.rglob("*.py")):
             h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
@@ -83,6 +82,12 @@ def default_cache() -> Path:
     if os.environ.get("FLARE_DIAG_HARNESS_CACHE"):
         return Path(os.environ["FLARE_DIAG_HARNESS_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flare-diag" / "harness"
+
+
+def harness_cache(state_dir: Path) -> Path:
+    """Where the daemon keeps validations: $FLARE_DIAG_HARNESS_CACHE, else its state folder's harness/validated."""
+    env = os.environ.get("FLARE_DIAG_HARNESS_CACHE")
+    return Path(env) if env else state_dir / "harness" / "validated"
 
 
 def _cache_key(setup: WindowSetup) -> str:

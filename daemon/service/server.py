@@ -32,7 +32,7 @@ from flare_diag.daemon.window.recovery import Unfinished, open_window_ids, setup
 from flare_diag.daemon.window.runner import Runner
 from flare_diag.daemon.window.sitecheck import checked_target
 from flare_diag.daemon.hosts.target import Target
-from flare_diag.daemon.rehearsal.harness import after_publishing, preconditions
+from flare_diag.daemon.rehearsal.harness import after_publishing, harness_cache, preconditions
 from flare_diag.daemon.window.reviews import reviews_in
 from flare_diag.daemon.window.setup import InputError, WindowSetup, check_review, new_window_id, setup_for_start
 from flare_diag.events.envelope import Envelope
@@ -671,7 +671,7 @@ class Service:
             try:
                 # the preserved history hashed and the offline harness rehearsed: the host only read so far
                 await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None,
-                                    self.state_dir / "harness" / "validated")
+                                    harness_cache(self.state_dir))
                 await planned(setup, target)
             except BaseException:
                 with anyio.CancelScope(shield=True):
