@@ -44,6 +44,11 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
         res = verify_log(reader, anchor)
         if not res.ok and res.problem:
             return msgspec.structs.replace(res, problem=res.problem.replace("checkpoint", "anchor"))
+        if res.head_seq > anchor.seq:
+            # anyone who can write the file can chain an event onto it: the anchor vouches only up to its seq
+            return msgspec.structs.replace(res, ok=False, first_bad_seq=anchor.seq + 1, problem=(
+                f"seq {anchor.seq + 1} to {res.head_seq} come after the anchored head seq {anchor.seq}: the anchor does "
+                f"not cover them (they chain on, as a forger's would); anchor the new head to vouch for them"))
         return res
     sha = hashlib.sha256
     pack = _fixed.pack
@@ -102,6 +107,16 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
         return VerifyResult(False, n, expect - 1, prev.hex(), expect,
                             f"truncated: checkpoint records seq {checkpoint.seq} but the log ends at seq {expect - 1}")
     return VerifyResult(True, n, expect - 1, prev.hex())
+
+
+def integrity_problems(reader: LogReader, limit: int = 5) -> list[str]:
+    """SQLite's own `PRAGMA integrity_check` of the file (b-tree pages, indexes): what it found, or []. A
+    damaged index page leaves every row's hash intact, and only this sees it."""
+    try:
+        rows = [r[0] for r in reader.conn.execute(f"PRAGMA integrity_check({int(limit)})").fetchall()]
+    except Exception as exc:  # noqa: BLE001 - a file too damaged to check says so in one line
+        return [f"the check itself failed ({' '.join(str(exc).split())[:200]})"]
+    return [] if rows == ["ok"] else [" ".join(str(r).split())[:300] for r in rows]
 
 
 def verify_path(db: Path, checkpoint: Checkpoint | None) -> VerifyResult:

@@ -137,3 +137,57 @@ def test_a_report_of_a_log_with_an_event_that_does_not_decode_exits_1_in_one_lin
     assert main(["report", str(db), "--format", "md"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "seq 5" in err[0] and "do not decode" in err[0]
+
+
+def test_an_event_chained_on_after_the_anchored_head_fails_the_anchor_naming_its_seq(published, capsys):
+    """Anyone who can write the file can append a correctly chained event (a forged verdict, say): the
+    published anchor vouches only up to its own seq."""
+    import anyio
+
+    from flare_diag.events.schema import LogNote
+    from flare_diag.events.store import EventStore
+    db, report = published
+    head = json.loads(report.read_text())["integrity"]["head_seq"]
+
+    async def forge() -> None:
+        store = await EventStore.open(db)
+        try:
+            await store.append(LogNote(text="a verdict nobody decided"), window_id="w")
+        finally:
+            await store.close()
+    anyio.run(forge)
+    capsys.readouterr()
+    assert main(["log", "verify", str(db)]) == 0  # the chain alone holds: it was chained on
+    assert main(["log", "verify", str(db), "--anchor", str(report)]) == 1
+    assert f"FAILED at seq {head + 1}: seq {head + 1} to {head + 1} come after the anchored head seq {head}" \
+        in capsys.readouterr().out
+
+
+def test_a_damaged_index_page_fails_log_verify_through_sqlite_s_own_check(tmp_path, capsys):
+    """Every row's hash can be intact while a b-tree page of the file is not: `log verify` asks SQLite's
+    integrity_check first and says what it found (here SQLite refuses the page outright: it names no page)."""
+    import anyio
+    import sqlite3
+
+    from flare_diag.events.schema import LogNote
+    from flare_diag.events.store import EventStore
+    db = tmp_path / "log.db"
+
+    async def write() -> None:
+        store = await EventStore.open(db)
+        try:
+            await store.append_many([LogNote(text=f"note {i} " + "x" * 200) for i in range(400)], window_id="w")
+        finally:
+            await store.close()
+    anyio.run(write)
+    with sqlite3.connect(db) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        idx = c.execute("SELECT rootpage FROM sqlite_master WHERE type = 'index' ORDER BY rootpage DESC").fetchone()[0]
+        page = c.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as f:  # an index page's cells (at the page's end) scrambled; the table's rows untouched
+        f.seek(idx * page - 512)
+        f.write(b"\xff" * 512)
+    capsys.readouterr()
+    rc = main(["log", "verify", str(db)])
+    cap = capsys.readouterr()
+    assert rc == 1 and "SQLITE INTEGRITY CHECK FAILED" in cap.out, (cap.out, cap.err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import json
 import sys
 
@@ -16,7 +17,7 @@ from flare_diag.events.checkpoint import BadCheckpoint, default_path, mac_ok, re
 from flare_diag.events.export import export_lines
 from flare_diag.events.reader import LogReader
 from flare_diag.events.sqlschema import NotAnEventLog
-from flare_diag.events.verify import verify_log
+from flare_diag.events.verify import integrity_problems, verify_log
 
 
 def _open(db) -> LogReader:
@@ -113,14 +114,28 @@ def _verify(args: argparse.Namespace) -> int:
                   f"(rewritten, or signed with another key)" if cp.mac else f"FAILED: {cp_path}: the checkpoint is not signed")
             return EXIT_FAILED
     with _open(args.db) as reader:
-        res = verify_log(reader, cp, anchor)
-        changed = preserved_changes(reader)
+        damaged = integrity_problems(reader)  # first: a malformed file names its bad page here, not in a crash below
+        if damaged and not getattr(args, "json", False):
+            for d in damaged:
+                print(f"SQLITE INTEGRITY CHECK FAILED: {d}")
+        try:
+            res = verify_log(reader, cp, anchor)
+            changed = preserved_changes(reader)
+        except sqlite3.DatabaseError:
+            if not damaged:
+                raise
+            print(f"FAILED: {args.db}: the SQLite file is damaged (above), so its chain cannot be walked")
+            return EXIT_FAILED
     if getattr(args, "json", False):
         print(json.dumps({"ok": res.ok and not changed, "events": res.events, "head_seq": res.head_seq,
                           "head_hash": res.head_hash, "checkpoint_seq": cp.seq if cp else None,
                           "signature_verified": key is not None, "anchor_seq": anchor.seq if anchor else None,
-                          "first_bad_seq": res.first_bad_seq, "problem": res.problem, "preserved_changed": changed}))
-        return EXIT_OK if res.ok and not changed else EXIT_FAILED
+                          "first_bad_seq": res.first_bad_seq, "problem": res.problem, "preserved_changed": changed,
+                          "sqlite_integrity": damaged or "ok"}))
+        return EXIT_OK if res.ok and not changed and not damaged else EXIT_FAILED
+    if res.ok and damaged:  # the chain may verify while the file's pages do not
+        print(f"the chain verifies ({res.events} events, head seq {res.head_seq}), but the SQLite file is damaged")
+        return EXIT_FAILED
     for c in changed:  # the chain may hold, and still record that a window broke its promise
         print(f"PRESERVED HISTORY CHANGED: {c['path']} in window {c['window_id']} (seq {c['seq']}): sha256 "
               f"{str(c['was'])[:12]} before the window, {str(c['now'])[:12] if c['now'] else 'missing'} after publishing")
