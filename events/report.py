@@ -311,7 +311,7 @@ class _Projection:
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
              "alarms": f.alarms, "scaled_bounds": f.scaled_bounds, "review": f.review or None,
-             "harness": f.harness or None, "preserved": list(f.preserved.values()), "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
+             "harness": f.harness or None, "harness_fitted": f.harness_fitted or None, "preserved": list(f.preserved.values()), "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
              "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
              "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]})
         if self.spool is not None:  # what the renderers would otherwise read from the lists in the spool

@@ -68,6 +68,11 @@ def provenance(r: dict) -> list[str]:
                     f"anything changed: **{h.get('outcome')}**, verdict {h.get('verdict')}, {h.get('forecast')}; its log's "
                     f"head seq {h.get('log_head_seq')}, hash {str(h.get('log_head_hash'))[:16]}"
                     + (f" ({h['folder']})" if h.get("folder") else "") + "."]
+    f = r.get("harness_fitted")
+    if f:
+        out += ["", f"Offline harness against the reproducer's model {f.get('scenario')}: **{f.get('outcome')}**"
+                    + (f", verdict {f.get('verdict')}, {f.get('forecast')}" if f.get("outcome") != "not_applicable"
+                       else f" ({f.get('forecast')})") + "."]
     for p in r.get("preserved") or []:
         state = {True: "unchanged", False: "**CHANGED**", None: "not checked after publishing"}[p.get("unchanged")]
         out += ["", f"Preserved: `{p['path']}`: {state} (sha256 {str(p.get('sha256_before'))[:12]})."]

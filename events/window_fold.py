@@ -48,6 +48,7 @@ class WindowFold:
         self.scaled_bounds: list[dict] = []
         self.review: dict = {}  # who reviewed the plan's bytes (production plans)
         self.harness: dict = {}  # the offline harness's rehearsal the window relied on
+        self.harness_fitted: dict = {}  # and the one against the model fitted to the site's earlier window
         self.preserved: dict[str, dict] = {}  # preserved path -> its hash before, after and whether unchanged
         self.verdict: dict | None = None
         self.restoration: dict | None = None
@@ -205,9 +206,14 @@ class WindowFold:
                         "findings": ev.findings}
 
     def _harness(self, ev: HarnessRehearsed, _wall: int | None) -> None:
-        self.harness = {"outcome": ev.outcome, "verdict": ev.verdict, "scenario": ev.scenario,
+        row = {"outcome": ev.outcome, "verdict": ev.verdict, "scenario": ev.scenario,
                         "log_head_seq": ev.log_head_seq, "log_head_hash": ev.log_head_hash, "forecast": ev.forecast,
                         "plan_sha256": ev.plan_sha256, "folder": ev.folder}
+        # the seed scenario's rehearsal, or the one against the model fitted to an earlier window
+        if ev.scenario.startswith("fitted to window "):
+            self.harness_fitted = row
+        else:
+            self.harness = row
 
     def _preserved(self, ev: PreservedChecked, _wall: int | None) -> None:
         for path, d in ev.paths.items():

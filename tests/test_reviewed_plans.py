@@ -202,3 +202,61 @@ def test_the_same_bytes_validated_once_are_not_rehearsed_again_and_the_window_na
     first, second = (json.loads((tmp_path / f"out{i}" / "report.json").read_text())["harness"] for i in (1, 2))
     assert first == second and first["folder"] == str((tmp_path / "out1" / "harness").resolve())
     assert not (tmp_path / "out2" / "harness").exists()  # no second rehearsal of the same bytes
+
+
+def test_with_an_earlier_window_the_harness_also_rehearses_the_model_fitted_to_it(tmp_path, small_plan, default_rehearsal):
+    """The earlier window (the shipped plan's default rehearsal: the seed's pools at 52 rows, every request
+    agreeing) is fitted by the reproducer, and the plan rehearsed against that model before anything changes."""
+    _rc, _report, earlier = default_rehearsal
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        p = run(host, plan, tmp_path / "out", "--reviews", str(tmp_path / "reviews.db"),
+                "--calibrate", str(earlier / "log.db"))
+    finally:
+        host.stop()
+    assert p.returncode == 0, p.stderr[-1500:]
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    f = r["harness_fitted"]
+    assert f["scenario"].startswith("fitted to window ") and "seed_pools of 52 (288 of 288 requests agree)" in f["scenario"]
+    assert f["outcome"] == "completed" and Path(f["folder"], "log.db").is_file()
+    assert "Offline harness against the reproducer's model fitted to window" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_fitted_model_the_simulator_cannot_serve_is_said_and_refuses_nothing(tmp_path, small_plan):
+    """A contract host's cache is a plain LRU of records: the fit finds it, and the simulator has no such
+    cache, so that rehearsal is `not_applicable`, named in the report, and the window runs."""
+    plan = _without_trace(small_plan, tmp_path)
+    sign(plan, "bob", tmp_path / "reviews.db")
+    host = ContractHost(tmp_path / "host", cache_entries=4)
+    try:
+        first = run(host, plan, tmp_path / "first", "--reviews", str(tmp_path / "reviews.db"))
+        second = run(host, plan, tmp_path / "second", "--reviews", str(tmp_path / "reviews.db"),
+                     "--calibrate", str(tmp_path / "first" / "log.db"))
+    finally:
+        host.stop()
+    assert (first.returncode, second.returncode) == (0, 0), second.stderr[-1500:]
+    f = json.loads((tmp_path / "second" / "report.json").read_text())["harness_fitted"]
+    assert "lru_records of 4" in f["scenario"] and f["outcome"] == "not_applicable"
+
+
+def test_the_daemon_fits_the_sites_earlier_window_from_its_own_log_before_the_next(tmp_path, small_plan):
+    from tests.daemontools import in_phase
+    sim = Sim(tmp_path)
+    d = Daemon(tmp_path).start()
+    try:
+        ids = []
+        for _ in range(2):
+            p = d.cli("start", str(small_plan), "--site", sim.site.stem, "--time-scale", "100", "--accept-partial")
+            assert p.returncode == 0, p.stderr
+            ids.append(p.stdout.strip().splitlines()[-1])
+            d.wait_for(lambda st: in_phase(st, 1), timeout=120, what="a phase with requests")
+            assert d.cli("abort", "--reason", "next window").returncode == 0
+            d.wait_for(lambda st: st["state"] == "idle" and st["last_window"], timeout=120, what="the restore")
+    finally:
+        d.stop()
+        sim.stop()
+    with LogReader(d.state / "log.db") as reader:
+        fits = [e.event() for e in reader.iter(types=["harness_rehearsed"]) if e.window_id == ids[1]]
+    assert [f.scenario.startswith(f"fitted to window {ids[0]}") for f in fits] == [False, True], [f.scenario for f in fits]

@@ -602,6 +602,8 @@ def _window(args: argparse.Namespace) -> int:
             import asyncio
             setup = setup_for_site(args.plan, args.site, args.time_scale, args.reviews)
             setup.calibration = _calibration(args.calibrate)
+            if args.calibrate is not None:  # the site's earlier window: the harness rehearses its fitted model too
+                setup.earlier = (args.calibrate, None)
             setup.accept_partial = args.accept_partial
             report = asyncio.run(run_window(setup, out, console, events_out=events_out))
     except InputError as exc:

@@ -38,7 +38,7 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     target = await checked_target(setup, out / "recipes")  # reads only: the site check and the incumbent's bounds
     try:
         await preconditions(setup, out / "harness", [out], Path(setup.plan_path).parent.resolve() if setup.plan_path else None,
-                            default_cache())
+                            default_cache(), setup.earlier)
     except BaseException:
         await target.close()
         raise

@@ -670,8 +670,9 @@ class Service:
             target = await checked_target(setup, self.state_dir / "recipes")
             try:
                 # the preserved history hashed and the offline harness rehearsed: the host only read so far
+                earlier = await _thread(_earlier_window, self.db, setup.site.name)
                 await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None,
-                                    harness_cache(self.state_dir))
+                                    harness_cache(self.state_dir), (self.db, earlier) if earlier else None)
                 await planned(setup, target)
             except BaseException:
                 with anyio.CancelScope(shield=True):
@@ -823,6 +824,15 @@ def _envelopes_between(db: Path, start: int, end: int) -> list[Envelope]:
         return []
     with LogReader(db) as r:
         return list(itertools.takewhile(lambda e: e.seq <= end, r.iter(from_seq=start)))
+
+
+def _earlier_window(db: Path, site: str) -> str | None:
+    """The last window of `site` this log closed (the reproducer's fit starts from it), or None."""
+    with LogReader(db) as r:
+        closed = {env.window_id for env in r.iter(types=["window_closed"])}
+        opened = [env for env in r.iter(types=["window_opened"]) if env.window_id in closed]
+    mine = [env.window_id for env in opened if env.event().site == site]
+    return mine[-1] if mine else None
 
 
 def _last_closed_window(db: Path) -> dict | None:

@@ -66,6 +66,7 @@ class WindowSetup:
     probes: list = field(default_factory=list)  # ProbeRequest events the forecast sent, for the log
     review: dict = field(default_factory=dict)  # the review that let a production plan run (by, note, seq, hash)
     preconditions: list = field(default_factory=list)  # events logged before the window opens (harness, preserved)
+    earlier: tuple[Path, str | None] | None = None  # an earlier window of the site (its log, its id; None: the last)
 
     @property
     def plan_sha256(self) -> str:
