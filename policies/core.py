@@ -22,6 +22,13 @@ from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Runn
 
 
 
+READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
+                   "retain_recipe", "health"})
+# what a restore may ask again after the daemon restarted without its answer: reads, and the restore's own
+# preflight generations and guard evaluations, none of which changes the host
+RE_ASKABLE = READS | {"preflight", "steady_state"}
+
+
 class WindowCore(Driver):
     """One window's typed state and the operations its procedures may use to change it."""
 
@@ -156,8 +163,7 @@ class WindowCore(Driver):
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
             self.restart_watch.reset()
         aid = super()._request(action, args, experimental)
-        if self.stage == Stage.RESTORE and action in ("scrape_metrics", "snapshot", "read_identity", "manager_state",
-                                                      "health", "preflight", "steady_state"):
+        if self.stage == Stage.RESTORE and action in RE_ASKABLE:
             self.read_args[aid] = dict(args or {})  # kept until answered: a restart may have to ask it again
         return aid
 

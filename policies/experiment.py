@@ -433,7 +433,16 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural,
                   prime=prime, incarnation_id=w.candidate_id, identity_held=held, hit_requests=hit_requests,
                   drain_unseen=sorted(w.drain_unseen))
-    if held is False:
+    phase_cell(w, ph, common, closing, settled, changes if held is False else [], failures, answers)
+
+def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict, closing: Any, settled: bool, changes: list[str],
+               failures: list[str], answers: list[consistency.Answer]) -> None:
+    """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
+    identity, a drain that did not settle), failed (requests failed), or measured (with what it was
+    measured under); a drifted identity also aborts the window."""
+    plan = w.plan
+    reqs, natural = common["requests"], common["natural_failures"]
+    if changes:
         w._cell(ph.id, "invalid", "its closing identity differs from the one verified for incarnation "
                 f"{ph.incarnation}: " + "; ".join(changes), **common)
         w._abort_inside("identity_drift", f"{ph.id}: identity after the closing drain: " + "; ".join(changes))
@@ -443,14 +452,14 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     elif not settled:
         w._cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
     elif failures:
-        w._cell(ph.id, "failed", f"{len(failures)} of {len(reqs)} requests failed: {', '.join(failures[:3])}", **common)
+        w._cell(ph.id, "failed", f"{len(failures)} of {reqs} requests failed: {', '.join(failures[:3])}", **common)
     elif ph.kind == "consistency":
         half = len(answers) // 2
         result = consistency.judge(answers[:half], answers[half:])
         status, why = consistency.finding(result)
         w._cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
     else:
-        why = f"{len(reqs)} requests" + (f", {natural} natural output failures recorded" if natural else "")
+        why = f"{reqs} requests" + (f", {natural} natural output failures recorded" if natural else "")
         if w.stop_marked:
             why += (f"; its closing drain settled at minute {w._minute():.2f}, after the stop minute "
                     f"{plan.timing.stop_min:g} (all its requests had finished before it)")

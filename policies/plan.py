@@ -85,6 +85,10 @@ class Rates(msgspec.Struct, forbid_unknown_fields=True):
     # (site profile [forecast]); each is logged. 0: never
     probe_requests: int = 4
 
+    def restore_expected_s(self) -> float:
+        """What a restore is expected to take: unload and load an incarnation, and its checks."""
+        return 2 * self.load_s + 8 * self.request_overhead_s
+
 
 class Growth(msgspec.Struct, forbid_unknown_fields=True):
     """Bounds whose crossing is uncontrolled growth."""
@@ -326,7 +330,7 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: follow_on.min_benefit = {fo.min_benefit:g}, max_regression = {fo.max_regression:g}: "
                         f"expected at least {percent(MIN_BENEFIT)} benefit and at most {percent(MAX_REGRESSION)} "
                         f"regression (the seed's acceptance rule; a stricter bar is allowed)")
-    restore_expected_s = 2 * plan.rates.load_s + 8 * plan.rates.request_overhead_s  # unload, load, the checks
+    restore_expected_s = plan.rates.restore_expected_s()
     budget = t.restore_budget()
     if not 0 < budget * 60 or budget + t.closing_drain_bound_min() > t.restore_reserve_min:
         raise PlanError(f"{source}: timing.restore_budget_min = {budget:g} with a closing drain of up to "

@@ -58,10 +58,8 @@ def max_time_scale(plan: Plan) -> float:
     """The largest scale at which every raised bound still fits the window: a closing drain at its floor
     (past the stop minute) must leave the restore its expected time within the reserve, and no watch or
     drain may be allowed longer than the whole reserve."""
-    t, r = plan.timing, plan.rates
-    reserve_s = t.restore_reserve_min * 60
-    restore_expected_s = 2 * r.load_s + 8 * r.request_overhead_s  # unload, load, the checks (as plan.check_plan)
-    limits = [(reserve_s - restore_expected_s) / DRAIN_MIN_REAL_S, reserve_s / WATCH_LOST_MIN_REAL_S,
+    reserve_s = plan.timing.restore_reserve_min * 60
+    limits = [(reserve_s - plan.rates.restore_expected_s()) / DRAIN_MIN_REAL_S, reserve_s / WATCH_LOST_MIN_REAL_S,
               reserve_s / DRAIN_MIN_REAL_S]
     return max(1.0, min(limits))
 

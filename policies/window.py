@@ -17,7 +17,7 @@ from flare_diag.events.schema import (
     RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
 )
 from flare_diag.policies import guards, restarts, rules, steady
-from flare_diag.policies.core import WindowCore
+from flare_diag.policies.core import READS, RE_ASKABLE, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
 from flare_diag.policies.driver import Sleep
 from flare_diag.policies.experiment import experiment
 from flare_diag.policies.plan import plan_from_builtins
@@ -27,11 +27,6 @@ from flare_diag.policies.scaling import scaled_bounds
 from flare_diag.policies.state import Stage, advance
 
 
-READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
-                   "retain_recipe", "health"})
-# what a restore may ask again after the daemon restarted without its answer: reads, and the restore's own
-# preflight generations and guard evaluations, none of which changes the host
-RE_ASKABLE = READS | {"preflight", "steady_state"}
 
 
 class WindowPolicy(WindowCore):

@@ -41,7 +41,8 @@ def _local(db: Path) -> list[tuple]:
 
 
 async def _ship_all(dsn: str, host: str, db: Path, batch: int = 500) -> int:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+    """Ships the whole log as `host`'s own login role does (flare_diag_host), never as the superuser."""
+    async with await psycopg.AsyncConnection.connect(role_dsn(dsn, host)) as conn:
         n = 0
         while (res := await ship_once(conn, host, "pool-a", db, batch)).events:
             n += res.events
@@ -129,7 +130,7 @@ async def test_a_local_log_rewritten_after_shipping_is_caught_at_the_first_diffe
     db = _log(tmp_path)
     await _ship_all(fleet, "h1", db)
     _rewrite(db, 40)
-    res = await verify_host(fleet, "h1", db)
+    res = await verify_host(role_dsn(fleet, "alice", "flare_diag_operator"), "h1", db)
     assert not res["ok"] and res["first_differing_seq"] == 40
 
 
@@ -262,7 +263,7 @@ async def test_a_host_role_ships_only_its_own_events(fleet, tmp_path):
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h2")) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             await ship_once(conn, "h1", "pool-a", db, 100)
-    assert await _ship_all(role_dsn(fleet, "h1"), "h1", db) == len(_local(db))
+    assert await _ship_all(fleet, "h1", db) == len(_local(db))  # as h1's own role (the helper)
 
 
 async def test_a_lease_after_a_failed_restore_stays_held_until_a_person_releases_it(fleet):
@@ -289,7 +290,7 @@ def test_a_window_report_rebuilt_from_the_fleet_is_the_hosts_own_byte_for_byte(f
     for fmt in ("json", "md", "html"):
         assert main(["report", str(db), "--window", window, "--format", fmt]) == 0
         own = capsysbinary.readouterr().out
-        assert main(["fleet", "report", window, "--format", fmt, "--dsn", fleet]) == 0
+        assert main(["fleet", "report", window, "--format", fmt, "--dsn", role_dsn(fleet, "alice", "flare_diag_operator")]) == 0
         assert capsysbinary.readouterr().out == own and len(own) > 1000
 
 
@@ -304,7 +305,7 @@ async def test_reports_of_several_windows_over_two_hosts_each_equal_the_hosts_ow
     for host, db in logs.items():
         await _ship_all(fleet, host, db)
     asked = ["w-c", "w-b", "w-a"]
-    got = await reports(fleet, asked)
+    got = await reports(role_dsn(fleet, "alice", "flare_diag_operator"), asked)
     assert list(got) == asked
     own = {w: build_report(logs["h2" if w == "w-c" else "h1"], w) for w in asked}
     assert got == own and {r["window_id"] for r in got.values()} == set(asked)
@@ -330,19 +331,26 @@ async def test_a_claim_its_daemon_stops_renewing_expires_and_the_run_is_queued_a
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
         assert (await campaigns.claim(h1, "h1")).run == 1
         assert (await _state(fleet, cid))[:2] == ("claimed", 1)
-        await anyio.sleep(1.3)  # its daemon died: nothing renews the claim
+        await _age_claims(fleet, cid)  # its daemon died: nothing renewed the claim in time
         assert await campaigns.expire(h1, "h1") == [(cid, 1, "queued")]
     state, attempts, detail = await _state(fleet, cid)
     assert (state, attempts) == ("queued", 1) and "claim expired" in detail
 
 
+async def _age_claims(fleet: str, campaign: int) -> None:
+    """Every claim of the campaign past its timeout, as if its daemon had been silent that long (no sleep:
+    the database's clock is moved past, not waited for)."""
+    async with await psycopg.AsyncConnection.connect(fleet, autocommit=True) as admin:
+        await admin.execute("UPDATE runs SET lease_until = now() - interval '1 second' WHERE campaign = %s", (campaign,))
+
+
 async def test_a_renewed_claim_does_not_expire(fleet):
     from flare_diag.daemon.fleet import campaigns
-    cid = await _campaign(fleet, visibility_s=1.0)
+    cid = await _campaign(fleet, visibility_s=60.0)
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
         await campaigns.claim(h1, "h1")
         for _ in range(3):
-            await anyio.sleep(0.5)
+            await _age_claims(fleet, cid)  # it would expire now, but for the renewal
             assert await campaigns.renew(h1, "h1", []) == 1
         assert await campaigns.expire(h1, "h1") == []
     assert (await _state(fleet, cid))[0] == "claimed"
@@ -354,7 +362,7 @@ async def test_a_run_whose_claims_keep_expiring_fails_once_its_retries_are_spent
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
         for _ in range(2):  # the first claim and its one retry
             assert await campaigns.claim(h1, "h1") is not None
-            await anyio.sleep(0.3)
+            await _age_claims(fleet, cid)
         assert await campaigns.claim(h1, "h1") is None  # the expiry it ran first failed the run
     state, attempts, detail = await _state(fleet, cid)
     assert (state, attempts) == ("failed", 2) and "retries spent" in detail
@@ -366,7 +374,7 @@ async def test_a_run_whose_window_closes_after_its_claim_expired_is_still_marked
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
         run = await campaigns.claim(h1, "h1")
         await campaigns.mark(h1, run, "running", "w-late")
-        await anyio.sleep(0.3)
+        await _age_claims(fleet, cid)
         await campaigns.expire(h1, "h1")  # its daemon was down for a while
         await campaigns.finish(h1, "w-late", "completed", "not_reproduced", True)  # back, its log says closed
     assert (await _state(fleet, cid))[0] == "done"

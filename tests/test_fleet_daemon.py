@@ -74,6 +74,13 @@ def _start(d: Daemon, pool_plan: Path, sim: Sim, scale: float = SCALE):
     return d.cli("start", str(pool_plan), "--site", sim.site.stem, "--time-scale", str(scale), "--accept-partial")
 
 
+def _started(d: Daemon, plan: Path, sim: Sim) -> str:
+    """A window started on the daemon (as the CLI's `start`); its id."""
+    p = _start(d, plan, sim)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-1]
+
+
 def _query(dsn: str, sql: str, args=()) -> list[tuple]:
     with psycopg.connect(dsn) as c:
         return c.execute(sql, args).fetchall()
@@ -179,9 +186,7 @@ def test_the_database_stopped_immediately_mid_window_leaves_the_window_whole_and
     _pool(fleet_dsn, 1)
     d = _daemon(tmp_path, fleet_dsn)
     try:
-        p = _start(d, pool_plan, sim)
-        assert p.returncode == 0, p.stderr
-        window_id = p.stdout.strip().splitlines()[-1]
+        window_id = _started(d, pool_plan, sim)
         pg.stop("immediate")  # the lease is held and the window runs: from here on nothing reaches the database
         try:
             st = d.wait_for(lambda st: st["state"] == "idle" and st["last_window"], timeout=240, what="the window to close")
@@ -473,9 +478,7 @@ def test_a_window_whose_lease_is_freed_under_it_aborts_and_restores(tmp_path, fl
     _pool(fleet_dsn, 1)
     d = _daemon(tmp_path, fleet_dsn)
     try:
-        p = _start(d, small_plan, sim)
-        assert p.returncode == 0, p.stderr
-        window_id = p.stdout.strip().splitlines()[-1]
+        window_id = _started(d, small_plan, sim)
         d.wait_for(lambda st: in_phase(st, 2), timeout=120, what="a phase with requests")
         with psycopg.connect(_operator(fleet_dsn)) as c:
             c.execute("DELETE FROM leases WHERE host = 'h1'")

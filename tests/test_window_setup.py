@@ -76,19 +76,22 @@ def test_a_time_scale_below_1_not_finite_or_above_what_the_plan_allows_is_refuse
     assert not (tmp_path / "out").exists()
 
 
-def test_start_over_the_socket_with_an_absurd_time_scale_is_refused_before_anything_is_read(tmp_path):
-    from flare_diag.daemon.window.setup import InputError, setup_for_start
+def _start_on(tmp_path, gpu: str, time_scale: float) -> None:
+    """`start`'s setup (the daemon's, over the socket) of the production plan on a site of this GPU source."""
+    from flare_diag.daemon.window.setup import setup_for_start
     sites = tmp_path / "sites"
     sites.mkdir()
-    _site(sites, 'source = "sim"')
+    _site(sites, gpu)
+    setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=time_scale)
+
+
+def test_start_over_the_socket_with_an_absurd_time_scale_is_refused_before_anything_is_read(tmp_path):
+    from flare_diag.daemon.window.setup import InputError
     with pytest.raises(InputError, match="expected at most 215 for this plan"):
-        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=1e308)
+        _start_on(tmp_path, 'source = "sim"', 1e308)
 
 
 def test_start_with_a_scaled_clock_on_a_production_site_is_refused_before_anything_is_read_from_the_host(tmp_path):
-    from flare_diag.daemon.window.setup import InputError, setup_for_start
-    sites = tmp_path / "sites"
-    sites.mkdir()
-    _site(sites, 'source = "nvml"')
+    from flare_diag.daemon.window.setup import InputError
     with pytest.raises(InputError, match="only a simulated site"):
-        setup_for_start(PRODUCTION_PLAN.read_bytes(), "plan.toml", "site", sites, time_scale=20)
+        _start_on(tmp_path, 'source = "nvml"', 20)

@@ -34,6 +34,23 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _add_run(sub) -> argparse.ArgumentParser:
+    """`flare-diag run`'s own flags (the forecast's and --json are shared with `rehearse`)."""
+    rn = sub.add_parser("run", help="run a window against a site")
+    rn.add_argument("--plan", type=Path, default=None, help="the window's plan (TOML)")
+    rn.add_argument("--site", type=Path, default=None, help="the site profile (TOML)")
+    rn.add_argument("--out", type=Path, default=None, help="where the log and reports go (a new folder)")
+    rn.add_argument("--resume", type=Path, default=None, metavar="OUT",
+                    help="pick up the window a foreground run left open in OUT (killed, or its session lost) "
+                         "and restore the incumbent")
+    rn.add_argument("--time-scale", type=float, default=1.0,
+                    help="window seconds per wall second (a site whose clock runs faster, as a simulator's may)")
+    rn.add_argument("--reviews", type=Path, default=None, metavar="LOG",
+                    help="the log holding the plan's review (`flare-diag review sign PLAN --by NAME --log LOG`): a "
+                         "production plan runs only with a review of its exact bytes by someone other than its author")
+    return rn
+
+
 def build_parser() -> argparse.ArgumentParser:
     from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
     scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
@@ -96,18 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the simulated host's recipe the window loads as its candidate: glm-candidate, or a policy "
                          "build glm-candidate-POLICY (lru_leaf, marconi, protect_full_prompt) for a follow-on's sides "
                          "(default glm-candidate)")
-    rn = sub.add_parser("run", help="run a window against a site")
-    rn.add_argument("--plan", type=Path, default=None, help="the window's plan (TOML)")
-    rn.add_argument("--site", type=Path, default=None, help="the site profile (TOML)")
-    rn.add_argument("--out", type=Path, default=None, help="where the log and reports go (a new folder)")
-    rn.add_argument("--resume", type=Path, default=None, metavar="OUT",
-                    help="pick up the window a foreground run left open in OUT (killed, or its session lost) "
-                         "and restore the incumbent")
-    rn.add_argument("--time-scale", type=float, default=1.0,
-                    help="window seconds per wall second (a site whose clock runs faster, as a simulator's may)")
-    rn.add_argument("--reviews", type=Path, default=None, metavar="LOG",
-                    help="the log holding the plan's review (`flare-diag review sign PLAN --by NAME --log LOG`): a "
-                         "production plan runs only with a review of its exact bytes by someone other than its author")
+    rn = _add_run(sub)
     for sp in (rh, rn):
         _forecast_flags(sp)
         sp.add_argument("--json", action="store_true",

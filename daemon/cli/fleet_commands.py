@@ -62,6 +62,23 @@ def add_parser(sub, parser_class) -> None:
     wl.add_argument("--since", default=None, help="an ISO date or time")
     wl.add_argument("--json", action="store_true", help="one JSON object per line")
     conn_flags(wl)
+    _add_campaign(fsub, parser_class, conn_flags)
+    rp = fsub.add_parser("report", help="a window's report rebuilt from the fleet's events (the host's own, byte for byte)")
+    rp.add_argument("window", help="the window id")
+    rp.add_argument("--format", choices=["json", "md", "html"], default="json", help="the report's format")
+    conn_flags(rp)
+    vf = fsub.add_parser("verify", help="a host's shipped chain recomputed, and its local log checked against it",
+                         description="Exit 0: the fleet's chain holds and the local log (when given) agrees with it; 1: the "
+                                     "first differing seq is named; 2: bad input.")
+    vf.add_argument("host", help="the host's id")
+    vf.add_argument("--log", type=Path, default=None, help="the host's local log.db to check against the fleet")
+    vf.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    conn_flags(vf)
+
+
+
+def _add_campaign(fsub, parser_class, conn_flags) -> None:
+    """`fleet campaign create|cancel|requeue|show`."""
     cp = fsub.add_parser("campaign", help="one plan queued on several hosts, each run claimed by its host's daemon")
     csub = cp.add_subparsers(dest="campaign_cmd", required=True, parser_class=parser_class)
     cc = csub.add_parser("create", help="queue a plan's runs on hosts (repeats run side by side, repeat by repeat)")
@@ -92,18 +109,6 @@ def add_parser(sub, parser_class) -> None:
     cs.add_argument("campaign", type=int, help="the campaign's number")
     cs.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     conn_flags(cs)
-    rp = fsub.add_parser("report", help="a window's report rebuilt from the fleet's events (the host's own, byte for byte)")
-    rp.add_argument("window", help="the window id")
-    rp.add_argument("--format", choices=["json", "md", "html"], default="json", help="the report's format")
-    conn_flags(rp)
-    vf = fsub.add_parser("verify", help="a host's shipped chain recomputed, and its local log checked against it",
-                         description="Exit 0: the fleet's chain holds and the local log (when given) agrees with it; 1: the "
-                                     "first differing seq is named; 2: bad input.")
-    vf.add_argument("host", help="the host's id")
-    vf.add_argument("--log", type=Path, default=None, help="the host's local log.db to check against the fleet")
-    vf.add_argument("--json", action="store_true", help="one JSON object instead of a line")
-    conn_flags(vf)
-
 
 def _dsn(args: argparse.Namespace):
     from flare_diag.daemon.fleet.config import FleetError, conninfo, load_config
@@ -204,51 +209,7 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
                       f"verdict {r['verdict'] or '-'}  {restored}")
         return EXIT_OK
     if cmd == "campaign":
-        from flare_diag.daemon.fleet import campaigns
-        if args.campaign_cmd == "create":
-            try:
-                raw = args.plan.read_bytes()
-            except OSError as exc:
-                raise UsageError(f"{args.plan}: cannot be read ({exc.strerror or exc})") from None
-            from flare_diag.policies.plan import PlanError, decode_plan
-            try:
-                plan = decode_plan(raw, str(args.plan))
-            except PlanError as exc:
-                raise UsageError(str(exc)) from None
-            order = list(plan.follow_on.order) if plan.follow_on and plan.follow_on.stage == "policy" else None
-            if not 0 <= args.retries <= 100 or not 1 <= args.visibility_s <= 86_400:
-                raise UsageError(f"--retries {args.retries} / --visibility-s {args.visibility_s:g}: expected 0 to 100 "
-                                 f"retries and 1 to 86400 s")
-            cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
-                                         args.repeats, args.time_scale, args.accept_partial, _caller(), order,
-                                         args.candidate_site, args.retries, args.visibility_s)
-            print(f"campaign {cid}: {plan.name} on {args.hosts} x{args.repeats}")
-            return EXIT_OK
-        if args.campaign_cmd == "cancel":
-            n = await campaigns.cancel(dsn, args.campaign, _caller())
-            print(f"campaign {args.campaign}: {n} runs cancelled")
-            return EXIT_OK
-        if args.campaign_cmd == "requeue":
-            n = await campaigns.requeue(dsn, args.campaign, _caller(), args.run)
-            print(f"campaign {args.campaign}: {n} runs queued again")
-            return EXIT_OK if n else EXIT_FAILED
-        shown = await campaigns.show(dsn, args.campaign)
-        if args.json:
-            print(json.dumps(shown))
-            return EXIT_OK
-        s = shown["summary"]
-        print(f"campaign {shown['campaign']}: {shown['plan']} (sha256 {shown['plan_sha256'][:16]}) on site "
-              f"{shown['site']}: {s['done']} of {s['runs']} runs done, {s['restorations_verified']} restorations "
-              f"verified, verdicts {', '.join(s['verdicts']) or '-'}{' (all agree)' if s['verdicts_agree'] else ''}")
-        for host, acc in (shown["acceptance"] or {}).items():
-            print(f"  {host}: {acc['reason']}")
-        for r in shown["runs"]:
-            print(f"  run {r['run']:>3}  {r['host']}  repeat {r['repeat']}{' ' + r['side'] if r['side'] else ''}  "
-                  f"{r['state']:8}  {r['window_id'] or '-'}  "
-                  f"{r['outcome'] or '-'}  verdict {r['verdict'] or '-'}  "
-                  f"restoration {'verified' if r['restoration_verified'] else '-' if r['restoration_verified'] is None else 'NOT verified'}"
-                  + (f"  ({r['detail']})" if r["detail"] and r["state"] != "done" else ""))
-        return EXIT_OK
+        return await _campaign(args, dsn)
     if cmd == "report":
         import sys
 
@@ -268,3 +229,52 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
         print(f"{args.host}: {res['problem']}" + (f" (first differing seq {res['first_differing_seq']})"
                                                  if res["first_differing_seq"] else ""))
     return EXIT_OK if res["ok"] else EXIT_FAILED
+
+
+async def _campaign(args: argparse.Namespace, dsn: str) -> int:
+    """`fleet campaign ...`: create, cancel, requeue, show."""
+    from flare_diag.daemon.fleet import campaigns
+    if args.campaign_cmd == "create":
+        try:
+            raw = args.plan.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"{args.plan}: cannot be read ({exc.strerror or exc})") from None
+        from flare_diag.policies.plan import PlanError, decode_plan
+        try:
+            plan = decode_plan(raw, str(args.plan))
+        except PlanError as exc:
+            raise UsageError(str(exc)) from None
+        order = list(plan.follow_on.order) if plan.follow_on and plan.follow_on.stage == "policy" else None
+        if not 0 <= args.retries <= 100 or not 1 <= args.visibility_s <= 86_400:
+            raise UsageError(f"--retries {args.retries} / --visibility-s {args.visibility_s:g}: expected 0 to 100 "
+                             f"retries and 1 to 86400 s")
+        cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
+                                     args.repeats, args.time_scale, args.accept_partial, _caller(), order,
+                                     args.candidate_site, args.retries, args.visibility_s)
+        print(f"campaign {cid}: {plan.name} on {args.hosts} x{args.repeats}")
+        return EXIT_OK
+    if args.campaign_cmd == "cancel":
+        n = await campaigns.cancel(dsn, args.campaign, _caller())
+        print(f"campaign {args.campaign}: {n} runs cancelled")
+        return EXIT_OK
+    if args.campaign_cmd == "requeue":
+        n = await campaigns.requeue(dsn, args.campaign, _caller(), args.run)
+        print(f"campaign {args.campaign}: {n} runs queued again")
+        return EXIT_OK if n else EXIT_FAILED
+    shown = await campaigns.show(dsn, args.campaign)
+    if args.json:
+        print(json.dumps(shown))
+        return EXIT_OK
+    s = shown["summary"]
+    print(f"campaign {shown['campaign']}: {shown['plan']} (sha256 {shown['plan_sha256'][:16]}) on site "
+          f"{shown['site']}: {s['done']} of {s['runs']} runs done, {s['restorations_verified']} restorations "
+          f"verified, verdicts {', '.join(s['verdicts']) or '-'}{' (all agree)' if s['verdicts_agree'] else ''}")
+    for host, acc in (shown["acceptance"] or {}).items():
+        print(f"  {host}: {acc['reason']}")
+    for r in shown["runs"]:
+        print(f"  run {r['run']:>3}  {r['host']}  repeat {r['repeat']}{' ' + r['side'] if r['side'] else ''}  "
+              f"{r['state']:8}  {r['window_id'] or '-'}  "
+              f"{r['outcome'] or '-'}  verdict {r['verdict'] or '-'}  "
+              f"restoration {'verified' if r['restoration_verified'] else '-' if r['restoration_verified'] is None else 'NOT verified'}"
+              + (f"  ({r['detail']})" if r["detail"] and r["state"] != "done" else ""))
+    return EXIT_OK

@@ -29,8 +29,9 @@ GAUGES = {
     # engines that size their host cache in tokens (SGLang's HiCache) rather than rows and pages
     "host_cache_tokens_used": "flare_host_cache_tokens_used",
     "host_cache_tokens_capacity": "flare_host_cache_tokens_capacity",
-    # the standard process collector's (prometheus_client `ProcessCollector`, which vLLM's API server
-    # and SGLang export as they are): a value that moves within one incarnation is an unseen restart
+    # prometheus_client's `ProcessCollector` gauge (its default registry exports it on Linux); recorded on a
+    # real vLLM 0.32's /metrics (issue 51), where it is the API server's process. Not checked for SGLang. A
+    # value that moves within one incarnation is an unseen restart
     "process_start_time": "process_start_time_seconds",
 }
 INFO = {"build": "flare_build_info", "incarnation": "flare_incarnation_info"}

@@ -81,20 +81,7 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     opened = _opened(db, window)
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
     source = plan_from_builtins(opened.plan, "the source window's plan")
-    restored = report.get("restoration") or {}
-    if report.get("outcome") == "restore_failed" or not restored.get("verified"):
-        # not a gate --force may pass: a window that left its primary unrestored earns no second one
-        raise Refused(f"window {window} ended {report.get('outcome')} without a verified restoration; no follow-on is "
-                      f"derived from it (restore the primary and repeat the window first)")
-    change = "nsight" if stage == "nsight" else policy
-    if not change:
-        raise Refused("plan follow-on: give --policy NAME (or --stage nsight)")
-    try:
-        review, why = follow_on_review(reviews_in(reviews or db), window, change, source.author)
-    except ReviewError as exc:
-        raise Refused(f"--reviews {exc}") from None
-    if review is None:
-        raise Refused(f"plan follow-on refused: {why} (--force does not skip the review)")
+    review = _unforceable_gates(report, window, "nsight" if stage == "nsight" else policy, reviews or db, source.author)
     missed: list[str] = []
     if stage == "nsight":
         tr = report.get("trace") or {}
@@ -149,6 +136,26 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
                                                    f"ABBA; accepted by `report compare` (>= 5 % benefit, <= 3 % "
                                                    f"regression, correct)" if stage == "policy" else
                                                    "the capture stage admitted on its evidence")))
+
+
+def _unforceable_gates(report: dict, window: str, change: str | None, reviews: Path, author: str):
+    """The gates --force never passes: the source window ended with its restoration verified, and a review
+    of this follow-on (the window, the policy change) by someone other than the source plan's author is
+    recorded in `reviews`. Returns that review; Refused otherwise."""
+    restored = report.get("restoration") or {}
+    if report.get("outcome") == "restore_failed" or not restored.get("verified"):
+        # a window that left its primary unrestored earns no second one
+        raise Refused(f"window {window} ended {report.get('outcome')} without a verified restoration; no follow-on is "
+                      f"derived from it (restore the primary and repeat the window first)")
+    if not change:
+        raise Refused("plan follow-on: give --policy NAME (or --stage nsight)")
+    try:
+        review, why = follow_on_review(reviews_in(reviews), window, change, author)
+    except ReviewError as exc:
+        raise Refused(f"--reviews {exc}") from None
+    if review is None:
+        raise Refused(f"plan follow-on refused: {why} (--force does not skip the review)")
+    return review
 
 
 CONSISTENCY_MAX_TOKENS = 256  # greedy answers long enough to differ, short enough to cost minutes
