@@ -99,9 +99,10 @@ def test_at_x60_the_raised_bounds_are_in_scaled_bounds_and_under_needs_attention
 
 
 def test_at_x6_a_gpu_view_that_falls_silent_aborts_watch_lost_within_the_plans_30_window_seconds(tmp_path, small_plan):
-    # loads take 3 real s (18 window s), so the experiment outlasts 30 window s of silence from A's
-    # third request; the view answers again 6.5 real s in, before the restore reads it
-    h = ContractHost(tmp_path / "host", cache_entries=4, load_delay_s=3.0, gpu_silent={"after_chats": 3, "for_s": 6.5})
+    # loads take 4 real s (24 window s), so the experiment outlasts 30 window s (5 real s) of silence from
+    # A's third request, whatever the machine's speed (slower only lengthens it); the view answers again
+    # 7.5 real s in, before the restore (an unload and a 4-s load after the abort) reads it
+    h = ContractHost(tmp_path / "host", cache_entries=4, load_delay_s=4.0, gpu_silent={"after_chats": 3, "for_s": 7.5})
     try:
         p = flare_diag("run", "--plan", str(_without_trace(small_plan, tmp_path)), "--site", str(h.site),
                        "--out", str(tmp_path / "out"), "--time-scale", "6")
