@@ -24,12 +24,31 @@ def test_llamacpp_recorded_sample_maps_drain_gauges_and_cached_tokens():
     assert m["counters"]["gpu_reused_tokens"] is None and m["gauges"]["host_transfers_inflight"] is None
 
 
-def test_vllm_sample_maps_running_waiting_and_prefix_cache_tokens():
-    m = _parse("vllm-v1.prom", "vllm")
-    assert (m["gauges"]["requests_active"], m["gauges"]["requests_pending"]) == (3, 1)
-    assert m["counters"]["gpu_reused_tokens"] == 402112 and m["counters"]["host_reused_tokens"] == 135223
-    assert m["counters"]["finished"] == 52  # summed over finished_reason
-    assert m["counters"]["gpu_hits"] is None and m["counters"]["host_lookups"] is None
+REAL_VLLM = "vllm-0.32.0/after-two-repeats.prom"  # recorded from vLLM 0.32.0 (CPU build) after one prompt sent twice
+
+
+def test_real_vllm_exposition_maps_gpu_reuse_to_what_prefill_skipped():
+    m = _parse(REAL_VLLM, "vllm")
+    assert (m["gauges"]["requests_active"], m["gauges"]["requests_pending"]) == (0, 0)
+    # the second request's usage said cached_tokens 256 (stream-2.sse): two 128-token blocks
+    assert m["counters"]["gpu_reused_tokens"] == 256 and m["counters"]["prompt_tokens"] == 754
+    assert m["counters"]["finished"] == 2 and m["counters"]["gpu_hits"] is None
+
+
+def test_real_vllm_without_a_connector_loaded_no_tokens_from_outside():
+    assert _parse(REAL_VLLM, "vllm")["counters"]["host_reused_tokens"] == 0
+
+
+def test_a_connector_match_that_was_never_loaded_is_not_host_reuse():
+    """vLLM counts a KV connector's matched tokens at scheduling; a load that fails recomputes them."""
+    text = (DATA / REAL_VLLM).read_text().replace(
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="glm"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="glm"} 66448.0')
+    assert _parse_text(text)["counters"]["host_reused_tokens"] == 0
+
+
+def _parse_text(text: str) -> dict:
+    return parse(text, metric_names("vllm", {}))
 
 
 def test_sglang_sample_splits_cached_tokens_by_source():
@@ -61,7 +80,7 @@ def test_samples_of_one_family_that_are_not_contiguous_are_all_counted():
     assert m["counters"]["stores.prompt"] == 3 and m["counters"]["stores.terminal"] == 2
 
 
-@pytest.mark.parametrize("sample,profile", [("llamacpp-0.3.36.prom", "llamacpp"), ("vllm-v1.prom", "vllm"),
+@pytest.mark.parametrize("sample,profile", [("llamacpp-0.3.36.prom", "llamacpp"), (REAL_VLLM, "vllm"),
                                             ("sglang.prom", "sglang")])
 def test_reading_only_the_families_the_window_reads_gives_what_parsing_the_whole_exposition_gives(sample, profile):
     from flare_diag.daemon.hosts.metrics import families, shape
@@ -72,7 +91,7 @@ def test_reading_only_the_families_the_window_reads_gives_what_parsing_the_whole
 
 def test_a_malformed_line_in_a_family_the_window_reads_is_malformed_transport():
     from flare_diag.daemon.hosts.metrics import MetricsError
-    text = (DATA / "vllm-v1.prom").read_text() + 'vllm:num_requests_running{engine="1",model_name="glm"} three\n'
+    text = (DATA / REAL_VLLM).read_text() + 'vllm:num_requests_running{engine="1",model_name="glm"} three\n'
     with pytest.raises(MetricsError, match="not valid Prometheus text"):
         parse(text, metric_names("vllm", {}))
 
@@ -80,13 +99,13 @@ def test_a_malformed_line_in_a_family_the_window_reads_is_malformed_transport():
 def test_a_line_that_names_no_metric_is_still_malformed_transport():
     from flare_diag.daemon.hosts.metrics import MetricsError
     with pytest.raises(MetricsError):
-        parse((DATA / "vllm-v1.prom").read_text() + "vllm:num_requests_runn\n", metric_names("vllm", {}))
+        parse((DATA / REAL_VLLM).read_text() + "vllm:num_requests_runn\n", metric_names("vllm", {}))
 
 
 def test_a_family_the_window_never_reads_cannot_make_a_scrape_malformed():
     """An engine's own histograms (vLLM's latency buckets) are not parsed: a value there the parser
     would refuse leaves the window's counters and gauges as they are."""
-    text = (DATA / "vllm-v1.prom").read_text()
+    text = (DATA / REAL_VLLM).read_text()
     odd = text + ('# TYPE vllm:e2e_request_latency_seconds histogram\n'
                   'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.5"} NaNish\n')
     assert parse(odd, metric_names("vllm", {})) == parse(text, metric_names("vllm", {}))

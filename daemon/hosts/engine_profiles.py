@@ -17,16 +17,21 @@ PROFILES: dict[str, dict[str, str]] = {
         "flare_prompt_tokens": "llamacpp:prompt_tokens",
         "flare_generation_tokens": "llamacpp:tokens_predicted",
     },
+    # vLLM 0.32.0: every family below is registered in vllm/v1/metrics/loggers.py (PrometheusStatLogger);
+    # the prompt-token split is PromptTokenStats in vllm/v1/metrics/stats.py, whose invariant is
+    # local_cache_hit + external_kv_transfer = the tokens prefill skipped (the request's cached_tokens).
     "vllm": {
-        "flare_requests_active": "vllm:num_requests_running",
-        "flare_requests_pending": "vllm:num_requests_waiting",
-        # vLLM counts prefix-cache queries and hits in tokens: GPU reuse in tokens, no hit count
-        "flare_gpu_prefix_cache_reused_tokens": "vllm:prefix_cache_hits",
-        # the KV connector's external (host or remote) prefix cache, also in tokens
-        "flare_host_cache_reused_tokens": "vllm:external_prefix_cache_hits",
-        "flare_prompt_tokens": "vllm:prompt_tokens",
-        "flare_generation_tokens": "vllm:generation_tokens",
-        "flare_requests_finished": "vllm:request_success",
+        "flare_requests_active": "vllm:num_requests_running",    # loggers.py: gauge, requests in model execution
+        "flare_requests_pending": "vllm:num_requests_waiting",   # loggers.py: gauge, requests waiting
+        # reuse is only what prefill actually skipped: a prefix-cache or connector *match*
+        # (vllm:prefix_cache_hits, vllm:external_prefix_cache_hits) is counted at scheduling, before any
+        # load, and a KV connector whose load then fails recomputes tokens it had matched
+        "flare_gpu_prefix_cache_reused_tokens": 'vllm:prompt_tokens_by_source{source="local_cache_hit"}',
+        # tokens a KV connector loaded instead of prefill (host, disk or remote store alike)
+        "flare_host_cache_reused_tokens": 'vllm:prompt_tokens_by_source{source="external_kv_transfer"}',
+        "flare_prompt_tokens": "vllm:prompt_tokens",             # loggers.py: counter, prefill tokens processed
+        "flare_generation_tokens": "vllm:generation_tokens",     # loggers.py: counter, tokens generated
+        "flare_requests_finished": "vllm:request_success",       # loggers.py: counter per finished_reason
     },
     "sglang": {
         "flare_requests_active": "sglang:num_running_reqs",

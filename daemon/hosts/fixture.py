@@ -35,6 +35,18 @@ class Fixture(msgspec.Struct):
     prompt_tokens: list[int] | None = None  # optional in the manifest: the host tokenizer's count per body
     manifest_sha256: str = ""  # of manifest.json's bytes: what a review covers (it lists every body's hash)
 
+    def models(self) -> list[str]:
+        """The distinct models the bodies name, in the order first named."""
+        seen: dict[str, None] = {}
+        for b in self.bodies:
+            try:
+                d = _decode(b)
+            except msgspec.DecodeError:
+                continue
+            if isinstance(d, dict) and isinstance(d.get("model"), str):
+                seen.setdefault(d["model"], None)
+        return list(seen)
+
     def work(self) -> dict:
         """What each body asks of the engine, for the planner: max_tokens, prompt size, hash."""
         max_tokens, chars = [], []

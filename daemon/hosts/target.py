@@ -29,8 +29,21 @@ RESPONSE_CAP = 4096
 # back. Only these errors are retried, once, and only for calls that change nothing or that set a
 # state (retrying them cannot do anything twice); a generation, load or unload is never retried.
 STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-PREFLIGHT_BODY = json.dumps({"model": "glm", "messages": [{"role": "user", "content": "preflight"}],
-                             "max_tokens": 8, "stream": False}).encode()
+
+
+def preflight_body(model: str | None) -> bytes:
+    """The restore's preflight generation, naming the model the window's own bodies name (an engine
+    refuses a model it does not serve: vLLM answers 404 for any other name); None: no model field."""
+    body: dict = {"messages": [{"role": "user", "content": "preflight"}], "max_tokens": 8, "stream": False}
+    return json.dumps({"model": model, **body} if model is not None else body).encode()
+
+
+def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
+    """The model the fixtures' bodies name (the first body that names one), or None."""
+    for name in sorted(fixtures):
+        for m in fixtures[name].models():
+            return m
+    return None
 
 
 def local_engine(site: Site):
@@ -75,6 +88,7 @@ class Target:
             self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
         from flare_diag.daemon.hosts.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
+        self._preflight_model: tuple[str | None] | None = None  # found once: (model,)
 
     def handlers(self) -> dict[type[act.Action], Callable[[dict], Awaitable[dict]]]:
         """Each action type (events/actions.py) to the method that carries it out."""
@@ -266,11 +280,35 @@ class Target:
             url, svc = f"{self.p.router.url}/v1/chat/completions", "router"
         else:
             url, svc = f"{self.p.serving.url}/v1/chat/completions", "serving"
-        r = await self.fresh.post(url, content=PREFLIGHT_BODY, headers={**self._h(svc), "content-type": "application/json"})
+        body = preflight_body(await self.preflight_model())
+        r = await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
         if r.status_code != 200:
             raise classify_response(r, f"{args['path']} preflight")
         d = r.json()
         return {"finish_reason": d["choices"][0].get("finish_reason"), "request_id": r.headers.get("x-request-id")}
+
+    async def served_models(self) -> list[str] | None:
+        """The engine's `GET /v1/models` ids; None when it does not answer that (not an error: a Flare
+        host need not serve it)."""
+        r = await self._retrying("GET", f"{self.p.serving.url}/v1/models", headers=self._h("serving"))
+        if r.status_code in (404, 405):
+            return None
+        if r.status_code != 200:
+            raise classify_response(r, "models")
+        try:
+            return [m["id"] for m in r.json()["data"] if isinstance(m.get("id"), str)]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ActionFailed("malformed_transport", "models: expected {\"data\": [{\"id\": ...}]}") from None
+
+    async def preflight_model(self) -> str | None:
+        """The model the preflight names: the fixtures', else the first the engine lists, else none."""
+        if self._preflight_model is None:
+            model = fixture_model(self.fixtures)
+            if model is None:
+                served = await self.served_models()
+                model = served[0] if served else None
+            self._preflight_model = (model,)
+        return self._preflight_model[0]
 
     async def send_request(self, args: dict) -> dict:
         """Sends the exact body bytes and returns the RequestDone fields (raises on abort-class errors)."""
@@ -318,16 +356,11 @@ class Target:
                 if failed is not None:
                     raise failed
                 for ch in chunk.get("choices") or []:
-                    delta = ch.get("delta") or {}
-                    if delta.get("content"):
-                        visible = True
-                    if delta.get("reasoning_content"):
-                        reasoning = True
-                    if delta.get("reasoning_content"):
-                        said_r.update(delta["reasoning_content"].encode())
-                    if delta.get("content"):
-                        said_c.update(delta["content"].encode())
-                    if delta.get("content") or delta.get("reasoning_content"):
+                    said, thought = delta_text(ch.get("delta") or {})
+                    visible, reasoning = visible or bool(said), reasoning or bool(thought)
+                    said_r.update(thought.encode())
+                    said_c.update(said.encode())
+                    if said or thought:
                         first_token = first_token if first_token is not None else now
                         last_token = now
                     if ch.get("finish_reason"):
@@ -346,6 +379,19 @@ class Target:
                    output_sha256=hashlib.sha256(said_r.digest() + said_c.digest()).hexdigest(),
                    response_head=head.decode("utf-8", "replace"))
         return out
+
+
+# The reasoning channel's field, as each engine streams it: vLLM's DeltaMessage names it `reasoning`
+# (vllm/entrypoints/openai/protocol.py; `reasoning_content` before 0.11), SGLang and llama.cpp's
+# server `reasoning_content`. Either is reasoning; an engine that sends both sends the same text twice.
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+
+
+def delta_text(delta: dict) -> tuple[str, str]:
+    """A stream chunk's (content, reasoning) text; a field that is not a string counts as none."""
+    said = delta.get("content")
+    thought = next((t for f in REASONING_FIELDS if isinstance(t := delta.get(f), str) and t), "")
+    return (said if isinstance(said, str) else ""), thought
 
 
 def _now_ns() -> int:

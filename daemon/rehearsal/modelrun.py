@@ -28,7 +28,7 @@ from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.window.runner import WATCH_EVERY_S
 from flare_diag.daemon.hosts.site import sim_site
-from flare_diag.daemon.hosts.target import PREFLIGHT_BODY
+from flare_diag.daemon.hosts.target import fixture_model, preflight_body
 from flare_diag.events import actions as act
 from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
 from flare_diag.events.window_fold import WindowFold
@@ -361,7 +361,7 @@ class ModelRun:
         def answer(p, _t0: int) -> Input:
             return ActionDone(at_ns=self.now, action_id=a.d.action_id, ok=True,
                               data={"finish_reason": p.gen.finish_reason, "request_id": None})
-        self._generation(a, PREFLIGHT_BODY, f"{a.d.args['path']} preflight", routed, answer)
+        self._generation(a, preflight_body(fixture_model(self.fixtures)), f"{a.d.args['path']} preflight", routed, answer)
 
 
 def scraped(host) -> dict:

@@ -139,6 +139,7 @@ class _Probe:
             fits = (want_n is None or len(gpus) == want_n) and (want_w is None or watts == [want_w])
             self.add("identity.gpus", OBSERVABLE, f"{len(gpus)} GPUs at {'/'.join(map(str, watts)) or '-'} W"
                      + ("" if fits else f"; the plan expects {want_n} at {want_w} W"), required=True, fits=fits)
+        await self._served_model()
         trace = self.plan is not None and self.plan.trace is not None
         if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
@@ -147,6 +148,31 @@ class _Probe:
             self.add("serving.trace_switch", OBSERVABLE if have else NOT_OBSERVABLE,
                      ("trace_enabled reported; the switch itself is not toggled by a check" if have
                       else "no trace_enabled in the identity reply") + ("" if trace else "; the plan has no trace arms"))
+
+    async def _served_model(self) -> None:
+        """Whether the engine serves the model the fixtures and the restore's preflight name, read from
+        `GET /v1/models` (nothing is generated): a model it does not serve fails every request and
+        leaves the primary out of rotation after the restore."""
+        model = await self.t.preflight_model() if self.t.fixtures else None
+        try:
+            served = await self.call("serving", self.t.served_models())
+        except ActionFailed as exc:
+            self.add("serving.model", NOT_OBSERVABLE, exc.detail)
+            return
+        if served is None:
+            self.add("serving.model", NOT_OBSERVABLE, "no GET /v1/models: whether the engine serves "
+                     + (f"{model!r}" if model else "the fixtures' model") + " is found only by the first request")
+        elif model is None:
+            self.add("serving.model", OBSERVABLE, f"serves {', '.join(map(repr, served)) or 'no model'}")
+        else:
+            # vLLM refuses any name it does not serve (404, tests/data/metrics/vllm-0.32.0/wrong-model.json);
+            # llama-server answers whatever the body names, so there a differing name is said, not refused
+            strict = self.t.p.metrics_profile == "vllm"
+            fits = model in served or not strict
+            self.add("serving.model", OBSERVABLE, f"serves {', '.join(map(repr, served)) or 'no model'}"
+                     + ("" if model in served else f"; the fixtures and the preflight name {model!r}"
+                        + (": every request would be refused" if strict else ", which this engine does not check")),
+                     required=strict, fits=fits)
 
     def _field(self, name: str, ident: dict, f: str, expected: dict) -> None:
         if f not in ident:
