@@ -118,3 +118,12 @@ def test_init_site_writes_only_inside_the_folder_it_is_given(tmp_path, capsys):
     rc = main(["init-site", "flare", str(tmp_path / "sites"), "--name", str(tmp_path / "elsewhere" / "x")])
     assert rc == 2 and "init-site writes only inside" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_metrics_key_that_names_no_contract_family_is_refused_naming_the_key(tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text('metrics_profile = "vllm"\n[serving]\nurl = "http://127.0.0.1:9"\n[manager]\nurl = "http://127.0.0.1:9"\ncandidate_recipe = "c"\n'
+                    '[metrics]\nhost_reused_tokens = "vllm:prompt_tokens_by_source"\n')
+    with pytest.raises(SiteError, match=r"metrics\.host_reused_tokens: not a contract metric family; did you mean "
+                                        r"flare_host_cache_reused_tokens"):
+        load_site(site)

@@ -36,6 +36,12 @@ GAUGES = {
 }
 INFO = {"build": "flare_build_info", "incarnation": "flare_incarnation_info"}
 
+
+def contract_families() -> dict[str, str]:
+    """Every family a site's [metrics] table may map: contract family name -> the daemon's short name."""
+    return {**{fam: name for name, (fam, _label) in COUNTERS.items()}, **{fam: name for name, fam in GAUGES.items()}}
+
+
 _SELECTOR = re.compile(r'^([^{}\s]+)(?:\{(.*)\})?$')
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*,?')
 

@@ -177,8 +177,14 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         token_files[name] = str(tf)
     if prof.engine is not None:
         _check_engine(path, prof.engine)
-    from flare_diag.daemon.hosts.metrics import selector
+    from flare_diag.daemon.hosts.metrics import contract_families, selector
+    known = contract_families()
     for family, spec in prof.metrics.items():
+        if family not in known:
+            short = known.get(f"flare_{family}") or next((f for f, n in known.items() if n == family), None)
+            raise SiteError(f"{path}: metrics.{family}: not a contract metric family; "
+                            + (f"did you mean {short}? " if short else "")
+                            + f"expected one of {', '.join(sorted(known))}")
         try:
             selector(spec)
         except ValueError as exc:
