@@ -242,7 +242,11 @@ def r_identity(h, _raw) -> None:
 
 def r_trace(h, raw) -> None:
     st = h.server.state
-    st.trace = bool(json.loads(raw or b"{}").get("enabled"))
+    if st.cfg.get("no_trace_route"):  # an engine with no such switch (a bare vLLM answers 404)
+        return h.error(404, "not_found", "POST /flare/v1/trace")
+    want = bool(json.loads(raw or b"{}").get("enabled"))
+    st.record({"service": "serving", "trace_set": want, "was": st.trace})
+    st.trace = want
     h.send_json(identity(st))
 
 

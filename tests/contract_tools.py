@@ -19,6 +19,18 @@ GPUS = [{"uuid": f"GPU-c0ffee{i}", "power_limit_w": 300, "memory_used_bytes": 50
         for i in range(2)]
 
 
+CHANGING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/v1/chat/completions")
+
+
+def host_changes(seen: list[dict], *, chats: bool = True) -> list[dict]:
+    """The requests that changed the host: loads, unloads, quiesces, readmits, generations (unless
+    `chats` is false) and a trace switch set to anything but its present state (site check sets it to
+    what it already is, which changes nothing)."""
+    paths = CHANGING if chats else CHANGING[:-1]
+    return [x for x in seen if any(m in x.get("path", "") for m in paths)
+            or ("trace_set" in x and x["trace_set"] != x["was"])]
+
+
 class ContractHost:
     """Starts the host; `site` is a profile naming each of its five services with its own token."""
 

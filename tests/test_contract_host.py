@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flare_diag.events.reader import LogReader
-from tests.contract_tools import PLAN, ROOT, ContractHost
+from tests.contract_tools import PLAN, ROOT, ContractHost, host_changes
 from tests.reviewtools import with_review
 
 SCALE = "60"
@@ -172,7 +172,19 @@ def test_site_check_passes_on_the_contract_host(churning_host):
     p = flare_diag("site", "check", str(churning_host.site), "--plan", str(PLAN))
     assert p.returncode == 0, p.stdout
     assert p.stdout.splitlines()[-1].startswith("site check: ready")
-    assert not [x for x in churning_host.requests() if any(m in x.get("path", "") for m in MUTATING)]
+    seen = churning_host.requests()
+    assert [x for x in seen if "trace_set" in x] and not host_changes(seen)
+
+
+def test_site_check_calls_a_trace_switch_that_answers_404_not_observable(tmp_path):
+    host = ContractHost(tmp_path / "host", no_trace_route=True)
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
+    assert by_name["serving.trace_switch"]["status"] == "not observable"
+    assert "HTTP 404" in by_name["serving.trace_switch"]["reason"]
 
 
 def test_site_check_passes_on_flaresim(tmp_path):
@@ -221,7 +233,7 @@ def test_run_on_a_site_that_lacks_a_required_capability_exits_2_and_changes_noth
         host.stop()
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "drain.requests_active" in p.stderr
-    assert not [x for x in seen if any(m in x.get("path", "") for m in MUTATING)]
+    assert not host_changes(seen)
     assert not (tmp_path / "out" / "log.db").exists()
 
 
@@ -281,7 +293,7 @@ def test_site_check_says_the_drain_rule_cannot_be_held_without_the_retiring_gaug
     assert by_name["drain.requests_retiring"]["missing"]
     assert "drain rule cannot be held" in by_name["drain.requests_retiring"]["reason"]
     assert r.returncode == 2 and "drain.requests_retiring" in r.stderr and r.stderr.count("\n") == 1
-    assert not [x for x in seen if any(m in x.get("path", "") for m in MUTATING)]
+    assert not host_changes(seen)
 
 
 def test_a_plan_that_accepts_a_weaker_drain_runs_and_every_cell_names_the_unseen_gauge(tmp_path, small_plan):

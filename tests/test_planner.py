@@ -155,7 +155,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
     from tests.contract_tools import ContractHost
     p = tmp_path / "slow.toml"
     p.write_text(PLAN_PATH.read_text().replace("decode_tokens_per_s = 110", "decode_tokens_per_s = 40"))
-    from tests.test_contract_host import MUTATING
+    from tests.contract_tools import host_changes
     # loads of 22 minutes (in a window whose reserve holds a restore's unload and load): the B arm
     # cannot fit whatever pace the probe of this fast host measures
     p.write_text(PLAN_PATH.read_text().replace("load_s = 60 ", "load_s = 1300 ").replace(
@@ -169,7 +169,7 @@ def test_run_refuses_a_plan_that_does_not_fit_with_exit_2_and_changes_nothing(tm
         assert not (out / "log.db").exists()
         # nothing is loaded, unloaded, quiesced or traced, and no body is sent (the site does not opt in
         # to pace probing)
-        assert not [x for x in host.requests() if any(m in x.get("path", "") for m in MUTATING)]
+        assert not host_changes(host.requests())
     finally:
         host.stop()
 

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 from flare_diag.events.reader import LogReader
-from tests.contract_tools import BUILD, ROOT, ContractHost
+from tests.contract_tools import BUILD, ROOT, ContractHost, host_changes
 from tests.daemontools import Daemon, Sim
 from tests.reviewtools import REVIEWER
 from tests.test_contract_host import _without_trace
 
-MUTATING = ("/manager/v1/load", "/manager/v1/unload", "/quiesce", "/readmit", "/flare/v1/trace", "/v1/chat/completions")
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -33,7 +32,7 @@ def run(host: ContractHost, plan: Path, out: Path, *more: str) -> subprocess.Com
 
 
 def untouched(host: ContractHost) -> bool:
-    return not [x for x in host.requests() if any(m in x.get("path", "") for m in MUTATING)]
+    return not host_changes(host.requests())
 
 
 def test_a_production_plan_without_a_review_log_is_refused_and_the_host_untouched(tmp_path, small_plan):

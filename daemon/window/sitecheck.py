@@ -1,6 +1,7 @@
 """`site check`: a read-only probe of every endpoint a window will use, per capability the plan needs.
 
-Nothing is changed on the host: no load, unload, quiesce, readmit, trace toggle or generation. The
+Nothing is changed on the host: no load, unload, quiesce, readmit, trace toggle or generation (the trace
+switch is set to the state it already reports, which changes nothing). The
 previews it sends are side-effect free by contract section 1. A site whose engine the daemon runs
 itself ([engine]) is brought to the state a window finds it in (its incumbent running), as the
 window itself would, since there is nothing to probe otherwise.
@@ -144,10 +145,23 @@ class _Probe:
         if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
         else:
-            have = "trace_enabled" in ident
-            self.add("serving.trace_switch", OBSERVABLE if have else NOT_OBSERVABLE,
-                     ("trace_enabled reported; the switch itself is not toggled by a check" if have
-                      else "no trace_enabled in the identity reply") + ("" if trace else "; the plan has no trace arms"))
+            await self._trace_switch(ident, trace)
+
+    async def _trace_switch(self, ident: dict, trace: bool) -> None:
+        """The switch set to the state the identity reports (a set, not a toggle: nothing changes), so a
+        host that refuses the endpoint (404) is found here and not by the first trace arm."""
+        arms = "" if trace else "; the plan has no trace arms"
+        if not isinstance(ident.get("trace_enabled"), bool):
+            self.add("serving.trace_switch", NOT_OBSERVABLE, "no trace_enabled in the identity reply" + arms, required=trace)
+            return
+        try:
+            await self.call("serving", self.t.set_trace({"enabled": ident["trace_enabled"]}))
+        except ActionFailed as exc:
+            self.add("serving.trace_switch", NOT_OBSERVABLE, f"setting it to its present state failed: {exc.detail}" + arms,
+                     required=trace)
+            return
+        self.add("serving.trace_switch", OBSERVABLE, f"answers; left as it was (trace_enabled = {ident['trace_enabled']})"
+                 + arms, required=trace)
 
     async def _served_model(self) -> None:
         """Whether the engine serves the model the fixtures and the restore's preflight name, read from
