@@ -126,7 +126,7 @@ def _raw_select_sha(path: Path) -> float:
     cur = conn.execute("SELECT seq, type, schema_v, mono_ns, wall_ns, window_id, causation_seq, payload,"
                        " prev_hash, hash FROM events ORDER BY seq")
     while rows := cur.fetchmany(8192):
-        for (seq, type_, v, mono, wall, wid, caus, payload, ph, h) in rows:
+        for (*_, payload, _ph, _h) in rows:
             prev = sha(prev + payload).digest()
     dt = time.perf_counter() - t0
     conn.close()

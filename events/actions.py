@@ -26,19 +26,19 @@ class Action(msgspec.Struct, tag_field="action", frozen=True, forbid_unknown_fie
         return msgspec.structs.asdict(self)
 
 
-class ValidateFixtures(Action, tag="validate_fixtures"):
+class ValidateFixtures(Action, tag="validate_fixtures", frozen=True):
     """The named fixtures' work as the planner reads it: per body its max_tokens, prompt size and hash."""
 
     fixtures: list[str]
 
 
-class Snapshot(Action, tag="snapshot"):
+class Snapshot(Action, tag="snapshot", frozen=True):
     """Records one part of the host as it is before anything changes: what the restore is checked against."""
 
     what: Literal["incumbent", "router", "monitoring", "gpu", "configuration"]
 
 
-class RetainRecipe(Action, tag="retain_recipe"):
+class RetainRecipe(Action, tag="retain_recipe", frozen=True):
     """Fetches a recipe's exact bytes from the recipe manager, checks their sha256 and keeps them
     (content-addressed): every later load, unload and the restore name that hash."""
 
@@ -47,7 +47,7 @@ class RetainRecipe(Action, tag="retain_recipe"):
     expect_sha256: str | None = None
 
 
-class Preview(Action, tag="preview"):
+class Preview(Action, tag="preview", frozen=True):
     """Asks the recipe manager what a load or unload would do, with no side effect (contract section 1)."""
 
     op: Literal["load", "unload"]
@@ -56,15 +56,15 @@ class Preview(Action, tag="preview"):
     role: Literal["incumbent", "candidate", "rollback"]
 
 
-class Quiesce(Action, tag="quiesce"):
+class Quiesce(Action, tag="quiesce", frozen=True):
     """Asks the router to stop sending new requests to this primary (it drains what it holds)."""
 
 
-class Readmit(Action, tag="readmit"):
+class Readmit(Action, tag="readmit", frozen=True):
     """Asks the router to send requests to this primary again."""
 
 
-class Unload(Action, tag="unload"):
+class Unload(Action, tag="unload", frozen=True):
     """Unloads the named recipe, by its retained sha256."""
 
     recipe: str | None
@@ -72,7 +72,7 @@ class Unload(Action, tag="unload"):
     label: str | None = None
 
 
-class Load(Action, tag="load"):
+class Load(Action, tag="load", frozen=True):
     """Loads the named recipe, by its retained sha256: a new incarnation."""
 
     recipe: str | None
@@ -80,36 +80,36 @@ class Load(Action, tag="load"):
     label: str | None = None
 
 
-class ReadIdentity(Action, tag="read_identity"):
+class ReadIdentity(Action, tag="read_identity", frozen=True):
     """Reads the serving engine's identity (build, recipe, incarnation), without generating."""
 
 
-class ScrapeMetrics(Action, tag="scrape_metrics"):
+class ScrapeMetrics(Action, tag="scrape_metrics", frozen=True):
     """Reads the engine's /metrics: the counters and gauges the window's rules and cells read."""
 
 
-class SetTrace(Action, tag="set_trace"):
+class SetTrace(Action, tag="set_trace", frozen=True):
     """Turns the engine's request trace on or off (the trace arms)."""
 
     enabled: bool
 
 
-class ManagerState(Action, tag="manager_state"):
+class ManagerState(Action, tag="manager_state", frozen=True):
     """Reads the recipe manager's state: what is loaded, and its sha256."""
 
 
-class Health(Action, tag="health"):
+class Health(Action, tag="health", frozen=True):
     """Reads the engine's /health: ready with an incarnation loaded, or not."""
 
 
-class Preflight(Action, tag="preflight"):
+class Preflight(Action, tag="preflight", frozen=True):
     """One short request, sent directly to the engine or routed through the router, before the window
     relies on that path."""
 
     path: Literal["direct", "routed"]
 
 
-class SendRequest(Action, tag="send_request"):
+class SendRequest(Action, tag="send_request", frozen=True):
     """Sends one fixture body, byte for byte, and measures its answer (`request_done` carries the outcome)."""
 
     phase: str
@@ -119,7 +119,7 @@ class SendRequest(Action, tag="send_request"):
     body_sha256: str
 
 
-class SteadyState(Action, tag="steady_state"):
+class SteadyState(Action, tag="steady_state", frozen=True):
     """The plan's steady-state guards evaluated once on the site's Prometheus: before the quiesce, and
     after the readmission (between them the runner's guard watch evaluates them on its own)."""
 
@@ -140,7 +140,7 @@ class UnknownAction(ValueError):
     """A request the catalogue does not know, or arguments it does not take: a bug in the policy."""
 
 
-def make(name: str, args: dict[str, Any] | None = None) -> Action:
+def make(name: str, args: dict[str, Any] | None = None) -> AnyAction:
     """The action `name` with `args`; UnknownAction unless it is in the catalogue and takes exactly those."""
     spec = BY_NAME.get(name)
     if spec is None:

@@ -8,7 +8,7 @@ from flare_diag.events.upcast import register_upcaster
 
 
 @register
-class LogNote(Event, tag="log_note"):
+class LogNote(Event, tag="log_note", frozen=True):
     """A free-form operator or tool note; carries no decision weight."""
 
     text: str
@@ -27,14 +27,14 @@ def window_minute(at_ns: int, t0_ns: int | None) -> float | None:
     """The window minute of a window-clock time: minutes since t0 (the quiesce), or None before it."""
     return None if t0_ns is None else round((at_ns - t0_ns) / NS_PER_MIN, MINUTE_PLACES)
 
-class Input(Event, kw_only=True):
+class Input(Event, kw_only=True, frozen=True):
     """Base of everything the window policy receives."""
 
     at_ns: int
 
 
 @register
-class WindowOpened(Input, tag="window_opened"):
+class WindowOpened(Input, tag="window_opened", frozen=True):
     """The operator's start: the plan (as decoded builtins), where it runs, and how GPUs are read."""
 
     window_id: str
@@ -73,12 +73,12 @@ class WindowOpened(Input, tag="window_opened"):
 
 
 @register
-class Tick(Input, tag="tick"):
+class Tick(Input, tag="tick", frozen=True):
     """The passage of time; carries nothing but `at_ns`."""
 
 
 @register
-class ActionDone(Input, tag="action_done"):
+class ActionDone(Input, tag="action_done", frozen=True):
     """The outcome of one requested action. `error` classifies a failure (see policies.rules)."""
 
     action_id: int
@@ -89,7 +89,7 @@ class ActionDone(Input, tag="action_done"):
 
 
 @register
-class RequestDone(Input, tag="request_done"):
+class RequestDone(Input, tag="request_done", frozen=True):
     """The outcome of one replayed request; timings are monotonic ns relative to its send."""
 
     action_id: int
@@ -121,7 +121,7 @@ class RequestDone(Input, tag="request_done"):
 
 
 @register
-class WatchObserved(Input, tag="watch_observed"):
+class WatchObserved(Input, tag="watch_observed", frozen=True):
     """An unsolicited observation from a watcher (source: gpu | router | identity)."""
 
     source: str
@@ -129,7 +129,7 @@ class WatchObserved(Input, tag="watch_observed"):
 
 
 @register
-class WatchFailed(Input, tag="watch_failed"):
+class WatchFailed(Input, tag="watch_failed", frozen=True):
     """A watcher's poll that got no answer (source: gpu | router | identity); silence past the plan's
     `timing.watch_lost_s` aborts with `watch_lost`."""
 
@@ -139,7 +139,7 @@ class WatchFailed(Input, tag="watch_failed"):
 
 
 @register
-class OperatorAbort(Input, tag="operator_abort"):
+class OperatorAbort(Input, tag="operator_abort", frozen=True):
     """An operator's `abort` over the control socket, with the caller's uid and pid as the socket saw them."""
 
     reason: str
@@ -148,7 +148,7 @@ class OperatorAbort(Input, tag="operator_abort"):
 
 
 @register
-class LogUnwritable(Input, tag="log_unwritable"):
+class LogUnwritable(Input, tag="log_unwritable", frozen=True):
     """The event log stopped accepting commits; the window goes on from memory into its restore,
     and everything from the first unwritten event is appended again once the log takes it."""
 
@@ -156,7 +156,7 @@ class LogUnwritable(Input, tag="log_unwritable"):
 
 
 @register
-class LogArchived(Event, tag="log_archived"):
+class LogArchived(Event, tag="log_archived", frozen=True):
     """Rows up to `last_seq` (whose hash is `head_hash`) moved to the archive log `archive`: the
     live log's chain goes on from there (events/archive.py)."""
 
@@ -169,7 +169,7 @@ class LogArchived(Event, tag="log_archived"):
 
 
 @register
-class ReviewSigned(Event, tag="review_signed"):
+class ReviewSigned(Event, tag="review_signed", frozen=True):
     """A person's review of a plan's exact bytes and of every fixture's manifest (the seed: "lead research
     plus independent plan/fixture review"), or of a follow-on's source window and policy change. A
     production plan runs only with a review of exactly its bytes by someone other than its `author`."""
@@ -187,7 +187,7 @@ class ReviewSigned(Event, tag="review_signed"):
 
 
 @register
-class HarnessRehearsed(Event, tag="harness_rehearsed"):
+class HarnessRehearsed(Event, tag="harness_rehearsed", frozen=True):
     """The offline harness run on the window's own plan and fixture bytes before any host change (the
     seed: "validate existing offline harness and new HTTP-only replay fixture"): a virtual-time rehearsal
     against the embedded simulator, its outcome, its log's head hash and its forecast's last minute."""
@@ -205,7 +205,7 @@ class HarnessRehearsed(Event, tag="harness_rehearsed"):
 
 
 @register
-class PreservedChecked(Event, tag="preserved_checked"):
+class PreservedChecked(Event, tag="preserved_checked", frozen=True):
     """The plan's preserved history (`[preserve] paths`) hashed: `when` before anything changed, or after
     the reports were published; each path -> {"sha256" (None: missing), "unchanged" (after only)}."""
 
@@ -214,7 +214,7 @@ class PreservedChecked(Event, tag="preserved_checked"):
 
 
 @register
-class LeaseGranted(Event, tag="lease_granted"):
+class LeaseGranted(Event, tag="lease_granted", frozen=True):
     """The fleet's pool lease this window runs under, as granted before anything changed: its fencing
     epoch (contract 4, amended 2026-12-03). Every host change of the window follows it in the chain; the
     daemon re-asserts the lease (host, window, epoch) against the fleet database while the window runs."""
@@ -226,7 +226,7 @@ class LeaseGranted(Event, tag="lease_granted"):
 
 
 @register
-class ProbeRequest(Event, tag="probe_request"):
+class ProbeRequest(Event, tag="probe_request", frozen=True):
     """A generation sent outside any window: the forecast's pace probe, before a window opens (opt-in
     per site). Logged like every other request the daemon sends; no decision reads it."""
 
@@ -242,7 +242,7 @@ class ProbeRequest(Event, tag="probe_request"):
 
 
 @register
-class ControlCommand(Event, tag="control_command"):
+class ControlCommand(Event, tag="control_command", frozen=True):
     """A control-socket command that changes something, with the caller's SO_PEERCRED identity."""
 
     cmd: str
@@ -253,7 +253,7 @@ class ControlCommand(Event, tag="control_command"):
 
 
 @register
-class DaemonRestarted(Input, tag="daemon_restarted"):
+class DaemonRestarted(Input, tag="daemon_restarted", frozen=True):
     """The daemon came back with this window unfinished; unanswered actions are possibly done."""
 
     unanswered: list[int] = []
@@ -264,12 +264,12 @@ class DaemonRestarted(Input, tag="daemon_restarted"):
 
 # --- Policy decisions: appended before they are carried out.
 
-class Decision(Event, kw_only=True):
+class Decision(Event, kw_only=True, frozen=True):
     """Base of everything the window policy decides."""
 
 
 @register
-class ActionRequested(Decision, tag="action_requested"):
+class ActionRequested(Decision, tag="action_requested", frozen=True):
     """An action the policy asks for, as data (events/actions.py). v2: `request` is the typed action;
     v1 logs held its name and arguments apart (`action`, `args`) and are lifted by the upcaster below."""
 
@@ -295,7 +295,7 @@ def _action_requested_v1(raw: dict) -> dict:
 
 
 @register
-class CancelRequested(Decision, tag="cancel_requested"):
+class CancelRequested(Decision, tag="cancel_requested", frozen=True):
     """In-flight actions the policy gives up when the restore begins: experimental requests and reads, so
     that a hung one cannot hold the restore reservation (`reason`: the restore's cause)."""
 
@@ -304,7 +304,7 @@ class CancelRequested(Decision, tag="cancel_requested"):
 
 
 @register
-class TimeMarked(Decision, tag="time_marked"):
+class TimeMarked(Decision, tag="time_marked", frozen=True):
     """A point of the window timeline (t0, stop, window_end, restore_overrun)."""
 
     mark: str
@@ -312,7 +312,7 @@ class TimeMarked(Decision, tag="time_marked"):
 
 
 @register
-class TraceOrderFrozen(Decision, tag="trace_order_frozen"):
+class TraceOrderFrozen(Decision, tag="trace_order_frozen", frozen=True):
     """The trace arms' order (off/on pairs, balanced by repeat), fixed before the first snapshot so that a
     replay of the log runs them in the same order."""
 
@@ -320,7 +320,7 @@ class TraceOrderFrozen(Decision, tag="trace_order_frozen"):
 
 
 @register
-class ArmStarted(Decision, tag="arm_started"):
+class ArmStarted(Decision, tag="arm_started", frozen=True):
     """An arm passed its gate: by the estimate now, its gating phases end by `limit_minute`."""
 
     arm: str
@@ -333,7 +333,7 @@ class ArmStarted(Decision, tag="arm_started"):
 
 
 @register
-class PhaseStarted(Decision, tag="phase_started"):
+class PhaseStarted(Decision, tag="phase_started", frozen=True):
     """A phase begins, at this window minute, with the estimate of when it ends."""
 
     phase: str
@@ -342,7 +342,7 @@ class PhaseStarted(Decision, tag="phase_started"):
 
 
 @register
-class RequestMeasured(Decision, tag="request_measured"):
+class RequestMeasured(Decision, tag="request_measured", frozen=True):
     """One request's native counter deltas, from the scrapes before and after it."""
 
     phase: str
@@ -355,7 +355,7 @@ class RequestMeasured(Decision, tag="request_measured"):
 
 
 @register
-class CellRecorded(Decision, tag="cell_recorded"):
+class CellRecorded(Decision, tag="cell_recorded", frozen=True):
     """One cell's result: a phase's requests and counter deltas, or why it was not measured (failed,
     invalid, deferred). The verdict is decided from these."""
 
@@ -385,7 +385,7 @@ class CellRecorded(Decision, tag="cell_recorded"):
 
 
 @register
-class AbortDecided(Decision, tag="abort_decided"):
+class AbortDecided(Decision, tag="abort_decided", frozen=True):
     """The policy aborts the experiment: the rule that fired (`reason`, one of policies.rules.ABORT_REASONS,
     such as `gpu_fault`, `identity_drift`, `watch_lost`, `operator`) and what it saw. The restore follows."""
 
@@ -395,7 +395,7 @@ class AbortDecided(Decision, tag="abort_decided"):
 
 
 @register
-class DrainObserved(Decision, tag="drain_observed"):
+class DrainObserved(Decision, tag="drain_observed", frozen=True):
     """How a drain check ended: settled (gauges idle, counters stable) or timed out, and how long it took."""
 
     purpose: str  # quiesce | before PHASE | after PHASE
@@ -406,7 +406,7 @@ class DrainObserved(Decision, tag="drain_observed"):
 
 
 @register
-class RestoreStarted(Decision, tag="restore_started"):
+class RestoreStarted(Decision, tag="restore_started", frozen=True):
     """The restore of the incumbent begins, and why: the experiments completed, the stop minute came, or
     an abort."""
 
@@ -415,7 +415,7 @@ class RestoreStarted(Decision, tag="restore_started"):
 
 
 @register
-class RestorationRecorded(Decision, tag="restoration_recorded"):
+class RestorationRecorded(Decision, tag="restoration_recorded", frozen=True):
     """What the restore checked of the incumbent it brought back (its sha256 and identity, containment,
     monitoring, a direct and a routed preflight, readmission, no fault during the restore, the
     reservation kept; None: not applicable to this site), and whether every check held."""
@@ -427,7 +427,7 @@ class RestorationRecorded(Decision, tag="restoration_recorded"):
 
 
 @register
-class VerdictReached(Decision, tag="verdict_reached"):
+class VerdictReached(Decision, tag="verdict_reached", frozen=True):
     """The hypothesis the measured cells support (or `inconclusive`), the basis in numbers, the next
     experiment the seed's method names, and the findings beside it."""
 
@@ -438,7 +438,7 @@ class VerdictReached(Decision, tag="verdict_reached"):
 
 
 @register
-class BoundsScaled(Decision, tag="bounds_scaled"):
+class BoundsScaled(Decision, tag="bounds_scaled", frozen=True):
     """The bounds a real-seconds floor raised under a scaled clock, as the window opened (contract 4,
     amended 2026-12-03): each {"bound", "plan_s", "effective_s", "reason"}. Never at x1."""
 
@@ -446,7 +446,7 @@ class BoundsScaled(Decision, tag="bounds_scaled"):
 
 
 @register
-class Alarm(Decision, tag="alarm"):
+class Alarm(Decision, tag="alarm", frozen=True):
     """Something a person must hear about that is not an abort (a restore overrun, a resume mismatch, a
     primary left quiesced, a rule disabled, a guard's dry run...): `kind` names it."""
 
@@ -455,7 +455,7 @@ class Alarm(Decision, tag="alarm"):
 
 
 @register
-class WindowClosed(Decision, tag="window_closed"):
+class WindowClosed(Decision, tag="window_closed", frozen=True):
     """The window ends: completed, aborted (the incumbent restored either way) or restore_failed (the
     primary needs a person)."""
 

@@ -399,10 +399,10 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         if so.phase not in seen:
             raise PlanError(f"{source}: starting_observation.phase = {so.phase!r}: expected one of the plan's phases")
         _within(source, "starting_observation.tolerance", so.tolerance, 0, 1)
-        for f in ("stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens"):
-            v = getattr(so, f)
+        for name in ("stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens"):
+            v = getattr(so, name)
             if v is not None:
-                _within(source, f"starting_observation.{f}", v, 0, 2**62)
+                _within(source, f"starting_observation.{name}", v, 0, 2**62)
     if plan.trace is not None:
         if plan.trace.fixture not in fixtures:
             raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {sorted(fixtures)}")

@@ -248,6 +248,7 @@ class Estimator:
             every = self._requests[which] = phase_requests(ph, len(self.work.get(ph.fixture, [])))
         reqs = every[skip:]
         c = max(ph.concurrency, 1)
+        rounds: float
         if not reqs:
             rounds = 0
         elif c == 1:  # a round per request: the same sum, in the same order, as round_s would give

@@ -112,7 +112,7 @@ def gpu_changes(reference: list[Mapping], observed: list[Mapping]) -> list[str]:
     """The GPUs' UUIDs and power limits against a reference list ("the same two GPUs at 300 W")."""
     ref = [(g.get("uuid"), g.get("power_limit_w")) for g in reference]
     now = [(g.get("uuid"), g.get("power_limit_w")) for g in observed]
-    if sorted(u for u, _ in ref) != sorted(u for u, _ in now):
+    if sorted((u for u, _ in ref), key=str) != sorted((u for u, _ in now), key=str):
         return [f"GPUs: were {sorted(str(u) for u, _ in ref)}, now {sorted(str(u) for u, _ in now)}"]
     limits = dict(ref)
     return [f"GPU {u}: power limit was {limits[u]} W, now {w} W" for u, w in now if limits.get(u) != w]

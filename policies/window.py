@@ -35,7 +35,8 @@ class WindowPolicy(WindowCore):
     # --- the interface -----------------------------------------------------------------------
 
     def receive(self, inp: Input) -> list:
-        self._out = out = []
+        out: list = []
+        self._out = out
         if self.stage == "closed":
             return out
         self.now = max(self.now, inp.at_ns)

@@ -201,7 +201,7 @@ def build(state: State, service: str):
             if fn is None:
                 for (svc, m, prefix), f in PREFIXES.items():
                     if svc == service and m == method and self.path.startswith(prefix):
-                        fn = lambda h, r, f=f, rest=self.path[len(prefix):]: f(h, r, rest)  # noqa: E731
+                        fn = lambda h, r, f=f, rest=self.path[len(prefix):]: f(h, r, rest)  # noqa: E731, B008 - binds this request's path
                         break
             if fn is None:
                 self.error(404, "not_found", f"{method} {self.path}")

@@ -16,9 +16,9 @@ from tests.daemontools import PLAN, SCALE, Sim
 from tests.reviewtools import review_over_socket
 
 
-async def _until(pred, timeout: float = 120.0) -> None:
+async def _until(pred, limit_s: float = 120.0) -> None:
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + limit_s
     while not pred():
         assert loop.time() < end, "timed out"
         await asyncio.sleep(0.05)

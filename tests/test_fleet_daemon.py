@@ -328,7 +328,7 @@ def test_twelve_daemons_in_a_pool_of_max_down_two_never_have_more_than_two_prima
                                   every=0.05)
                         wid = reply["window_id"]
                         # the daemon's own journal says when the window is over (no CLI process per poll)
-                        _wait(lambda: any(r.get("event") == "report published" and r.get("window_id") == wid
+                        _wait(lambda wid=wid: any(r.get("event") == "report published" and r.get("window_id") == wid
                                           for r in d.records()), 300, f"window {wid} to close", every=0.1)
             except BaseException as exc:  # noqa: BLE001 - reported by the test below
                 errors.append(exc)

@@ -113,7 +113,8 @@ async def test_archive_refuses_while_another_process_holds_the_log_open_for_writ
     import sys
     store = await EventStore.open(three_windows)
     try:
-        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "archive", str(three_windows),
+        # blocking on purpose: this loop holds the log open for writing and has nothing else to do
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "archive", str(three_windows),  # noqa: ASYNC221
                             "--before", "2026-11-01", "--to", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
     finally:
         await store.close()

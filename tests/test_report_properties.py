@@ -121,7 +121,7 @@ def test_a_spool_reads_back_its_pieces_with_each_head_inserted_where_it_was_mark
             else:  # a head for everything written since the last one, known only now
                 at = marks[-1][0] if marks else 0
                 marks.append((spool.tell(), at, piece))
-        for end, at, piece in marks:
+        for _end, at, piece in marks:
             spool.insert(at, piece)
         expected, pos = bytearray(), 0
         for _end, at, piece in marks:
