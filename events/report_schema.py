@@ -7,8 +7,9 @@ from typing import Literal
 import msgspec
 
 Status = Literal["measured", "failed", "invalid", "deferred"]
+# the last two: a plan whose order probe reads the GPU prefix cache (`[verdict] tier = "gpu_prefix"`)
 Hypothesis = Literal["not_reproduced", "row_checkpoint_churn", "restore_path", "key_or_checkpoint_eligibility",
-                     "inconclusive"]
+                     "inconclusive", "prefix_cache_churn", "no_prefix_reuse"]
 # contract section 4's reasons, and the departures' (docs/departures.md: engine_lost, store_failure)
 AbortReason = Literal["identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                       "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",

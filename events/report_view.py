@@ -18,10 +18,12 @@ CELL_HEAD = ["phase", "status", "requests", "host hits / lookups (requests)", "h
 # each hypothesis in words, for the person reading the report; the code name stays beside it
 VERDICT_WORDS = {
     "row_checkpoint_churn": "Host cache churn: checkpoints were evicted before their replay could reuse them",
-    "not_reproduced": "Not reproduced: the host cache reused what it had stored",
+    "not_reproduced": "Not reproduced: the cache reused what it had stored",
     "restore_path": "Restore path: checkpoints were found, but their state never reached the GPU",
     "key_or_checkpoint_eligibility": "Keys or eligibility: no usable checkpoint was found, even for the newest bodies",
     "inconclusive": "Inconclusive: the cells that decide were not measured",
+    "prefix_cache_churn": "Prefix cache churn: blocks were evicted before the forward replay could reuse them",
+    "no_prefix_reuse": "No prefix reuse: not even the newest bodies' blocks were reused",
 }
 
 

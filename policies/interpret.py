@@ -31,6 +31,27 @@ NEXT_EXPERIMENT = {
     ),
 }
 
+# The same order probe on the GPU prefix cache (a plan's `[verdict] tier = "gpu_prefix"`: an engine with
+# no host tier, a bare vLLM): what prefill skipped because its blocks were still on the GPU. There are no
+# lookups, restores or checkpoints to tell apart there, so the rule ends at churn or not.
+GPU_PREFIX_NEXT = {
+    "not_reproduced": (
+        "Fresh-incarnation forward/forward reused GPU prefix-cache blocks, so zero reuse did not reproduce on this "
+        "tier: compare the original run's starting occupancy and exact body bytes before any policy work."
+    ),
+    "prefix_cache_churn": (
+        "The forward replay reused no prefix block while the reverse replay did: the prefix cache holds fewer blocks "
+        "than the replay's working set and evicts in the order the bodies arrive. Compare the working set's blocks "
+        "with the engine's (vllm:cache_config_info num_gpu_blocks x block_size) before any policy work."
+    ),
+    "no_prefix_reuse": (
+        "Even the reverse replay reused no prefix block: check that prefix caching is enabled and that the bodies "
+        "share full blocks (prompts shorter than one block are never cached) before anything else."
+    ),
+}
+
+TIER_FIELD = {"host": "host", "gpu_prefix": "gpu"}  # the cell's figures each tier's rule reads
+
 
 UNOBSERVABLE = (
     "The window measured A.reverse_replay, but this host does not expose how many host-cached tokens prefill reused: "
@@ -71,10 +92,10 @@ def unusable(cells: Mapping[str, Mapping], phase: str) -> str | None:
     return None
 
 
-def _reused(cells: Mapping[str, Mapping], phase: str) -> int | None:
+def _reused(cells: Mapping[str, Mapping], phase: str, tier: str = "host") -> int | None:
     if unusable(cells, phase):
         return None
-    return ((cells[phase].get("host") or {}).get("reused_tokens"))
+    return ((cells[phase].get(TIER_FIELD[tier]) or {}).get("reused_tokens"))
 
 
 RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward replay of the same bodies, "
@@ -91,17 +112,19 @@ NO_CAUSE = {
 }
 
 
-def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = (), no_cause: str | None = None) -> tuple[str, str, str]:
+def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = (), no_cause: str | None = None,
+            tier: str = "host") -> tuple[str, str, str]:
     """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order.
 
-    `no_cause`: an abort after which no cause may be named (contract 4, amended 2026-12-03). The basis
-    always names every required cell that was not measured."""
+    `no_cause`: an abort after which no cause may be named (contract 4, amended 2026-12-03). `tier`: the
+    cache the order probe reads (the plan's `[verdict] tier`). The basis always names every required cell
+    that was not measured."""
     unmeasured = [p for p in required if (cells.get(p) or {}).get("status") != "measured"]
     if no_cause in NO_CAUSE:
         why, nxt = NO_CAUSE[no_cause]
         hyp, basis = "inconclusive", f"no cause is named: {why} (abort {no_cause})"
     else:
-        hyp, basis, nxt = _rule(cells)
+        hyp, basis, nxt = _rule(cells) if tier == "host" else _prefix_rule(cells)
     if unmeasured:
         why = "; ".join(f"{p} {(cells.get(p) or {}).get('status') or 'not run'}"
                         + (f" ({cells[p].get('reason')})" if cells.get(p) and cells[p].get("reason") else "")
@@ -148,6 +171,30 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
     # the next step says only what the figures show: state that was fetched did restore, and went unused
     nxt = RESTORED_UNUSED.format(fetched=fetched) if fetched else NEXT_EXPERIMENT["key_or_checkpoint_eligibility"]
     return "key_or_checkpoint_eligibility", "; ".join(parts), nxt
+
+
+def _prefix_rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
+    """The order probe on the GPU prefix cache: churn when the reverse replay reused blocks and the
+    forward replay on a fresh incarnation reused none."""
+    why_rev = unusable(cells, "A.reverse_replay")
+    if why_rev:
+        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})", NEXT_EXPERIMENT["inconclusive"])
+    rev = _reused(cells, "A.reverse_replay", "gpu_prefix")
+    if rev is None:
+        return ("inconclusive", "A.reverse_replay was measured but GPU prefix-cache reused tokens are not observable "
+                "on this target", UNOBSERVABLE.replace("host-cached", "prefix-cached"))
+    fwd = _reused(cells, "B.forward_replay", "gpu_prefix")
+    if fwd is not None and fwd > 0:
+        return ("not_reproduced", f"B.forward_replay measured with {fwd} GPU prefix-cache reused tokens",
+                GPU_PREFIX_NEXT["not_reproduced"])
+    if rev > 0:
+        seen = f"A.reverse_replay reused {rev} GPU prefix-cache tokens"
+        if fwd is None:
+            return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured "
+                    f"({unusable(cells, 'B.forward_replay')})", RUN_B_ARM)
+        return "prefix_cache_churn", f"{seen}; B.forward_replay reused 0", GPU_PREFIX_NEXT["prefix_cache_churn"]
+    return ("no_prefix_reuse", "A.reverse_replay reused 0 GPU prefix-cache tokens"
+            + ("" if fwd is None else "; B.forward_replay reused 0"), GPU_PREFIX_NEXT["no_prefix_reuse"])
 
 
 def findings(cells: Mapping[str, Mapping]) -> list[str]:

@@ -218,6 +218,13 @@ class FollowOn(msgspec.Struct, forbid_unknown_fields=True):
     review: str = ""
 
 
+class VerdictSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """Which cache the order probe of contract section 4 reads: the host tier (the seed's), or the GPU
+    prefix cache on an engine that has no host tier (policies/interpret.py, `_prefix_rule`)."""
+
+    tier: Literal["host", "gpu_prefix"] = "host"
+
+
 class Plan(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     identity: ExpectedIdentity
@@ -240,6 +247,7 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     follow_on: FollowOn | None = None
     # the routed pool's steady state, watched on the site's Prometheus (policies/steady.py)
     guards: list[Guard] = []
+    verdict: VerdictSpec = msgspec.field(default_factory=VerdictSpec)
 
 
 FORBIDDEN_KINDS = {

@@ -139,7 +139,7 @@ def restore(w: WindowCore) -> Proc:
                                 finished_minute=w._minute()))
     cells = w.ledger.as_builtins()
     hyp, basis, nxt = verdict(cells, w.required, no_cause=w.abort.reason if w.abort and
-                              w.abort.reason in rules.NO_CAUSE_ABORTS else None)
+                              w.abort.reason in rules.NO_CAUSE_ABORTS else None, tier=w.plan.verdict.tier)
     w._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
     # `completed` only when every required cell was measured (contract 4, amended)
     complete = all(w.ledger.status(p) == "measured" for p in w.required)

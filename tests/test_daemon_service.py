@@ -153,6 +153,23 @@ def test_cli_drives_start_status_watch_abort_and_the_window_restores(daemon, sim
     assert sim.get("/manager/v1/state")["loaded"]["recipe"] == "glm-incumbent"
 
 
+def test_watch_with_no_window_ever_run_ends_at_once_and_says_so(daemon):
+    daemon.start()
+    w = daemon.cli("watch", timeout=60)
+    assert (w.returncode, w.stdout.strip()) == (0, "no window is running, and none has run on this daemon"), w.stderr
+
+
+def test_watch_from_past_the_last_windows_close_ends_with_that_windows_exit_code(daemon, sim):
+    daemon.start()
+    wid = _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.cli("abort", "--reason", "operator test").returncode == 0
+    daemon.wait_for(lambda st: st["state"] == "idle" and st["last_window"], timeout=120, what="the restore")
+    head = max(s for s, _ev in _events(daemon))
+    w = daemon.cli("watch", "--from-seq", str(head + 1), timeout=60)
+    assert w.returncode == 1 and f"the last, {wid}, closed aborted" in w.stdout, w.stdout + w.stderr
+
+
 def test_two_starts_sent_at_once_open_one_window_and_the_other_is_told_busy(daemon, sim):
     import threading
     daemon.start()

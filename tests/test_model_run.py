@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 from pathlib import Path
 
@@ -109,3 +110,45 @@ def test_an_in_process_host_refuses_a_request_once_its_block_has_ended():
     with pytest.raises(httpx.ConnectError):
         import anyio
         anyio.run(t.handle_async_request, httpx.Request("GET", "http://x/"))
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(p))
+            except (OSError, IndexError, ValueError):
+                pass
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_killed_plan_forecast_simulate_leaves_no_worker_running(small_plan):
+    import subprocess
+    import sys
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "plan", "forecast", str(small_plan),
+                          "--simulate", "5000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 120
+        while len(workers := _children(p.pid)) < 2:
+            assert time.monotonic() < end and p.poll() is None, "no workers started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # each worker past its start, into its runs
+        p.kill()
+        p.wait()
+        end = time.monotonic() + 30
+        while [w for w in workers if _alive(w)]:
+            assert time.monotonic() < end, f"workers still running after their command was killed: {workers}"
+            time.sleep(0.05)
+    finally:
+        if p.poll() is None:
+            p.kill()

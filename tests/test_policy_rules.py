@@ -110,6 +110,38 @@ def test_verdict_follows_the_contract_order():
     assert verdict(_primed(A_reverse_replay=_m(0), B_forward_replay=_m(0, "B")))[0] == "key_or_checkpoint_eligibility"
 
 
+def _gpu(reused: int | None, inc: str = "A") -> dict:
+    """A measured cell of an engine with no host tier: host reuse not observable, GPU prefix reuse `reused`."""
+    return {"status": "measured", "incarnation_id": inc, "identity_held": True,
+            "host": {"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": None},
+            "gpu": {"hits": None, "reused_tokens": reused}}
+
+
+def _gpu_primed(rev: int | None, fwd: int | None) -> dict:
+    return {"A.forward_prime": _gpu(0), "B.forward_prime": _gpu(0, "B"), "A.reverse_replay": _gpu(rev),
+            "B.forward_replay": _gpu(fwd, "B")}
+
+
+def test_the_gpu_prefix_tier_verdict_is_churn_when_only_the_reverse_replay_reused_blocks():
+    hyp, basis, nxt = verdict(_gpu_primed(1280, 0), tier="gpu_prefix")
+    assert hyp == "prefix_cache_churn" and "1280 GPU prefix-cache tokens" in basis and "num_gpu_blocks" in nxt
+
+
+def test_the_gpu_prefix_tier_verdict_is_not_reproduced_when_the_forward_replay_reused_blocks():
+    assert verdict(_gpu_primed(1280, 640), tier="gpu_prefix")[0] == "not_reproduced"
+
+
+def test_the_gpu_prefix_tier_never_names_a_host_cause_without_host_figures():
+    for rev, fwd in ((0, 0), (None, None), (0, None)):
+        hyp, basis, nxt = verdict(_gpu_primed(rev, fwd), tier="gpu_prefix")
+        assert hyp in ("no_prefix_reuse", "inconclusive")
+        assert not re.search(r"host[- ](cache|cached|reused|tokens|tier)|checkpoint", basis + nxt), basis + nxt
+
+
+def test_the_host_tier_on_an_engine_without_one_is_inconclusive():
+    assert verdict(_gpu_primed(1280, 0))[0] == "inconclusive"
+
+
 def test_a_reverse_replay_whose_prime_was_not_measured_nominates_nothing():
     cells = _primed(A_reverse_replay=_m(5), B_forward_replay=_m(0, "B"))
     cells["A.forward_prime"] = {"status": "invalid", "reason": "drain after the phase did not settle within 10 s"}

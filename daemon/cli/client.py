@@ -166,6 +166,8 @@ def watch(path: Path, from_seq: int | None, console: Console, json_out: TextIO |
         with view:
             while True:
                 rep = c.line()
+                if rep.get("watching") is False:  # no window is running (any backlog's close came first)
+                    return _nothing_to_watch(console, rep)
                 if "seq" not in rep:
                     raise Refused(rep.get("error", "watch ended"))
                 ev = decode_payload(rep["type"], rep["schema_v"], msgspec.json.encode(rep["event"]))
@@ -176,6 +178,15 @@ def watch(path: Path, from_seq: int | None, console: Console, json_out: TextIO |
                     return exit_for(ev.outcome)
     finally:
         c.close()
+
+
+def _nothing_to_watch(console: Console, rep: dict) -> int:
+    """No window is running: the last one's outcome and exit code, or 0 when none has run."""
+    if not rep.get("window_id"):
+        console.print("no window is running, and none has run on this daemon")
+        return 0
+    console.print(f"no window is running; the last, {rep['window_id']}, closed {rep.get('outcome') or 'without an outcome'}")
+    return exit_for(rep.get("outcome"))
 
 
 def report(path: Path, window_id: str, fmt: str, out: Path | None) -> int:

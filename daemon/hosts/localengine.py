@@ -1,9 +1,14 @@
-"""The lifecycle of an engine the daemon runs itself as a local process (llama.cpp's llama-server).
+"""The lifecycle of an engine the daemon runs itself as a local process (llama.cpp's llama-server, vLLM).
 
-A recipe is the engine's command line plus its model file; its bytes (canonical JSON of the
-binary's name, the argument template and the model's SHA-256) are what is hashed and compared.
-Load starts the process and waits for `/health`; unload stops it (SIGTERM, then SIGKILL after a
-grace period). Identity is the recipe hash, the model's SHA-256 and the engine's own `/props`.
+A recipe is the engine's command line, its environment and its model (a file, or a folder of files
+for vLLM); its bytes (canonical JSON of the engine kind, the argument template, the environment and
+the model's SHA-256) are what is hashed and compared. Load starts the process and waits for
+`/health`; unload stops it (SIGTERM to its process group, then SIGKILL after a grace period).
+Identity is the recipe hash, the model's SHA-256 and what the engine says of itself (llama.cpp's
+`/props`; vLLM's `/version`, `/v1/models` and its `vllm:cache_config_info`).
+
+The serving token reaches llama-server as `--api-key-file` and vLLM as `VLLM_API_KEY` in its
+environment (never on a command line, which any user of the machine can read).
 
 The engine runs in its own session, so a daemon killed with SIGKILL leaves it running. Its pid is
 kept in `engine.pid` beside the engine logs: the next daemon stops that orphan before it starts
@@ -34,6 +39,10 @@ PIDFILE = "engine.pid"
 
 
 def file_sha256(path: Path) -> str:
+    """A file's SHA-256; a folder's is that of each file's relative path and SHA-256, in path order."""
+    if path.is_dir():
+        listing = "".join(f"{p.relative_to(path)}\0{file_sha256(p)}\n" for p in sorted(path.rglob("*")) if p.is_file())
+        return hashlib.sha256(listing.encode()).hexdigest()
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
@@ -41,11 +50,17 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+ENGINE_NAMES = {"llamacpp": "llama-server", "vllm": "vllm"}  # the name a recipe's bytes carry
+
+
 class LocalRecipe:
-    def __init__(self, name: str, args: list[str], model: Path) -> None:
+    def __init__(self, name: str, args: list[str], model: Path, env: dict[str, str] | None = None,
+                 kind: str = "llamacpp") -> None:
         self.name = name
         self.args = args
         self.model = model
+        self.env = env or {}
+        self.kind = kind
         self.model_sha256 = ""
         self.content = b""
         self.sha256 = ""
@@ -53,12 +68,24 @@ class LocalRecipe:
     def hash(self) -> None:
         """Reads the model (GBs): call it on a worker thread, never on the event loop."""
         self.model_sha256 = file_sha256(self.model)
-        self.content = json.dumps({"engine": "llama-server", "args": self.args, "model_sha256": self.model_sha256},
-                                  sort_keys=True, separators=(",", ":")).encode()
+        body: dict = {"engine": ENGINE_NAMES[self.kind], "args": self.args, "model_sha256": self.model_sha256}
+        if self.env:  # a llama.cpp recipe of an earlier build keeps its bytes
+            body["env"] = self.env
+        self.content = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         self.sha256 = hashlib.sha256(self.content).hexdigest()
 
+    def host_tier(self) -> bool:
+        """Whether the recipe gives the engine a tier behind its own cache: llama.cpp's host-RAM prompt
+        cache (on unless --cache-ram 0), vLLM's KV connector (--kv-transfer-config). Configuration, not
+        a counter's presence: a plain vLLM exports its connector counters as 0 all the same."""
+        if self.kind == "vllm":
+            return "--kv-transfer-config" in self.args
+        return self.host_cache_bytes() != 0
+
     def host_cache_bytes(self) -> int | None:
-        """--cache-ram N (MiB) as bytes; None when the recipe does not set it."""
+        """--cache-ram N (MiB) as bytes; 0 for a vLLM recipe with no KV connector; None when unknown."""
+        if self.kind == "vllm":
+            return None if self.host_tier() else 0
         if "--cache-ram" in self.args:
             return int(self.args[self.args.index("--cache-ram") + 1]) << 20
         return None
@@ -130,9 +157,30 @@ class LocalEngine:
     def _argv(self, r: LocalRecipe) -> list[str]:
         subst = {"model": str(r.model), "port": str(self.port), "host": self.host}
         argv = [str(self.binary)] + [a.format(**subst) for a in r.args]
-        if self.api_key_file is not None:
+        if self.api_key_file is not None and r.kind == "llamacpp":
             argv += ["--api-key-file", str(self.api_key_file)]
         return argv
+
+    def _env(self, r: LocalRecipe) -> dict[str, str]:
+        env = {**os.environ, **r.env}
+        if self.api_key_file is not None and r.kind == "vllm":
+            try:
+                env["VLLM_API_KEY"] = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ActionFailed("load_failed", f"engine {r.name}: serving token {self.api_key_file}: "
+                                                  f"{exc.strerror}") from None
+        return env
+
+    def host_tier(self) -> bool:
+        """Whether any of the site's recipes gives the engine a host tier (LocalRecipe.host_tier)."""
+        return any(r.host_tier() for r in self.recipes.values())
+
+    def resident_bytes(self) -> int | None:
+        """The resident memory of the engine's whole process group (vLLM's API server, engine core and
+        workers, which hold the KV cache, are separate processes); None when no engine runs."""
+        if self.proc is None or self.proc.returncode is not None:
+            return None
+        return process_group_rss(self.proc.pid)
 
     async def _start(self, r: LocalRecipe) -> None:
         try:
@@ -147,7 +195,8 @@ class LocalEngine:
         log = (self.log_dir / f"engine-{self.incarnation}-{r.name}.log").open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(*self._argv(r), stdout=log, stderr=asyncio.subprocess.STDOUT,
-                                                             stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+                                                             stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                                                             env=self._env(r))
         except OSError as exc:
             raise ActionFailed("load_failed", f"engine {r.name}: cannot start {self.binary.name} ({exc.strerror})") from None
         finally:
@@ -233,6 +282,8 @@ class LocalEngine:
         await self._ready()
         if self.loaded is None:
             raise ActionFailed("unavailable", "no engine loaded")
+        if self.loaded.kind == "vllm":
+            return await self._vllm_identity(headers)
         r = await self._client.get(f"{self.url}/props", headers=headers)
         if r.status_code != 200:
             raise ActionFailed(f"http_{r.status_code}", f"engine /props: HTTP {r.status_code}")
@@ -244,9 +295,56 @@ class LocalEngine:
                 "total_slots": props.get("total_slots"),
                 "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx")}
 
+    async def _vllm_identity(self, headers: dict) -> dict:
+        """vLLM's own account: its version, the model it serves (and the context it allows), and the KV
+        cache it was given, from `vllm:cache_config_info` (vllm/v1/metrics/loggers.py, whose labels are
+        the engine's CacheConfig)."""
+        version = await self._get_json("/version", headers)
+        models = (await self._get_json("/v1/models", headers)).get("data") or [{}]
+        cache = vllm_cache_config((await self._client.get(f"{self.url}/metrics", headers=headers)).text)
+        rec = self.loaded
+        return {"recipe": rec.name, "recipe_sha256": rec.sha256, "incarnation": str(self.incarnation),
+                "model": models[0].get("id"), "model_sha256": rec.model_sha256, "max_model_len": models[0].get("max_model_len"),
+                "host_cache_bytes": rec.host_cache_bytes(), "engine_version": version.get("version"),
+                **{f"kv_{k}": cache.get(k) for k in ("block_size", "num_gpu_blocks", "num_cpu_blocks",
+                                                     "kv_offloading_size", "enable_prefix_caching")}}
+
+    async def _get_json(self, path: str, headers: dict) -> dict:
+        r = await self._client.get(f"{self.url}{path}", headers=headers)
+        if r.status_code != 200:
+            raise ActionFailed(f"http_{r.status_code}", f"engine {path}: HTTP {r.status_code}")
+        return r.json()
+
     async def close(self) -> None:
         await self._stop()
         await self._client.aclose()
+
+
+def vllm_cache_config(exposition: str) -> dict[str, str]:
+    """The labels of vLLM's `vllm:cache_config_info` gauge (an empty dict when it is not there)."""
+    from flare_diag.daemon.hosts.metrics import families
+    for sample in families(exposition).get("vllm:cache_config_info", []):
+        return dict(sample.labels)
+    return {}
+
+
+def process_group_rss(pgid: int) -> int | None:
+    """The summed resident set of every process in the group, from /proc (None off Linux)."""
+    page, total, seen = os.sysconf("SC_PAGE_SIZE"), 0, False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            # the command name is in parentheses and may hold spaces: the fields after its last ')'
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # pgrp; rss (pages) is stat field 24
+            total += int(fields[21]) * page
+            seen = True
+    return total if seen else None
 
 
 def _port_taken(host: str, port: int) -> bool:

@@ -33,7 +33,8 @@ class SteadyState(msgspec.Struct, forbid_unknown_fields=True):
 
 class LocalRecipeSpec(msgspec.Struct, forbid_unknown_fields=True):
     args: list[str]   # {model}, {port} and {host} are filled in; the serving token goes in as --api-key-file
-    model: str        # relative to the profile
+    model: str        # relative to the profile: a file (llama.cpp's GGUF) or a folder (vLLM's Hugging Face model)
+    env: dict[str, str] = {}  # the engine's environment on top of the daemon's (e.g. VLLM_CPU_KVCACHE_SPACE)
 
 
 class Engine(msgspec.Struct, forbid_unknown_fields=True):
@@ -43,7 +44,8 @@ class Engine(msgspec.Struct, forbid_unknown_fields=True):
     incumbent: str
     candidate_recipe: str
     recipes: dict[str, LocalRecipeSpec]
-    kind: Literal["llamacpp"] = "llamacpp"
+    # vllm: `binary` is the Python of vLLM's environment, the args start `-m vllm.entrypoints.openai.api_server`
+    kind: Literal["llamacpp", "vllm"] = "llamacpp"
     load_timeout_s: float = 120.0
     log_dir: str = "engine-logs"
 
@@ -245,7 +247,11 @@ def _check_engine(path: Path, e: Engine) -> None:
     if "$" in str(binary) or not os.access(binary, os.X_OK):
         raise SiteError(f"{path}: engine.binary {e.binary!r}: no executable at {binary}")
     for name, r in e.recipes.items():
-        if not (path.parent / r.model).is_file():
+        model = path.parent / r.model
+        if e.kind == "vllm" and not (model / "config.json").is_file():
+            raise SiteError(f"{path}: engine.recipes.{name}.model {r.model!r}: expected a model folder with a "
+                            f"config.json (Hugging Face format)")
+        if e.kind == "llamacpp" and not model.is_file():
             raise SiteError(f"{path}: engine.recipes.{name}.model {r.model!r}: no such file")
 
 

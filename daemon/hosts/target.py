@@ -52,7 +52,7 @@ def local_engine(site: Site):
     base = site.base_dir
     binary = Path(os.path.expandvars(e.binary))
     binary = binary if binary.is_absolute() else base / binary
-    recipes = {n: LocalRecipe(n, r.args, base / r.model) for n, r in e.recipes.items()}
+    recipes = {n: LocalRecipe(n, r.args, base / r.model, r.env, e.kind) for n, r in e.recipes.items()}
     tf = site.profile.serving.token_file
     key_file = site.token_path("serving") if tf else None
     return LocalEngine(binary, recipes, e.incumbent, site.profile.serving.url, key_file, base / e.log_dir,
@@ -81,13 +81,16 @@ class Target:
         # the daemon runs itself, which is both (daemon/hosts/ports.py)
         self.manager: Manager
         self.serving: Serving
-        if site.profile.engine is not None:
-            engine = local_engine(site)
-            self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
-        else:
-            self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
         from flare_diag.daemon.hosts.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
+        self.engine = None  # the local engine the daemon runs itself, where the site has one
+        if site.profile.engine is not None:
+            self.engine = engine = local_engine(site)
+            self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
+            if not engine.host_tier():  # no host tier configured: its reuse is not applicable, never 0
+                self._metric_names = {k: v for k, v in self._metric_names.items() if not k.startswith("flare_host_cache_")}
+        else:
+            self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
         self._preflight_model: tuple[str | None] | None = None  # found once: (model,)
 
     def handlers(self) -> dict[type[act.Action], Callable[[dict], Awaitable[dict]]]:
@@ -254,9 +257,17 @@ class Target:
         if r.status_code != 200:
             raise classify_response(r, "metrics")
         try:
-            return metrics.parse(r.text, self._metric_names)
+            m = metrics.parse(r.text, self._metric_names)
         except metrics.MetricsError as exc:
             raise ActionFailed("malformed_transport", str(exc)) from None
+        if self.engine is not None and m["gauges"].get("resident_bytes") is None:
+            m["gauges"]["resident_bytes"] = self.engine.resident_bytes()  # the engine's whole process group
+        return m
+
+    def host_tier(self) -> bool | None:
+        """Whether the host has a tier behind the engine's own cache: known for an engine the daemon
+        runs itself (its recipes' configuration), None (unknown) otherwise."""
+        return None if self.engine is None else self.engine.host_tier()
 
     async def unload(self, args: dict) -> dict:
         return await self.manager.unload(args["recipe"], args["sha256"])

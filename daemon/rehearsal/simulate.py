@@ -8,8 +8,10 @@ restore ends inside the reservation.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 
 import msgspec
@@ -20,6 +22,7 @@ from flare_diag.policies.planner import Calibration
 
 MAX_RUNS = 10_000
 QUANTILES = (("p10", 10), ("p50", 50), ("p90", 90))
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class PhaseEnds(msgspec.Struct):
@@ -81,6 +84,17 @@ def _runs(plan_raw: bytes, plan: Plan, scenario: str, fixtures: dict[str, Fixtur
     return out
 
 
+def _die_with(parent: int) -> None:
+    """A worker ends when the command that started it does, however that ends (SIGKILL included):
+    Linux's parent-death signal; elsewhere the worker ends at its next chunk."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the signal was asked for
+        os._exit(1)
+
+
 def simulate(plan_raw: bytes, plan: Plan, scenario: str, fixtures: dict[str, Fixture], runs: int, first_seed: int = 0,
              calibration: Calibration | None = None, workers: int | None = None) -> Simulation:
     seeds = list(range(first_seed, first_seed + runs))
@@ -91,7 +105,7 @@ def simulate(plan_raw: bytes, plan: Plan, scenario: str, fixtures: dict[str, Fix
         # fork where there is one: the workers start with this process's warm tokenizer and caches
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
         chunks = [seeds[i::workers] for i in range(workers)]
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with, initargs=(os.getpid(),)) as pool:
             parts = list(pool.map(_runs, *zip(*[(plan_raw, plan, scenario, fixtures, c, calibration) for c in chunks])))
         results = sorted((r for part in parts for r in part), key=lambda r: r["seed"])
     required = [p.id for p in plan.phases if not p.optional]

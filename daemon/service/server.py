@@ -781,6 +781,11 @@ class Service:
                 backlog.append(_event_line(env))
                 sent = env.seq
             await self._send(conn, b"".join(backlog))
+            if self.window is None:  # nothing will close: say so, rather than stream nothing for ever
+                last = self.last or {}
+                await self._send(conn, control.reply(watching=False, window_id=last.get("window_id"),
+                                                     outcome=last.get("outcome")))
+                return
             async with receive:
                 async for envs in receive:
                     lines = [_event_line(e) for e in envs if e.seq > sent]

@@ -205,9 +205,19 @@ class _Probe:
             return
         counters, gauges, labels = m["counters"], m["gauges"], m["labels"]
         replay = self.plan is None or any(p.kind != "identity" for p in self.plan.phases)
+        no_tier = self.t.host_tier() is False
+        # the verdict cannot be reached without the reuse of the tier its order probe reads
+        tier = self.plan.verdict.tier if self.plan else "host"
         for c in COUNTERS:
             have = counters.get(c) is not None or any(k.startswith(f"{c}.") for k in counters)
-            required = c == "host_reused_tokens" and replay  # the verdict cannot be reached without it
+            required = replay and c == ("host_reused_tokens" if tier == "host" else "gpu_reused_tokens")
+            if no_tier and c.startswith("host_"):
+                # a plan whose verdict reads the host tier cannot be decided here (`fits` false)
+                needed = required and c == "host_reused_tokens"
+                self.add(f"counter.{c}", NOT_APPLICABLE, "the engine's recipes configure no host tier (no KV connector, "
+                         "no host-RAM cache): nothing to reuse from" + ("; the plan's verdict reads the host tier: "
+                         "set [verdict] tier = \"gpu_prefix\"" if needed else ""), required=needed, fits=not needed)
+                continue
             self.add(f"counter.{c}", OBSERVABLE if have else NOT_OBSERVABLE,
                      "exposed" if have else "this engine does not expose it; reported as not observable", required)
         # The seed's drain rule reads every one of these gauges; one the host does not expose is never
