@@ -42,7 +42,7 @@ _cache_bytecode()
 # (the files with most tests first) started the steady-state file at 236 s, and it ran alone for the
 # last 47 s of a 356 s run. With `--no-loadscope-reorder` (pyproject's addopts) xdist hands files out
 # in collection order, which this sets: these first, then the rest with most tests first, as xdist would.
-LONG_FIRST = ("test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
+LONG_FIRST = ("test_peer_vllm.py", "test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
               "test_follow_on_chain.py", "test_rehearse_e2e.py", "test_peer_llamacpp.py", "test_install.py")
 
 

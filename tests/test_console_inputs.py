@@ -23,6 +23,8 @@ CASES = [
     (["plan", "check", "/tmp"], 2, "/tmp: the plan is a folder; expected a regular file"),
     (["fleet", "status", "--dsn", "garbage=1=2"], 2, "the DSN does not parse"),
     (["fleet", "status", "--dsn", "postgresql://u:s3cret@127.0.0.1/x"], 2, "names a password"),
+    (["fleet", "status", "--dsn", "postgresql://u@127.0.0.1/x?password=s3cret"], 2, "names a password"),
+    (["fleet", "status", "--dsn", "host=127.0.0.1 dbname=x password=s3cret"], 2, "names a password"),
     (["status", "--socket", LONG_SOCKET], 5, "longer than a unix socket's path may be"),
 ]
 
@@ -33,6 +35,13 @@ def test_a_mistaken_input_is_one_line_naming_it(capsys, argv, rc, words):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err and "Traceback" not in err, err
     assert "s3cret" not in err
+
+
+def test_a_fleet_password_in_the_environment_is_refused_and_never_shown(monkeypatch, capsys):
+    monkeypatch.setenv("PGPASSWORD", "s3cret")
+    assert main(["fleet", "status", "--dsn", "host=127.0.0.1 dbname=x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PGPASSWORD is set in the environment" in err and "s3cret" not in err
 
 
 def test_a_plan_that_is_a_fifo_is_refused_at_once_not_read_for_ever(tmp_path, capsys):

@@ -102,3 +102,65 @@ def test_a_killed_foreground_run_is_resumed_into_its_restore(tmp_path, small_pla
         assert again.returncode == 2 and "nothing to resume" in again.stderr
     finally:
         sim.stop()
+
+
+def _silent_site(tmp_path: Path) -> tuple[Path, object]:
+    """A site whose serving URL accepts connections and never answers: `run` waits in its site check."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(60)  # a command that exits without asking fails the test, never hangs it
+    port = listener.getsockname()[1]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "serving.token").write_text("t")
+    (site / "site.toml").write_text(f'[serving]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "serving.token"\n'
+                                    f'[manager]\nurl = "http://127.0.0.1:{port}"\ntoken_file = "serving.token"\n'
+                                    'candidate_recipe = "glm-candidate"\n[gpu]\nsource = "none"\n')
+    return site / "site.toml", listener
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_before_the_window_opens_is_one_line_and_128_plus_its_number(tmp_path, sig):
+    site, listener = _silent_site(tmp_path)
+    plan = ROOT / "fixtures" / "plans" / "peer-llamacpp.toml"  # not a production plan: no GPU watch needed
+    try:
+        out = tmp_path / "out"
+        p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                              "--out", str(out)], cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        conn, _ = listener.accept()  # the site check's first request: the command is past its start-up
+        p.send_signal(sig)
+        _stdout, err = p.communicate(timeout=60)
+        conn.close()
+    finally:
+        listener.close()
+    assert p.returncode == 128 + sig, err
+    assert err == f"flare-diag: interrupted by {sig.name} before the window opened: nothing on the host was changed\n"
+    assert not (out / "log.db").exists()
+
+
+def test_a_second_ctrl_c_within_five_seconds_exits_130_at_once_naming_the_log(tmp_path, small_plan):
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", *with_review(
+        ["rehearse", "--plan", str(small_plan), "--out", str(out), "--time-scale", "20"])], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    seen: list[str] = []
+    try:
+        for line in p.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if "phase A.forward_prime" in line:
+                p.send_signal(signal.SIGINT)
+            if "restoring the incumbent first" in line:  # the first was taken: the second, at once
+                p.send_signal(signal.SIGINT)
+                break
+        rest, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    printed = " ".join(("".join(seen) + rest).split())
+    assert p.returncode == 130, printed[-2000:]
+    assert "second interrupt: exiting now" in printed and str(out / "log.db") in printed

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import signal
 import sqlite3
 import sys
 from pathlib import Path
@@ -873,7 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        return _main(parser.parse_args(argv))
+        with _signals_interrupt():
+            return _main(parser.parse_args(argv))
     except BrokenPipeError:
         # the reader went away (`log export | head -1`): what it wanted it has; no traceback, and no
         # second error when the interpreter flushes stdout on the way out
@@ -881,6 +884,39 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+
+
+_RECEIVED: list[int] = []  # the signals _signals_interrupt turned into SIGINT, last one last
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP interrupt a command the way SIGINT does (asyncio's runner cancels its task
+    and raises KeyboardInterrupt cleanly), until a window installs its own handlers (an abort that
+    restores); the earlier handlers are put back after."""
+    def on(signum: int, _frame: object) -> None:
+        _RECEIVED.append(signum)
+        signal.raise_signal(signal.SIGINT)
+    saved = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            saved[sig] = signal.signal(sig, on)
+    except ValueError:  # not the main thread (an embedding caller): leave its handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """One line, and 128 + the signal's number, as a shell reports a command a signal ended."""
+    signum = _RECEIVED[-1] if _RECEIVED else signal.SIGINT
+    where = (" before the window opened: nothing on the host was changed" if args.cmd in ("run", "rehearse")
+             else "")
+    print(f"flare-diag: interrupted by {signal.Signals(signum).name}{where}", file=sys.stderr)
+    return 128 + signum
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -933,7 +969,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        return _interrupted(args)
     except NotAnEventLog as exc:  # a file that is not a flare-diag log at all: the caller's input
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

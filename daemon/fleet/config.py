@@ -68,6 +68,9 @@ def conninfo(dsn: str, password_file: str = "") -> str:
                          f"({' '.join(str(exc).split())[:120]})") from None
     if names_password(dsn):
         raise FleetError("the DSN names a password (key=value or in a URI); put it in a credential file instead")
+    if os.environ.get("PGPASSWORD"):  # libpq's third form: it would send it, and it shows in /proc/PID/environ
+        raise FleetError("PGPASSWORD is set in the environment; put the password in a credential file (password_file, "
+                         f"or systemd LoadCredential={CREDENTIAL}:...) instead")
     path = Path(password_file) if password_file else None
     if path is None and os.environ.get("CREDENTIALS_DIRECTORY"):
         cand = Path(os.environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL
