@@ -70,6 +70,9 @@ class WindowOpened(Input, tag="window_opened", frozen=True):
     steady_state: bool = False
     # the review that let a production plan run: by, note, and where it is recorded (log, seq, hash)
     review: dict = {}
+    # the counters whose C1 deltas the engine's own per-request `cached_tokens` must equal (the engine
+    # profile's REUSE_IDENTITY: vLLM's stats.py invariant); empty: the engine states none, nothing checked
+    reuse_identity: list[str] = []
 
 
 @register

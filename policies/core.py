@@ -87,6 +87,7 @@ class WindowCore(Driver):
         self.drifted = False  # an identity read inside a phase differed: the open cell's identity did not hold
         self.drain_unseen: set[str] = set()  # drain gauges the current phase's drains could not see
         self.steady_state = False  # the plan's guards are evaluated on the site's Prometheus (WindowOpened)
+        self.reuse_identity: list[str] = []  # counters whose C1 deltas must sum to cached_tokens (WindowOpened)
         self.guard_runs = steady.Tally()  # each guard's consecutive breaches, and what a dry run has said
         self.restart_watch = RestartWatch()  # the loaded incarnation's last counters: they never go back
         self.restore_restarts = 0  # unseen engine restarts the restore met: each one starts it over

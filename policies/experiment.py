@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
@@ -355,6 +355,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     answers: list[consistency.Answer] = []  # a consistency phase's, in order: the cold pass, then the warm
     hit_requests: list[int] = []
     failures: list[str] = []
+    disagree: list[str] = []  # requests whose counters and own cached_tokens differ (reuse_disagreement)
     natural = 0
     k = 0
     while k < len(reqs):
@@ -396,6 +397,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
                 else:
                     nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
                     natural += nf is not None
+                    disagree += reuse_disagreement(w.reuse_identity, delta, rd)
                 if ph.kind == "consistency":
                     answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                       rd.cached_tokens, delta.get("host_reused_tokens")))
@@ -433,10 +435,19 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural,
                   prime=prime, incarnation_id=w.candidate_id, identity_held=held, hit_requests=hit_requests,
                   drain_unseen=sorted(w.drain_unseen))
-    phase_cell(w, ph, common, closing, settled, changes if held is False else [], failures, answers)
+    phase_cell(w, ph, common, closing, settled, changes if held is False else [], failures, answers, disagree)
+
+
+def reuse_disagreement(identity: list[str], delta: dict, rd: RequestDone) -> list[str]:
+    """[a line] when the C1 deltas of the engine's reuse counters do not sum to the request's own
+    cached_tokens (engine_profiles.REUSE_IDENTITY); [] when they do, or when either is not known."""
+    seen = [delta[n] for n in identity if delta.get(n) is not None]
+    if not seen or rd.cached_tokens is None or sum(seen) == rd.cached_tokens:
+        return []
+    return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
 def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict, closing: Any, settled: bool, changes: list[str],
-               failures: list[str], answers: list[consistency.Answer]) -> None:
+               failures: list[str], answers: list[consistency.Answer], disagree: Sequence[str] = ()) -> None:
     """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
     identity, a drain that did not settle), failed (requests failed), or measured (with what it was
     measured under); a drifted identity also aborts the window."""
@@ -451,6 +462,10 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict, closing: Any, settled
                 f"identity it was measured on is not known", **common)
     elif not settled:
         w._cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
+    elif disagree:  # the figures every judgement below reads
+        w._cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
+                f"{len(disagree)} of {reqs} requests ({', '.join(disagree[:3])}): its reuse figures cannot be trusted",
+                **common)
     elif failures:
         w._cell(ph.id, "failed", f"{len(failures)} of {reqs} requests failed: {', '.join(failures[:3])}", **common)
     elif ph.kind == "consistency":

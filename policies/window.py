@@ -139,6 +139,7 @@ class WindowPolicy(WindowCore):
         self.time_scale = inp.time_scale if inp.time_scale and inp.time_scale > 0 else 1.0
         self.candidate_recipe = inp.candidate_recipe
         self.steady_state = inp.steady_state
+        self.reuse_identity = list(inp.reuse_identity)
         self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None
         self.arms = arms(self.plan)

@@ -56,6 +56,9 @@ class World:
         self.pool: Callable[[World, str], float | None] = lambda _w, _n: 0.0  # every guard's value: healthy
         self.watch_silent: set[str] = set()
         self.engine_down = False  # /health answers 503
+        # each request's own usage.prompt_tokens_details.cached_tokens: None (not reported), "true" (the
+        # reuse its counters moved by), or a number the engine claims whatever the counters say
+        self.cached_tokens: str | int | None = None
 
     @staticmethod
     def _zero() -> dict:
@@ -149,6 +152,8 @@ class World:
             self.counters["host_reused_tokens"] += 1000
         self.counters["gpu_hits"] += 1
         self.counters["gpu_reused_tokens"] += 256
+        reused = 256 + (1000 if args["phase"] in self.reuse_on else 0)
+        cached = reused if self.cached_tokens == "true" else self.cached_tokens
         common = dict(at_ns=self.now, action_id=d.action_id, phase=args["phase"], order_index=args["order_index"],
                       body_index=args["body_index"], body_sha256=args["body_sha256"])
         if err:
@@ -159,7 +164,8 @@ class World:
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",
                            visible_output=not (length and args["body_index"] % 10 == 0),
                            prompt_tokens=5000, completion_tokens=900, first_byte_ns=total // 5,
-                           first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total)
+                           first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
+                           cached_tokens=cached)
 
 
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]

@@ -37,6 +37,43 @@ def restart_after_request(n: int):
     return hook
 
 
+def _vllm_like(ev):
+    import msgspec
+    return msgspec.structs.replace(ev, reuse_identity=["gpu_reused_tokens", "host_reused_tokens"])
+
+
+# --- reuse that the engine's own per-request figures contradict --------------------------------
+
+def test_counters_that_per_request_cached_tokens_contradict_make_the_cell_invalid_and_name_the_figures():
+    w = World(plan_builtins())
+    w.cached_tokens = 0  # the engine says it reused nothing; its counters say 256 a request
+    _w, h = run(w, opened=_vllm_like)
+    c = cells(h)["A.forward_prime"]
+    assert c.status == "invalid" and "disagree on" in c.reason and "counters 256, cached_tokens 0" in c.reason
+
+
+def test_contradicted_reuse_names_no_cause():
+    w = World(plan_builtins())
+    w.cached_tokens = 0
+    _w, h = run(w, opened=_vllm_like)
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+
+
+def test_counters_that_per_request_cached_tokens_confirm_are_measured():
+    w = World(plan_builtins())
+    w.cached_tokens = "true"
+    _w, h = run(w, opened=_vllm_like)
+    got = cells(h)
+    assert {got[p].status for p in ("A.forward_prime", "A.reverse_replay", "B.forward_prime", "B.forward_replay")} == {"measured"}
+
+
+def test_an_engine_that_states_no_reuse_identity_is_not_cross_checked():
+    w = World(plan_builtins())
+    w.cached_tokens = 0
+    _w, h = run(w)
+    assert cells(h)["A.forward_prime"].status == "measured"
+
+
 # --- unseen restarts ---------------------------------------------------------------------------
 
 def test_a_counter_that_goes_back_aborts_engine_restart():

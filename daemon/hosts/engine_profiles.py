@@ -46,6 +46,18 @@ PROFILES: dict[str, dict[str, str]] = {
 }
 
 
+# The counters whose sum, around one request at C1, the engine's own `usage.prompt_tokens_details.
+# cached_tokens` must equal: vLLM's PromptTokenStats (vllm/v1/metrics/stats.py) keeps local_cache_hit +
+# external_kv_transfer = the request's cached tokens; llama-server's prompt_tokens_cached counts the
+# tokens its slot or prompt cache supplied, which its `cached_tokens` reports (tests/test_peer_llamacpp.py
+# shows them equal). A phase in which they disagree is invalid (policies/experiment.py). Flare's
+# contract and SGLang's docs state no such identity: nothing is checked there.
+REUSE_IDENTITY: dict[str, list[str]] = {
+    "vllm": ["gpu_reused_tokens", "host_reused_tokens"],
+    "llamacpp": ["host_reused_tokens"],
+}
+
+
 def metric_names(profile: str, overrides: dict[str, str]) -> dict[str, str]:
     """The engine profile's map with the site's own [metrics] entries on top."""
     return {**PROFILES[profile], **overrides}

@@ -85,7 +85,17 @@ class WindowSetup:
                             fixtures_sha256={n: fixture_digest(f) for n, f in sorted(self.fixtures.items())},
                             expected_incumbent_sha256=self.expected_incumbent, clock=self.clock,
                             sim_seed=self.sim_seed, review=self.review,
-                            steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None)
+                            steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None,
+                            reuse_identity=reuse_identity(self.site.profile.metrics_profile, self.site.profile.metrics))
+
+
+def reuse_identity(profile: str, overrides: dict[str, str]) -> list[str]:
+    """The engine profile's reuse identity, unless the site re-mapped one of its counters (a [metrics]
+    entry of its own: what that counter means is then the site's, and nothing is checked)."""
+    from flare_diag.daemon.hosts.engine_profiles import REUSE_IDENTITY
+    from flare_diag.daemon.hosts.metrics import COUNTERS
+    names = REUSE_IDENTITY.get(profile, [])
+    return [] if any(COUNTERS[n][0] in overrides for n in names) else list(names)
 
 
 def new_window_id(plan: Plan) -> str:
