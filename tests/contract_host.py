@@ -240,6 +240,14 @@ def r_identity(h, _raw) -> None:
     h.send_json(identity(h.server.state))
 
 
+def r_openapi(h, _raw) -> None:
+    """The OpenAPI document the site's config names (a recorded vLLM's), as vLLM's server publishes it."""
+    path = h.server.state.cfg.get("openapi")
+    if not path:
+        return h.error(404, "not_found", "GET /openapi.json")
+    h.send_json(json.loads(open(path).read()))
+
+
 def r_trace(h, raw) -> None:
     st = h.server.state
     if st.cfg.get("no_trace_route"):  # an engine with no such switch (a bare vLLM answers 404)
@@ -499,6 +507,7 @@ ROUTES = {
     ("serving", "GET", "/health"): r_health,
     ("serving", "GET", "/flare/v1/identity"): r_identity,
     ("serving", "POST", "/flare/v1/trace"): r_trace,
+    ("serving", "GET", "/openapi.json"): r_openapi,
     ("serving", "POST", "/v1/chat/completions"): generate,
     ("serving", "GET", "/metrics"): r_metrics,
     ("manager", "GET", "/manager/v1/state"): r_state,

@@ -438,3 +438,33 @@ def test_init_site_systemd_gives_a_profile_that_site_check_accepts_with_credenti
     finally:
         host.stop()
     assert p.returncode == 0 and "NOT READY" not in p.stdout, p.stdout + p.stderr  # exit 0: every need observable
+
+
+VLLM_OPENAPI = ROOT / "tests" / "data" / "metrics" / "vllm-0.32.0" / "openapi.json"  # recorded from vLLM 0.32.0
+
+
+def test_a_body_the_engines_request_schema_refuses_is_refused_before_quiesce_naming_the_body_and_field(tmp_path):
+    host = ContractHost(tmp_path / "host", openapi=str(VLLM_OPENAPI))
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.read_text())
+    _fixture_with(tmp_path, "c1-52", {"n": "two"})  # vLLM's schema: n is an integer
+    try:
+        p = flare_diag("run", "--plan", str(plan), "--site", str(host.site), "--out", str(tmp_path / "out"))
+        seen = host.requests()
+    finally:
+        host.stop()
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "serving.request_schema" in p.stderr and "fixture c1-52: body 7 (sha256" in p.stderr and ": n: 'two'" in p.stderr
+    assert not host_changes(seen)
+    assert not (tmp_path / "out" / "log.db").exists()
+
+
+def test_site_check_finds_every_body_of_the_seeds_fixtures_inside_a_real_vllms_request_schema(tmp_path):
+    host = ContractHost(tmp_path / "host", openapi=str(VLLM_OPENAPI))
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
+    assert by_name["serving.request_schema"]["status"] == "observable"
+    assert by_name["serving.request_schema"]["reason"] == "the engine's schema accepts all 60 bodies"  # c1-52 and tok1024

@@ -701,9 +701,16 @@ def _site_check(args: argparse.Namespace) -> int:
         site = load_site(args.site)
     except SiteError as exc:
         raise UsageError(str(exc)) from None
+    fixtures = {}
+    if plan is not None:  # found where `run` finds them: beside the plan, beside the site profile, built in
+        from flare_diag.daemon.window.setup import InputError, load_fixtures
+        try:
+            fixtures = load_fixtures(plan, [args.plan.parent.resolve(), args.site.parent.resolve()])
+        except InputError as exc:
+            raise UsageError(str(exc)) from None
 
     async def probe():
-        target = Target(site, {}, "")
+        target = Target(site, fixtures, "")
         try:
             return await check_site(target, plan)
         finally:

@@ -311,6 +311,20 @@ class Target:
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ActionFailed("malformed_transport", "models: expected {\"data\": [{\"id\": ...}]}") from None
 
+    async def openapi(self) -> dict | None:
+        """The engine's `GET /openapi.json` (vLLM's and SGLang's servers publish theirs); None when it
+        does not answer that (a Flare host need not)."""
+        r = await self._retrying("GET", f"{self.p.serving.url}/openapi.json", headers=self._h("serving"))
+        if r.status_code in (404, 405):
+            return None
+        if r.status_code != 200:
+            raise classify_response(r, "openapi")
+        try:
+            doc = r.json()
+        except ValueError:
+            raise ActionFailed("malformed_transport", "openapi: not JSON") from None
+        return doc if isinstance(doc, dict) else None
+
     async def preflight_model(self) -> str | None:
         """The model the preflight names: the fixtures', else the first the engine lists, else none."""
         if self._preflight_model is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from flare_diag.daemon.hosts import request_schema
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -63,7 +64,7 @@ class SiteCheck:
         if self.ready:
             return f"site check: ready: everything the plan needs is observable on site {self.site} ({tally})"
         unhealthy = [f"{c.name}: {c.reason}" for c in self.capabilities if c.missing and c.fits is False
-                     and c.name.startswith("guard.")]
+                     and (c.name.startswith("guard.") or c.name == "serving.request_schema")]
         return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
                 f"({tally})" + "".join(f"; {u}" for u in unhealthy))
 
@@ -141,6 +142,7 @@ class _Probe:
             self.add("identity.gpus", OBSERVABLE, f"{len(gpus)} GPUs at {'/'.join(map(str, watts)) or '-'} W"
                      + ("" if fits else f"; the plan expects {want_n} at {want_w} W"), required=True, fits=fits)
         await self._served_model()
+        await self._bodies_accepted()
         trace = self.plan is not None and self.plan.trace is not None
         if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
@@ -162,6 +164,31 @@ class _Probe:
             return
         self.add("serving.trace_switch", OBSERVABLE, f"answers; left as it was (trace_enabled = {ident['trace_enabled']})"
                  + arms, required=trace)
+
+    async def _bodies_accepted(self) -> None:
+        """Every fixture body against the engine's own request schema (`/openapi.json`), before anything
+        changes: a body it would refuse (400) fails its phase wholesale, found here instead."""
+        if not self.t.fixtures:
+            return
+        try:
+            doc = await self.call("serving", self.t.openapi())
+        except ActionFailed as exc:
+            self.add("serving.request_schema", NOT_OBSERVABLE, exc.detail)
+            return
+        if doc is None:
+            self.add("serving.request_schema", NOT_OBSERVABLE, "no /openapi.json: a body the engine refuses is found "
+                     "only when its phase's first request is refused")
+            return
+        try:
+            refused = request_schema.refusals(request_schema.chat_validator(doc), self.t.fixtures)
+        except request_schema.SchemaUnusable as exc:
+            self.add("serving.request_schema", NOT_OBSERVABLE, f"/openapi.json: {exc}")
+            return
+        n = sum(len(f.bodies) for f in self.t.fixtures.values())
+        self.add("serving.request_schema", OBSERVABLE,
+                 f"the engine's schema accepts all {n} bodies" if not refused else
+                 f"the engine's schema refuses {len(refused)} of {n} bodies: " + "; ".join(refused[:3]),
+                 required=bool(refused), fits=not refused)
 
     async def _served_model(self) -> None:
         """Whether the engine serves the model the fixtures and the restore's preflight name, read from
