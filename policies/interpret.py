@@ -59,6 +59,12 @@ UNOBSERVABLE = (
     "it; without it no cause can be named."
 )
 
+NO_HITS = (
+    "Expose how many host lookups found stored state (map the engine's hit counter in the site profile's [metrics], "
+    "docs/engines.md) or read the engine's own log for failed loads on A.reverse_replay's requests; without it the "
+    "restore path and key eligibility cannot be told apart."
+)
+
 RESTORED_UNUSED = (
     "Reverse replay fetched {fetched} host tokens but prefill reused none: inspect why restored state was not used "
     "(the checkpoint positions against the prompts' shared prefixes, the rendered message-prefix keys, which of the "
@@ -158,6 +164,12 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
                     RUN_B_ARM)
         return "row_checkpoint_churn", f"{seen}; B.forward_replay reused 0", NEXT_EXPERIMENT["row_checkpoint_churn"]
     hits, fetched = rev_host.get("hits"), rev_host.get("fetched_tokens")
+    if hits is None:
+        # nothing reused, and whether the lookups found anything is not observable: a restore that
+        # failed after its keys matched (a KV connector whose loads fail) and keys that never matched
+        # read the same here, so neither is named
+        return ("inconclusive", "A.reverse_replay reused 0 host tokens, and this host does not expose its host hits: "
+                "a failed restore and ineligible keys cannot be told apart", NO_HITS)
     if hits and fetched == 0:
         # lookups found checkpoints but no restore completed: the keys matched, the restore did not
         where = rev.get("hit_requests") or []

@@ -65,7 +65,8 @@ class WindowPolicy(WindowCore):
                 args = self.read_args.pop(aid, None)
                 if self.stage == "restore" and action in RE_ASKABLE and not experimental and args is not None:
                     # a read whose answer the restart lost is asked again: only a host change is never repeated
-                    self.reasked[self._request(action, args)] = aid
+                    # keyed on the id the restore first waited on: a second restart re-asks a re-ask
+                    self.reasked[self._request(action, args)] = self.reasked.pop(aid, aid)
                     continue
                 self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
                                                detail="the daemon restarted before its outcome was recorded; possibly done")

@@ -138,6 +138,15 @@ def test_the_gpu_prefix_tier_never_names_a_host_cause_without_host_figures():
         assert not re.search(r"host[- ](cache|cached|reused|tokens|tier)|checkpoint", basis + nxt), basis + nxt
 
 
+def test_no_host_reuse_with_host_hits_unobservable_names_neither_the_restore_path_nor_the_keys():
+    no_hits = {"status": "measured", "identity_held": True,
+               "host": {"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": 0}}
+    cells = {"A.forward_prime": {**no_hits, "incarnation_id": "A"}, "A.reverse_replay": {**no_hits, "incarnation_id": "A"},
+             "B.forward_prime": {**no_hits, "incarnation_id": "B"}, "B.forward_replay": {**no_hits, "incarnation_id": "B"}}
+    hyp, basis, _nxt = verdict(cells)
+    assert hyp == "inconclusive" and "cannot be told apart" in basis
+
+
 def test_the_host_tier_on_an_engine_without_one_is_inconclusive():
     assert verdict(_gpu_primed(1280, 0))[0] == "inconclusive"
 
