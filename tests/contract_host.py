@@ -237,7 +237,22 @@ def r_health(h, _raw) -> None:
 
 
 def r_identity(h, _raw) -> None:
-    h.send_json(identity(h.server.state))
+    if not r_identity_deep(h):
+        h.send_json(identity(h.server.state))
+
+
+def r_identity_deep(h) -> bool:
+    """A hostile host's identity: JSON nested far deeper than any decoder recurses."""
+    depth = h.server.state.cfg.get("deep_identity")
+    if not depth:
+        return False
+    data = b"[" * depth + b"]" * depth
+    h.send_response(200)
+    h.send_header("content-type", "application/json")
+    h.send_header("content-length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+    return True
 
 
 def r_openapi(h, _raw) -> None:

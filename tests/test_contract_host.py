@@ -468,3 +468,14 @@ def test_site_check_finds_every_body_of_the_seeds_fixtures_inside_a_real_vllms_r
     by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
     assert by_name["serving.request_schema"]["status"] == "observable"
     assert by_name["serving.request_schema"]["reason"] == "the engine's schema accepts all 60 bodies"  # c1-52 and tok1024
+
+
+def test_a_host_whose_identity_is_json_nested_too_deep_is_malformed_not_an_internal_error(tmp_path):
+    host = ContractHost(tmp_path / "host", deep_identity=200_000)
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "the answer's JSON is nested too deep to read" in p.stdout
+    assert "internal error" not in p.stdout

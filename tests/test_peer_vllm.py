@@ -130,6 +130,38 @@ def test_real_vllm_with_a_prefix_cache_that_holds_the_replay_does_not_reproduce(
     assert r["restoration"]["verified"]
 
 
+def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[Path, Path]:
+    """The peer site with a KV connector whose loads all fail (fixtures/engines/vllm/failing_connector.py)
+    behind a 64-block prefix cache, and the peer plan reading the host tier (the connector is one)."""
+    config = json.dumps({"kv_connector": "FailingLoadConnector", "kv_connector_module_path": "failing_connector",
+                         "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                         "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv-store")}})
+    text = PLAN.read_text().replace('tier = "gpu_prefix"', 'tier = "host"')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("host_cache_bytes"))
+    plan, site = write_site(tmp, python, model, SMALL_BLOCKS, text)
+    profile = site.read_text()
+    for seqs in ("16", "8"):
+        profile = profile.replace(f'"--max-num-seqs", "{seqs}"]', f'"--max-num-seqs", "{seqs}", "--kv-transfer-config", \'{config}\']')
+    site.write_text(profile.replace("env = { ", f'env = {{ PYTHONPATH = "{ENGINE}", '))
+    return plan, site
+
+
+def test_real_vllm_whose_kv_connector_fails_every_load_names_no_cause(tmp_path, vllm_python, model):
+    plan, site = write_failing_connector_site(tmp_path, vllm_python, model)
+    out = tmp_path / "out"
+    p = cli("run", "--plan", str(plan), "--site", str(site), "--out", str(out))
+    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    failed = sum(f.read_text(errors="replace").count("failing connector: load of")
+                 for f in (site.parent / "engine-logs").glob("engine-*.log"))
+    assert failed > 0, "the connector was never asked to load: the test shows nothing"
+    assert r["restoration"]["verified"], r["restoration"]
+    assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
+    # no reuse is ever read from a match that did not load
+    assert all((c.get("host") or {}).get("reused_tokens") in (0, None) for c in r["cells"]), r["cells"]
+    print(f"failing connector: {failed} loads failed; verdict basis: {r['verdict']['basis']}")
+
+
 def test_site_check_on_real_vllm_without_a_connector_refuses_a_plan_whose_verdict_reads_the_host_tier(
         tmp_path, vllm_python, model):
     host_plan = PLAN.read_text().replace('tier = "gpu_prefix"', 'tier = "host"')

@@ -51,6 +51,21 @@ def classify_response(resp: httpx.Response, what: str) -> ActionFailed:
 
 
 MALFORMED = (json.JSONDecodeError, msgspec.DecodeError, UnicodeDecodeError, httpx.DecodingError)
+MAX_ANSWER_BYTES = 64 << 20  # a host answer larger than this is not one this daemon reads
+
+
+def answer_json(resp: httpx.Response, what: str) -> object:
+    """A host's JSON answer, decoded; a body too large, not JSON or nested deeper than the decoder
+    goes (a hostile host's `[[[[...`) is the host's malformed answer, never this daemon's error."""
+    if len(resp.content) > MAX_ANSWER_BYTES:
+        raise ActionFailed("malformed_transport", f"{what}: an answer of {len(resp.content)} bytes "
+                                                  f"(at most {MAX_ANSWER_BYTES} are read)")
+    try:
+        return msgspec.json.decode(resp.content)
+    except msgspec.DecodeError:
+        raise ActionFailed("malformed_transport", f"{what}: the answer is not JSON") from None
+    except RecursionError:
+        raise ActionFailed("malformed_transport", f"{what}: the answer's JSON is nested too deep to read") from None
 
 
 def classify_exception(exc: BaseException, what: str) -> ActionFailed:

@@ -23,6 +23,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -31,7 +32,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.errors import ActionFailed, answer_json
 from flare_diag.daemon.hosts.httpclient import host_client
 
 STOP_GRACE_S = 10.0
@@ -50,6 +51,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_PLACEHOLDER = re.compile(r"\{(model|port|host)\}")
 ENGINE_NAMES = {"llamacpp": "llama-server", "vllm": "vllm"}  # the name a recipe's bytes carry
 
 
@@ -156,7 +158,9 @@ class LocalEngine:
 
     def _argv(self, r: LocalRecipe) -> list[str]:
         subst = {"model": str(r.model), "port": str(self.port), "host": self.host}
-        argv = [str(self.binary)] + [a.format(**subst) for a in r.args]
+        # only the three placeholders are filled in: an argument's other braces (a JSON config such as
+        # vLLM's --kv-transfer-config) are the engine's, passed as written
+        argv = [str(self.binary)] + [_PLACEHOLDER.sub(lambda m: subst[m.group(1)], a) for a in r.args]
         if self.api_key_file is not None and r.kind == "llamacpp":
             argv += ["--api-key-file", str(self.api_key_file)]
         return argv
@@ -287,7 +291,7 @@ class LocalEngine:
         r = await self._client.get(f"{self.url}/props", headers=headers)
         if r.status_code != 200:
             raise ActionFailed(f"http_{r.status_code}", f"engine /props: HTTP {r.status_code}")
-        props = r.json()
+        props = answer_json(r, "engine /props")
         rec = self.loaded
         return {"recipe": rec.name, "recipe_sha256": rec.sha256, "incarnation": str(self.incarnation),
                 "model": rec.model_sha256[:8], "model_sha256": rec.model_sha256,
@@ -313,7 +317,7 @@ class LocalEngine:
         r = await self._client.get(f"{self.url}{path}", headers=headers)
         if r.status_code != 200:
             raise ActionFailed(f"http_{r.status_code}", f"engine {path}: HTTP {r.status_code}")
-        return r.json()
+        return answer_json(r, f"engine {path}")
 
     async def close(self) -> None:
         await self._stop()

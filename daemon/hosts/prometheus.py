@@ -36,7 +36,7 @@ class Prometheus:
         try:
             r = await self.client.get(f"{self.url}{path}", params=params)
             body = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, RecursionError) as exc:  # RecursionError: a `[[[[...` answer
             raise ActionFailed("steady_state_unreachable", f"{what}: {type(exc).__name__}") from None
         if r.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
             why = body.get("error") if isinstance(body, dict) else None

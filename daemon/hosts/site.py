@@ -32,7 +32,8 @@ class SteadyState(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class LocalRecipeSpec(msgspec.Struct, forbid_unknown_fields=True):
-    args: list[str]   # {model}, {port} and {host} are filled in; the serving token goes in as --api-key-file
+    args: list[str]   # {model}, {port} and {host} are filled in (other braces are passed as written); the
+                      # serving token goes in as --api-key-file (llama.cpp) or VLLM_API_KEY (vLLM)
     model: str        # relative to the profile: a file (llama.cpp's GGUF) or a folder (vLLM's Hugging Face model)
     env: dict[str, str] = {}  # the engine's environment on top of the daemon's (e.g. VLLM_CPU_KVCACHE_SPACE)
 

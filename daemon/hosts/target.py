@@ -17,7 +17,7 @@ from httpx_sse import aconnect_sse
 from flare_diag.daemon.hosts import metrics
 from flare_diag.events import actions as act
 from flare_diag.daemon.hosts.prometheus import Prometheus
-from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
+from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, classify_response
 from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
@@ -127,7 +127,7 @@ class Target:
         r = await self._retrying("GET", url, headers=self._h(svc))
         if r.status_code != 200:
             raise classify_response(r, what)
-        return r.json()
+        return answer_json(r, what)  # type: ignore[return-value]  # the port's reader checks its shape
 
     async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
         """POST; `once`: it may change the host (load, unload), so it goes out once on its own connection."""
@@ -137,7 +137,7 @@ class Target:
             r = await self._retrying("POST", url, headers=self._h(svc), json=body or {})
         if r.status_code != 200:
             raise classify_response(r, what)
-        return r.json()
+        return answer_json(r, what)  # type: ignore[return-value]  # the port's reader checks its shape
 
     # --- actions: each returns the outcome's data or raises ActionFailed
     async def validate_fixtures(self, args: dict) -> dict:
@@ -295,7 +295,7 @@ class Target:
         r = await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
         if r.status_code != 200:
             raise classify_response(r, f"{args['path']} preflight")
-        d = r.json()
+        d = answer_json(r, f"{args['path']} preflight")
         return {"finish_reason": d["choices"][0].get("finish_reason"), "request_id": r.headers.get("x-request-id")}
 
     async def served_models(self) -> list[str] | None:
@@ -307,7 +307,7 @@ class Target:
         if r.status_code != 200:
             raise classify_response(r, "models")
         try:
-            return [m["id"] for m in r.json()["data"] if isinstance(m.get("id"), str)]
+            return [m["id"] for m in answer_json(r, "models")["data"] if isinstance(m.get("id"), str)]  # type: ignore[index]
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ActionFailed("malformed_transport", "models: expected {\"data\": [{\"id\": ...}]}") from None
 
@@ -319,10 +319,7 @@ class Target:
             return None
         if r.status_code != 200:
             raise classify_response(r, "openapi")
-        try:
-            doc = r.json()
-        except ValueError:
-            raise ActionFailed("malformed_transport", "openapi: not JSON") from None
+        doc = answer_json(r, "openapi")
         return doc if isinstance(doc, dict) else None
 
     async def preflight_model(self) -> str | None:
