@@ -132,12 +132,12 @@ def test_real_vllm_with_a_prefix_cache_that_holds_the_replay_does_not_reproduce(
 
 def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[Path, Path]:
     """The peer site with a KV connector whose loads all fail (fixtures/engines/vllm/failing_connector.py)
-    behind a 64-block prefix cache, and the peer plan reading the host tier (the connector is one)."""
+    behind a 64-block prefix cache, and the peer plan (its verdict on the prefix cache: vLLM's figures
+    for the connector count failed loads too, so host reuse is not observable)."""
     config = json.dumps({"kv_connector": "FailingLoadConnector", "kv_connector_module_path": "failing_connector",
                          "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                          "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv-store")}})
-    text = PLAN.read_text().replace('tier = "gpu_prefix"', 'tier = "host"')
-    text = "\n".join(line for line in text.splitlines() if not line.startswith("host_cache_bytes"))
+    text = "\n".join(line for line in PLAN.read_text().splitlines() if not line.startswith("host_cache_bytes"))
     plan, site = write_site(tmp, python, model, SMALL_BLOCKS, text)
     profile = site.read_text()
     for seqs in ("16", "8"):
@@ -146,7 +146,7 @@ def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[
     return plan, site
 
 
-def test_real_vllm_whose_kv_connector_fails_every_load_names_no_cause(tmp_path, vllm_python, model):
+def test_real_vllm_whose_kv_connector_fails_every_load_never_reads_reuse_from_it(tmp_path, vllm_python, model):
     plan, site = write_failing_connector_site(tmp_path, vllm_python, model)
     out = tmp_path / "out"
     p = cli("run", "--plan", str(plan), "--site", str(site), "--out", str(out))
@@ -156,9 +156,11 @@ def test_real_vllm_whose_kv_connector_fails_every_load_names_no_cause(tmp_path, 
                  for f in (site.parent / "engine-logs").glob("engine-*.log"))
     assert failed > 0, "the connector was never asked to load: the test shows nothing"
     assert r["restoration"]["verified"], r["restoration"]
-    assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
-    # no reuse is ever read from a match that did not load
-    assert all((c.get("host") or {}).get("reused_tokens") in (0, None) for c in r["cells"]), r["cells"]
+    # vLLM counted those tokens as loaded (external_kv_transfer, and in cached_tokens): the window reads
+    # no host reuse from them, and its verdict is about the prefix cache alone
+    assert all((c.get("host") or {}).get("reused_tokens") is None for c in r["cells"]), r["cells"]
+    assert r["verdict"]["hypothesis"] in ("prefix_cache_churn", "not_reproduced", "no_prefix_reuse", "inconclusive")
+    assert "host" not in r["verdict"]["basis"], r["verdict"]
     print(f"failing connector: {failed} loads failed; verdict basis: {r['verdict']['basis']}")
 
 

@@ -27,8 +27,12 @@ PROFILES: dict[str, dict[str, str]] = {
         # (vllm:prefix_cache_hits, vllm:external_prefix_cache_hits) is counted at scheduling, before any
         # load, and a KV connector whose load then fails recomputes tokens it had matched
         "flare_gpu_prefix_cache_reused_tokens": 'vllm:prompt_tokens_by_source{source="local_cache_hit"}',
-        # tokens a KV connector loaded instead of prefill (host, disk or remote store alike)
-        "flare_host_cache_reused_tokens": 'vllm:prompt_tokens_by_source{source="external_kv_transfer"}',
+        # No host reuse: prompt_tokens_by_source{source="external_kv_transfer"} counts the tokens the
+        # scheduler handed a KV connector to load, when it scheduled them. A real vLLM 0.32.0 whose
+        # connector failed every load (kv_load_failure_policy "recompute": the scheduler's
+        # _update_requests_with_invalid_blocks recomputes them) still counted 24,960 of them on a phase,
+        # and each request's cached_tokens with them (tests/test_peer_vllm.py); no counter of failed
+        # loads is exported. A site whose connector reports its failures may map it in [metrics].
         "flare_prompt_tokens": "vllm:prompt_tokens",             # loggers.py: counter, prefill tokens processed
         "flare_generation_tokens": "vllm:generation_tokens",     # loggers.py: counter, tokens generated
         "flare_requests_finished": "vllm:request_success",       # loggers.py: counter per finished_reason
@@ -53,6 +57,8 @@ PROFILES: dict[str, dict[str, str]] = {
 # shows them equal). A phase in which they disagree is invalid (policies/experiment.py). Flare's
 # contract and SGLang's docs state no such identity: nothing is checked there.
 REUSE_IDENTITY: dict[str, list[str]] = {
+    # external_kv_transfer is part of cached_tokens but unmapped (above): the identity holds only on an
+    # engine with no host tier, where it is 0 by configuration (daemon/window/setup.py, reuse_identity)
     "vllm": ["gpu_reused_tokens", "host_reused_tokens"],
     "llamacpp": ["host_reused_tokens"],
 }
