@@ -71,8 +71,9 @@ class State:
 
     def _reset(self) -> None:
         self.cache: OrderedDict[str, int] = OrderedDict()
+        self.gpu: OrderedDict[str, int] = OrderedDict()  # `gpu_entries`: whole prompts on the GPU, in front
         self.c = {"lookups": 0, "hits": 0, "fetched": 0, "reused": 0, "stores": 0, "evictions": 0,
-                  "gpu_queries": 0, "prompt": 0, "generation": 0, "stop": 0, "length": 0}
+                  "gpu_queries": 0, "gpu_hits": 0, "gpu_reused": 0, "prompt": 0, "generation": 0, "stop": 0, "length": 0}
         self.active = 0
         self.served = 0  # chat requests this incarnation has answered
         self.scrapes = 0  # scrapes of /metrics this incarnation has answered since its `restart` was due
@@ -300,10 +301,15 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
     finish = "stop" if max_tokens > 8 else "length"
     with st.lock:
         c = st.c
-        c["lookups"] += 1
         c["gpu_queries"] += prompt
-        reused = 0
-        if key in st.cache:
+        reused = on_gpu = 0
+        if st.cfg.get("gpu_entries") and key in st.gpu:  # served from the GPU tier: the host tier is not asked
+            st.gpu.move_to_end(key)
+            c["gpu_hits"] += 1
+            c["gpu_reused"] += prompt
+            on_gpu = prompt
+        elif key in st.cache:
+            c["lookups"] += 1
             st.cache.move_to_end(key)
             c["hits"] += 1
             if not st.cfg.get("restore_never_completes"):
@@ -311,16 +317,21 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
                 c["fetched"] += reused
                 c["reused"] += reused
         else:
+            c["lookups"] += 1
             st.cache[key] = prompt
             c["stores"] += 1
             while len(st.cache) > st.cfg["cache_entries"]:
                 st.cache.popitem(last=False)
                 c["evictions"] += 1
+        if st.cfg.get("gpu_entries") and key not in st.gpu:  # what prefill produced or restored is on the GPU now
+            st.gpu[key] = prompt
+            while len(st.gpu) > st.cfg["gpu_entries"]:
+                st.gpu.popitem(last=False)
         c["prompt"] += prompt
         c["generation"] += n
         c[finish] += 1
         st.active += 1
-    usage = {"prompt_tokens": prompt, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": reused}}
+    usage = {"prompt_tokens": prompt, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": reused + on_gpu}}
     rid = "c-" + hashlib.sha256(raw + str(time.monotonic_ns()).encode()).hexdigest()[:16]
     try:
         if not req.get("stream"):
@@ -381,8 +392,8 @@ def r_metrics(h, _raw) -> None:
         fam("flare_host_cache_evictions", "counter", [('{pool="row"}', c["evictions"]), ('{pool="page"}', 0)])
         fam("flare_host_cache_compactions", "counter", [("", 0)])
         fam("flare_gpu_prefix_cache_queries", "counter", [("", c["gpu_queries"])])
-        fam("flare_gpu_prefix_cache_hits", "counter", [("", 0)])
-        fam("flare_gpu_prefix_cache_reused_tokens", "counter", [("", 0)])
+        fam("flare_gpu_prefix_cache_hits", "counter", [("", c["gpu_hits"])])
+        fam("flare_gpu_prefix_cache_reused_tokens", "counter", [("", c["gpu_reused"])])
         fam("flare_requests_finished", "counter", [('{finish_reason="stop"}', c["stop"]),
                                                    ('{finish_reason="length"}', c["length"])])
         fam("flare_prompt_tokens", "counter", [("", c["prompt"])])

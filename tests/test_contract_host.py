@@ -404,8 +404,23 @@ def test_reproduce_fit_on_a_contract_hosts_lru_of_records_recovers_its_capacity_
     assert p.returncode == 0, p.stderr
     assert fitted["best"]["family"] == "lru_records" and fitted["best"]["capacity"] == 4
     assert fitted["best"]["agreed"] == fitted["best"]["compared"] > 0
-    assert {f["family"] for f in fitted["runners_up"]} == {"seed_pools", "block_lru"}
+    assert {f["family"] for f in fitted["runners_up"]} == {"seed_pools", "block_lru", "gpu_then_records"}
     assert set(fitted["policies"]) == {"lru", "fifo", "lfu"}
+
+
+def test_reproduce_fit_recovers_a_host_lru_of_45_records_behind_a_gpu_tier_with_full_agreement(tmp_path):
+    host = ContractHost(tmp_path / "host", cache_entries=45, gpu_entries=6)  # the 52 bodies churn the host tier
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(PLAN, tmp_path))
+    finally:
+        host.stop()
+    assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
+    p = flare_diag("reproduce", str(tmp_path / "out" / "log.db"), "--fit", "--json")
+    assert p.returncode == 0, p.stderr
+    best = json.loads(p.stdout)["best"]
+    assert (best["family"], best["capacity"]) == ("gpu_then_records", 45), best
+    assert best["agreed"] == best["compared"] > 0 and not best["lower_bound"]
+    assert best["front"] >= 1
 
 
 def test_init_site_systemd_gives_a_profile_that_site_check_accepts_with_credentials_laid_out_as_the_unit_hands_them(

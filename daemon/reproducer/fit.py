@@ -9,6 +9,9 @@ capacities and counting the requests whose predicted host reuse equals the obser
 - `seed_pools`: the seed's row and page pools with leaf-first eviction (flaresim's model), N rows and
   the scenario's pages per row.
 - `block_lru`: an LRU over N prompt blocks, as a GPU prefix cache keeps them.
+- `gpu_then_records`: a records LRU of N entries behind a GPU tier of G whole prompts (both fitted): a
+  prompt still on the GPU is not asked of the host tier, so the host reuses nothing for it; every real
+  engine has this shape, a GPU prefix cache in front of its host tier.
 
 The best fit (most requests agreeing; at equal agreement the simpler family, then the smaller N) is
 reported with the runners-up. A capacity at the top of what the window can tell apart (every body fits)
@@ -26,7 +29,7 @@ import msgspec
 from flare_diag.daemon.reproducer.reproduce import ReproduceError, Segment, _bodies, _replay, window_sequence
 from flare_diag.daemon.simulator import BlockLRU, Scenario, TokenSeq, render_prompt
 
-FAMILIES = ("lru_records", "seed_pools", "block_lru")
+FAMILIES = ("lru_records", "seed_pools", "block_lru", "gpu_then_records")
 RECORD_POLICIES = ("lru", "fifo", "lfu")  # what a records cache could evict by instead, compared at the fitted N
 
 
@@ -36,6 +39,7 @@ class Fit(msgspec.Struct, frozen=True):
     agreed: int
     compared: int
     lower_bound: bool = False  # every capacity from here up explains the window equally well
+    front: int = 0  # gpu_then_records: the GPU tier's whole prompts in front of the `capacity` records
 
     @property
     def share(self) -> float:
@@ -74,6 +78,62 @@ def _records(segments: list[Segment], size: dict[str, int], n: int, policy: str 
                 else:
                     cache.popitem(last=False)
     return out
+
+
+def _two_tier(segments: list[Segment], size: dict[str, int], gpu: int, n: int) -> list[int]:
+    """Host reuse per request with a GPU LRU of `gpu` prompts in front of a host LRU of `n` records."""
+    out = []
+    for seg in segments:  # each incarnation starts empty
+        front: OrderedDict[str, None] = OrderedDict()
+        host: OrderedDict[str, None] = OrderedDict()
+        for s in seg.requests:
+            k = s.body_sha256
+            if k in front:
+                front.move_to_end(k)
+                out.append(0)
+                continue
+            if k in host:
+                host.move_to_end(k)
+                out.append(size.get(k, 0))
+            else:
+                out.append(0)
+                host[k] = None
+                while len(host) > n:
+                    host.popitem(last=False)
+            if gpu > 0:
+                front[k] = None
+                while len(front) > gpu:
+                    front.popitem(last=False)
+    return out
+
+
+def _best_two_tier(segments: list[Segment], size: dict[str, int], distinct: int, tolerance: int) -> Fit:
+    """Both capacities: a coarse grid, then every pair around its best (most agreeing; then the smaller
+    host tier, then the smaller GPU tier)."""
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def score(g: int, n: int) -> tuple[int, int]:
+        if (g, n) not in seen:
+            seen[(g, n)] = _agreement(segments, _two_tier(segments, size, g, n), tolerance)
+        return seen[(g, n)]
+
+    def best() -> tuple[int, int]:
+        return max(seen, key=lambda k: (seen[k][0], -k[1], -k[0]))
+
+    coarse = _coarse(distinct)
+    for g in coarse:
+        for n in coarse:
+            score(g, n)
+    def near(v: int) -> range:  # every capacity between the coarse neighbours of v
+        i = coarse.index(v)
+        return range(coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)] + 1)
+
+    g0, n0 = best()
+    for g in near(g0):
+        for n in near(n0):
+            score(g, n)
+    g, n = best()
+    return Fit("gpu_then_records", n, seen[(g, n)][0], seen[(g, n)][1], lower_bound=n >= distinct, front=g)
 
 
 def _blocks(segments: list[Segment], chains: dict[str, list], sc: Scenario, n: int) -> list[int]:
@@ -156,6 +216,7 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
               for k in {s.body_sha256 for s in sent}}
     blocks_top = sum(len(c) for c in chains.values()) + 1
     fits.append(best_of("block_lru", blocks_top, lambda n: _blocks(segments, chains, sc, n)))
+    fits.append(_best_two_tier(segments, size, distinct, tolerance))
     order = sorted(fits, key=lambda f: (-f.agreed, FAMILIES.index(f.family), f.capacity))
     best = order[0]
     if best.family == "lru_records":
@@ -167,6 +228,9 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
             sc_p = msgspec.structs.replace(sc, eviction=ev)
             policies[ev] = sum(_replay(segments, bodies, sc_p, best.capacity, max(1, int(best.capacity * ratio)))[0])
         note = "policies compared on the seed's pools at the fitted rows"
+    elif best.family == "gpu_then_records":
+        policies = {"lru": sum(_two_tier(segments, size, best.front, best.capacity))}
+        note = "the fitted two tiers (a records LRU behind the GPU's) have no other policy compared"
     else:
         policies = {"block_lru": sum(_blocks(segments, bodies, sc, best.capacity))}
         note = "a block LRU has no policy of its own to compare"
@@ -176,7 +240,8 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
 def render_fit(rep: FitReport) -> list[str]:
     def line(f: Fit) -> str:
         cap = f"{'>= ' if f.lower_bound else ''}{f.capacity:,}"
-        unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks"}[f.family]
+        unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks",
+                "gpu_then_records": f"records behind {f.front:,} GPU prompts"}[f.family]
         # an empty cache predicts no reuse at all: it agrees only with the requests that reused nothing
         empty = " (an empty cache: it predicts no reuse)" if f.capacity == 0 else ""
         return f"{f.family} of {cap} {unit}{empty}: {f.agreed:,} of {f.compared:,} requests agree ({f.share:.1%})"
