@@ -21,6 +21,7 @@ class Context:
     router_snapshot: Mapping | None = None
     identity: Mapping | None = None
     where: str = ""  # the phase (or "before readmit") a breach is named with
+    direct_inflight: int = 0  # the window's own requests to the serving URL, in flight when it was read
 
 
 Rule = Callable[[Mapping, Context], Abort]
@@ -145,8 +146,14 @@ def containment_rule(data: Mapping, ctx: Context) -> Abort:
     if snap.get("config_sha256") and data.get("config_sha256") not in (None, snap["config_sha256"]):
         return "containment", "router configuration changed during the window"
     if backend.get("admitted") or backend.get("inflight"):
+        # `inflight` is routed requests only (docs/host-api.md); a router adapter that reports the
+        # engine's running requests counts the window's own direct ones: said, never taken for the cause
+        same = not backend.get("admitted") and backend.get("inflight") == ctx.direct_inflight
         return "containment", (f"quiesced backend {backend.get('id')} is receiving traffic"
-                               f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})")
+                               f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})"
+                               + (f"; the window itself had {ctx.direct_inflight} direct request(s) in flight: a "
+                                  f"router whose inflight counts the engine's running requests, not routed ones, "
+                                  f"reads so too" if same else ""))
     return None
 
 

@@ -254,7 +254,8 @@ class WindowPolicy(WindowCore):
             self._guard_evaluated(inp)
             return
         polled = inp.data.get("polled_at_ns", inp.at_ns)
-        ctx = guards.Context(self.plan.growth, self.snapshots.get("gpu"), self.snapshots.get("router"))
+        ctx = guards.Context(self.plan.growth, self.snapshots.get("gpu"), self.snapshots.get("router"),
+                             direct_inflight=sum(a == "send_request" for a, _e in self.pending.values()))
         if inp.source == "router":
             # a poll sent before the quiesce took effect says nothing of containment after it; after
             # the readmit an admitted backend is the readmission; a breach already aborted for is not news

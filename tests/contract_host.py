@@ -351,6 +351,7 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         base = {"id": rid, "object": "chat.completion.chunk"}
         event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
         for _ in range(n - 1):
+            time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
             event({**base, "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]})
         event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
         event(b"[DONE]")
@@ -494,7 +495,9 @@ def r_unload(h, raw) -> None:
 # --- router, monitoring, GPU ----------------------------------------------------------------
 
 def backend(st: State) -> dict:
-    return {"id": "primary", "url": st.cfg.get("serving_url", ""), "admitted": st.admitted, "inflight": 0}
+    # `naive_inflight`: an adapter that reports the engine's running requests, direct ones included
+    inflight = st.active if st.cfg.get("naive_inflight") else st.cfg.get("inflight", 0)  # `inflight`: any answer
+    return {"id": "primary", "url": st.cfg.get("serving_url", ""), "admitted": st.admitted, "inflight": inflight}
 
 
 def r_backends(h, _raw) -> None:

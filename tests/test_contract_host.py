@@ -187,6 +187,19 @@ def test_site_check_calls_a_trace_switch_that_answers_404_not_observable(tmp_pat
     assert "HTTP 404" in by_name["serving.trace_switch"]["reason"]
 
 
+def test_site_check_refuses_a_router_whose_inflight_is_not_a_count_of_routed_requests(tmp_path):
+    host = ContractHost(tmp_path / "host", inflight="unknown")
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    assert p.returncode == 1, p.stdout
+    check = json.loads(p.stdout)
+    assert check["missing"] == ["router.backend"], check["missing"]
+    assert "inflight must be a count of routed requests" in {c["name"]: c for c in check["capabilities"]}[
+        "router.backend"]["reason"]
+
+
 def test_site_check_passes_on_flaresim(tmp_path):
     from tests.daemontools import Sim
     sim = Sim(tmp_path)
@@ -494,3 +507,15 @@ def test_a_host_whose_identity_is_json_nested_too_deep_is_malformed_not_an_inter
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "the answer's JSON is nested too deep to read" in p.stdout
     assert "internal error" not in p.stdout
+
+
+def test_a_router_whose_inflight_counts_the_engines_own_requests_aborts_containment_and_says_it_may_be_that(
+        tmp_path, small_plan):
+    host = ContractHost(tmp_path / "host", naive_inflight=True, token_delay_s=0.3)
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+    finally:
+        host.stop()
+    assert rc == 1 and r["abort"]["reason"] == "containment", r["abort"]
+    assert "a router whose inflight counts the engine's running requests" in r["abort"]["detail"]
+    assert r["restoration"]["verified"], r["restoration"]

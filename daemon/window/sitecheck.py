@@ -316,8 +316,12 @@ class _Probe:
         try:
             r = await self.call("router", self.t.snapshot({"what": "router"}))
             b = r["backend"]
-            self.add("router.backend", OBSERVABLE, f"{b.get('id')}: admitted={b.get('admitted')}, inflight={b.get('inflight')}",
-                     required=True)
+            n = b.get("inflight")
+            counted = isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            # inflight is the router's routed requests in flight (docs/host-api.md): a count, never absent
+            self.add("router.backend", OBSERVABLE, f"{b.get('id')}: admitted={b.get('admitted')}, inflight={n}"
+                     + ("" if counted else "; inflight must be a count of routed requests (an integer >= 0): "
+                        "containment cannot be judged"), required=True, fits=counted)
         except ActionFailed as exc:
             self.add("router.backend", NOT_OBSERVABLE, exc.detail, required=True)
 
