@@ -19,7 +19,7 @@ def _parse(sample: str, profile: str) -> dict:
 def test_llamacpp_recorded_sample_maps_drain_gauges_and_cached_tokens():
     m = _parse("llamacpp-0.3.36.prom", "llamacpp")  # recorded from the llama-server this project builds
     assert m["gauges"]["requests_active"] == 0 and m["gauges"]["requests_pending"] == 0
-    assert m["counters"]["host_reused_tokens"] == 13921 and m["counters"]["prompt_tokens"] == 185174
+    assert m["counters"]["host_reused_tokens"] == 13921 and m["counters"]["generation_tokens"] is not None
     assert m["counters"]["host_lookups"] is None and m["counters"]["host_hits"] is None
     assert m["counters"]["gpu_reused_tokens"] is None and m["gauges"]["host_transfers_inflight"] is None
 
@@ -54,12 +54,52 @@ def _parse_text(text: str) -> dict:
     return parse(text, metric_names("vllm", {}))
 
 
+def test_llamacpp_prompt_tokens_are_not_mapped_since_its_counter_leaves_cached_tokens_out():
+    """llama-server's prompt_tokens_total is 'excluding cached tokens' (server-task.cpp); the contract's
+    counts every prompt token."""
+    text = (DATA / "llamacpp-0.3.36.prom").read_text()
+    assert "excluding cached tokens" in text
+    assert _parse("llamacpp-0.3.36.prom", "llamacpp")["counters"]["prompt_tokens"] is None
+
+
 def test_sglang_sample_splits_cached_tokens_by_source():
     m = _parse("sglang.prom", "sglang")
     assert (m["gauges"]["requests_active"], m["gauges"]["requests_pending"]) == (2, 5)
     assert m["counters"]["host_reused_tokens"] == 135223 and m["counters"]["gpu_reused_tokens"] == 2.1e6
+    assert m["counters"]["prompt_tokens"] == 128902 + 8.0e6  # both is_streaming children
     assert m["counters"]["host_fetched_tokens"] is None and m["gauges"]["host_cache_bytes_used"] is None
     assert (m["gauges"]["host_cache_tokens_used"], m["gauges"]["host_cache_tokens_capacity"]) == (182000, 1048576)
+
+
+SGLANG_HELP = ("# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).\n"
+               "# TYPE sglang:cached_tokens_total counter\n")
+
+
+def _sglang(cached_lines: str, help_text: str = SGLANG_HELP) -> dict:
+    return parse(help_text + cached_lines, metric_names("sglang", {}))["counters"]
+
+
+def test_sglang_host_reuse_before_any_host_hit_is_zero_since_its_child_appears_on_first_count():
+    """A fresh incarnation declares the split family with no child; device reuse came first."""
+    assert _sglang("")["host_reused_tokens"] == 0 and _sglang("")["gpu_reused_tokens"] == 0
+    c = _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="device"} 512.0\n')
+    assert (c["gpu_reused_tokens"], c["host_reused_tokens"]) == (512, 0)
+
+
+def test_sglang_requests_counted_without_a_split_leave_host_and_device_reuse_not_observable():
+    """A request without cached_tokens_details counts under cache_source="total" alone (SGLang's
+    multi-tokenizer path dropped them before its fix): no part can be told, the device's included."""
+    c = _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="device"} 512.0\n'
+                'sglang:cached_tokens_total{model_name="glm",cache_source="total"} 900.0\n')
+    assert c["host_reused_tokens"] is None and c["gpu_reused_tokens"] is None
+
+
+def test_an_sglang_release_before_the_split_has_no_host_or_device_reuse():
+    old_help = ("# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n"
+                "# TYPE sglang:cached_tokens_total counter\n")
+    assert _sglang("", old_help)["host_reused_tokens"] is None
+    c = _sglang('sglang:cached_tokens_total{model_name="glm"} 2688.0\n', old_help)
+    assert c["host_reused_tokens"] is None and c["gpu_reused_tokens"] is None
 
 
 def test_flare_sample_keeps_its_labelled_parts():

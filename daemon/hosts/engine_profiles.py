@@ -7,15 +7,22 @@ per engine, what maps to what and what cannot be observed.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 PROFILES: dict[str, dict[str, str]] = {
     "flare": {},
+    # llama.cpp as vendored in llama-cpp-python 0.3.36 (fixtures/engines/llamacpp/build.sh builds it): every
+    # family is rendered by server_task_result_metrics::to_metrics in tools/server/server-task.cpp
     "llamacpp": {
-        "flare_requests_active": "llamacpp:requests_processing",
-        "flare_requests_pending": "llamacpp:requests_deferred",
-        # reused prompt tokens, from the slot's own state or a host-RAM prompt-cache entry alike
+        "flare_requests_active": "llamacpp:requests_processing",  # gauge, n_processing_slots
+        "flare_requests_pending": "llamacpp:requests_deferred",   # gauge, n_tasks_deferred
+        # counter, metrics.n_prompt_cached: the prompt tokens a slot took from its own state or from a
+        # host-RAM prompt-cache entry instead of computing them; the request's usage reports the same
+        # figure as prompt_tokens_details.cached_tokens (server-task.cpp, n_prompt_tokens_cache)
         "flare_host_cache_reused_tokens": "llamacpp:prompt_tokens_cached",
-        "flare_prompt_tokens": "llamacpp:prompt_tokens",
-        "flare_generation_tokens": "llamacpp:tokens_predicted",
+        "flare_generation_tokens": "llamacpp:tokens_predicted",   # counter, metrics.predict.count
+        # Not flare_prompt_tokens: llamacpp:prompt_tokens_total is "Number of prompt tokens processed,
+        # excluding cached tokens" (metrics.prompt.count), where the contract's counts every prompt token
     },
     # vLLM 0.32.0: every family below is registered in vllm/v1/metrics/loggers.py (PrometheusStatLogger);
     # the prompt-token split is PromptTokenStats in vllm/v1/metrics/stats.py, whose invariant is
@@ -37,13 +44,24 @@ PROFILES: dict[str, dict[str, str]] = {
         "flare_generation_tokens": "vllm:generation_tokens",     # loggers.py: counter, tokens generated
         "flare_requests_finished": "vllm:request_success",       # loggers.py: counter per finished_reason
     },
+    # SGLang 0.5.23 (PyPI), python/sglang/srt/observability/metrics_collector.py. Not run here: its CPU
+    # backend needs a build of sgl-kernel that PyPI does not carry (docs/engines.md)
     "sglang": {
-        "flare_requests_active": "sglang:num_running_reqs",
-        "flare_requests_pending": "sglang:num_queue_reqs",
+        "flare_requests_active": "sglang:num_running_reqs",   # SchedulerMetricsCollector: gauge, running requests
+        "flare_requests_pending": "sglang:num_queue_reqs",    # SchedulerMetricsCollector: gauge, waiting queue
+        # TokenizerMetricsCollector.observe_one_finished_request, at each request's finish, from its
+        # cached_tokens_details: device = the GPU radix cache; host = HiCache's host tier, only the tokens
+        # init_load_back spliced onto the device (managers/schedule_batch.py, Req.materialized_host_hit_len:
+        # "must not credit host/storage for a declined or dropped load-back, whose span was re-prefilled"),
+        # so what prefill skipped; storage = HiCache's L3 store (not mapped: not the host tier). A child
+        # appears on its first increment (LAZY_SPLITS); a request without details counts under "total"
         "flare_host_cache_reused_tokens": 'sglang:cached_tokens{cache_source="host"}',
         "flare_gpu_prefix_cache_reused_tokens": 'sglang:cached_tokens{cache_source="device"}',
+        # SchedulerMetricsCollector, declared only with --enable-hierarchical-cache: gauges, in tokens
         "flare_host_cache_tokens_used": "sglang:hicache_host_used_tokens",
         "flare_host_cache_tokens_capacity": "sglang:hicache_host_total_tokens",
+        # TokenizerMetricsCollector: counters per finished request, labelled is_streaming (summed); the
+        # prompt count is the request's whole prompt, cached tokens included, as the contract's is
         "flare_prompt_tokens": "sglang:prompt_tokens",
         "flare_generation_tokens": "sglang:generation_tokens",
     },
@@ -62,6 +80,23 @@ REUSE_IDENTITY: dict[str, list[str]] = {
     "vllm": ["gpu_reused_tokens", "host_reused_tokens"],
     "llamacpp": ["host_reused_tokens"],
 }
+
+
+class LazySplit(NamedTuple):
+    """A counter family split by a label whose children the engine creates on their first increment:
+    while the family is declared as split, an absent child has counted nothing yet (0), not 'not
+    observable'; once the fallback child appears, the split is not reported and no part is read."""
+
+    label: str        # the label that splits the family
+    declared_by: str  # words of the family's HELP that say the split exists (an older release's does not)
+    fallback: str     # the child written for a request whose split is unknown
+
+
+# SGLang 0.5.23's cached_tokens_total: labelnames + ["cache_source"], documented "Number of cached prompt
+# tokens by source (device/host/storage)."; children by `.labels(cache_source=...).inc(v)` only for v > 0,
+# and "total" when a request carries no cached_tokens_details (observe_one_finished_request). Releases
+# before the split (HELP "Number of cached prompt tokens.") have no cache_source label at all.
+LAZY_SPLITS: dict[str, LazySplit] = {"sglang:cached_tokens": LazySplit("cache_source", "by source", "total")}
 
 
 def metric_names(profile: str, overrides: dict[str, str]) -> dict[str, str]:

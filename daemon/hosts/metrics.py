@@ -112,7 +112,42 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict:
     `names` maps a contract family to this engine's selector. Samples that match are summed (an
     engine with several data-parallel ranks reports one per rank); `_created` samples are skipped.
     """
-    return shape(families(_read_lines(text, _read_names(names))), names)
+    kept = _read_lines(text, _read_names(names))
+    return shape(families(kept), names, declared_splits(kept))
+
+
+def declared_splits(text: str) -> frozenset[str]:
+    """The families of LAZY_SPLITS whose HELP line says they are split (engine_profiles.LazySplit)."""
+    from flare_diag.daemon.hosts.engine_profiles import LAZY_SPLITS
+    found = set()
+    for family, split in LAZY_SPLITS.items():
+        for help_name in (family, family + "_total"):
+            at = text.find(f"# HELP {help_name} ")
+            if at >= 0 and split.declared_by in text[at:text.find("\n", at)]:
+                found.add(family)
+    return frozenset(found)
+
+
+class _Zero:
+    name, labels, value = "", {}, 0.0
+
+
+_ZERO = _Zero()
+
+
+def _split_part(family: str, want: dict[str, str], found: list, chosen: list) -> list:
+    """A lazily split family's part (engine_profiles.LazySplit): none at all once any request was counted
+    under the fallback (its split is unknown, so every part may be short); 0 while the part's child has
+    not appeared and every sample carries the split label; else the samples chosen."""
+    from flare_diag.daemon.hosts.engine_profiles import LAZY_SPLITS
+    split = LAZY_SPLITS[family]
+    if split.label not in want:
+        return chosen
+    if any(s.labels.get(split.label) == split.fallback for s in found):
+        return []
+    if not chosen and all(s.labels.get(split.label) is not None for s in found):
+        return [_ZERO]
+    return chosen
 
 
 def families(text: str) -> dict[str, list]:
@@ -131,8 +166,10 @@ def families(text: str) -> dict[str, list]:
     return found
 
 
-def shape(families: dict[str, list], names: dict[str, str] | None = None) -> dict:
-    """{counters, gauges, labels} from parsed families (family name -> samples with name, labels, value)."""
+def shape(families: dict[str, list], names: dict[str, str] | None = None,
+          splits: frozenset[str] = frozenset()) -> dict:
+    """{counters, gauges, labels} from parsed families (family name -> samples with name, labels, value);
+    `splits`: the families declared split by a label whose children appear on first increment."""
     names = names or {}
 
     def samples(contract: str):
@@ -140,8 +177,9 @@ def shape(families: dict[str, list], names: dict[str, str] | None = None) -> dic
         found = families.get(fam)
         if found is None:
             return None
-        return [s for s in found if not s.name.endswith("_created")
-                and all(s.labels.get(k) == v for k, v in want.items())]
+        found = [s for s in found if not s.name.endswith("_created")]
+        chosen = [s for s in found if all(s.labels.get(k) == v for k, v in want.items())]
+        return _split_part(fam, want, found, chosen) if fam in splits else chosen
 
     counters: dict[str, float | None] = {}
     for key, (family, split) in COUNTERS.items():
