@@ -176,3 +176,35 @@ def test_site_check_on_real_vllm_without_a_connector_refuses_a_plan_whose_verdic
     assert check["missing"] == ["counter.host_reused_tokens"]
     assert by_name["serving.model"]["status"] == "observable"
     assert by_name["counter.gpu_reused_tokens"]["status"] == "observable"
+
+
+def test_real_vllm_reasoning_stream_is_read_as_reasoning_and_stamps_the_first_token(tmp_path, vllm_python, model):
+    """vLLM streams a reasoning parser's output as `delta.reasoning` (its DeltaMessage): the client
+    reads it as reasoning, stamps the first token at the first reasoning text, and hashes it into the
+    answer. The tiny model has the think tokens and never writes `</think>` in its four greedy tokens,
+    so with deepseek_r1's parser every token it writes is reasoning."""
+    import anyio
+
+    from flare_diag.daemon.hosts.fixture import find_fixture, load_fixture
+    from flare_diag.daemon.hosts.site import load_site
+    from flare_diag.daemon.hosts.target import Target
+
+    _plan, site_path = write_site(tmp_path, vllm_python, model, SMALL_BLOCKS)
+    text = site_path.read_text()
+    site_path.write_text(text.replace('"--max-num-seqs", "16"]',
+                                      '"--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1"]', 1))
+    fx = load_fixture(find_fixture("peer-30", []))
+
+    async def one_request() -> dict:
+        target = Target(load_site(site_path), {"peer-30": fx}, "0" * 64)
+        try:
+            await target.engine.prepare()
+            return await target.send_request({"fixture": "peer-30", "body_index": 0})
+        finally:
+            await target.close()
+
+    done = anyio.run(one_request)
+    assert '"reasoning"' in done["response_head"], done["response_head"][:600]
+    assert done["reasoning_only"] is True and done["visible_output"] is False, done
+    assert done["first_token_ns"] is not None and done["first_token_ns"] <= done["last_token_ns"]
+    assert done["completion_tokens"] == 4
