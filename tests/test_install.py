@@ -105,7 +105,7 @@ def test_init_site_writes_a_profile_and_0600_token_placeholders_and_never_overwr
     profile = tmp_path / "sites" / "gpu7.toml"
     assert profile.is_file() and "metrics_profile = \"vllm\"" in profile.read_text()
     tokens = sorted((tmp_path / "sites").glob("*.token"))
-    assert [t.name for t in tokens] == ["manager.token", "monitoring.token", "router.token", "serving.token"]
+    assert [t.name for t in tokens] == ["serving.token"]  # a bare vLLM the daemon runs: no other service
     assert all(t.stat().st_mode & 0o777 == 0o600 for t in tokens)
     capsys.readouterr()
     assert main(["init-site", "vllm", str(tmp_path / "sites"), "--name", "gpu7"]) == 2

@@ -208,3 +208,32 @@ def test_real_vllm_reasoning_stream_is_read_as_reasoning_and_stamps_the_first_to
     assert done["reasoning_only"] is True and done["visible_output"] is False, done
     assert done["first_token_ns"] is not None and done["first_token_ns"] <= done["last_token_ns"]
     assert done["completion_tokens"] == 4
+
+
+def test_init_site_vllm_gives_a_profile_that_site_check_accepts_against_a_real_vllm_with_the_shipped_plan(
+        tmp_path, vllm_python, model):
+    """What `init-site vllm` writes, with only what an operator of vLLM's CPU build fills in (the
+    environment's Python, the model, its served name, a free port, the CPU engine's settings, a token),
+    passes `site check` against the real server with the shipped peer-vllm plan."""
+    sites = tmp_path / "sites"
+    p = cli("init-site", "vllm", str(sites), "--name", "cpu1", timeout=120)
+    assert p.returncode == 0, p.stderr
+    profile = sites / "cpu1.toml"
+    cpu = ('"--dtype", "float32", "--max-model-len", "4096", "--enforce-eager", '
+           '"--distributed-executor-backend", "uni", ')
+    text = (profile.read_text()
+            .replace("REPLACE-/path/to/vllm-venv/bin/python", str(vllm_python))
+            .replace("REPLACE-model-name", "glm").replace("REPLACE-model-folder", str(model))
+            .replace("http://127.0.0.1:8000", f"http://127.0.0.1:{_free_port()}")
+            .replace('"--enable-prefix-caching",', cpu + '"--enable-prefix-caching",')
+            .replace('env = { VLLM_NO_USAGE_STATS = "1" }', 'env = { VLLM_NO_USAGE_STATS = "1", VLLM_CPU_KVCACHE_SPACE = "1", '
+                     'VLLM_ENABLE_V1_MULTIPROCESSING = "0", HF_HUB_OFFLINE = "1" }')
+            .replace('source = "nvml"', 'source = "none"'))
+    profile.write_text(text)
+    (sites / "serving.token").write_text(os.urandom(12).hex())
+    p = cli("site", "check", str(profile), "--plan", str(PLAN), "--json", timeout=900)
+    check = json.loads(p.stdout)
+    assert p.returncode == 0 and check["ready"], (check["missing"], p.stderr[-2000:])
+    by_name = {c["name"]: c for c in check["capabilities"]}
+    assert by_name["serving.model"]["status"] == "observable"
+    assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
