@@ -253,3 +253,25 @@ def test_the_bash_completion_offers_each_commands_own_subcommands_and_flags(tmp_
     assert complete("plan", "fo") == ["follow-on", "forecast"]
     assert set(complete("fleet", "campaign", "")) >= {"create", "show"}
     assert "--candidate" in complete("rehearse", "--c")
+
+
+def test_a_daemon_that_never_answers_is_one_line_not_a_traceback(tmp_path):
+    """A socket that accepts and never replies: the client's deadline ends in DaemonUnreachable (exit 5,
+    one line), never in a TimeoutError's traceback."""
+    import socket as socketlib
+
+    from flare_diag.daemon.cli.client import Connection, DaemonUnreachable
+    from flare_diag.daemon.service import control
+    path = tmp_path / "mute.sock"
+    server = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    try:
+        c = Connection(path, timeout=1.0)
+        try:
+            with pytest.raises(DaemonUnreachable, match="did not answer within 1 s"):
+                c.call(control.Status())
+        finally:
+            c.close()
+    finally:
+        server.close()

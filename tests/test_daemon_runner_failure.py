@@ -46,7 +46,7 @@ async def test_a_policy_failure_mid_window_is_picked_up_again_and_restores(tmp_p
         await asyncio.to_thread(review_over_socket, PLAN, tmp_path / "control.sock")
 
         def start() -> dict:
-            c = Connection(tmp_path / "control.sock")
+            c = Connection(tmp_path / "control.sock", timeout=600)  # its checks take minutes on a busy machine
             try:
                 return c.call(control.Start(plan_toml=PLAN.read_text(), plan_label=str(PLAN), site=sim.site.stem,
                                             time_scale=float(SCALE), accept_partial=True))

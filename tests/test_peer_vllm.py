@@ -237,3 +237,14 @@ def test_init_site_vllm_gives_a_profile_that_site_check_accepts_against_a_real_v
     by_name = {c["name"]: c for c in check["capabilities"]}
     assert by_name["serving.model"]["status"] == "observable"
     assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
+
+
+def test_reproduce_fit_recovers_the_real_vllm_windows_block_capacity(small_cache_window):
+    """The window saw GPU reuse only (no KV connector): the fit reads each request's cached tokens
+    against vLLM's block pool and finds the capacity the engine itself states (kv_num_gpu_blocks)."""
+    _rc, _r, out = small_cache_window
+    p = cli("reproduce", str(out / "log.db"), "--fit", "--json", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    best = json.loads(p.stdout)["best"]
+    assert (best["family"], best["capacity"]) == ("vllm_blocks", SMALL_BLOCKS), best
+    assert best["agreed"] == best["compared"] > 100, best

@@ -63,7 +63,10 @@ class Connection:
         self.sock.sendall(control.encode_command(cmd))
 
     def line(self) -> dict:
-        raw = self.rfile.readline(control.MAX_REPLY_LINE)
+        try:
+            raw = self.rfile.readline(control.MAX_REPLY_LINE)
+        except TimeoutError:
+            raise DaemonUnreachable(f"{self.path}: the daemon did not answer within {self.sock.gettimeout():g} s") from None
         if not raw:
             raise DaemonUnreachable(f"{self.path}: the daemon closed the connection")
         return msgspec.json.decode(raw)
@@ -132,8 +135,10 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
 def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: float, console: Console,
           calibration: dict | None = None, accept_partial: bool = False, caller_fixtures: dict | None = None) -> int:
     """The plan (and any calibration) go as content the caller read; the site is a name the daemon's
-    operator installed."""
-    c = Connection(path)
+    operator installed. No deadline on the answer: the daemon answers once its read-only checks are done
+    (the site check, starting a local engine's incumbent, the offline harness's rehearsal, the forecast),
+    which takes minutes on a busy machine; Ctrl-C gives up waiting."""
+    c = Connection(path, timeout=None)
     try:
         rep = c.call(control.Start(plan_toml=plan_toml.decode("utf-8", "replace"), plan_label=plan_label, site=site,
                                    time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial,

@@ -129,7 +129,11 @@ def declared_splits(text: str) -> frozenset[str]:
 
 
 class _Zero:
-    name, labels, value = "", {}, 0.0
+    """The sample a lazily split family's absent part stands for: nothing counted under it yet."""
+
+    name: str = ""
+    labels: dict[str, str] = {}
+    value: float = 0.0
 
 
 _ZERO = _Zero()

@@ -13,6 +13,10 @@ capacities and counting the requests whose predicted host reuse equals the obser
   prompt still on the GPU is not asked of the host tier, so the host reuses nothing for it; every real
   engine has this shape, a GPU prefix cache in front of its host tier.
 
+A window with no host reuse observed but GPU prefix-cache reuse per request (a vLLM with no KV
+connector) is fitted on its prefix cache instead (`fit_prefix_cache`): `vllm_blocks`, vLLM's block pool
+of N blocks, against the plain `block_lru` of the same blocks.
+
 The best fit (most requests agreeing; at equal agreement the simpler family, then the smaller N) is
 reported with the runners-up. A capacity at the top of what the window can tell apart (every body fits)
 is a lower bound, and said so. The policy comparison then runs on the fitted model.
@@ -29,7 +33,7 @@ import msgspec
 from flare_diag.daemon.reproducer.reproduce import ReproduceError, Segment, _bodies, _replay, window_sequence
 from flare_diag.daemon.simulator import BlockLRU, Scenario, TokenSeq, render_prompt
 
-FAMILIES = ("lru_records", "seed_pools", "block_lru", "gpu_then_records")
+FAMILIES = ("lru_records", "seed_pools", "block_lru", "gpu_then_records", "vllm_blocks")
 RECORD_POLICIES = ("lru", "fifo", "lfu")  # what a records cache could evict by instead, compared at the fitted N
 
 
@@ -145,14 +149,97 @@ def _blocks(segments: list[Segment], chains: dict[str, list], sc: Scenario, n: i
     return out
 
 
-def _agreement(segments: list[Segment], predicted: list[int], tolerance: int) -> tuple[int, int]:
+def _agreement(segments: list[Segment], predicted: list[int], tolerance: int, gpu: bool = False) -> tuple[int, int]:
     agreed = compared = 0
     for s, p in zip((s for seg in segments for s in seg.requests), predicted):
-        if s.observed is None:
+        obs = s.gpu_observed if gpu else s.observed
+        if obs is None:
             continue
         compared += 1
-        agreed += abs(p - s.observed) <= tolerance
+        agreed += abs(p - obs) <= tolerance
     return agreed, compared
+
+
+def _vllm_blocks(segments: list[Segment], block: int, n: int) -> list[int]:
+    """GPU prefix reuse per request in vLLM's block pool of `n` blocks (0.32.0: vllm/v1/core/block_pool.py,
+    single_type_kv_cache_manager.py). One block is the pool's null block. A request takes the cached blocks
+    of its prompt's leading full blocks (never its last token's) out of the free queue and the rest from
+    the queue's front (a cached block taken so is evicted). Finishing, it frees its blocks tail first: a
+    full block (hashed) to the queue's back, a partial one to its front (BlockPool.free_blocks: "LIFO reuse
+    of non-cached blocks"). The bodies share no leading block (the caller checks), so a body's i-th block is
+    (body, i); one request at a time, as a C1 window sends."""
+    out = []
+    for seg in segments:  # each incarnation starts empty
+        free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(max(0, n - 1)))
+        cached: dict[tuple, int] = {}
+        held: dict[int, tuple] = {}
+        for s in seg.requests:
+            prompt = s.prompt_tokens or 0
+            kv = prompt + max(0, (s.completion_tokens or 1) - 1)  # every token but the last one generated
+            chain = [(s.body_sha256, i) for i in range(kv // block)]  # past the prompt: never matched again
+            chain[prompt // block:] = [(s.body_sha256, s.order_index, s.phase, i) for i in range(prompt // block, kv // block)]
+            hits = 0
+            while hits < min(prompt // block, (prompt - 1) // block) and chain[hits] in cached:
+                hits += 1
+            blocks = [cached[k] for k in chain[:hits]]
+            for b in blocks:
+                free.pop(b, None)
+            for i in range(min(-(-kv // block) - hits, len(free))):
+                b, _ = free.popitem(last=False)
+                if b in held:
+                    del cached[held.pop(b)]
+                if hits + i < len(chain):
+                    cached[chain[hits + i]], held[b] = b, chain[hits + i]
+                blocks.append(b)
+            for b in reversed(blocks):
+                free[b] = None
+                if b not in held:
+                    free.move_to_end(b, last=False)
+            out.append(hits * block)
+    return out
+
+
+class PrefixFitError(ReproduceError):
+    """The window's requests cannot be fitted on a prefix cache (said why)."""
+
+
+def fit_prefix_cache(opened, segments: list[Segment], block: int, tolerance: int) -> FitReport:
+    """The GPU prefix cache's capacity in blocks, from each request's GPU reuse: vLLM's block pool against
+    a plain block LRU over the same blocks (most requests agreeing; then the smaller capacity)."""
+    sent = [s for seg in segments for s in seg.requests]
+    if any(s.prompt_tokens is None for s in sent if s.gpu_observed is not None):
+        raise PrefixFitError("a request with GPU reuse has no prompt token count: its blocks cannot be told")
+    for seg in segments:  # a body's first request in an incarnation finds nothing unless bodies share blocks
+        seen: set[str] = set()
+        for s in seg.requests:
+            if s.body_sha256 not in seen and (s.gpu_observed or 0) > 0:
+                raise PrefixFitError(f"body {s.body_sha256[:12]} reused {s.gpu_observed} tokens on its first request "
+                                     f"in incarnation {seg.incarnation}: the bodies share blocks, which the fit "
+                                     f"cannot tell without the engine's tokens")
+            seen.add(s.body_sha256)
+    top = sum(-(-(s.prompt_tokens or 0) // block) + 1 for s in {s.body_sha256: s for s in sent}.values()) + 1
+
+    def best_of(family: str, predict) -> Fit:
+        seen: dict[int, tuple[int, int]] = {}
+        for n in range(0, top + 1):
+            seen[n] = _agreement(segments, predict(n), tolerance, gpu=True)
+        n = max(seen, key=lambda k: (seen[k][0], -k))
+        return Fit(family, n, seen[n][0], seen[n][1], lower_bound=n >= top)
+
+    def lru(n: int) -> list[int]:
+        out = []
+        for seg in segments:
+            cache = BlockLRU(n)
+            for s in seg.requests:
+                chain = [(s.body_sha256, i) for i in range(min((s.prompt_tokens or 0) // block,
+                                                                ((s.prompt_tokens or 1) - 1) // block))]
+                out.append(cache.request(chain) * block)
+        return out
+
+    fits = sorted([best_of("vllm_blocks", lambda n: _vllm_blocks(segments, block, n)), best_of("block_lru", lru)],
+                  key=lambda f: (-f.agreed, FAMILIES.index(f.family), f.capacity))
+    return FitReport(opened.window_id, fits[0].compared, fits[0], fits[1:], {},
+                     f"the GPU prefix cache, fitted from each request's GPU reuse in blocks of {block} tokens")
 
 
 def _coarse(top: int) -> list[int]:
@@ -166,8 +253,13 @@ def _coarse(top: int) -> list[int]:
 
 def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0) -> FitReport:
     opened, segments, gauges, _hyp = window_sequence(db, window_id)
-    bodies = _bodies(opened)
     sent = [s for seg in segments for s in seg.requests]
+    if all(s.observed is None for s in sent) and any(s.gpu_observed is not None for s in sent):
+        if not gauges.get("block_tokens"):
+            raise PrefixFitError("the window observed GPU reuse only, and its engine's identity states no KV "
+                                 "block size (vLLM's kv_block_size): there is nothing to fit")
+        return fit_prefix_cache(opened, segments, int(gauges["block_tokens"]), tolerance)
+    bodies = _bodies(opened)
     missing = {s.body_sha256 for s in sent} - set(bodies)
     if missing:
         raise ReproduceError(f"{len(missing)} body hash(es) the window sent are in none of its fixtures")
@@ -240,12 +332,13 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
 def render_fit(rep: FitReport) -> list[str]:
     def line(f: Fit) -> str:
         cap = f"{'>= ' if f.lower_bound else ''}{f.capacity:,}"
-        unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks",
+        unit = {"lru_records": "records", "seed_pools": "rows", "block_lru": "blocks", "vllm_blocks": "blocks",
                 "gpu_then_records": f"records behind {f.front:,} GPU prompts"}[f.family]
         # an empty cache predicts no reuse at all: it agrees only with the requests that reused nothing
         empty = " (an empty cache: it predicts no reuse)" if f.capacity == 0 else ""
         return f"{f.family} of {cap} {unit}{empty}: {f.agreed:,} of {f.compared:,} requests agree ({f.share:.1%})"
     out = [f"window {rep.window_id}: best fit {line(rep.best)}"]
     out += [f"  runner-up {line(f)}" for f in rep.runners_up]
-    out.append(f"{rep.note}: " + ", ".join(f"{p} {n:,} host tokens reused" for p, n in rep.policies.items()))
+    out.append(f"{rep.note}: " + ", ".join(f"{p} {n:,} host tokens reused" for p, n in rep.policies.items())
+               if rep.policies else rep.note)
     return out

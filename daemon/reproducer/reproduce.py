@@ -32,6 +32,8 @@ class Sent(msgspec.Struct, frozen=True):
     body_sha256: str
     observed: int | None  # the window's per-request host reused tokens; None where it was not observed
     prompt_tokens: int | None = None  # the prompt tokens the host reported for it
+    gpu_observed: int | None = None  # its GPU prefix-cache reused tokens; None where not observed
+    completion_tokens: int | None = None  # the tokens the engine generated for it
 
 
 class Segment(msgspec.Struct):
@@ -102,7 +104,9 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
         opened, segments, gauges, hypothesis = None, [], {}, None
         loads: dict[int, str] = {}
         scrapes: set[int] = set()
-        prompts: dict[tuple[str, int], int | None] = {}
+        prompts: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        identities: set[int] = set()
+        block_tokens = None  # the engine's KV block size, where its identity states one (vLLM's kv_block_size)
         for env in r.iter(window_id=wid):
             ev = env.event()
             if isinstance(ev, WindowOpened):
@@ -111,6 +115,11 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
                 hypothesis = ev.hypothesis
             elif isinstance(ev, ActionRequested) and ev.action == "load":
                 loads[ev.action_id] = str(ev.args.get("label") or ev.args.get("recipe"))
+            elif isinstance(ev, ActionRequested) and ev.action == "read_identity":
+                identities.add(ev.action_id)
+            elif isinstance(ev, ActionDone) and ev.action_id in identities:
+                bt = (ev.data or {}).get("kv_block_size") if ev.ok and isinstance(ev.data, dict) else None
+                block_tokens = int(bt) if isinstance(bt, (int, str)) and str(bt).isdigit() else block_tokens
             elif isinstance(ev, ActionRequested) and ev.action == "scrape_metrics" and not gauges:
                 scrapes.add(ev.action_id)
             elif isinstance(ev, ActionDone) and ev.action_id in loads:
@@ -123,15 +132,16 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
                     gauges = {k: g.get(k) for k in ("rows_capacity", "pages_capacity")}
                     scrapes.clear()
             elif isinstance(ev, RequestDone):
-                prompts[(ev.phase, ev.order_index)] = ev.prompt_tokens
+                prompts[(ev.phase, ev.order_index)] = (ev.prompt_tokens, ev.completion_tokens)
             elif isinstance(ev, RequestMeasured) and ev.outcome == "ok" and segments:
-                obs = (ev.delta or {}).get("host_reused_tokens")
+                obs, gpu = ((ev.delta or {}).get(k) for k in ("host_reused_tokens", "gpu_reused_tokens"))
+                prompt, completion = prompts.pop((ev.phase, ev.order_index), (None, None))
                 segments[-1].requests.append(Sent(ev.phase, ev.order_index, ev.body_sha256,
-                                                  None if obs is None else int(obs),
-                                                  prompts.pop((ev.phase, ev.order_index), None)))
+                                                  None if obs is None else int(obs), prompt,
+                                                  None if gpu is None else int(gpu), completion))
     if opened is None:
         raise ReproduceError(f"{db}: window {wid!r} has no window_opened event")
-    return opened, segments, gauges, hypothesis
+    return opened, segments, {**gauges, **({"block_tokens": block_tokens} if block_tokens else {})}, hypothesis
 
 
 def _bodies(opened: WindowOpened) -> dict[str, bytes]:
