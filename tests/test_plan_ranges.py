@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from flare_diag.policies.plan import Plan, PlanError, decode_plan
 from flare_diag.policies.ranges import RANGES
 from tests.policy_world import PLAN_PATH
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _numeric_keys(struct: type, prefix: str = "") -> set[str]:
@@ -92,3 +95,9 @@ def test_any_number_for_a_bound_is_taken_within_its_range_or_refused_in_one_line
         assert "\n" not in str(exc)
         return
     assert 0 < plan.growth.max_gpu_memory_fraction <= 1
+
+
+@pytest.mark.parametrize("plan", sorted((ROOT / "fixtures" / "plans").glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_plan_passes_plan_check(plan, capsys):
+    from flare_diag.daemon.cli.commands import main
+    assert main(["plan", "check", str(plan)]) == 0, capsys.readouterr()
