@@ -683,6 +683,26 @@ def test_a_connection_flood_at_64_open_files_leaves_the_daemon_up_and_the_window
     assert "control connections below capacity again" in events
 
 
+def test_at_44_open_files_with_a_window_running_abort_and_status_get_through_and_the_window_restores(tmp_path, sim):
+    """`ulimit -n 44` (soft and hard): the window's own descriptors come first, and the control socket
+    still answers the operator's status and abort; the restore verifies."""
+    daemon = Daemon(tmp_path, max_files=44).start()
+    try:
+        wid = _start(daemon, sim)
+        daemon.wait_for(in_phase, what="a phase with requests")
+        assert daemon.status()["window"]["window_id"] == wid
+        p = daemon.cli("abort", "--reason", "at 44 open files")
+        assert p.returncode == 0, p.stderr
+        daemon.wait_for(lambda s: s["state"] == "idle", timeout=180, what="the restore")
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
+    rep = _report_from(daemon, wid)
+    assert rep["outcome"] == "aborted" and rep["abort"]["reason"] == "operator", rep["abort"]
+    assert rep["restoration"]["verified"], (rep["restoration"], rep["alarms"])
+    assert "Traceback" not in daemon.log_path.read_text()
+
+
 def test_metrics_bind_beyond_loopback_only_with_the_explicit_flag(tmp_path):
     base = [sys.executable, "-m", "flare_diag.daemon", "--socket", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "st"),
             "--sites-dir", str(tmp_path)]
