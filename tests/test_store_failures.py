@@ -3,6 +3,13 @@ written, and a commit that fails while a window runs."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
 from flare_diag.events.schema import LogNote
 from flare_diag.daemon.rehearsal import virtualtime
 from flare_diag.events.store import EventStore, StoreWriteError
@@ -239,3 +246,34 @@ async def _serve_and_start(svc, start, tg, before_start=None) -> None:
         before_start(svc)
     reply = await svc._handle(start, 0, 0)
     assert b'"ok":true' in reply.replace(b" ", b""), reply
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a window's log fills it within its first phase."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here (root needed): {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_disk_that_fills_during_a_foreground_window_restores_and_publishes_the_whole_log_elsewhere(tmp_path, small_disk):
+    fallback = tmp_path / "fallback"
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--out", str(small_disk / "out")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "FLARE_DIAG_FALLBACK_DIR": str(fallback)})
+    assert "Traceback" not in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
+    assert p.returncode == 1, (p.stdout + p.stderr)[-3000:]  # aborted, the incumbent restored
+    said = [line for line in p.stdout.splitlines() if "stopped taking writes" in line]
+    assert len(said) == 1 and str(fallback) in said[0], p.stdout[-2000:]
+    (folder,) = [d for d in fallback.iterdir() if d.is_dir()]
+    report = json.loads((folder / "report.json").read_text())
+    assert report["abort"]["reason"] == "store_failure" and report["restoration"]["verified"], report["abort"]
+    assert report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]
+    v = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "verify", str(folder / "log.db")],
+                       capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0 and v.stdout.startswith("ok:"), v.stdout + v.stderr

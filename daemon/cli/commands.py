@@ -654,7 +654,8 @@ def _resume(out: Path, resume_window, as_json: bool = False) -> int:
 
 def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
     from flare_diag.events.report_view import audit_words
-    it = report["integrity"]
+    it = report.get("integrity") or {"chain_ok": False, "audit_ok": False}
+    out = Path(report.get("published_in") or out)  # elsewhere when the window's own folder stopped taking writes
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
                   f"(chain {'ok' if it['chain_ok'] else 'BROKEN'}, audit {audit_words(it)})")
     from flare_diag.daemon.cli.client import exit_for

@@ -24,7 +24,7 @@ from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup, load_fixtures, new_window_id
 from flare_diag.daemon.reports.publish import write_reports
 from flare_diag.events.signals import quiet_default_executor
-from flare_diag.events.store import EventStore
+from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration
 
@@ -98,6 +98,10 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     try:
         with view, Interrupts(runner, console, out):
             await drive(runner)
+    except StoreWriteError as exc:  # the host restored from memory; the log's folder took no more writes
+        await target.close()
+        await store.close()
+        return await _published_elsewhere(db, runner, window_id, exc, console, durable=not setup.rehearsal)
     finally:
         await target.close()
         await store.close()
@@ -112,6 +116,35 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     if await after_publishing(setup, append):  # the check that publishing left the history as it was
         report = write_reports(db, window_id, out)
     return report
+
+
+async def _published_elsewhere(db: Path, runner: Runner, window_id: str, failure: StoreWriteError, console: Console,
+                               durable: bool) -> dict:
+    """A window whose log stopped taking writes (disk full, I/O error) closed from memory: its log,
+    completed with what memory kept, and its reports go to a fallback folder; as a last resort the
+    report of what the log holds is printed as one JSON line. One line says where."""
+    from flare_diag.daemon.reports.fallback import complete_elsewhere, report_as_json_line
+    done = await complete_elsewhere(db, window_id, runner.unlogged, durable)
+    if done is not None:
+        report, folder = done
+        report["published_in"] = str(folder)
+        console.print(f"[red]{db.parent}: the event log stopped taking writes ({_short(failure)}); the window "
+                      f"closed from memory; its complete log and reports are in {folder}[/]")
+        return report
+    line = report_as_json_line(db, window_id)
+    console.print(f"[red]{db.parent}: the event log stopped taking writes ({_short(failure)}), and no fallback "
+                  f"folder took a copy; the report of what the log holds follows as JSON[/]")
+    if line is not None:
+        os.write(1, line)
+        return msgspec.json.decode(line)
+    # the policy's own outcome, which it reached from memory (restore_failed, and exit 3, where it did not verify)
+    return {"outcome": runner.outcome or "restore_failed", "restoration": {"verified": None}, "window_id": window_id,
+            "integrity": {"chain_ok": False, "audit_ok": False}}
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 async def resume_window(out: Path, console: Console, events_out: TextIO | None = None) -> dict:
