@@ -63,3 +63,27 @@ def test_a_fixture_whose_bodies_are_not_a_regular_file_is_refused(tmp_path, caps
     os.mkfifo(tmp_path / "fx" / "bodies.jsonl")
     with pytest.raises(FixtureError, match="bodies is a FIFO"):
         load_fixture(Path(tmp_path / "fx"))
+
+
+def test_a_fixture_body_nested_deeper_than_a_decoder_reads_is_refused_naming_it(tmp_path, capsys):
+    import hashlib
+    import json
+    body = b'{"messages": [], "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    fx = tmp_path / "deep"
+    fx.mkdir()
+    (fx / "bodies.jsonl").write_bytes(body + b"\n")
+    (fx / "manifest.json").write_text(json.dumps({"name": "deep", "count": 1, "sha256": [hashlib.sha256(body).hexdigest()]}))
+    from flare_diag.daemon.hosts.fixture import FixtureError, load_fixture
+    with pytest.raises(FixtureError, match="body 0 .*nested deeper than a decoder reads"):
+        load_fixture(fx)
+
+
+@pytest.mark.parametrize("state_dir,words", [("/etc/hostname", "not a folder"),
+                                             ("/etc/hostname/sub", "/etc/hostname is a file, not a folder")])
+def test_a_daemon_state_dir_that_cannot_be_a_folder_is_one_line_and_exit_2(tmp_path, state_dir, words):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon", "--socket", str(tmp_path / "c.sock"), "--state-dir",
+                        state_dir, "--sites-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and words in p.stderr and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert not (tmp_path / "c.sock").exists()  # nothing started

@@ -137,6 +137,10 @@ def load_fixture(path: Path) -> Fixture:
             raise FixtureError(f"{path}: body {i} sha256 {got[:12]}… does not match the manifest's {str(want)[:12]}…")
     if len(manifest.get("sha256", [])) != len(bodies):
         raise FixtureError(f"{path}: manifest lists {len(manifest.get('sha256', []))} hashes for {len(bodies)} bodies")
+    for i, body in enumerate(bodies):  # every later reader decodes them: a body none can read is refused here
+        why = _not_an_object(body)
+        if why:
+            raise FixtureError(f"{path}: body {i} (sha256 {shas[i][:12]}…): {why}")
     pt = manifest.get("prompt_tokens")
     if pt is not None and (not isinstance(pt, list) or len(pt) != len(bodies)
                            or not all(isinstance(x, int) and x >= 0 for x in pt)):
@@ -146,6 +150,17 @@ def load_fixture(path: Path) -> Fixture:
 
 
 GREEDY_SEED = 20261022  # sent to engines that take a seed; greedy decoding should not need it
+
+
+def _not_an_object(raw: bytes) -> str | None:
+    """Why a body is not a request body (contract section 2: a JSON object), or None."""
+    try:
+        body = msgspec.json.decode(raw)
+    except RecursionError:
+        return "its JSON is nested deeper than a decoder reads"
+    except msgspec.DecodeError:
+        return "not valid JSON"
+    return None if isinstance(body, dict) else "not a JSON object"
 
 
 def greedy_variant(fx: Fixture, name: str, max_tokens: int) -> Fixture:

@@ -958,6 +958,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _unusable_folder(path: Path) -> str | None:
+    """Why the daemon cannot keep its state in `path` (it makes a missing one), or None."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                return "not a folder" if part == path else f"{part} is a file, not a folder"
+            if os.access(part, os.W_OK | os.X_OK):
+                return None
+            return "not writable by this user" if part == path else f"cannot be made: {part} is not writable by this user"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     log = configure(a.log_level)
@@ -993,6 +1005,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flare-diagd: error: --archive-keep-days {a.archive_keep_days}: expected 0 to 36500", file=sys.stderr)
         return 2
     state_dir = a.state_dir or default_state_dir()
+    why = _unusable_folder(state_dir)
+    if why:
+        print(f"flare-diagd: error: --state-dir {state_dir}: {why}", file=sys.stderr)
+        return 2
     fleet = None
     if fleet_cfg is not None:
         from flare_diag.daemon.service.fleetlink import FleetLink
