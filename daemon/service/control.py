@@ -84,6 +84,8 @@ def decode_command(line: bytes) -> Command:
         raise BadCommand(f"bad command: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadCommand(f"bad command: not a JSON object ({exc})") from None
+    except RecursionError:  # a field that takes any JSON (a start's calibration) nested past the decoder
+        raise BadCommand("bad command: its JSON is nested deeper than a decoder reads") from None
 
 
 def encode_command(cmd: Command) -> bytes:
