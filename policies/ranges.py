@@ -29,7 +29,7 @@ class Range:
 
     def words(self) -> str:
         lo = "(" if self.low_open else "["
-        return f"{lo}{self.low:g}, {self.high:g}]"
+        return f"{lo}{self.low:g}, {'2^62' if self.high == HUGE else format(self.high, 'g')}]"
 
 
 def _r(low: float, high: float, why: str = "", low_open: bool = False) -> Range:
@@ -98,6 +98,27 @@ RANGES: dict[str, Range] = {
 }
 
 
+# The site profile's numbers (daemon/hosts/site.py reads them against this table when the profile loads)
+SITE_RANGES: dict[str, Range] = {
+    "engine.load_timeout_s": _r(0, DAY_S, "seconds a local engine's load may take to answer /health", True),
+    "forecast.probe_requests": _r(0, 16, "the plan's own bodies the forecast may send, 0 (no probe) to 16"),
+}
+
+# The command line's numbers (daemon/cli/common.py `ranged` checks each as argparse reads it); the key is
+# the flag as an operator types it, one range wherever the flag appears
+FLAG_RANGES: dict[str, Range] = {
+    "--repeats": _r(1, 20, "matched runs a side (a campaign's: runs per host)"),
+    "--from-seq": _r(0, HUGE, "a sequence number of the log, 0 or more"),
+    "--tolerance": _r(0, 1e9, "tokens a prediction may differ by, 0 or more"),
+    "--capacity-blocks": _r(1, 1e9, "blocks, at least 1"),
+    "--capacity-rows": _r(1, 1e9, "rows, at least 1"),
+    "--limit": _r(1, HUGE, "the trace's first K requests, at least 1"),
+    "--max-down": _r(0, 10_000, "primaries of the pool down at once (0: none may go down)"),
+    "--retries": _r(0, 100, "times a run is requeued after its claim expires"),
+    "--visibility-s": _r(1, DAY_S, "seconds a claimed run is kept without a renewal"),
+}
+
+
 def numbers(node: object, key: str = "") -> Iterator[tuple[str, str, float]]:
     """(table key, where, value) of every number in a plan's builtins (bools are not numbers)."""
     if isinstance(node, bool):
@@ -112,10 +133,10 @@ def numbers(node: object, key: str = "") -> Iterator[tuple[str, str, float]]:
             yield from numbers(v, f"{key}[{i}]")
 
 
-def out_of_range(builtins: dict) -> tuple[str, float, Range | None] | None:
+def out_of_range(builtins: dict, table: dict[str, Range] | None = None) -> tuple[str, float, Range | None] | None:
     """The first number outside its range (or with no range in the table): (where, value, range)."""
     for key, where, v in numbers(builtins):
-        rng = RANGES.get(key)
+        rng = (RANGES if table is None else table).get(key)
         if rng is None:
             if not math.isfinite(v):
                 return where, v, None
@@ -145,7 +166,14 @@ def render() -> str:
     """docs/plan-ranges.md: its opening words, then the table."""
     rows = ["| key | range | what it is |", "|---|---|---|"]
     rows += [f"| `{k}` | {r.words()} | {r.why} |" for k, r in RANGES.items()]
-    return HEAD + "\n".join(rows) + "\n"
+    site = ["", "## The site profile's numbers", "", "`site check`, `run`, `start` and the daemon refuse a profile with one "
+            "outside its range, in one line naming the key.", "", "| key | range | what it is |", "|---|---|---|"]
+    site += [f"| `{k}` | {r.words()} | {r.why} |" for k, r in SITE_RANGES.items()]
+    flags = ["", "## The command line's numbers", "", "A flag's value outside its range is one line and exit 2 (as with "
+             "any flag argparse refuses); `--time-scale`, `--seed`, `--port` and `--simulate` are checked where they "
+             "are read, against the plan or the machine.", "", "| flag | range | what it is |", "|---|---|---|"]
+    flags += [f"| `{k}` | {r.words()} | {r.why} |" for k, r in FLAG_RANGES.items()]
+    return HEAD + "\n".join(rows + site + flags) + "\n"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 from flare_diag.resources import resource
 from flare_diag.daemon.cli.common import (
     EXIT_BAD_INPUT, EXIT_BUSY, EXIT_CODES, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, integrity_warning,
-    make_console, one_line,
+    make_console, one_line, ranged,
 )
 
 class _Help(argparse.HelpFormatter):
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
     ab.add_argument("--reason", required=True, help="why, in words: it goes into the log and the report")
     wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
-    wa.add_argument("--from-seq", type=int, default=None, help="replay the log from this seq before following it live")
+    wa.add_argument("--from-seq", type=ranged("--from-seq"), default=None, help="replay the log from this seq before following it live")
     wa.add_argument("--json", action="store_true", help="JSON lines: every event as it is logged, nothing else")
     rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
                              description="report DB [--window ID] | report WINDOW_ID (daemon) | "
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--windows", nargs="+", default=None,
                     help="with compare: the candidate's repeats (window ids, or paths of their own logs or out folders)")
     rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats (the same forms)")
-    rp.add_argument("--repeats", type=int, default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
+    rp.add_argument("--repeats", type=ranged("--repeats"), default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
     rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
 
     sim = sub.add_parser("sim", help="the simulated Flare host")
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp2.add_argument("--policies", default=None, metavar="P,...",
                      help="eviction policies to run on the same requests: lru_leaf, marconi, protect_full_prompt, "
                           "block_lru (the block-level baseline); default: none for a log, all four for a trace")
-    rp2.add_argument("--tolerance", type=int, default=0, metavar="TOKENS",
+    rp2.add_argument("--tolerance", type=ranged("--tolerance"), default=0, metavar="TOKENS",
                      help="a request agrees when predicted and observed host reuse differ by at most this")
     rp2.add_argument("--fit", action="store_true",
                      help="with a log: fit a family of host-cache models (an LRU over records, the seed's pools, "
@@ -199,11 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "on every request)")
     rp2.add_argument("--trace", type=Path, default=None, metavar="FILE",
                      help="a Mooncake-format trace (JSON lines: input_length, output_length, hash_ids) instead of a log")
-    rp2.add_argument("--capacity-blocks", type=int, action="append", default=[], metavar="N",
+    rp2.add_argument("--capacity-blocks", type=ranged("--capacity-blocks"), action="append", default=[], metavar="N",
                      help="with --trace: the page pool in blocks, repeatable (one run per capacity)")
-    rp2.add_argument("--capacity-rows", type=int, default=None, metavar="R",
+    rp2.add_argument("--capacity-rows", type=ranged("--capacity-rows"), default=None, metavar="R",
                      help="with --trace: the row pool (default: in the scenario's proportion to pages)")
-    rp2.add_argument("--limit", type=int, default=None, metavar="K", help="with --trace: its first K requests only")
+    rp2.add_argument("--limit", type=ranged("--limit"), default=None, metavar="K", help="with --trace: its first K requests only")
     rp2.add_argument("--out", type=Path, default=None, metavar="DIR",
                      help="also write reproduce.json and reproduce.html (a table and charts) into DIR")
     rp2.add_argument("--json", action="store_true", help="one JSON object instead of lines")
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--policy", default=None, help="the candidate eviction policy (lru_leaf, marconi, protect_full_prompt)")
     fo.add_argument("--stage", choices=["policy", "nsight"], default="policy",
                     help="policy: a policy window (default); nsight: admit the capture stage")
-    fo.add_argument("--repeats", type=int, default=3, help="matched repeats a side, interleaved ABBA (default 3)")
+    fo.add_argument("--repeats", type=ranged("--repeats"), default=3, help="matched repeats a side, interleaved ABBA (default 3)")
     fo.add_argument("--scenario", default="flare-47581cca", help="the reproducer's model of the host (as `reproduce`)")
     fo.add_argument("--force", action="store_true", help="write the plan despite a gate it fails, recording which "
                                                            "(never without the follow-on's recorded review, nor from a "
@@ -324,8 +324,6 @@ def _calibration(path: Path | None):
 def _plan_follow_on(args: argparse.Namespace) -> int:
     from flare_diag.daemon.reproducer.followon import Refused, follow_on, source_log, write_consistency_fixture, write_plan
     from flare_diag.daemon.simulator import ScenarioError, load_scenario
-    if not 1 <= args.repeats <= 20:
-        raise UsageError(f"--repeats {args.repeats}: expected 1 to 20")
     if args.out.exists():
         raise UsageError(f"--out {args.out}: already exists; a plan is never overwritten")
     try:
@@ -450,12 +448,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         if args.trace is not None:
-            if not args.capacity_blocks or any(c <= 0 for c in args.capacity_blocks):
+            if not args.capacity_blocks:
                 raise UsageError("reproduce --trace: expected --capacity-blocks N (a positive number of blocks), once or more")
             if not args.trace.is_file():
                 raise UsageError(f"--trace {args.trace}: no such file")
-            if args.capacity_rows is not None and args.capacity_rows <= 0:
-                raise UsageError(f"--capacity-rows {args.capacity_rows}: expected a positive number of rows")
             trep = reproduce_trace(args.trace, args.capacity_blocks, sc, parse_policies(args.policies, [*POLICIES, BASELINE]),
                                    args.capacity_rows, args.limit)
             if args.out is not None:

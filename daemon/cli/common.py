@@ -56,3 +56,25 @@ def integrity_warning(db: Path) -> bool:
 
 def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def ranged(flag: str, kind: type = int):
+    """An argparse `type=` for `flag`: its value as `kind`, within policies/ranges.FLAG_RANGES (argparse
+    says the refusal in one line, exit 2)."""
+    import argparse
+    import math
+
+    from flare_diag.policies.ranges import FLAG_RANGES
+    rng = FLAG_RANGES[flag]
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {'a whole number' if kind is int else 'a number'} "
+                                             f"in {rng.words()} ({rng.why})") from None
+        if not (math.isfinite(value) and rng.holds(value)):
+            raise argparse.ArgumentTypeError(f"{text}: expected {rng.words()} ({rng.why})")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import anyio
 
-from flare_diag.daemon.cli.common import EXIT_FAILED, EXIT_OK, UsageError
+from flare_diag.daemon.cli.common import EXIT_FAILED, EXIT_OK, UsageError, ranged
 
 
 def add_parser(sub, parser_class) -> None:
@@ -33,7 +33,7 @@ def add_parser(sub, parser_class) -> None:
     psub = pool.add_subparsers(dest="pool_cmd", required=True, parser_class=parser_class)
     ps = psub.add_parser("set", help="create a pool or change how many of its primaries may be down at once")
     ps.add_argument("pool", help="the pool's name")
-    ps.add_argument("--max-down", type=int, required=True, metavar="K", help="at most K primaries of the pool down at once")
+    ps.add_argument("--max-down", type=ranged("--max-down"), required=True, metavar="K", help="at most K primaries of the pool down at once")
     conn_flags(ps)
     ls = fsub.add_parser("lease", help="pool leases")
     lsub = ls.add_subparsers(dest="lease_cmd", required=True, parser_class=parser_class)
@@ -85,16 +85,16 @@ def _add_campaign(fsub, parser_class, conn_flags) -> None:
     cc.add_argument("--plan", type=Path, required=True, help="the plan (TOML); its content is stored, checked by hash")
     cc.add_argument("--site", required=True, help="the site's name in each host's own sites directory")
     cc.add_argument("--hosts", required=True, help="comma-separated host ids")
-    cc.add_argument("--repeats", type=int, default=1, help="runs per host (default 1; a follow-on plan's order sets it)")
+    cc.add_argument("--repeats", type=ranged("--repeats"), default=1, help="runs per host (default 1; a follow-on plan's order sets it)")
     cc.add_argument("--candidate-site", default=None,
                     help="with a follow-on plan: the site whose candidate recipe is the policy's build (its "
                          "candidate runs go there, the baseline's to --site)")
     cc.add_argument("--time-scale", type=float, default=1.0, help="for simulated sites only (default 1)")
     cc.add_argument("--accept-partial", action="store_true", help="start even if the forecast says required cells do not fit")
-    cc.add_argument("--retries", type=int, default=2,
+    cc.add_argument("--retries", type=ranged("--retries"), default=2,
                     help="how often a run whose claim expired (its daemon stopped renewing it) is queued again before "
                          "it fails (default 2)")
-    cc.add_argument("--visibility-s", type=float, default=120.0,
+    cc.add_argument("--visibility-s", type=ranged("--visibility-s", float), default=120.0,
                     help="seconds a claimed run stays its daemon's without a renewal (every daemon renews every 5 s; "
                          "default 120)")
     conn_flags(cc)
@@ -150,8 +150,6 @@ async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
         return EXIT_OK
     if cmd == "pool":
         check_name("pool", args.pool)
-        if not 0 <= args.max_down <= 10_000:
-            raise UsageError(f"--max-down {args.max_down}: expected 0 to 10000")
         async with await connect(dsn) as conn:
             async with conn.transaction():
                 await conn.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s) ON CONFLICT (pool) DO UPDATE "
@@ -245,9 +243,6 @@ async def _campaign(args: argparse.Namespace, dsn: str) -> int:
         except PlanError as exc:
             raise UsageError(str(exc)) from None
         order = list(plan.follow_on.order) if plan.follow_on and plan.follow_on.stage == "policy" else None
-        if not 0 <= args.retries <= 100 or not 1 <= args.visibility_s <= 86_400:
-            raise UsageError(f"--retries {args.retries} / --visibility-s {args.visibility_s:g}: expected 0 to 100 "
-                             f"retries and 1 to 86400 s")
         cid = await campaigns.create(dsn, raw.decode(), plan.name, args.site, [h for h in args.hosts.split(",") if h],
                                      args.repeats, args.time_scale, args.accept_partial, _caller(), order,
                                      args.candidate_site, args.retries, args.visibility_s)

@@ -146,8 +146,11 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         for name in (prof.engine.incumbent, prof.engine.candidate_recipe):
             if name not in prof.engine.recipes:
                 raise SiteError(f"{path}: engine: no recipe {name!r} in [engine.recipes]")
-    if not 0 <= prof.forecast.probe_requests <= 16:
-        raise SiteError(f"{path}: forecast.probe_requests = {prof.forecast.probe_requests}: expected 0 (no probe) to 16")
+    from flare_diag.policies.ranges import SITE_RANGES, out_of_range
+    bad = out_of_range(msgspec.to_builtins(prof), SITE_RANGES)
+    if bad is not None:
+        where, value, rng = bad
+        raise SiteError(f"{path}: {where} = {value!r}: expected " + (f"{rng.words()} ({rng.why})" if rng else "a finite number"))
     if prof.gpu.source == "sim" and not prof.gpu.url:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
     tokens, token_files = {}, {}
