@@ -26,6 +26,8 @@ CASES = [
     (["fleet", "status", "--dsn", "postgresql://u@127.0.0.1/x?password=s3cret"], 2, "names a password"),
     (["fleet", "status", "--dsn", "host=127.0.0.1 dbname=x password=s3cret"], 2, "names a password"),
     (["status", "--socket", LONG_SOCKET], 5, "longer than a unix socket's path may be"),
+    (["log", "verify", "a\x00b"], 2, "an argument holds a NUL byte"),
+    (["plan", "check", "\x00"], 2, "an argument holds a NUL byte"),
     (["reproduce", "--trace", "t.jsonl", "--capacity-blocks", "10", "--limit", "-1"], 2, "argument --limit: -1: expected [1, 2^62]"),
     (["reproduce", "--trace", "t.jsonl", "--capacity-blocks", "0"], 2, "argument --capacity-blocks: 0: expected [1, 1e+09]"),
     (["reproduce", "--trace", "t.jsonl", "--capacity-blocks", "9", "--tolerance", "-5"], 2, "argument --tolerance: -5"),

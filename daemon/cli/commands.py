@@ -878,6 +878,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # a user finding their way: the whole help, and the exit of a usage error
         parser.print_help()
         return EXIT_BAD_INPUT
+    bad = next((a for a in argv if "\0" in a), None)
+    if bad is not None:  # no shell passes one (argv is NUL-terminated); a caller in-process can
+        print(f"flare-diag: error: {bad[:80]!r}: an argument holds a NUL byte", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         with _signals_interrupt():
             return _main(parser.parse_args(argv))

@@ -17,6 +17,8 @@ class FileRefused(ValueError):
 
 def read_bounded(path: Path, what: str, limit: int) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes; FileRefused otherwise."""
+    if "\0" in str(path):  # the kernel takes no such path, and printing it would cut the line short
+        raise FileRefused(f"{str(path)!r}: cannot read {what} (a path holds no NUL byte)")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block the open
     except OSError as exc:
