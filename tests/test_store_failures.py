@@ -7,6 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -248,24 +251,47 @@ async def _serve_and_start(svc, start, tg, before_start=None) -> None:
     assert b'"ok":true' in reply.replace(b" ", b""), reply
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs: a window's log fills it within its first phase."""
-    mnt = tmp_path / "small"
+def _tmpfs(mnt: Path, size: str):
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"a tmpfs cannot be mounted here (root needed): {p.stderr.strip()}")
+    return mnt
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MiB tmpfs: room for the rehearsal's log as the headroom check counts it (36 MiB)."""
+    mnt = _tmpfs(tmp_path / "small", "48m")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def _fill_once_the_log_exists(mnt: Path, stop: threading.Event) -> None:
+    """Another writer on the same disk: once the window's log is there, it takes every free byte."""
+    while not stop.is_set() and not (mnt / "out" / "log.db-wal").exists():
+        time.sleep(0.005)
+    try:
+        with open(mnt / "ballast", "wb") as f:
+            while not stop.is_set():
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+    except OSError:
+        pass  # ENOSPC: the disk is full
+
+
 def test_a_disk_that_fills_during_a_foreground_window_restores_and_publishes_the_whole_log_elsewhere(tmp_path, small_disk):
-    fallback = tmp_path / "fallback"
-    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--out", str(small_disk / "out")],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "FLARE_DIAG_FALLBACK_DIR": str(fallback)})
+    fallback, stop = tmp_path / "fallback", threading.Event()
+    filler = threading.Thread(target=_fill_once_the_log_exists, args=(small_disk, stop), daemon=True)
+    filler.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--out", str(small_disk / "out")],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "FLARE_DIAG_FALLBACK_DIR": str(fallback)})
+    finally:
+        stop.set()
+        filler.join(30)
     assert "Traceback" not in p.stdout + p.stderr, (p.stdout + p.stderr)[-3000:]
     assert p.returncode == 1, (p.stdout + p.stderr)[-3000:]  # aborted, the incumbent restored
     said = [line for line in p.stdout.splitlines() if "stopped taking writes" in line]
@@ -277,3 +303,15 @@ def test_a_disk_that_fills_during_a_foreground_window_restores_and_publishes_the
     v = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "log", "verify", str(folder / "log.db")],
                        capture_output=True, text=True, timeout=120)
     assert v.returncode == 0 and v.stdout.startswith("ok:"), v.stdout + v.stderr
+
+
+def test_a_window_whose_log_would_not_fit_on_its_disk_is_refused_before_anything_starts(tmp_path):
+    mnt = _tmpfs(tmp_path / "tiny", "1m")
+    try:
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "rehearse", "--out", str(mnt / "out")],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2, (p.stdout + p.stderr)[-2000:]
+        assert p.stderr.count("\n") == 1 and "MiB free; this window's log and reports need about" in p.stderr, p.stderr
+        assert not (mnt / "out" / "log.db").exists()  # nothing started
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -435,6 +435,9 @@ def render(check: SiteCheck) -> str:
 async def checked_target(setup: WindowSetup, recipe_dir: Path) -> Target:
     """The window's target, once `site check` found everything the plan needs; else InputError
     (nothing on the host was changed)."""
+    short = disk_short(recipe_dir.parent, setup)  # the log's folder: before a byte is asked of the host
+    if short:
+        raise InputError(short)
     target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=recipe_dir)
     try:
         check = await check_site(target, setup.plan)
@@ -454,6 +457,37 @@ async def checked_target(setup: WindowSetup, recipe_dir: Path) -> Target:
         raise InputError(f"{setup.plan_path or 'plan'}: the incumbent as it serves now already breaches "
                          f"{'; '.join(breaches)}; a window would abort and strand the primary, so nothing was changed")
     return target
+
+
+LOG_BYTES_PER_REQUEST = 16 << 10  # a request's events (request_done with its head, measured, actions, watches)
+LOG_BYTES_BASE = 32 << 20         # the window's other events, its checkpoint, the WAL's slack, the reports
+
+
+def log_bytes_needed(setup: WindowSetup) -> int:
+    """A generous bound on what the window's log and reports take: about 4 KB an event was measured
+    (a rehearsal's 261 events in about 1 MiB), a request writes three or four."""
+    from flare_diag.policies.planner import phase_requests
+    n = sum(len(phase_requests(ph, len(setup.fixtures[ph.fixture].bodies))) for ph in setup.plan.phases
+            if ph.fixture in setup.fixtures)
+    return LOG_BYTES_BASE + n * LOG_BYTES_PER_REQUEST
+
+
+def disk_short(folder: Path, setup: WindowSetup) -> str | None:
+    """Why the log's file system cannot take the window's log (a full disk mid-window sends it to its
+    restore, the log's tail kept only in memory), or None."""
+    import os
+    probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if probe is None:
+        return None
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return None  # nothing to measure it by: the window's own store failure path still stands
+    free, need = st.f_bavail * st.f_frsize, log_bytes_needed(setup)
+    if free >= need:
+        return None
+    return (f"{folder}: its file system has {free / 2**20:,.1f} MiB free; this window's log and reports need about "
+            f"{need / 2**20:,.0f} MiB; free some, or put the log elsewhere (--out, or the daemon's --state-dir)")
 
 
 async def incumbent_breaches(target: Target, plan: Plan) -> list[str]:
