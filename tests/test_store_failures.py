@@ -315,3 +315,40 @@ def test_a_window_whose_log_would_not_fit_on_its_disk_is_refused_before_anything
         assert not (mnt / "out" / "log.db").exists()  # nothing started
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_daemon_whose_state_disk_fills_mid_window_restores_and_publishes_the_whole_log_elsewhere(tmp_path):
+    from tests.daemontools import PLAN, QUICK_LOAD_S, SCALE, Daemon, Sim, in_phase
+    disk = _tmpfs(tmp_path / "state-disk", "48m")
+    fallback, sim = tmp_path / "fallback", Sim(tmp_path, load_s=QUICK_LOAD_S)
+    daemon = Daemon(tmp_path, env={"FLARE_DIAG_FALLBACK_DIR": str(fallback)})
+    daemon.state = disk / "state"
+    try:
+        daemon.start()
+        p = daemon.cli("start", str(PLAN), "--site", sim.site.stem, "--time-scale", str(SCALE), "--accept-partial")
+        assert p.returncode == 0, p.stderr
+        daemon.wait_for(in_phase, what="a phase with requests")
+        _fill(disk / "ballast")  # another writer takes the rest of the disk while the window runs
+        st = daemon.wait_for(lambda s: s["state"] == "needs_attention" and s["window"] is None, timeout=300,
+                             what="the window to close from memory")
+        assert "complete log and reports are in" in json.dumps(st), st
+        assert daemon.proc.poll() is None
+    finally:
+        daemon.stop()
+        sim.stop()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    (folder,) = [d for d in fallback.iterdir() if d.is_dir()]
+    report = json.loads((folder / "report.json").read_text())
+    assert report["abort"]["reason"] == "store_failure" and report["restoration"]["verified"], report["abort"]
+    assert report["integrity"]["chain_ok"] and report["integrity"]["audit_ok"]
+    assert "Traceback" not in daemon.log_path.read_text()
+
+
+def _fill(path: Path) -> None:
+    try:
+        with open(path, "wb") as f:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+    except OSError:
+        pass  # ENOSPC: the disk is full

@@ -301,9 +301,11 @@ class Service:
                 retry = False
             self.log.error("window's event log could not be written", window_id=w.window_id, error=str(exc),
                            restored_from_memory=w.runner.outcome)
+            elsewhere = await self._published_elsewhere(w) if w.runner.outcome is not None else None
             self.stuck = {"window_id": w.window_id, "needs": (
                 f"its event log cannot be written ({exc}); "
                 + (f"the window closed {w.runner.outcome} from memory. " if w.runner.outcome else "")
+                + (f"Its complete log and reports are in {elsewhere}. " if elsewhere else "")
                 + "Free space on the log's disk, then restart flare-diagd")}
         except Exception:
             # A bug in the runner or the policy: the window's host may be half taken apart. Pick the
@@ -629,6 +631,21 @@ class Service:
             return await self._checked_start(cmd, uid, pid)
         finally:
             self.starting = False
+
+    async def _published_elsewhere(self, w) -> str | None:
+        """A window that closed from memory with its log's disk full: its log, completed from memory, and
+        its reports in a fallback folder (daemon/reports/fallback.py), named in the journal; None when
+        no folder took them."""
+        from flare_diag.daemon.reports.fallback import complete_elsewhere
+        with anyio.CancelScope(shield=True):
+            done = await complete_elsewhere(self.db, w.window_id, w.runner.unlogged, durable=True)
+        if done is None:
+            self.log.error("no fallback folder took the window's log and reports", window_id=w.window_id)
+            return None
+        report, folder = done
+        self.log.error("window's complete log and reports published elsewhere", window_id=w.window_id, folder=str(folder),
+                       outcome=report.get("outcome"), restoration_verified=(report.get("restoration") or {}).get("verified"))
+        return str(folder)
 
     async def _checked_start(self, cmd: Start, uid: int, pid: int) -> bytes:
         if self.stopping:
