@@ -159,6 +159,13 @@ def test_watch_with_no_window_ever_run_ends_at_once_and_says_so(daemon):
     assert (w.returncode, w.stdout.strip()) == (0, "no window is running, and none has run on this daemon"), w.stderr
 
 
+def test_watch_json_with_no_window_keeps_stdout_for_json_and_says_so_on_stderr(daemon):
+    daemon.start()
+    w = daemon.cli("watch", "--json", timeout=60)
+    assert (w.returncode, w.stdout) == (0, ""), w.stdout
+    assert "no window is running" in w.stderr
+
+
 def test_watch_from_past_the_last_windows_close_ends_with_that_windows_exit_code(daemon, sim):
     daemon.start()
     wid = _start(daemon, sim)
@@ -204,7 +211,8 @@ def test_watch_with_json_prints_every_event_of_the_window_as_a_json_line_until_i
     wid = _start(daemon, sim)
     daemon.wait_for(in_phase, what="a phase with requests")
     assert daemon.cli("abort", "--reason", "operator test").returncode == 0
-    w = daemon.cli("watch", "--json", timeout=120)
+    # from the log's first event: the whole window even when its restore ends before the watch connects
+    w = daemon.cli("watch", "--json", "--from-seq", "1", timeout=120)
     assert w.returncode == 1, w.stderr
     lines = [json.loads(line) for line in w.stdout.splitlines()]  # nothing but JSON on stdout
     assert {x["window_id"] for x in lines} <= {wid, ""}  # the window's events, and the daemon's own

@@ -780,7 +780,8 @@ def _client(args: argparse.Namespace) -> int:
         if args.cmd == "abort":
             return client.abort(path, args.reason, console)
         if args.cmd == "watch":
-            return client.watch(path, args.from_seq, make_console(), sys.stdout if args.json else None)
+            # with --json, stdout is JSON lines alone: the human words (no window running) go to stderr
+            return client.watch(path, args.from_seq, make_console(stderr=args.json), sys.stdout if args.json else None)
         return client.report(path, args.target, args.format, args.out)
     except client.DaemonUnreachable as exc:
         print(f"flare-diag: error: {exc}", file=sys.stderr)
