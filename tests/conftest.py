@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +43,7 @@ _cache_bytecode()
 # (the files with most tests first) started the steady-state file at 236 s, and it ran alone for the
 # last 47 s of a 356 s run. With `--no-loadscope-reorder` (pyproject's addopts) xdist hands files out
 # in collection order, which this sets: these first, then the rest with most tests first, as xdist would.
-LONG_FIRST = ("test_peer_vllm.py", "test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
+LONG_FIRST = ("test_peer_vllm.py", "test_peer_vllm_more.py", "test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
               "test_follow_on_chain.py", "test_rehearse_e2e.py", "test_peer_llamacpp.py", "test_install.py")
 
 
@@ -111,3 +112,24 @@ def pytest_configure(config) -> None:
 def pytest_runtest_setup(item) -> None:
     if "slow" in item.keywords and not os.environ.get("FLARE_DIAG_SLOW"):
         pytest.skip("a slow run: FLARE_DIAG_SLOW=1 runs it")
+
+
+# A real vLLM (tests/vllmtools.py): each module that asks gets its own model (and, through its tests, its
+# own servers), so that two modules run on two workers side by side
+VLLM_ENGINE = ROOT / "fixtures" / "engines" / "vllm"
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    p = subprocess.run(["bash", str(VLLM_ENGINE / "install.sh")], capture_output=True, text=True, timeout=3600)
+    assert p.returncode == 0, "installing vLLM failed:\n" + p.stderr[-3000:]
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, vllm_python) -> Path:
+    out = tmp_path_factory.mktemp("vllm-model") / "tiny-llama"
+    p = subprocess.run([str(vllm_python), str(VLLM_ENGINE / "make_model.py"), str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out

@@ -1,80 +1,19 @@
-"""The seed's method through `run` against a real vLLM (0.32.0, the CPU build) serving a tiny Llama.
-
-vLLM is installed in an environment of its own, cached outside the clone (fixtures/engines/vllm/
-install.sh: about three minutes cold), and the model is written here with random weights. The daemon
-runs the engine itself (site profile `[engine] kind = "vllm"`); with no KV connector the engine has no
-host tier, so the plan's verdict reads the GPU prefix cache, sized in 128-token blocks.
-"""
+"""The seed's method through `run` against a real vLLM (0.32.0, the CPU build) serving a tiny Llama: a
+prefix cache smaller than the replay (churn), what the window reads from it, the fit that recovers its
+size, and a KV connector whose every load fails. The daemon runs the engine itself (site profile
+`[engine] kind = "vllm"`); with no KV connector the engine has no host tier, so the plan's verdict reads
+the GPU prefix cache, sized in 128-token blocks. tests/test_peer_vllm_more.py has the rest (its own
+servers, on another worker)."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flare_diag.events.reader import LogReader
-
-ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "fixtures" / "engines" / "vllm"
-PLAN = ROOT / "fixtures" / "plans" / "peer-vllm.toml"
-SMALL_BLOCKS, LARGE_BLOCKS = 64, 4096  # the 30 bodies take about 225 blocks
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    p = subprocess.run(["bash", str(ENGINE / "install.sh")], capture_output=True, text=True, timeout=3600)
-    assert p.returncode == 0, "installing vLLM failed:\n" + p.stderr[-3000:]
-    return Path(p.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory, vllm_python) -> Path:
-    out = tmp_path_factory.mktemp("vllm-model") / "tiny-llama"
-    p = subprocess.run([str(vllm_python), str(ENGINE / "make_model.py"), str(out)], capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_site(tmp: Path, python: Path, model: Path, blocks: int, plan_text: str | None = None) -> tuple[Path, Path]:
-    """A site profile for vLLM with a prefix cache of `blocks` blocks, and the peer plan beside it."""
-    site_dir = tmp / "site"
-    site_dir.mkdir()
-    (site_dir / "model").symlink_to(model)
-    (site_dir / "serving.token").write_text(os.urandom(12).hex())
-    (site_dir / "site.toml").write_text((ENGINE / "site.template.toml").read_text().format(
-        port=_free_port(), python=python, blocks=blocks))
-    plan = tmp / "peer-vllm.toml"
-    plan.write_text(plan_text or PLAN.read_text())
-    return plan, site_dir / "site.toml"
-
-
-def cli(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def run_window(tmp: Path, python: Path, model: Path, blocks: int) -> tuple[int, dict, Path]:
-    plan, site = write_site(tmp, python, model, blocks)
-    out = tmp / "out"
-    p = cli("run", "--plan", str(plan), "--site", str(site), "--out", str(out))
-    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
-    return p.returncode, json.loads((out / "report.json").read_text()), out
-
-
-def cell(r: dict, phase: str) -> dict:
-    return next(c for c in r["cells"] if c["phase"] == phase)
+from tests.vllmtools import ENGINE, PLAN, SMALL_BLOCKS, cell, cli, run_window, write_site
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +61,15 @@ def test_real_vllm_resident_memory_is_the_whole_engine_process_group(small_cache
     assert seen and min(seen) > 1 << 30, seen[:5]
 
 
-def test_real_vllm_with_a_prefix_cache_that_holds_the_replay_does_not_reproduce(tmp_path, vllm_python, model):
-    rc, r, _out = run_window(tmp_path, vllm_python, model, LARGE_BLOCKS)
-    assert (rc, r["outcome"]) == (0, "completed"), (r["outcome"], r.get("abort"), r["cells"])
-    assert cell(r, "B.forward_replay")["gpu"]["reused_tokens"] > 0
-    assert r["verdict"]["hypothesis"] == "not_reproduced", r["verdict"]
-    assert r["restoration"]["verified"]
+def test_reproduce_fit_recovers_the_real_vllm_windows_block_capacity(small_cache_window):
+    """The window saw GPU reuse only (no KV connector): the fit reads each request's cached tokens
+    against vLLM's block pool and finds the capacity the engine itself states (kv_num_gpu_blocks)."""
+    _rc, _r, out = small_cache_window
+    p = cli("reproduce", str(out / "log.db"), "--fit", "--json", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    best = json.loads(p.stdout)["best"]
+    assert (best["family"], best["capacity"]) == ("vllm_blocks", SMALL_BLOCKS), best
+    assert best["agreed"] == best["compared"] > 100, best
 
 
 def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[Path, Path]:
@@ -162,89 +104,3 @@ def test_real_vllm_whose_kv_connector_fails_every_load_never_reads_reuse_from_it
     assert r["verdict"]["hypothesis"] in ("prefix_cache_churn", "not_reproduced", "no_prefix_reuse", "inconclusive")
     assert "host" not in r["verdict"]["basis"], r["verdict"]
     print(f"failing connector: {failed} loads failed; verdict basis: {r['verdict']['basis']}")
-
-
-def test_site_check_on_real_vllm_without_a_connector_refuses_a_plan_whose_verdict_reads_the_host_tier(
-        tmp_path, vllm_python, model):
-    host_plan = PLAN.read_text().replace('tier = "gpu_prefix"', 'tier = "host"')
-    plan, site = write_site(tmp_path, vllm_python, model, SMALL_BLOCKS, host_plan)
-    p = cli("site", "check", str(site), "--plan", str(plan), "--json", timeout=600)
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-    check = json.loads(p.stdout)
-    by_name = {c["name"]: c for c in check["capabilities"]}
-    assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
-    assert check["missing"] == ["counter.host_reused_tokens"]
-    assert by_name["serving.model"]["status"] == "observable"
-    assert by_name["counter.gpu_reused_tokens"]["status"] == "observable"
-
-
-def test_real_vllm_reasoning_stream_is_read_as_reasoning_and_stamps_the_first_token(tmp_path, vllm_python, model):
-    """vLLM streams a reasoning parser's output as `delta.reasoning` (its DeltaMessage): the client
-    reads it as reasoning, stamps the first token at the first reasoning text, and hashes it into the
-    answer. The tiny model has the think tokens and never writes `</think>` in its four greedy tokens,
-    so with deepseek_r1's parser every token it writes is reasoning."""
-    import anyio
-
-    from flare_diag.daemon.hosts.fixture import find_fixture, load_fixture
-    from flare_diag.daemon.hosts.site import load_site
-    from flare_diag.daemon.hosts.target import Target
-
-    _plan, site_path = write_site(tmp_path, vllm_python, model, SMALL_BLOCKS)
-    text = site_path.read_text()
-    site_path.write_text(text.replace('"--max-num-seqs", "16"]',
-                                      '"--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1"]', 1))
-    fx = load_fixture(find_fixture("peer-30", []))
-
-    async def one_request() -> dict:
-        target = Target(load_site(site_path), {"peer-30": fx}, "0" * 64)
-        try:
-            await target.engine.prepare()
-            return await target.send_request({"fixture": "peer-30", "body_index": 0})
-        finally:
-            await target.close()
-
-    done = anyio.run(one_request)
-    assert '"reasoning"' in done["response_head"], done["response_head"][:600]
-    assert done["reasoning_only"] is True and done["visible_output"] is False, done
-    assert done["first_token_ns"] is not None and done["first_token_ns"] <= done["last_token_ns"]
-    assert done["completion_tokens"] == 4
-
-
-def test_init_site_vllm_gives_a_profile_that_site_check_accepts_against_a_real_vllm_with_the_shipped_plan(
-        tmp_path, vllm_python, model):
-    """What `init-site vllm` writes, with only what an operator of vLLM's CPU build fills in (the
-    environment's Python, the model, its served name, a free port, the CPU engine's settings, a token),
-    passes `site check` against the real server with the shipped peer-vllm plan."""
-    sites = tmp_path / "sites"
-    p = cli("init-site", "vllm", str(sites), "--name", "cpu1", timeout=120)
-    assert p.returncode == 0, p.stderr
-    profile = sites / "cpu1.toml"
-    cpu = ('"--dtype", "float32", "--max-model-len", "4096", "--enforce-eager", '
-           '"--distributed-executor-backend", "uni", ')
-    text = (profile.read_text()
-            .replace("REPLACE-/path/to/vllm-venv/bin/python", str(vllm_python))
-            .replace("REPLACE-model-name", "glm").replace("REPLACE-model-folder", str(model))
-            .replace("http://127.0.0.1:8000", f"http://127.0.0.1:{_free_port()}")
-            .replace('"--enable-prefix-caching",', cpu + '"--enable-prefix-caching",')
-            .replace('env = { VLLM_NO_USAGE_STATS = "1" }', 'env = { VLLM_NO_USAGE_STATS = "1", VLLM_CPU_KVCACHE_SPACE = "1", '
-                     'VLLM_ENABLE_V1_MULTIPROCESSING = "0", HF_HUB_OFFLINE = "1" }')
-            .replace('source = "nvml"', 'source = "none"'))
-    profile.write_text(text)
-    (sites / "serving.token").write_text(os.urandom(12).hex())
-    p = cli("site", "check", str(profile), "--plan", str(PLAN), "--json", timeout=900)
-    check = json.loads(p.stdout)
-    assert p.returncode == 0 and check["ready"], (check["missing"], p.stderr[-2000:])
-    by_name = {c["name"]: c for c in check["capabilities"]}
-    assert by_name["serving.model"]["status"] == "observable"
-    assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
-
-
-def test_reproduce_fit_recovers_the_real_vllm_windows_block_capacity(small_cache_window):
-    """The window saw GPU reuse only (no KV connector): the fit reads each request's cached tokens
-    against vLLM's block pool and finds the capacity the engine itself states (kv_num_gpu_blocks)."""
-    _rc, _r, out = small_cache_window
-    p = cli("reproduce", str(out / "log.db"), "--fit", "--json", timeout=300)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    best = json.loads(p.stdout)["best"]
-    assert (best["family"], best["capacity"]) == ("vllm_blocks", SMALL_BLOCKS), best
-    assert best["agreed"] == best["compared"] > 100, best
