@@ -165,6 +165,10 @@ class WindowPolicy(WindowCore):
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
         action, _experimental = self.pending.pop(inp.action_id)
         self.read_args.pop(inp.action_id, None)
+        if action == "quiesce" and isinstance(inp, ActionDone) and inp.error == "not_carried_out":
+            # never sent (its decision was not in the log): the primary was never taken out of rotation,
+            # so the restore has nothing to readmit and an admitted backend is no breach
+            self.took_down = False
         # an answer to a read asked again after a restart is the answer the restore waits for under the first id
         self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":

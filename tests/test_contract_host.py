@@ -516,6 +516,8 @@ def test_a_router_whose_inflight_counts_the_engines_own_requests_aborts_containm
         rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
     finally:
         host.stop()
-    assert rc == 1 and r["abort"]["reason"] == "containment", r["abort"]
+    assert r["abort"]["reason"] == "containment", r["abort"]
     assert "a router whose inflight counts the engine's running requests" in r["abort"]["detail"]
-    assert r["restoration"]["verified"], r["restoration"]
+    # the restore's own direct preflight reads as traffic too when a router poll lands during it: then the
+    # primary is kept out (exit 3), as for any traffic it cannot tell from a leak; else it is readmitted
+    assert (rc, r["restoration"]["verified"]) in ((1, True), (3, False)), (rc, r["restoration"], r["alarms"])

@@ -443,3 +443,30 @@ def test_unobservable_host_reuse_is_never_called_an_unmeasured_replay():
     hyp, basis, nxt = verdict(_cells({"lookups": None, "hits": None, "fetched_tokens": None, "reused_tokens": None}))
     assert hyp == "inconclusive" and "not observable" in basis
     assert "was not measured" not in nxt and "does not expose" in nxt
+
+
+def test_a_log_that_fails_as_the_quiesce_is_decided_restores_without_calling_the_admitted_primary_a_breach():
+    """The log refused the quiesce's decision, so the runner never sent it (`not_carried_out`): the
+    primary stayed in rotation; the restore verifies and says nothing was left quiesced (a CI run on a
+    disk that filled at that moment closed restore_failed, 'primary_left_quiesced', on an admitted primary)."""
+    from flare_diag.events.schema import ActionRequested, Alarm, LogUnwritable, RestorationRecorded, WindowClosed
+    from flare_diag.policies.window import WindowPolicy
+    from tests.policy_world import World, drive, plan_builtins
+
+    world = World(plan_builtins())
+    sent: list[bool] = []
+
+    def hook(w, history):
+        if sent or not history or not any(isinstance(d, ActionRequested) and d.action == "quiesce" for d in history[-1][1]):
+            return None
+        sent.append(True)
+        w.fail["quiesce"] = "not_carried_out"
+        return LogUnwritable(at_ns=w.now, detail="disk full")
+
+    history = drive(WindowPolicy(), world, hook)
+    decided = [d for _i, ds in history for d in ds]
+    closed = [d for d in decided if isinstance(d, WindowClosed)][-1]
+    restoration = [d for d in decided if isinstance(d, RestorationRecorded)][-1]
+    assert sent and closed.outcome == "aborted", closed
+    assert restoration.verified and restoration.checks["readmitted"] is None, restoration
+    assert not [d for d in decided if isinstance(d, Alarm) and d.kind in ("primary_left_quiesced", "fault_during_restore")]
