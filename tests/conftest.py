@@ -43,7 +43,7 @@ _cache_bytecode()
 # (the files with most tests first) started the steady-state file at 236 s, and it ran alone for the
 # last 47 s of a 356 s run. With `--no-loadscope-reorder` (pyproject's addopts) xdist hands files out
 # in collection order, which this sets: these first, then the rest with most tests first, as xdist would.
-LONG_FIRST = ("test_peer_vllm.py", "test_peer_vllm_more.py", "test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
+LONG_FIRST = ("test_peer_vllm.py", "test_steady_state.py", "test_daemon_service.py", "test_fleet_daemon.py", "test_contract_host.py",
               "test_follow_on_chain.py", "test_rehearse_e2e.py", "test_peer_llamacpp.py", "test_install.py")
 
 
@@ -114,8 +114,7 @@ def pytest_runtest_setup(item) -> None:
         pytest.skip("a slow run: FLARE_DIAG_SLOW=1 runs it")
 
 
-# A real vLLM (tests/vllmtools.py): each module that asks gets its own model (and, through its tests, its
-# own servers), so that two modules run on two workers side by side
+# A real vLLM (tests/vllmtools.py): one model a module that asks
 VLLM_ENGINE = ROOT / "fixtures" / "engines" / "vllm"
 
 
