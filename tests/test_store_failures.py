@@ -271,7 +271,9 @@ def small_disk(tmp_path):
 
 def _fill_once_the_log_exists(mnt: Path, stop: threading.Event) -> None:
     """Another writer on the same disk: once the window's log is there, it takes every free byte."""
-    while not stop.is_set() and not (mnt / "out" / "log.db-wal").exists():
+    wal = mnt / "out" / "log.db-wal"
+    # once the window writes (its store opened and its first events committed), not while the store opens
+    while not stop.is_set() and not (wal.exists() and wal.stat().st_size > 64 << 10):
         time.sleep(0.005)
     try:
         with open(mnt / "ballast", "wb") as f:
