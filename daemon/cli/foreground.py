@@ -82,8 +82,12 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
         # that could lose the log's last commits, so its commits need not wait for the disk (the log
         # stays consistent, WAL); a window on a real site waits for every one
         store = await EventStore.open(db, durable=not setup.rehearsal)
-    except BaseException:
+    except BaseException as exc:
         await target.close()
+        if isinstance(exc, Exception) and not isinstance(exc, InputError):
+            # a disk that is full, or a folder that takes no writes, before the window opened: nothing changed
+            raise InputError(f"{db}: the event log cannot be opened ({str(exc)[:200]}); nothing on the host "
+                             f"was changed") from None
         raise
     if setup.probes or setup.preconditions:  # what was done before the window opened: in its log, before it
         try:
