@@ -52,7 +52,7 @@ async def complete_elsewhere(db: Path, window_id: str, unlogged: Sequence[Sequen
             store = await EventStore.open(folder / "log.db", durable=durable)
             try:
                 for batch in unlogged:
-                    await store.submit_many(list(batch), window_id=window_id, caused_by_first=True)  # type: ignore[arg-type]
+                    await store.submit_many(list(batch), window_id=window_id, caused_by_first=True)  # type: ignore[arg-type]  # the runner keeps them as plain lists of events
                 await store.flush()
             finally:
                 await store.close()
