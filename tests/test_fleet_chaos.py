@@ -6,6 +6,7 @@ loses and duplicates nothing. A failing seed reproduces: `pytest tests/test_flee
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -106,10 +107,16 @@ def _fault(kind: str, target: Daemon, server: PgServer, admin: str, hang_s: floa
     else:  # the database hangs: every one of its processes stopped, then let go
         pids = _postgres_pids(server)
         for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+            _signal(pid, signal.SIGSTOP)
         time.sleep(hang_s)
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """A backend whose client hung up between the listing and the signal is gone: nothing to stop."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def run_chaos(tmp: Path, seed: int, duration_s: float, hang_s: float, plan: Path) -> dict:

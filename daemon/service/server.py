@@ -799,6 +799,11 @@ class Service:
                 sent = env.seq
             await self._send(conn, b"".join(backlog))
             if self.window is None:  # nothing will close: say so, rather than stream nothing for ever
+                # the window may have closed since `head` was read: its last events (its close among
+                # them) are committed by now, and go before the word that nothing is running
+                late = await _thread(_envelopes_between, self.db, sent + 1, self.store.head[0])
+                if late:
+                    await self._send(conn, b"".join(_event_line(e) for e in late))
                 last = self.last or {}
                 await self._send(conn, control.reply(watching=False, window_id=last.get("window_id"),
                                                      outcome=last.get("outcome")))
