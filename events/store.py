@@ -22,7 +22,7 @@ import msgspec
 
 from flare_diag.events.base import Event, _encoder
 from flare_diag.events.chain import DOMAIN_TAG, GENESIS, _fixed
-from flare_diag.events.checkpoint import default_path, write_checkpoint
+from flare_diag.events.checkpoint import CheckpointSlots, default_path
 from flare_diag.events.envelope import COLUMNS, Envelope
 from flare_diag.events.signals import threads_started_quiet
 from flare_diag.events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
@@ -134,6 +134,7 @@ class EventStore:
         self._conn = conn
         self.path = path
         self.checkpoint_path = checkpoint_path
+        self._checkpoints = CheckpointSlots(checkpoint_path)
         self._clock = clock
         self._seq = seq
         self._head = head_hash
@@ -383,7 +384,7 @@ class EventStore:
 
     async def _write_rows(self, chained: _Chained) -> None:
         due = self._uncheckpointed + 1 >= self._checkpoint_every
-        checkpoint = (self.checkpoint_path, *chained.head, self.checkpoint_key) if due else None
+        checkpoint = (self._checkpoints, *chained.head, self.checkpoint_key) if due else None
         bulk = chained.bulk()
         run = getattr(self._conn, "_execute", None)
         if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
@@ -399,12 +400,13 @@ class EventStore:
         else:
             self._uncheckpointed += 1
 
-    async def _write_checkpoint(self, checkpoint: tuple[Path, int, bytes, bytes | None]) -> str | None:
+    async def _write_checkpoint(self, checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None]) -> str | None:
+        slots, seq, head, key = checkpoint
         try:
-            await asyncio.to_thread(write_checkpoint, *checkpoint)
+            await asyncio.to_thread(slots.write, seq, head, key)
             return None
         except OSError as exc:
-            return f"{checkpoint[0]}: {exc.strerror or exc}"
+            return f"{slots.path}: {exc.strerror or exc}"
 
     def _checkpoint_said(self, why: str | None) -> None:
         if why is not None and why != self.checkpoint_error:
@@ -510,11 +512,12 @@ class EventStore:
             if self._uncheckpointed:  # an undurable log's last commits: its checkpoint catches up
                 self._uncheckpointed = 0
                 self._checkpoint_said(await self._write_checkpoint(
-                    (self.checkpoint_path, self._seq, self._head, self.checkpoint_key)))
+                    (self._checkpoints, self._seq, self._head, self.checkpoint_key)))
         finally:
             try:
                 await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced
             finally:
+                self._checkpoints.close()
                 _release(self._lock_fd)
 
     async def __aenter__(self) -> EventStore:
@@ -601,7 +604,7 @@ def _announce() -> None:
 
 
 def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],
-                       checkpoint: tuple[Path, int, bytes, bytes | None] | None = None) -> str | None:
+                       checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None] | None = None) -> str | None:
     """Commits the batch, then (on the same worker thread, off the event loop) replaces the
     checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
     log, so failing to write one must not fail a commit that is already durable."""
@@ -615,10 +618,11 @@ def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes
         conn.execute("ROLLBACK")
         raise
     if checkpoint is not None:
+        slots, seq, head, key = checkpoint
         try:
-            write_checkpoint(*checkpoint)
+            slots.write(seq, head, key)
         except Exception as exc:  # EMFILE, ENOSPC, a folder in its place: the commit stands, the checkpoint lags
-            return f"{checkpoint[0]}: {getattr(exc, 'strerror', None) or exc}"
+            return f"{slots.path}: {getattr(exc, 'strerror', None) or exc}"
     return None
 
 

@@ -108,10 +108,10 @@ def test_a_disk_that_stays_full_still_gets_the_incumbent_back_and_says_what_the_
 
 
 def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_its_restore(tmp_path, monkeypatch, small_plan):
-    import flare_diag.events.store as store_mod
+    from flare_diag.events.checkpoint import CheckpointSlots
     from flare_diag.events.reader import LogReader
     from flare_diag.events.verify import verify_log
-    real = store_mod.write_checkpoint
+    real = CheckpointSlots.write
     calls = {"n": 0}
 
     def emfile(*args):
@@ -120,7 +120,7 @@ def test_a_checkpoint_write_that_raises_mid_window_neither_stops_the_window_nor_
             raise OSError(24, "Too many open files")
         real(*args)
 
-    monkeypatch.setattr(store_mod, "write_checkpoint", emfile)
+    monkeypatch.setattr(CheckpointSlots, "write", emfile)
     outcome, loaded = _window_with_failing_writes(tmp_path, lambda n, _events: False, small_plan)
     assert outcome in ("completed", "partial") and loaded == "glm-incumbent" and calls["n"] > 20
     with LogReader(tmp_path / "log.db") as r:
