@@ -147,3 +147,40 @@ def compare_metric(metric: str, baseline: Sequence[float], candidate: Sequence[f
     _u, p = mann_whitney_u(candidate, baseline)
     return MetricStats(metric, b, c, relative_change(b, c), (lo, hi), p, len(baseline), len(candidate),
                        noise_could_explain=lo <= 0.0 <= hi or p >= ALPHA)
+
+
+def mean_of(per_window: Sequence[float]) -> float:
+    """The acceptance rule's figure for one side: the mean over its repeats of each repeat's statistic
+    (policies/acceptance.py sums and divides the same way, so the two agree to the last bit)."""
+    return sum(per_window) / len(per_window)
+
+
+def compare_repeats(metric: str, baseline: Sequence[Sequence[float]], candidate: Sequence[Sequence[float]],
+                    stat: Callable[[Sequence[float]], float] = statistics.median, seed: int = 0,
+                    resamples: int = BOOTSTRAP_RESAMPLES, level: float = 0.95) -> MetricStats | None:
+    """The change the acceptance rule decides on (each side: the mean over its windows of each window's
+    `stat` of its requests) with a bootstrap interval for that same figure: each window's requests are
+    resampled within it, the windows kept (they are the repeats the rule names), and the figure
+    recomputed. The Mann-Whitney test beside it is on all requests of each side."""
+    if not baseline or not candidate or any(len(w) < 2 for w in (*baseline, *candidate)):
+        return None
+    b, c = mean_of([stat(w) for w in baseline]), mean_of([stat(w) for w in candidate])
+    rng = _SplitMix64(seed)
+    windows = [*baseline, *candidate]
+    per = sum(len(w) for w in windows)
+    values = []
+    for _ in range(resamples):
+        raw, at, figures = rng.draws(per), 0, []
+        for w in windows:
+            n = len(w)
+            figures.append(stat([w[x % n] for x in raw[at:at + n]]))
+            at += n
+        values.append(relative_change(mean_of(figures[:len(baseline)]), mean_of(figures[len(baseline):])))
+    values.sort()
+    lo = values[int((1 - level) / 2 * (resamples - 1))]
+    hi = values[int((1 + level) / 2 * (resamples - 1))]
+    pooled_b = [x for w in baseline for x in w]
+    pooled_c = [x for w in candidate for x in w]
+    _u, p = mann_whitney_u(pooled_c, pooled_b)
+    return MetricStats(metric, b, c, relative_change(b, c), (lo, hi), p, len(pooled_b), len(pooled_c),
+                       noise_could_explain=lo <= 0.0 <= hi or p >= ALPHA)

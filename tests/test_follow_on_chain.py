@@ -10,6 +10,7 @@ window instead of tens.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,17 @@ def test_a_policy_that_reuses_more_is_accepted_over_three_interleaved_repeats_wi
     ttft = out["statistics"]["median_ttft_ms"]
     assert ttft["change"] >= 0.05 and ttft["interval"][0] <= ttft["change"] <= ttft["interval"][1]
     assert all(r["correct"] for r in out["runs"].values())
+
+
+def test_compare_prints_the_benefit_it_decides_on_with_that_figures_interval(marconi_sides):
+    args = ("report", "compare", "--windows", *marconi_sides["candidate"], "--baseline", *marconi_sides["baseline"])
+    rc, said = _cli(*args, "--json")
+    out = json.loads(said.strip().splitlines()[-1])
+    assert out["statistics"]["median_ttft_ms"]["change"] == out["primary_benefit"]  # one estimator, not two
+    rc, said = _cli(*args)
+    shown = re.search(r"median_ttft_ms: .*?benefit ([+-][\d.]+)%", said).group(1)
+    decided = re.search(r"primary benefit ([\d.]+)%", said).group(1)
+    assert float(shown) == float(decided), said
 
 
 def test_the_follow_on_windows_each_find_their_build_consistent_under_reuse(marconi_sides):

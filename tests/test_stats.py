@@ -76,3 +76,24 @@ def test_an_interval_is_the_one_earlier_versions_gave_for_the_same_samples():
     base = [100.0 + (i * 37) % 23 for i in range(700)]
     cand = [90.0 + (i * 53) % 29 for i in range(650)]  # 1,350 draws a resample: several to a batch
     assert compare_metric("ttft", base, cand).interval == (0.049773755656108594, 0.07589285714285714)
+
+
+def test_the_repeats_change_is_the_acceptance_rules_benefit_to_the_last_bit():
+    from flare_diag.events.stats import compare_repeats
+    from flare_diag.policies.acceptance import Run, accept
+    base = [[100.0 + (i * 7 + k) % 13 for i in range(40)] for k in range(3)]
+    cand = [[93.0 + (i * 5 + k) % 11 for i in range(40)] for k in range(3)]
+    s = compare_repeats("median_ttft_ms", base, cand)
+    verdict = accept([Run("f", True, statistics.median(w)) for w in cand], [Run("f", True, statistics.median(w)) for w in base])
+    assert s.change == verdict.primary_benefit
+    assert s.interval[0] <= s.change <= s.interval[1]
+
+
+def test_pooled_medians_and_the_rules_mean_of_medians_can_differ_and_the_repeats_figure_is_the_rules():
+    from flare_diag.events.stats import compare_repeats
+    # one slow baseline repeat: the pooled median hardly moves, the mean of the repeats' medians does
+    base = [[100.0] * 30, [100.0] * 30, [160.0] * 30]
+    cand = [[100.0] * 30, [100.0] * 30, [100.0] * 30]
+    pooled = compare_metric("m", [x for w in base for x in w], [x for w in cand for x in w])
+    s = compare_repeats("m", base, cand)
+    assert pooled.change == 0.0 and s.change == (120.0 - 100.0) / 120.0

@@ -856,6 +856,7 @@ def _compare(args: argparse.Namespace) -> int:
         import json
         import msgspec
         print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason,
+                          "primary_benefit": verdict.primary_benefit, "worst_regression": verdict.worst_regression,
                           "bar": {"min_benefit": verdict.min_benefit, "max_regression": verdict.max_regression}, "runs": {
             w: {"role": "candidate" if w in candidates else "baseline", "correct": run.correct,
                 "incorrect": run.incorrect, "median_ttft_ms": run.primary, "protected": run.protected}

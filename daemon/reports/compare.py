@@ -170,7 +170,7 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
             ) -> tuple[Acceptance, dict[str, Run], list]:
     """The acceptance rule over exactly `repeats` matched windows a side, and the statistics beside it.
     Each window is an id in `db` or the path of its own log; the runs come back keyed by window id."""
-    from flare_diag.events.stats import compare_metric, p95
+    from flare_diag.events.stats import compare_repeats, p95
     for name, side in (("--windows", windows), ("--baseline", baseline)):
         if len(side) > repeats:
             raise CompareError(f"{name}: {len(side)} windows; the rule uses exactly {repeats} repeats a side "
@@ -197,15 +197,16 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
     runs = {w: run_of(rep) for w, rep in reports.items()}
     verdict = accept([runs[w] for w in windows], [runs[w] for w in baseline], repeats=repeats,
                      **features[order[0]]["acceptance"])
-    pooled = {side: {} for side in ("candidate", "baseline")}
+    # the statistics are of the figure the rule decides on: each side's mean of its windows' own figures
+    per_window: dict[str, dict[str, list[list[float]]]] = {"candidate": {}, "baseline": {}}
     for side, ws in (("candidate", windows), ("baseline", baseline)):
         for w in ws:
             for metric, xs in _samples(reports[w]).items():
-                pooled[side].setdefault(metric, []).extend(xs)
+                per_window[side].setdefault(metric, []).append(xs)
     stats = []
     for metric, stat in (("median_ttft_ms", statistics.median), ("p95_end_to_end_ms", p95),
                          ("decode_ms_per_token", statistics.median)):
-        s = compare_metric(metric, pooled["baseline"].get(metric, []), pooled["candidate"].get(metric, []), stat)
+        s = compare_repeats(metric, per_window["baseline"].get(metric, []), per_window["candidate"].get(metric, []), stat)
         if s is not None:
             stats.append(s)
     return verdict, runs, stats
@@ -215,9 +216,11 @@ def noise_line(s, min_benefit: float = MIN_BENEFIT) -> str:
     """One line per metric: the change, its interval, the test, and what they say about noise
     (`min_benefit`: the bar the verdict was judged against)."""
     what = "benefit" if s.metric == "median_ttft_ms" else "change"
-    line = (f"{s.metric}: baseline {s.baseline:.1f}, candidate {s.candidate:.1f}: {what} {s.change:+.1%} "
-            f"(95% bootstrap interval {s.interval[0]:+.1%} to {s.interval[1]:+.1%}; Mann-Whitney p = "
-            f"{s.mann_whitney_p:.3g}; {s.n_baseline} and {s.n_candidate} requests): ")
+    # the figure the rule decided on, to the same decimal as its reason, and its interval
+    line = (f"{s.metric}: baseline {s.baseline:.1f}, candidate {s.candidate:.1f} (means of the repeats' own): "
+            f"{what} {s.change:+.1%} (95% bootstrap interval {s.interval[0]:+.1%} to {s.interval[1]:+.1%}, requests "
+            f"resampled within each repeat; Mann-Whitney p = {s.mann_whitney_p:.3g}; {s.n_baseline} and "
+            f"{s.n_candidate} requests): ")
     line += "noise could explain it" if s.noise_could_explain else "not explained by noise"
     if s.metric == "median_ttft_ms" and s.interval[0] < min_benefit <= s.interval[1]:
         line += f"; the interval crosses the {percent(min_benefit)} bar"
