@@ -35,4 +35,6 @@ class WindowProgress(WindowFold):
                 "minute": self.minute, "stop_min": self.stop_min, "window_min": self.window_min,
                 "abort": self.abort, "cells": {p: c["status"] for p, c in self.cells.items()}, "outcome": self.outcome,
                 "verdict": (self.verdict or {}).get("hypothesis"), "restoration_failed": self.restoration_failed,
+                "restoration_verified": None if self.restoration is None else bool(self.restoration.get("verified")),
+                "host_changed": self.host_changed,
                 "alarms": list(self.alarms), "last_seq": self.last_seq}

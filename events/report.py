@@ -231,6 +231,7 @@ class _Projection:
         else:
             args = {}
         self.actions[ev.action_id] = (action, args)
+        self.fold.saw_action(action)
         if action == "load":
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
                 else f"incarnation {args.get('label')}"
@@ -307,7 +308,8 @@ class _Projection:
         f = self.fold
         r = Report({"schema": SCHEMA, "window_id": f.window_id, "plan": f.plan or None, "t0_wall": f.t0_wall,
              "outcome": f.outcome, "abort": f.abort, "cells": list(f.cells.values()), "verdict": f.verdict,
-             "restoration": f.restoration, "integrity": self.integrity, "timeline": f.timeline,
+             "restoration": f.restoration if f.restoration is None else {**f.restoration, "host_changed": f.host_changed},
+             "integrity": self.integrity, "timeline": f.timeline,
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
              "alarms": f.alarms, "scaled_bounds": f.scaled_bounds, "review": f.review or None,

@@ -14,7 +14,7 @@ from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
-    occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
+    abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
@@ -226,7 +226,7 @@ def _head(r: dict) -> list[Segment]:
     out: list[Segment] = [
         f"<h1>Window {escape(r['window_id'])}</h1>",
         f"<p id=outcome class=outcome>Outcome: <b class=\"outcome-{escape(val(r.get('outcome')))}\">{escape(val(r.get('outcome')))}</b>"
-        + (f" — aborted at minute {escape(val(a['minute']))}: <b>{escape(a['reason'])}</b> ({escape(abort_words(a))})"
+        + (f" — aborted {escape(abort_when(a))}: <b>{escape(a['reason'])}</b> ({escape(abort_words(a))})"
            if a else "")
         + "</p>",
         f"<p id=restoration-line class=\"restored {'ok' if res.get('verified') else 'bad'}\">{escape(restoration_line(r))}</p>"]

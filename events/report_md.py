@@ -10,7 +10,7 @@ from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
-    occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
+    abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
@@ -43,7 +43,7 @@ def _head(r: dict) -> list[str]:
            f"Outcome: **{val(r.get('outcome'))}**", "", f"**{restoration_line(r)}**"]
     if r.get("abort"):
         a = r["abort"]
-        out[2] += f" — aborted at minute {val(a['minute'])}: **{a['reason']}** ({abort_words(a)})"
+        out[2] += f" — aborted {abort_when(a)}: **{a['reason']}** ({abort_words(a)})"
     attention = needs_attention(r)
     if attention:
         out += ["", "> **Needs attention**"] + [f"> - {x}" for x in attention]

@@ -96,6 +96,11 @@ def clock_at(r: dict, minute: float | None) -> str:
     return stamp + (" (simulated)" if is_virtual(r) else "")
 
 
+def abort_when(a: dict) -> str:
+    """When the abort came: a window minute, or before t0 (its preflight, where no minute runs yet)."""
+    return f"at minute {val(a.get('minute'))}" if a.get("minute") is not None else "before its t0 (at its preflight)"
+
+
 def restoration_line(r: dict) -> str:
     """"Is my host back?" in one line."""
     res = r.get("restoration") or {}
@@ -104,6 +109,13 @@ def restoration_line(r: dict) -> str:
             return "Restoration: not yet recorded (the window is still open)."
         return "Restoration: NOT recorded — the incumbent may not be serving; see Restoration."
     span = f"minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}"
+    if res.get("host_changed") is False:  # stopped before its take-down: nothing of its own to restore
+        if res.get("verified"):
+            return ("Restoration: none needed — the window stopped before it changed anything on the host (no "
+                    f"quiesce, unload, load or trace change was sent); the host as found: all {len(RESTORE_CHECKS)} "
+                    "checks pass or do not apply.")
+        return ("Restoration: none attempted — the window stopped before it changed anything on the host; the host "
+                f"as found fails {', '.join(failed_checks(res)) or 'its checks'} — the primary needs a person.")
     if res.get("verified"):
         sha = (r.get("identity") or {}).get("incumbent_sha256_after")  # what the restore read back, nothing older
         readmit = {True: "primary readmitted", None: "nothing to readmit (no router, or never quiesced)"}.get(

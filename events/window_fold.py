@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
-    AbortDecided, Alarm, BoundsScaled, CellRecorded, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    AbortDecided, ActionRequested, Alarm, BoundsScaled, CellRecorded, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
 )
 
@@ -53,6 +53,9 @@ class WindowFold:
         self.verdict: dict | None = None
         self.restoration: dict | None = None
         self.restoration_failed: list[str] | None = None
+        # an action that changes the host was asked for (quiesce, unload, load, set_trace): until then
+        # there is nothing of the window's own to restore, and "restoration verified" would claim one
+        self.host_changed = False
         self.outcome: str | None = None
         self.trace_order: list[str] | None = None
         self.timeline: list[dict] = []
@@ -196,6 +199,13 @@ class WindowFold:
         self.stage, self.phase = "restore", None
         self._mark(ev.minute, f"restore started ({ev.cause})")
 
+    def saw_action(self, action: str) -> None:
+        if action in HOST_CHANGING:
+            self.host_changed = True
+
+    def _action_requested(self, ev: ActionRequested, _wall: int | None) -> None:
+        self.saw_action(ev.action)
+
     def _restoration(self, ev: RestorationRecorded, _wall: int | None) -> None:
         self.restoration = {"started_minute": ev.started_minute, "finished_minute": ev.finished_minute,
                             **ev.checks, "verified": ev.verified}
@@ -246,7 +256,10 @@ def failed_checks(checks: dict) -> list[str]:
     """The restoration checks that failed, in report order (None, not applicable, is no failure)."""
     return [k for k in RESTORE_CHECKS if checks.get(k) is False]
 
+HOST_CHANGING = frozenset({"quiesce", "unload", "load", "set_trace"})
+
 _HANDLERS = {
+    ActionRequested: WindowFold._action_requested,
     WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,
     RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,
     RestoreStarted: WindowFold._restore_started, RestorationRecorded: WindowFold._restoration,

@@ -730,3 +730,15 @@ def test_the_journal_gets_an_abort_at_priority_err_and_routine_lines_at_info(dae
     assert aborted and aborted[0]["priority"] == 3 and aborted[0]["window_id"] == wid and aborted[0]["reason"] == "operator"
     assert next(r for r in recs if r.get("event") == "ready")["priority"] == 6
     assert all(r.get("priority") is not None for r in recs if "raw" not in r)  # every JSON line carries one
+
+
+def test_status_after_a_window_restored_says_its_restoration_verified(daemon, sim):
+    daemon.start()
+    _start(daemon, sim)
+    daemon.wait_for(in_phase, what="a phase with requests")
+    assert daemon.cli("abort", "--reason", "operator test").returncode == 0
+    st = daemon.wait_for(lambda s: s["state"] == "idle", timeout=120, what="the restore")
+    assert st["last_window"]["restoration_verified"] is True and st["last_window"]["host_changed"] is True
+    p = daemon.cli("status")
+    row = next(line for line in p.stdout.splitlines() if "restoration" in line)
+    assert "verified" in row and "not verified" not in row, p.stdout

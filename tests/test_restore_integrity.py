@@ -12,7 +12,7 @@ import httpx
 
 from flare_diag.events.reader import LogReader
 from tests.daemontools import Sim
-from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse
+from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse, rehearse_printing
 from tests.reviewtools import with_review
 
 
@@ -49,6 +49,17 @@ def test_a_failure_before_anything_changed_is_preflight_with_no_quiesce_alarm(sm
     assert r["restoration"]["readmitted"] is None
     # the engine the window found dead is still dead: the restoration cannot verify it, and says so
     assert rc == 3 and r["outcome"] == "restore_failed" and r["restoration"]["direct_preflight"] is False
+
+
+def test_a_preflight_abort_claims_no_restoration_and_names_no_minute(small_plan, tmp_path):
+    out = tmp_path / "out"
+    rc, r, said = rehearse_printing(small_plan, out, "--fault", "identity_drift")
+    assert (rc, r["abort"]["reason"], r["restoration"]["host_changed"]) == (1, "preflight", False), r["abort"]
+    head = (out / "report.md").read_text().split("## ")[0]
+    assert "Restoration: none needed" in head and "Restoration: verified" not in head
+    assert "aborted before its t0" in head and "minute n/a" not in head
+    assert "restoration verified" not in said and "no restoration needed" in said
+    assert "window closed: aborted before its t0" in said and "minute None" not in said
 
 
 def test_an_engine_that_crashes_between_requests_aborts_engine_lost_and_is_restored(small_plan, tmp_path):

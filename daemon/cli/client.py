@@ -124,6 +124,9 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
             t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")
         if w.get("restoration_failed"):
             t.add_row("  restoration", f"[red]not verified[/]: {', '.join(w['restoration_failed'])} failed")
+        elif w.get("restoration_verified"):
+            t.add_row("  restoration", "[green]verified[/]" if w.get("host_changed", True) else
+                      "none needed: nothing on the host was changed, and the host as found passes its checks")
         for a in w.get("alarms") or []:
             t.add_row("  alarm", f"[red]{a['kind']}[/]: {a['detail']}")
         if w["outcome"]:

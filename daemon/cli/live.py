@@ -105,8 +105,9 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
     return Group(*parts)
 
 
-def line_for(ev: Event) -> str | None:
-    """The one-line form (rich markup) of an event worth a line of its own, or None."""
+def line_for(ev: Event, seen: WindowProgress | None = None) -> str | None:
+    """The one-line form (rich markup) of an event worth a line of its own, or None (`seen`: the window's
+    progress with this event applied, for the words that depend on what came before it)."""
     if isinstance(ev, PhaseStarted):
         return f"[dim]minute {ev.minute:6.1f}[/] phase [bold]{ev.phase}[/] (estimated end minute {ev.estimated_end_minute:.1f})"
     if isinstance(ev, CellRecorded):
@@ -119,6 +120,10 @@ def line_for(ev: Event) -> str | None:
         return f"[red bold]ALARM[/] {ev.kind}: {ev.detail}"
     if isinstance(ev, RestorationRecorded):
         failed = failed_checks(ev.checks)
+        if seen is not None and not seen.host_changed:  # nothing of the window's own to restore
+            return ("no restoration needed: nothing on the host was changed; the host as found passes its checks"
+                    if ev.verified else f"[red bold]nothing on the host was changed, but the host as found fails[/] "
+                                        f"{', '.join(failed) or 'its checks'}")
         return ("restoration [green]verified[/]" if ev.verified
                 else f"[red bold]restoration NOT verified[/]: {', '.join(failed) or 'see the report'} failed")
     if isinstance(ev, VerdictReached):
@@ -126,7 +131,8 @@ def line_for(ev: Event) -> str | None:
         return (f"verdict: [bold]{words}[/] ({ev.hypothesis}) — {grouped(ev.basis)}" if words
                 else f"verdict: [bold]{ev.hypothesis}[/] — {grouped(ev.basis)}")
     if isinstance(ev, WindowClosed):
-        return f"window closed: [bold]{ev.outcome}[/] at minute {ev.minute}"
+        when = f"at minute {ev.minute}" if ev.minute is not None else "before its t0 (at its preflight)"
+        return f"window closed: [bold]{ev.outcome}[/] {when}"
     return None
 
 
@@ -169,7 +175,7 @@ class LiveView:
 
     def _show(self, seq: int, ev: Event, window_id: str | None = None) -> None:
         self.progress.apply(seq, ev)
-        line = line_for(ev)
+        line = line_for(ev, self.progress)
         if self.json_out is not None:
             rec: dict = {"seq": seq, "window_id": self.progress.window_id if window_id is None else window_id,
                          "type": ev.__struct_config__.tag,
