@@ -275,3 +275,25 @@ def test_a_daemon_that_never_answers_is_one_line_not_a_traceback(tmp_path):
             c.close()
     finally:
         server.close()
+
+
+def test_plan_check_refuses_a_fixture_whose_bodies_ask_another_sampling_as_rehearse_does(tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.read_text().replace("\ntemperature = 1.0\n", "\ntemperature = 0.7\n", 1))
+    assert main(["plan", "check", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "fixture c1-52" in err and "the plan's [sampling] says 0.7" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_check_searches_beside_the_site_profile_as_run_does(tmp_path, capsys):
+    import shutil
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "fixtures" / "data" / "c1-52", site / "ours-52")
+    (site / "site.toml").write_text("")  # only its folder is read by plan check
+    plan = tmp_path / "plans" / "plan.toml"
+    plan.parent.mkdir()
+    plan.write_text(PLAN.read_text().replace('"c1-52"', '"ours-52"'))
+    assert main(["plan", "check", str(plan)]) == 2
+    assert "fixture 'ours-52'" in capsys.readouterr().err
+    assert main(["plan", "check", str(plan), "--site", str(site / "site.toml")]) == 0
+    assert "ours-52 (52 bodies)" in capsys.readouterr().out

@@ -239,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
     pc.add_argument("plan", type=Path, help="the plan (TOML)")
     pc.add_argument("--json", action="store_true", help="one JSON object instead of a line")
+    pc.add_argument("--site", type=Path, default=None,
+                    help="the site profile a `run` would name: fixtures beside it are searched too, as `run` does")
     fo = psub.add_parser("follow-on", help="the second window's plan, from a window that earns it",
                          description="From a row_checkpoint_churn window the reproducer reproduces, with a policy that "
                                      "reuses more in the model (--policy), or from a window whose cache effects and trace "
@@ -527,16 +529,28 @@ def _share(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _plan_check(path: Path, as_json: bool = False) -> int:
+def _plan_check(path: Path, as_json: bool = False, site: Path | None = None) -> int:
+    """The plan decoded and checked, and its fixtures checked as `rehearse` and `run` check them (found beside
+    the plan, beside the site profile when given, then built in; each body against the plan's sampling)."""
     _raw, plan = load_plan(path)
+    from flare_diag.daemon.window.setup import InputError, load_fixtures
     from flare_diag.policies.planner import all_phases
+    if site is not None and not site.is_file():
+        raise UsageError(f"--site {site}: no such site profile; expected the site.toml a `run` would name")
+    try:
+        fixtures = load_fixtures(plan, [path.parent.resolve(), *([site.parent.resolve()] if site else [])])
+    except InputError as exc:
+        raise UsageError(f"plan check {path}: {exc}") from None
     phases = all_phases(plan)
+    sizes = {name: len(f.bodies) for name, f in fixtures.items()}
     if as_json:
         import json
         print(json.dumps({"ok": True, "plan": plan.name, "phases": [p.id for p in phases],
-                          "stop_min": plan.timing.stop_min, "window_min": plan.timing.window_min}))
+                          "stop_min": plan.timing.stop_min, "window_min": plan.timing.window_min, "fixtures": sizes}))
     else:
-        print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of {plan.timing.window_min:g}")
+        checked = ", ".join(f"{n} ({k} bodies)" for n, k in sizes.items()) or "none"
+        print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of "
+              f"{plan.timing.window_min:g}; fixtures with the plan's sampling: {checked}")
     return EXIT_OK
 
 
@@ -974,7 +988,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.cmd == "plan":
             if args.plan_cmd == "follow-on":
                 return _plan_follow_on(args)
-            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json)
+            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json, args.site)
     except UsageError as exc:
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
