@@ -2,10 +2,14 @@
 
 1. Durable appends of N events through EventStore (group commit, synchronous=FULL, hashing,
    encoding each event, an acknowledgement future per commit group) vs raw sqlite3.executemany of the same encoded rows in one transaction.
-2. `log verify` over M events vs a raw SELECT + SHA-256 loop over the same rows (each payload onto the
+2. Durable appends as a window makes them (one awaited append at a time, a ~5.4 KB event like a
+   request's `request_done`; and bulk, 100 events a commit) vs the `eventsourcing` library's SQLite
+   recorder (`SQLiteApplicationRecorder.insert_events`, WAL, synchronous=FULL: one fdatasync a commit
+   on both sides), alternated in one run; the bench extra installs it.
+3. `log verify` over M events vs a raw SELECT + SHA-256 loop over the same rows (each payload onto the
    previous digest), and vs a raw loop hashing each row's whole chain preimage with no checks (issue 30's).
 
-Usage: python bench/event_log.py [--appends 200000] [--verify 1000000] [--rounds 3]
+Usage: python bench/event_log.py [--appends 200000] [--single 2000] [--verify 1000000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -149,6 +153,103 @@ def _raw_preimage_sha(path: Path) -> float:
     return dt
 
 
+def _request_done_sized(i: int) -> LogNote:
+    """An event of a replayed request's size (a `request_done` with its usage, timing and ids: ~5.4 KB)."""
+    return LogNote(text=f"request {i} " + "x" * 5400, source="bench")
+
+
+async def _store_single(path: Path, n: int, bulk: int) -> list[float]:
+    """Seconds per durable commit, each awaited before the next is made (`bulk` events a commit)."""
+    store = await EventStore.open(path)
+    evs = [_request_done_sized(i) for i in range(bulk)]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        if bulk == 1:
+            await store.append(evs[0], window_id="bench")
+        else:
+            await store.append_many(evs, window_id="bench")
+        times.append(time.perf_counter() - t0)
+    await store.close()
+    return times
+
+
+def _peer_single(path: Path, n: int, bulk: int, from_loop: bool = False) -> list[float]:
+    """The same through eventsourcing's SQLite application recorder, synchronous=FULL as the store's.
+    `from_loop`: called as an asyncio daemon must call a blocking recorder, on a worker thread
+    (`asyncio.to_thread`), so that no fsync stops the loop that stamps the window's timings."""
+    if from_loop:
+        return asyncio.run(_on_worker(path, n, bulk))
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+    ds = SQLiteDatastore(str(path))
+    rec = SQLiteApplicationRecorder(ds)
+    rec.create_table()
+    with ds.get_connection(commit=True) as conn:  # its pool's writer: SQLite's default, FULL, as the store's
+        assert conn._sqlite_conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert conn._sqlite_conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    event = _request_done_sized(0)
+    times, version = [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        evs = []
+        for _ in range(bulk):  # each event encoded once, as the store encodes each (its mapper's work, at its least)
+            version += 1
+            evs.append(StoredEvent(originator_id="bench", originator_version=version, topic="log_note",
+                                   state=encode_payload(event)))
+        rec.insert_events(evs)
+        times.append(time.perf_counter() - t0)
+    ds.close()
+    return times
+
+
+async def _on_worker(path: Path, n: int, bulk: int) -> list[float]:
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+    ds = SQLiteDatastore(str(path))
+    rec = SQLiteApplicationRecorder(ds)
+    rec.create_table()
+    event = _request_done_sized(0)
+    times, version = [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        evs = []
+        for _ in range(bulk):
+            version += 1
+            evs.append(StoredEvent(originator_id="bench", originator_version=version, topic="log_note",
+                                   state=encode_payload(event)))
+        await asyncio.to_thread(rec.insert_events, evs)
+        times.append(time.perf_counter() - t0)
+    ds.close()
+    return times
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _peer_comparison(d: Path, n: int, rounds: int) -> None:
+    for bulk in (1, 100):
+        ours: list[float] = []
+        theirs: list[float] = []
+        worker: list[float] = []
+        commits = n if bulk == 1 else max(20, n // 20)
+        for k in range(rounds):  # alternated, so a neighbour's burst of I/O falls on all three
+            ours += asyncio.run(_store_single(d / f"single{bulk}-{k}.db", commits, bulk))
+            theirs += _peer_single(d / f"peer{bulk}-{k}.db", commits, bulk)
+            worker += _peer_single(d / f"worker{bulk}-{k}.db", commits, bulk, from_loop=True)
+        o50, t50, w50 = _pct(ours, .5), _pct(theirs, .5), _pct(worker, .5)
+        rate_o, rate_t, rate_w = (bulk / (sum(x) / len(x)) for x in (ours, theirs, worker))
+        what = "single" if bulk == 1 else f"bulk {bulk}"
+        print(f"durable  {what:>8} appends, {commits:,} commits x {rounds}: store p50 {o50 * 1e6:,.0f} us p99 "
+              f"{_pct(ours, .99) * 1e6:,.0f} us ({rate_o:,.0f} ev/s)  eventsourcing p50 {t50 * 1e6:,.0f} us p99 "
+              f"{_pct(theirs, .99) * 1e6:,.0f} us ({rate_t:,.0f} ev/s)  ratio store/eventsourcing p50 = {o50 / t50:.2f}  "
+              f"rate = {rate_o / rate_t:.2f}  (goal p50 <= 1, rate >= 1)")
+        print(f"durable  {what:>8} appends, eventsourcing from an asyncio loop (asyncio.to_thread) p50 {w50 * 1e6:,.0f} us "
+              f"({rate_w:,.0f} ev/s)  ratio store/eventsourcing-from-loop p50 = {o50 / w50:.2f}  rate = {rate_o / rate_w:.2f}")
+
+
 async def _fill(path: Path, n: int) -> None:
     store = await EventStore.open(path)
     evs = _events(50_000)
@@ -160,6 +261,7 @@ async def _fill(path: Path, n: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--appends", type=int, default=200_000)
+    ap.add_argument("--single", type=int, default=2000, help="awaited commits a round against eventsourcing")
     ap.add_argument("--verify", type=int, default=1_000_000)
     ap.add_argument("--dir", type=Path, default=None, help="folder on the file system to measure (default: a temp dir)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each part, alternated; each side's best is compared")
@@ -194,6 +296,8 @@ def main() -> None:
         print(f"appends  n={a.appends:>9,}  equal-work floor (encode, stamp, chain; {commits:,} commits of {batch:,}) "
               f"{a.appends / floor_s:>10,.0f} ev/s ({floor_s:.2f} s)  ratio store/floor = {floor_s / store_s:.2f}  "
               f"(goal >= 0.9; per round {', '.join(f'{x:.2f}' for x in per_round)})")
+
+        _peer_comparison(d, a.single, a.rounds)
 
         asyncio.run(_fill(d / "big.db", a.verify))
         # the three alternated, each side's best round (as timeit does): one round of either can be

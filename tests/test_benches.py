@@ -40,7 +40,8 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
 
 
 @pytest.mark.parametrize("bench,args,says", [
-    ("event_log.py", ["--appends", "2000", "--verify", "5000"], ("ratio store/floor", "ratio verify/preimage")),
+    ("event_log.py", ["--appends", "2000", "--single", "30", "--verify", "5000"],
+     ("ratio store/floor", "ratio store/eventsourcing p50", "ratio store/eventsourcing-from-loop", "ratio verify/preimage")),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("report.py", ["--events", "20000", "--rounds", "1", "--memory"], ("ratio report/fold", "peak RSS of this process")),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
