@@ -18,7 +18,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
-    VERDICT_WORDS, abort_words, audit_words, failure_cells, grouped, identity_columns, n, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, failure_cells, grouped, identity_lines, n, natural_failures_line,
 )
 
 CSS = """
@@ -278,18 +278,14 @@ def _cells(r: dict) -> list[Segment]:
 def _evidence(r: dict) -> list[Segment]:
     p: list[Segment] = ["<h2>Evidence</h2>"]
     ident = r.get("identity") or {}
-    exp = ident.get("expected") or {}
     p.append("<h3>Identity</h3>"
              f"<p>Incumbent recipe sha256 before: <code>{escape(val(ident.get('incumbent_sha256_before')))}</code>; "
              f"after restore: <code>{escape(val(ident.get('incumbent_sha256_after')))}</code>. "
              f"Candidate recipe: {escape(val(ident.get('candidate_recipe')))}.</p>"
              "<ul>" + "".join(f"<li>{escape(line[2:])}</li>" for line in recipe_lines(r)) + "</ul>")
-    cols = identity_columns(r)
-    head = "".join(f"<th>{escape(x)}</th>" for x in ["field", "expected"] + [label for label, _o in cols])
-    body = "".join("<tr>" + f"<td>{escape(k)}</td><td>{escape(n(exp[k]))}</td>" + "".join(
-        (f'<td><span class=mism>{escape(n(o["identity"].get(k)))} ≠</span></td>' if k in o["mismatches"]
-         else f'<td>{escape(n(o["identity"].get(k)))}</td>') for _l, o in cols) + "</tr>" for k in exp)
-    p.append(f"<div class=tw><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+    p.append("<ul class=identity>" + "".join(
+        f"<li>{escape(who)}: " + (f"<span class=mism>{escape(what)}</span>" if differs else escape(what)) + "</li>"
+        for who, what, differs in identity_lines(r)) + "</ul>")
     snaps = snapshot_rows(r)
     p.append("<h3>Router, monitoring, GPU and configuration</h3>"
              + (_table(["snapshot", "when", "minute", "what it showed"], snaps) if snaps else "<p>none recorded</p>"))

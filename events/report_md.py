@@ -14,7 +14,7 @@ from flare_diag.events.report_view import (
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
-    VERDICT_WORDS, abort_words, audit_words, grouped, identity_columns, n, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, grouped, identity_lines, n, natural_failures_line,
 )
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
@@ -116,15 +116,11 @@ def _cells(r: dict) -> list[str]:
 def _evidence(r: dict) -> list[str]:
     out = ["", "## Evidence"]
     ident = r.get("identity") or {}
-    exp = ident.get("expected") or {}
     out += ["", "### Identity", "",
             f"Incumbent recipe sha256 before: {val(ident.get('incumbent_sha256_before'))}; after restore: "
             f"{val(ident.get('incumbent_sha256_after'))}. Candidate recipe: {val(ident.get('candidate_recipe'))}.", "",
             *recipe_lines(r), ""]
-    cols = identity_columns(r)
-    out += md_table(["field", "expected"] + [label for label, _o in cols],
-                    [[k, n(exp[k])] + [n(o["identity"].get(k)) + (" ≠" if k in o["mismatches"] else "") for _l, o in cols]
-                     for k in exp])
+    out += [f"- {who}: " + (f"**{what}**" if differs else what) for who, what, differs in identity_lines(r)]
     snaps = snapshot_rows(r)
     out += ["", "### Router, monitoring, GPU and configuration", ""]
     out += md_table(["snapshot", "when", "minute", "what it showed"], snaps) if snaps else ["- none recorded"]

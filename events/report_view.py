@@ -640,6 +640,23 @@ def abort_words(a: dict) -> str:
     return (f"asked by {', '.join(who)}: " if who else "") + str(a.get("detail", ""))
 
 
+def identity_lines(r: dict) -> list[tuple[str, str, bool]]:
+    """The identity as (who, what, differs): the expected fields once, then each run of reads as one line,
+    "as expected" when every expected field it read matched, else only the fields that differ, each with
+    the value expected and the value found (a 13-column table was unreadable in a terminal)."""
+    exp = (r.get("identity") or {}).get("expected") or {}
+    out = [("expected", ", ".join(f"{k} {n(v)}" for k, v in exp.items()) or "nothing", False)]
+    for label, o in identity_columns(r):
+        mism = o.get("mismatches") or []
+        if not mism:
+            read = sum(1 for k in exp if k in o["identity"])
+            out.append((label, f"as expected ({read} of {len(exp)} fields read)", False))
+            continue
+        diffs = "; ".join(f"{k} expected {n(exp.get(k))}, found {n(o['identity'].get(k))}" for k in mism)
+        out.append((label, f"DIFFERS in {len(mism)} of {len(exp)} fields: {diffs}", True))
+    return out
+
+
 def identity_columns(r: dict) -> list[tuple[str, dict]]:
     """The identity observations as table columns: a run of reads that saw the same identity under
     one label is one column ("incarnation A (52 reads, minutes 1.1-15.0)"), so a window that reads its

@@ -610,3 +610,23 @@ def test_a_snapshot_answer_is_shown_as_stored_whatever_its_data_looks_like(data)
     r = project(envs, "w", {"events": 5, "head_seq": 5, "head_hash": "", "chain_ok": True, "audit_ok": True})
     assert r["snapshots"]["before"]["monitoring"]["data"] == data
     assert r["counters"]["host_hits"] == [7]  # the scrape after it is still read as one
+
+
+def test_an_identity_that_matched_is_one_line_per_run_of_reads_and_no_table(default_rehearsal):
+    _rc, r, out = default_rehearsal
+    md = (out / "report.md").read_text()
+    section = md.split("### Identity", 1)[1].split("###", 1)[0]
+    reads = [line for line in section.splitlines() if line.startswith("- ") and "as expected" in line]
+    assert reads and "DIFFERS" not in section and "| field |" not in section
+    assert len(section.splitlines()) < 30  # one line a run of reads, never a column per read
+
+
+def test_an_identity_that_differs_names_only_the_fields_that_differ_with_both_values(small_plan, tmp_path):
+    from tests.test_fault_matrix import rehearse
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "identity_drift")
+    md = (tmp_path / "out" / "report.md").read_text()
+    line = next(x for x in md.splitlines() if "DIFFERS" in x)
+    want = r["identity"]["expected"]["image"]
+    assert f"DIFFERS in 1 of {len(r['identity']['expected'])} fields: image expected {want}, found 0badc0de" in line
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<span class=mism>DIFFERS in 1 of" in html
