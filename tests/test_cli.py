@@ -297,3 +297,53 @@ def test_plan_check_searches_beside_the_site_profile_as_run_does(tmp_path, capsy
     assert "fixture 'ours-52'" in capsys.readouterr().err
     assert main(["plan", "check", str(plan), "--site", str(site / "site.toml")]) == 0
     assert "ours-52 (52 bodies)" in capsys.readouterr().out
+
+
+def _shown(events) -> str:
+    import io
+
+    from rich.console import Console
+
+    from flare_diag.daemon.cli.live import LiveView
+    out = io.StringIO()
+    with LiveView(Console(file=out, width=400)) as view:
+        for seq, ev in enumerate(events, 1):
+            view.on_event(seq, ev)
+    assert view.failed is None
+    return out.getvalue()
+
+
+def test_the_live_view_prints_the_cells_an_abort_left_unstarted_as_one_line_per_status():
+    from flare_diag.events.schema import CellRecorded
+    lost = "not started: window aborted (gpu_fault)"
+    shown = _shown([CellRecorded(phase="A.forward_prime", status="invalid", reason="window aborted after 29 of 52"),
+                    *(CellRecorded(phase=p, status="failed", reason=lost) for p in ("A.reverse_replay", "B.identity")),
+                    *(CellRecorded(phase=p, status="deferred", reason=lost) for p in ("trace.warmup", "trace.C1"))])
+    lines = shown.splitlines()
+    assert len(lines) == 3
+    assert "failed 2 cells: not started: window aborted (gpu_fault): A.reverse_replay, B.identity" in lines[1]
+    assert "deferred 2 cells:" in lines[2] and lines[2].endswith("trace.warmup, trace.C1")
+
+
+def test_the_close_line_names_the_outcome_the_abort_and_the_restoration():
+    from flare_diag.events.actions import Quiesce
+    from flare_diag.events.schema import AbortDecided, ActionRequested, RestorationRecorded, WindowClosed
+    shown = _shown([ActionRequested(action_id=1, request=Quiesce()),
+                    AbortDecided(reason="gpu_fault", detail="Xid 79 on GPU 0", minute=8.5833),
+                    RestorationRecorded(checks={"incumbent_sha256_match": True}, verified=True, started_minute=8.6,
+                                        finished_minute=9.4),
+                    WindowClosed(outcome="aborted", minute=9.4502)])
+    last = shown.splitlines()[-1]
+    assert last == "window closed: aborted at minute 9.5; abort gpu_fault: Xid 79 on GPU 0; restoration verified"
+
+
+def test_the_close_line_of_a_failed_restoration_says_the_primary_needs_a_person():
+    from flare_diag.events.actions import Quiesce
+    from flare_diag.events.schema import ActionRequested, RestorationRecorded, WindowClosed
+    shown = _shown([ActionRequested(action_id=1, request=Quiesce()),
+                    RestorationRecorded(checks={"incumbent_sha256_match": False, "readmitted": True}, verified=False,
+                                        started_minute=60.0, finished_minute=70.0),
+                    WindowClosed(outcome="restore_failed", minute=70.0)])
+    last = shown.splitlines()[-1]
+    assert "restore_failed at minute 70.0" in last
+    assert "restoration NOT verified (incumbent_sha256_match): the primary needs a person" in last

@@ -131,9 +131,38 @@ def line_for(ev: Event, seen: WindowProgress | None = None) -> str | None:
         return (f"verdict: [bold]{words}[/] ({ev.hypothesis}) — {grouped(ev.basis)}" if words
                 else f"verdict: [bold]{ev.hypothesis}[/] — {grouped(ev.basis)}")
     if isinstance(ev, WindowClosed):
-        when = f"at minute {ev.minute}" if ev.minute is not None else "before its t0 (at its preflight)"
-        return f"window closed: [bold]{ev.outcome}[/] {when}"
+        return closed_line(ev, seen)
     return None
+
+
+def closed_line(ev: WindowClosed, seen: WindowProgress | None) -> str:
+    """The window's key line: its outcome and when, the abort that ended it, and what became of the host,
+    so that the last line on the terminal says all an operator must act on."""
+    when = f"at minute {ev.minute:.1f}" if ev.minute is not None else "before its t0 (at its preflight)"
+    style = "green" if ev.outcome == "completed" else "red"
+    parts = [f"window closed: [bold {style}]{ev.outcome}[/] {when}"]
+    if seen is not None and seen.abort:
+        parts.append(f"abort {seen.abort['reason']}: {seen.abort['detail']}")
+    if seen is not None and seen.restoration is not None:
+        parts.append(_restoration_words(seen))
+    return "; ".join(parts)
+
+
+def _restoration_words(seen: WindowProgress) -> str:
+    verified = bool(seen.restoration and seen.restoration.get("verified"))
+    if not seen.host_changed:
+        return "nothing on the host changed" if verified else "[red bold]the host as found fails its checks[/]"
+    if verified:
+        return "restoration [green]verified[/]"
+    return f"[red bold]restoration NOT verified[/] ({', '.join(seen.restoration_failed) or 'see the report'}): the primary needs a person"
+
+
+def cell_group_line(status: str, reason: str, phases: list[str]) -> str:
+    """Cells that ended alike (the cells an abort left unstarted, above all) as one line, not one each."""
+    if len(phases) == 1:
+        return f"  [{STATUS_STYLE.get(status, 'white')}]{status:>8}[/] {phases[0]}: {reason}"
+    return (f"  [{STATUS_STYLE.get(status, 'white')}]{status:>8}[/] {len(phases)} cells: {reason}: "
+            f"{', '.join(phases)}")
 
 
 class LiveView:
@@ -147,6 +176,7 @@ class LiveView:
         self.progress = WindowProgress(window_id)
         self.started_wall = time.time()
         self.failed: Exception | None = None  # the first error in showing an event (the window went on)
+        self._held: tuple[str, str, list[str]] | None = None  # cells that ended alike, not yet printed
         # get_renderable: the panel is rebuilt at each refresh, so the wall clock ticks between events
         self._live = Live(console=console, refresh_per_second=4, transient=True, get_renderable=self._panel) \
             if console.is_terminal and json_out is None else None
@@ -160,6 +190,10 @@ class LiveView:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        try:
+            self.flush()
+        except Exception as err:  # noqa: BLE001 - a terminal that went away
+            self.failed = self.failed or err
         if self._live is not None:
             try:
                 self._live.stop()
@@ -186,5 +220,25 @@ class LiveView:
             self.json_out.write(json.dumps(rec) + "\n")
             self.json_out.flush()
             return
+        self._print(ev, line)
+
+    def _print(self, ev: Event, line: str | None) -> None:
+        """Prints a line, holding a cell's back while the next cells end alike (one line for them all)."""
+        if isinstance(ev, CellRecorded):
+            held = self._held
+            if held is not None and held[0] == ev.status and held[1] == ev.reason:
+                held[2].append(ev.phase)
+                return
+            self.flush()
+            self._held = (ev.status, ev.reason, [ev.phase])
+            return
         if line:
+            self.flush()
             self.console.print(line)
+
+    def flush(self) -> None:
+        """Prints the cells held back, if any."""
+        if self._held is not None:
+            status, reason, phases = self._held
+            self._held = None
+            self.console.print(cell_group_line(status, reason, phases))
