@@ -150,6 +150,9 @@ class FixtureRef(msgspec.Struct, forbid_unknown_fields=True):
     # where this fixture's bodies are greedy (an output-consistency phase's: temperature 0), or ask
     # another temperature than [sampling] for another reason
     temperature: float | None = None
+    # where this fixture's bodies ask another reasoning effort (the trace fixture's answers end on their
+    # own, with visible output, inside its max_tokens at "low")
+    reasoning_effort: str | None = None
 
 
 # consistency: each body sent twice on a fresh incarnation, cold and then with the host's reuse, and

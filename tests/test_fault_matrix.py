@@ -96,7 +96,7 @@ def test_slow_host_pushes_phases_past_the_stop_minute_and_the_window_closes_by_i
     required = ("A.identity", "A.forward_prime", "A.reverse_replay", "B.identity", "B.forward_prime", "B.forward_replay")
     assert [p for p in required if cells[p]["status"] != "measured"] == []
     assert (rc, r["outcome"]) == (0, "completed")
-    gated = cells["trace.C1.r2.on"]
+    gated = cells["trace.C1.r1.on"]
     assert gated["status"] == "deferred" and "past the stop minute" in gated["reason"]
     assert cells["trace.C4.r1.on"]["status"] == "deferred" and "frozen trace order ended" in cells["trace.C4.r1.on"]["reason"]
     assert r["restoration"]["verified"]

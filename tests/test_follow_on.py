@@ -60,8 +60,21 @@ def test_force_writes_the_plan_and_records_the_gate_it_passed_over(default_rehea
     assert rc == 0 and "FORCED" in said and fo.forced and "no more than the incumbent's" in fo.override
 
 
-def test_the_capture_stage_is_refused_while_the_trace_overhead_is_not_understood(default_rehearsal, capsys, tmp_path):
-    rc, said = _follow_on(capsys, str(default_rehearsal[2]), "--stage", "nsight", "--out", str(tmp_path / "n.toml"))
+@pytest.fixture(scope="module")
+def overhead_not_understood(tmp_path_factory, small_plan) -> Path:
+    """A rehearsal of the eight-body plan whose bounds are too tight for its trace overhead to be understood."""
+    tmp = tmp_path_factory.mktemp("strict")
+    plan = tmp / "strict.toml"
+    plan.write_text(small_plan.read_text().replace("[trace]", "[trace]\noverhead_max = 0.0001", 1))
+    out = tmp / "out"
+    rc, stdout, stderr = flare_diag_here("rehearse", "--plan", str(plan), "--out", str(out))
+    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
+    return out
+
+
+def test_the_capture_stage_is_refused_while_the_trace_overhead_is_not_understood(overhead_not_understood, capsys,
+                                                                                    tmp_path):
+    rc, said = _follow_on(capsys, str(overhead_not_understood), "--stage", "nsight", "--out", str(tmp_path / "n.toml"))
     assert rc == 2 and "the trace overhead is not understood" in said and "C1" in said
 
 

@@ -56,6 +56,16 @@ def test_a_host_that_looks_up_only_terminal_checkpoints_gives_key_or_checkpoint_
                        "key_or_checkpoint_eligibility")
 
 
+def test_the_trace_arms_time_whole_answers_that_end_on_their_own_with_visible_output(default_rehearsal):
+    # the trace fixture's bodies ask a low reasoning effort inside 1024 tokens: no arm times a generation
+    # that ran out of tokens while still reasoning (at effort max and 256 tokens every one did)
+    _rc, r, _out = default_rehearsal
+    arms = [c for c in r["cells"] if c["phase"].startswith("trace.")]
+    assert len(arms) == 13 and all(c["status"] == "measured" and c["requests"] == 8 for c in arms)
+    assert [c["phase"] for c in arms if c["natural_failures"]] == []
+    assert [n for n in r["natural_failures"] if n["phase"].startswith("trace.")] == []
+
+
 def test_the_shipped_plan_rehearsed_in_virtual_time_measures_every_required_cell(default_rehearsal):
     rc, r, _out = default_rehearsal
     cells = _cells(r)

@@ -144,14 +144,16 @@ def load_fixtures(plan: Plan, search: list[Path]) -> dict[str, Fixture]:
 
 
 def plan_sampling(plan: Plan, fixture: str) -> dict:
-    """The sampling every body of `fixture` must ask: the plan's, with the fixture's own max_tokens and
-    temperature where the plan states them (the trace fixture's short generations, a greedy fixture)."""
+    """The sampling every body of `fixture` must ask: the plan's, with the fixture's own max_tokens,
+    temperature and reasoning effort where the plan states them (the trace fixture, a greedy fixture)."""
     sp = msgspec.to_builtins(plan.sampling)
     ref = next((f for f in plan.fixtures if f.name == fixture), None)
     if ref is not None and ref.max_tokens is not None:
         sp["max_tokens"] = ref.max_tokens
     if ref is not None and ref.temperature is not None:
         sp["temperature"] = ref.temperature
+    if ref is not None and ref.reasoning_effort is not None:
+        sp["reasoning_effort"] = ref.reasoning_effort
     return sp
 
 
