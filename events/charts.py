@@ -166,13 +166,14 @@ class Decimated:
         return self.kept if self.kept[-1] is self.last else self.kept + [self.last]
 
 
-def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_label: str, y_label: str,
+def lines(title: str, series: Sequence[tuple[str, Sequence[tuple[float, float | None]]]], x_label: str, y_label: str,
           marks: Sequence[tuple[float, str]] = (), x_span: tuple[float, float] | None = None) -> str:
     """Polylines, one per named series of (x, y) points, with dashed vertical marks (x, label). A later
     series is drawn dashed over an earlier one, so two series with equal values both stay visible.
-    `x_span`: the x axis exactly this span (a window's minutes), not widened to round ticks."""
-    series = [(n, _thin(s)) for n, s in series if s]
-    pts = [p for _n, s in series for p in s]
+    `x_span`: the x axis exactly this span (a window's minutes), not widened to round ticks. A point
+    whose y is None is a break: the line stops there and starts again at the next point."""
+    thinned = [(n, _thin(list(s))) for n, s in series if s]
+    pts = [(x, y) for _n, s in thinned for x, y in s if y is not None]
     if not pts:
         return empty(title)
     xs = [p[0] for p in pts] + [m[0] for m in marks]
@@ -183,21 +184,36 @@ def lines(title: str, series: list[tuple[str, list[tuple[float, float]]]], x_lab
         sx = Scale(min(xs), max(xs), ml, W - 20)
     sy = Scale(0, max(max(p[1] for p in pts), 1), h - 50, mt)
     body = _y_axis(sy, ml, W - 20, y_label) + _x_axis(sx, h - 50, x_label)
-    for i, (_name, s) in enumerate(series):
+    for i, (_name, s) in enumerate(thinned):
         c = PALETTE[i % len(PALETTE)]
-        if len(s) == 1:
-            body.append(f'<circle cx="{sx(s[0][0]):.1f}" cy="{sy(s[0][1]):.1f}" r="3" fill="{c}"/>')
-        else:
-            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
+        for seg in _segments(s):
+            if len(seg) == 1:
+                body.append(f'<circle cx="{sx(seg[0][0]):.1f}" cy="{sy(seg[0][1]):.1f}" r="3" fill="{c}"/>')
+                continue
+            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in seg)
             dash = "" if i == 0 else f' stroke-dasharray="{4 + 3 * i} {3 + i}"'
             body.append(f'<polyline fill="none" stroke="{c}" stroke-width="{2.6 if i == 0 else 1.8}"{dash} points="{path}"/>')
     for i, (x, label) in enumerate(marks):
         px = sx(x)
+        # a label reads away from the plot's nearer edge, so that one near the y axis is not cut off
+        right = px - ml < 6.2 * len(label)
         body.append(f'<line x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{h - 50}" stroke="#888" stroke-dasharray="4 3"/>')
-        body.append(f'<text x="{px - 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555" text-anchor="end">'
-                    f'{escape(label)}</text>')
-    body += _legend([(n, PALETTE[i % len(PALETTE)]) for i, (n, _s) in enumerate(series)], ml, 32)
+        body.append(f'<text x="{px + 3 if right else px - 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555" '
+                    f'text-anchor="{"start" if right else "end"}">{escape(label)}</text>')
+    body += _legend([(n, PALETTE[i % len(PALETTE)]) for i, (n, _s) in enumerate(thinned)], ml, 32)
     return _svg(title, h, body)
+
+
+def _segments(s: list[tuple]) -> list[list[tuple[float, float]]]:
+    """A series' runs of points between its breaks (points whose y is None)."""
+    out: list[list[tuple[float, float]]] = [[]]
+    for x, y in s:
+        if y is None:
+            if out[-1]:
+                out.append([])
+        else:
+            out[-1].append((x, y))
+    return [seg for seg in out if seg]
 
 
 def hbars(title: str, bars: list[tuple[str, float, bool]], x_label: str, bad_note: str = "did not settle") -> str:
@@ -383,4 +399,46 @@ def guard(title: str, points: list[tuple[float, float, bool]], threshold: float,
         body.append(f'<line x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{h - 70}" stroke="#888" stroke-dasharray="4 3"/>')
         body.append(f'<text x="{px + 3:.1f}" y="{mt + 10 + 12 * i}" font-size="10" fill="#555">{escape(label)}</text>')
     body += _legend([("value", PALETTE[0]), ("breach", "#d62728")], ml, h - 8)
+    return _svg(title, h, body)
+
+
+def settle(title: str, rows: Sequence[tuple[str, float | None, bool, float | None, bool]], limit: float | None,
+           x_label: str) -> str:
+    """Time to settle per row (label, before, settled, after, settled): a hollow mark before, a filled one
+    after, on an axis that always reaches the limit, drawn as a dashed red line; a drain that did not
+    settle is a red cross at the value it gave up at."""
+    if not rows:
+        return empty(title)
+    ml, mt, row = 170, 40, 15
+    plot_bottom = mt + row * len(rows) + 4
+    h = plot_bottom + 58
+    values = [v for r in rows for v in (r[1], r[3]) if v is not None]
+    sx = Scale(0, max([*values, limit or 0, 1e-9]), ml, W - 30)
+    body = _x_axis(sx, plot_bottom, x_label, top=mt - 4)
+    if limit:
+        lx = sx(limit)
+        body.append(f'<line class="limit" x1="{lx:.1f}" y1="{mt - 14}" x2="{lx:.1f}" y2="{plot_bottom}" stroke="#d62728" '
+                    f'stroke-width="1.5" stroke-dasharray="6 3"/>')
+        body.append(f'<text x="{lx - 3:.1f}" y="{mt - 18}" font-size="10" fill="#d62728" text-anchor="end">'
+                    f'limit {escape(fmt(limit))} s</text>')
+    for i, (label, before, ok_b, after, ok_a) in enumerate(rows):
+        y = mt + i * row + 7
+        body.append(f'<text class="row" x="{ml - 6}" y="{y + 3.5}" font-size="10.5" text-anchor="end">{escape(label)}</text>')
+        for v, ok, filled, when in ((before, ok_b, False, "before"), (after, ok_a, True, "after")):
+            if v is None:
+                continue
+            tip = f"<title>{escape(label)}, {when}: {fmt(v)} s{'' if ok else ', did not settle'}</title>"
+            x = sx(v) + (2.5 if filled else -2.5)  # side by side where both settled at the same poll
+            if not ok:
+                body.append(f'<path class="unsettled" d="M{x - 4:.1f},{y - 4} l8,8 m0,-8 l-8,8" stroke="#d62728" '
+                            f'stroke-width="2">{tip}</path>')
+            else:
+                fill = PALETTE[0] if filled else "white"
+                body.append(f'<circle cx="{x:.1f}" cy="{y}" r="3.4" fill="{fill}" stroke="{PALETTE[0]}" '
+                            f'stroke-width="1.4">{tip}</circle>')
+    body += ['<circle cx="{0}" cy="{1}" r="3.4" fill="white" stroke="{2}" stroke-width="1.4"/>'.format(ml + 4, h - 10, PALETTE[0]),
+             f'<text x="{ml + 12}" y="{h - 6}" font-size="11">before the phase</text>',
+             f'<circle cx="{ml + 124}" cy="{h - 10}" r="3.4" fill="{PALETTE[0]}"/>',
+             f'<text x="{ml + 132}" y="{h - 6}" font-size="11">after it</text>',
+             f'<text x="{ml + 190}" y="{h - 6}" font-size="11" fill="#d62728">× did not settle</text>']
     return _svg(title, h, body)

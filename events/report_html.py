@@ -13,7 +13,8 @@ from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment,
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
-    caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
+    caveats, cell_rows, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
+    natural_failure_rows, needs_attention, settle_rows,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
@@ -173,20 +174,41 @@ def counter_chart(r: dict) -> str:
             d = charts.Decimated()
             d.extend(minutes, cols.get(k, []))
             points[k] = d.points()
-    series = [(k, points[k]) for k in CHARTED_COUNTERS if points.get(k)]  # reused dashed over fetched
     t = r.get("timing") or {}
+    loads = sorted(c["started_minute"] for c in r.get("cells", [])
+                   if c["phase"].endswith(".identity") and c.get("started_minute") is not None)
+    series = [(k, per_incarnation(points[k], loads)) for k in CHARTED_COUNTERS if points.get(k)]  # reused dashed over fetched
     marks = [(t[k], label) for k, label in (("stop_min", "stop"), ("window_min", "window end")) if t.get(k) is not None]
     # every new incarnation starts its counters at zero (contract 1): say where, so a drop is not read as a fault
-    marks += [(c["started_minute"], f"{c['phase'].split('.')[0]} loaded: counters reset") for c in r.get("cells", [])
+    marks += [(c["started_minute"], f"{c['phase'].split('.')[0]} loaded, counters from 0") for c in r.get("cells", [])
               if c["phase"].endswith(".identity") and c.get("started_minute") is not None]
     span = (0.0, float(t["window_min"])) if t.get("window_min") else None
     return charts.lines("Cumulative counters over the window", series, "window minute (min)", "cumulative (tokens)",
                         sorted(marks), x_span=span)
 
 
+def per_incarnation(points: list[tuple[float, float]], loads: list[float]) -> list[tuple[float, float | None]]:
+    """A cumulative series broken between incarnations: at each load, and wherever it falls (a counter
+    falls only when a new incarnation starts it again at zero), so that no line joins two incarnations."""
+    out: list[tuple[float, float | None]] = []
+    pending = list(loads)
+    prev: float | None = None
+    for x, y in points:
+        crossed = bool(pending) and x >= pending[0]
+        while pending and x >= pending[0]:
+            pending.pop(0)
+        if out and (crossed or (prev is not None and y < prev)):
+            out.append((x, None))
+        out.append((x, y))
+        prev = y
+    return out
+
+
 def drain_chart(r: dict) -> str:
-    return charts.hbars("Drain waits", [(d["purpose"], d["waited_s"], d["settled"]) for d in r.get("drains", [])],
-                        "waited (window s); hatched: did not settle in time")
+    poll = (r.get("timing") or {}).get("drain_poll_s")
+    return charts.settle("Time to settle around each phase, against the drain limit", settle_rows(r),
+                         drain_limit_s(r, "drain_timeout_s"),
+                         "time to settle (window s" + (f", to the {poll:g} s poll that saw it)" if poll else ")"))
 
 
 CHARTS = (("chart-timeline", gantt_chart, "Each phase from its start to its end; the shaded band is the restore reservation."),
@@ -195,7 +217,7 @@ CHARTS = (("chart-timeline", gantt_chart, "Each phase from its start to its end;
           ("chart-churn", churn_chart, "What the host cache stored, evicted and compacted while each phase ran."),
           ("chart-latency", latency_chart, "Nearest-rank percentiles of the requests that answered."),
           ("chart-counters", counter_chart, "The engine's own counters at each scrape."),
-          ("chart-drains", drain_chart, "How long each drain waited for the engine to settle."))
+          ("chart-drains", drain_chart, "How long the engine took to settle before and after each phase; the dashed line is the limit a drain may wait."))
 
 
 def render_html(r: dict) -> str:
@@ -300,8 +322,7 @@ def _evidence(r: dict) -> list[Segment]:
         p.append("<p>not recorded (the window is still open)</p>")
     drains = r.get("drains") or []
     unsettled = [d for d in drains if not d["settled"]]
-    summary = (f"{len(drains)} drains, {'all settled' if not unsettled else f'{len(unsettled)} did NOT settle'}, "
-               f"longest wait {max((d['waited_s'] for d in drains), default=0):g} window s")
+    summary = drain_summary(r)
     p.append("<h3>Drain checks</h3>" + (f"<details{' open' if unsettled else ''}><summary>{escape(summary)}</summary>"
                                         + _table(DRAIN_HEAD, drain_rows(r), 2) + "</details>" if drains else "<p>none</p>"))
     occ = occupancy_rows(r)

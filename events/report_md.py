@@ -9,7 +9,7 @@ from __future__ import annotations
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
-    caveats, cell_rows, check, clock_at, clock_words, drain_rows, latency_rows, natural_failure_rows, needs_attention,
+    caveats, cell_rows, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
@@ -131,7 +131,7 @@ def _evidence(r: dict) -> list[str]:
                 f"verified: **{val(res.get('verified'))}**"] + [f"- {k}: {check(res.get(k))}" for k in RESTORE_CHECKS]
     else:
         out.append("- not recorded (the window is still open)")
-    out += ["", "### Drain checks", ""] + (md_table(DRAIN_HEAD, drain_rows(r)) if r.get("drains") else ["- none"])
+    out += ["", "### Drain checks", "", drain_summary(r) + ".", ""] + (md_table(DRAIN_HEAD, drain_rows(r)) if r.get("drains") else [])
     occ = occupancy_rows(r)
     out += ["", "### Host cache: capacity against occupancy", "",
             "Peaks are the largest gauge readings scraped while the phase ran; counts are the phase's counter deltas.", ""]

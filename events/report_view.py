@@ -370,6 +370,50 @@ def drain_rows(r: dict) -> list[list[str]]:
             for d in r.get("drains", [])]
 
 
+def drain_limit_s(r: dict, bound: str) -> float | None:
+    """A drain bound as the window applied it (window s): the plan's, or what a scaled clock raised it to."""
+    raised = [b["effective_s"] for b in r.get("scaled_bounds") or [] if b.get("bound") == f"timing.{bound}"]
+    return raised[0] if raised else (r.get("timing") or {}).get(bound)
+
+
+def settle_rows(r: dict) -> list[tuple[str, float | None, bool, float | None, bool]]:
+    """Per phase (and the restore's drain before readmission): (label, settled-in before it, settled, after it,
+    settled); None where that drain did not run. The quiesce has its own limit and is not among them."""
+    rows: dict[str, list] = {}
+    for d in r.get("drains", []):
+        when, _, what = d["purpose"].partition(" ")
+        if when not in ("before", "after") or not what:
+            continue
+        row = rows.setdefault("restore: readmit" if what == "readmit" else what, [None, True, None, True])
+        k = 0 if when == "before" else 2
+        row[k], row[k + 1] = d["waited_s"], bool(d["settled"])
+    return [(label, *v) for label, v in rows.items()]  # type: ignore[misc]
+
+
+def drain_summary(r: dict) -> str:
+    """The drains in one line: how many, whether all settled, the longest against its limit, and the
+    resolution (a drain is seen settled only at a poll, so its time is a multiple of the poll interval)."""
+    drains = r.get("drains") or []
+    if not drains:
+        return "no drain recorded"
+    unsettled = [d["purpose"] for d in drains if not d["settled"]]
+    phase = [d for d in drains if d["purpose"] != "quiesce"]
+    limit, poll = drain_limit_s(r, "drain_timeout_s"), (r.get("timing") or {}).get("drain_poll_s")
+    words = [f"{len(drains)} drains, " + ("all settled" if not unsettled else
+                                          f"{len(unsettled)} did NOT settle ({', '.join(unsettled)})")]
+    if phase:
+        longest = max(phase, key=lambda d: d["waited_s"])
+        words.append(f"the longest around a phase {longest['waited_s']:g} s ({longest['purpose']})"
+                     + (f" of its {limit:g} s limit" if limit else ""))
+    quiesce = next((d for d in drains if d["purpose"] == "quiesce"), None)
+    q_limit = drain_limit_s(r, "quiesce_drain_timeout_s")
+    if quiesce is not None:
+        words.append(f"the quiesce {quiesce['waited_s']:g} s" + (f" of {q_limit:g}" if q_limit else ""))
+    if poll:
+        words.append(f"times are to the {poll:g} s poll that saw each settle")
+    return "; ".join(words)
+
+
 def snapshot_rows(r: dict) -> list[list[str]]:
     """The router, monitoring, GPU and configuration as first seen and as the restore saw them."""
     snaps = r.get("snapshots") or {}

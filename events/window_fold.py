@@ -121,7 +121,8 @@ class WindowFold:
         self.steady_state = bool(ev.steady_state)
         t = ev.plan.get("timing") or {}
         self.timing = {"stop_min": t.get("stop_min"), "window_min": t.get("window_min"),
-                       "restore_reserve_min": t.get("restore_reserve_min")}
+                       "restore_reserve_min": t.get("restore_reserve_min"), "drain_timeout_s": t.get("drain_timeout_s"),
+                       "quiesce_drain_timeout_s": t.get("quiesce_drain_timeout_s"), "drain_poll_s": t.get("drain_poll_s")}
 
     def _time_marked(self, ev: TimeMarked, wall: int | None) -> None:
         if ev.mark == "t0":

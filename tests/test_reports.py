@@ -380,6 +380,50 @@ def test_drain_checks_are_summarised_and_shown_open_when_one_did_not_settle(log)
     assert "<details open><summary>" + f"{len(r['drains'])} drains, 1 did NOT settle" in render_html(r)
 
 
+def test_the_drain_chart_draws_one_row_per_phase_against_the_plans_drain_limit(log):
+    from flare_diag.events.report_html import drain_chart
+    r = build_report(log, "w-report")
+    svg = drain_chart(r)
+    phases = {d["purpose"].split(" ", 1)[1] for d in r["drains"] if d["purpose"].startswith(("before ", "after "))}
+    assert svg.count('<text class="row"') == len(phases)  # a row per phase (and the restore's), not one per drain
+    assert svg.count("<circle") == len([d for d in r["drains"] if d["purpose"] != "quiesce"]) + 2  # + the legend's
+    assert 'class="limit"' in svg and f"limit {r['timing']['drain_timeout_s']:g} s" in svg
+
+
+def test_a_drain_that_did_not_settle_is_a_cross_at_the_value_it_gave_up_at(log):
+    from flare_diag.events.report_html import drain_chart
+    r = build_report(log, "w-report")
+    k = next(i for i, d in enumerate(r["drains"]) if d["purpose"].startswith("after "))
+    r["drains"][k] = {**r["drains"][k], "settled": False, "waited_s": 10.0}
+    svg = drain_chart(r)
+    assert svg.count('class="unsettled"') == 1 and "did not settle</title>" in svg
+
+
+def test_the_drain_summary_names_the_longest_wait_against_its_limit_and_the_poll_resolution(log):
+    from flare_diag.events.report_view import drain_summary
+    r = build_report(log, "w-report")
+    said = drain_summary(r)
+    assert f"of its {r['timing']['drain_timeout_s']:g} s limit" in said
+    assert f"to the {r['timing']['drain_poll_s']:g} s poll" in said
+    assert said in render_md(r)
+
+
+def test_the_counter_chart_breaks_each_line_between_incarnations_instead_of_drawing_the_reset():
+    from flare_diag.events.report_html import per_incarnation
+    a = [(1.0, 0.0), (5.0, 100.0), (9.0, 250.0)]
+    b = [(12.0, 0.0), (15.0, 40.0)]
+    drawn = per_incarnation(a + b, loads=[1.0, 11.0])
+    assert drawn == [*a, (12.0, None), *b]  # a break, not a line from 250 down to 0
+    # a fall between two scrapes with no load recorded between them is a new incarnation too
+    assert per_incarnation(a + b, loads=[]) == [*a, (12.0, None), *b]
+
+
+def test_a_chart_line_stops_at_a_break_and_starts_again_after_it():
+    from flare_diag.events.charts import lines
+    svg = lines("c", [("s", [(0.0, 1.0), (1.0, 2.0), (2.0, None), (2.0, 0.0), (3.0, 1.0)])], "x", "y")
+    assert svg.count("<polyline") == 2
+
+
 @pytest.fixture(scope="module")
 def unmatched_log(tmp_path_factory) -> Path:
     """Three candidate and three baseline repeats, and one window each that differs in its fixtures, its

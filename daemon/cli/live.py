@@ -154,7 +154,7 @@ def _restoration_words(seen: WindowProgress) -> str:
         return "nothing on the host changed" if verified else "[red bold]the host as found fails its checks[/]"
     if verified:
         return "restoration [green]verified[/]"
-    return f"[red bold]restoration NOT verified[/] ({', '.join(seen.restoration_failed) or 'see the report'}): the primary needs a person"
+    return f"[red bold]restoration NOT verified[/] ({', '.join(seen.restoration_failed or []) or 'see the report'}): the primary needs a person"
 
 
 def cell_group_line(status: str, reason: str, phases: list[str]) -> str:
