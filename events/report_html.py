@@ -13,7 +13,7 @@ from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment,
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
-    caveats, cell_rows, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
+    alarm_line, caveats, cell_rows, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
     natural_failure_rows, needs_attention, settle_rows,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
@@ -355,7 +355,7 @@ def _evidence(r: dict) -> list[Segment]:
              + _table(["minute", "time (UTC)", "event"], [[val(t["minute"]), clock_at(r, t["minute"]), t["event"]]
                                                         for t in r["timeline"]]) + "</details>")
     if r.get("alarms"):
-        p.append("<h3>Alarms</h3><ul>" + "".join(f"<li><b>{escape(x['kind'])}</b>: {escape(x['detail'])}</li>"
+        p.append("<h3>Alarms</h3><ul>" + "".join(f"<li><b>{escape(x['kind'])}</b>: {escape(alarm_line(r, x).split(': ', 1)[1])}</li>"
                                                   for x in r["alarms"]) + "</ul>")
     it = r["integrity"]
     p.append("<h3>Integrity</h3>"

@@ -504,6 +504,22 @@ def integrity_problem(it: dict) -> str | None:
     return None
 
 
+# alarms that forecast rather than observe: the window acts on the forecast itself (it defers what will
+# not fit), so one is a person's business only where the forecast came true and cost a required cell
+FORECASTS = frozenset({"projected_overrun"})
+
+
+def forecast_only(r: dict, alarm: dict) -> bool:
+    """A forecast that changed nothing: every required cell was measured, or an abort ended the window."""
+    return alarm.get("kind") in FORECASTS and r.get("outcome") != "partial"
+
+
+def alarm_line(r: dict, alarm: dict) -> str:
+    """An alarm as the report lists it; a forecast that changed nothing says so."""
+    said = f"{alarm['kind']}: {alarm['detail']}"
+    return said + " (a forecast: it did not come true, no required cell was lost to time)" if forecast_only(r, alarm) else said
+
+
 def needs_attention(r: dict) -> list[str]:
     """What a person must act on, for the top of every format: a restoration that did not verify
     (with the checks that failed) and every alarm."""
@@ -512,7 +528,7 @@ def needs_attention(r: dict) -> list[str]:
     if res and not res.get("verified"):
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
-    out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or []]
+    out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or [] if not forecast_only(r, a)]
     out += [f"PRESERVED HISTORY CHANGED: {p['path']} (sha256 {str(p['sha256_before'])[:12]} before the window, "
             f"{str(p['sha256_after'])[:12] if p['sha256_after'] else 'missing'} after publishing)"
             for p in r.get("preserved") or [] if p.get("unchanged") is False]

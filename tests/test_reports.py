@@ -674,3 +674,24 @@ def test_an_identity_that_differs_names_only_the_fields_that_differ_with_both_va
     assert f"DIFFERS in 1 of {len(r['identity']['expected'])} fields: image expected {want}, found 0badc0de" in line
     html = (tmp_path / "out" / "report.html").read_text()
     assert "<span class=mism>DIFFERS in 1 of" in html
+
+
+def _with_forecast(r: dict, outcome: str) -> dict:
+    alarm = {"kind": "projected_overrun", "detail": "the required cells' projected end is minute 71.2, past the stop "
+                                                    "minute 70", "minute": 30.0}
+    return {**r, "outcome": outcome, "alarms": [*(r.get("alarms") or []), alarm]}
+
+
+def test_a_projected_overrun_that_cost_no_required_cell_is_not_listed_as_needing_attention(log):
+    from flare_diag.events.report_view import needs_attention
+    r = _with_forecast(build_report(log, "w-report"), "completed")
+    assert not [x for x in needs_attention(r) if "projected_overrun" in x]
+    md = render_md(r)
+    assert "projected_overrun: the required cells' projected end" in md and "it did not come true" in md
+
+
+def test_a_projected_overrun_in_a_window_that_ended_partial_needs_attention(log):
+    from flare_diag.events.report_view import needs_attention
+    r = _with_forecast(build_report(log, "w-report"), "partial")
+    assert [x for x in needs_attention(r) if x.startswith("alarm projected_overrun")]
+    assert "it did not come true" not in render_md(r)

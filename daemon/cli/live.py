@@ -14,7 +14,7 @@ from rich.markup import render
 from rich.table import Table
 from rich.text import Text
 
-from flare_diag.events.report_view import VERDICT_WORDS, grouped
+from flare_diag.events.report_view import FORECASTS, VERDICT_WORDS, grouped
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.window_fold import failed_checks
@@ -117,6 +117,8 @@ def line_for(ev: Event, seen: WindowProgress | None = None) -> str | None:
     if isinstance(ev, AbortDecided):
         return f"[red bold]ABORT[/] {ev.reason}: {ev.detail}"
     if isinstance(ev, Alarm):
+        if ev.kind in FORECASTS:  # the window acts on it itself (it defers what will not fit): news, not an alarm
+            return f"[yellow]forecast[/] {ev.kind}: {ev.detail}; the window defers what will not fit"
         return f"[red bold]ALARM[/] {ev.kind}: {ev.detail}"
     if isinstance(ev, RestorationRecorded):
         failed = failed_checks(ev.checks)
