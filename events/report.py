@@ -312,7 +312,7 @@ class _Projection:
              "integrity": self.integrity, "timeline": f.timeline,
              "identity": {"expected": f.expected_identity, **self.r["identity"], "candidate_recipe": f.candidate_recipe},
              **{k: self.r[k] for k in ("recipes", "requests", "natural_failures", "drains", "counters")},
-             "alarms": f.alarms, "scaled_bounds": f.scaled_bounds, "review": f.review or None,
+             "alarms": f.alarms, "scaled_bounds": f.scaled_bounds, "review": f.review or None, "faults": f.faults,
              "harness": f.harness or None, "harness_fitted": f.harness_fitted or None, "preserved": list(f.preserved.values()), "trace": {"order": f.trace_order}, "timing": f.timing, "site": f.site,
              "rehearsal": f.rehearsal, "clock": f.clock, "plan_sha256": f.plan_sha256,
              "snapshots": self.r["snapshots"], "occupancy": self.r["occupancy"]})
@@ -591,7 +591,7 @@ _HANDLERS = {  # None: the window fold alone reads it
     "request_measured": _Projection.request_measured, "drain_observed": _Projection.drain_observed,
     "abort_decided": None, "restore_started": None, "restoration_recorded": None, "verdict_reached": None,
     "alarm": None, "bounds_scaled": None, "trace_order_frozen": None, "window_closed": None,
-    "harness_rehearsed": None, "preserved_checked": None,
+    "harness_rehearsed": None, "preserved_checked": None, "fault_scheduled": None, "faults_accounted": None,
 }
 
 

@@ -13,7 +13,7 @@ from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment,
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
-    alarm_line, caveats, cell_rows, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
+    alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
     natural_failure_rows, needs_attention, settle_rows,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
@@ -357,6 +357,8 @@ def _evidence(r: dict) -> list[Segment]:
     if r.get("alarms"):
         p.append("<h3>Alarms</h3><ul>" + "".join(f"<li><b>{escape(x['kind'])}</b>: {escape(alarm_line(r, x).split(': ', 1)[1])}</li>"
                                                   for x in r["alarms"]) + "</ul>")
+    if r.get("faults"):
+        p.append("<h3>Injected faults (rehearsal)</h3><ul>" + "".join(f"<li>{escape(x)}</li>" for x in fault_lines(r)) + "</ul>")
     it = r["integrity"]
     p.append("<h3>Integrity</h3>"
              f"<p>{n(it.get('events'))} events, head seq {n(it.get('head_seq'))}, hash <code>{escape(str(it.get('head_hash')))}</code>; "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from flare_diag.events.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
-    alarm_line, caveats, cell_rows, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,
+    alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
     trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
@@ -161,6 +161,8 @@ def _evidence(r: dict) -> list[str]:
                                                [[val(t["minute"]), clock_at(r, t["minute"]), t["event"]] for t in r["timeline"]])
     if r.get("alarms"):
         out += ["", "### Alarms", ""] + [f"- {alarm_line(r, a)}" for a in r["alarms"]]
+    if r.get("faults"):
+        out += ["", "### Injected faults (rehearsal)", ""] + [f"- {x}" for x in fault_lines(r)]
     it = r["integrity"]
     out += ["", "### Integrity", "", f"- events {n(it.get('events'))}, head seq {n(it.get('head_seq'))}, hash {it.get('head_hash')}",
             f"- chain ok: {val(it.get('chain_ok'))}, audit ok: {val(it.get('audit_ok'))}"]

@@ -370,6 +370,12 @@ def drain_rows(r: dict) -> list[list[str]]:
             for d in r.get("drains", [])]
 
 
+def fault_lines(r: dict) -> list[str]:
+    """A rehearsal's injected faults, each with whether the simulated host fired it."""
+    said = {True: "fired", False: "NEVER FIRED", None: "not accounted (the window did not close in this process)"}
+    return [f"{f['spec']}: {said[f.get('fired')]}" for f in r.get("faults") or []]
+
+
 def drain_limit_s(r: dict, bound: str) -> float | None:
     """A drain bound as the window applied it (window s): the plan's, or what a scaled clock raised it to."""
     raised = [b["effective_s"] for b in r.get("scaled_bounds") or [] if b.get("bound") == f"timing.{bound}"]
@@ -529,6 +535,8 @@ def needs_attention(r: dict) -> list[str]:
         failed = failed_checks(res)
         out.append(f"restoration NOT verified: {', '.join(failed) or 'see Restoration'} failed")
     out += [f"alarm {a['kind']}: {a['detail']}" for a in r.get("alarms") or [] if not forecast_only(r, a)]
+    out += [f"FAULT NEVER FIRED: {f['spec']} was injected and the window never met it, so this rehearsal tested "
+            f"nothing of it" for f in r.get("faults") or [] if f.get("fired") is False]
     out += [f"PRESERVED HISTORY CHANGED: {p['path']} (sha256 {str(p['sha256_before'])[:12]} before the window, "
             f"{str(p['sha256_after'])[:12] if p['sha256_after'] else 'missing'} after publishing)"
             for p in r.get("preserved") or [] if p.get("unchanged") is False]

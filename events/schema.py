@@ -217,6 +217,26 @@ class PreservedChecked(Event, tag="preserved_checked", frozen=True):
 
 
 @register
+class FaultScheduled(Event, tag="fault_scheduled", frozen=True):
+    """A rehearsal's injected fault (`--fault`), before the window opens: the spec as given, its kind, the
+    moment it is bound to (`"now"`, {"phase", "request"}, {"request"}, {"after_s"}, {"before_load"}, ...)
+    and its parameters. The simulated host only: a live window never injects anything."""
+
+    spec: str
+    kind: str
+    at: str | dict
+    params: dict = {}
+
+
+@register
+class FaultsAccounted(Event, tag="faults_accounted", frozen=True):
+    """Once a rehearsal window has closed: each scheduled fault (its spec) and whether the simulated host
+    fired it. A fault that never fired tested nothing, and the report says so."""
+
+    faults: list[dict]  # {"spec", "fired"}
+
+
+@register
 class LeaseGranted(Event, tag="lease_granted", frozen=True):
     """The fleet's pool lease this window runs under, as granted before anything changed: its fencing
     epoch (contract 4, amended 2026-12-03). Every host change of the window follows it in the chain; the

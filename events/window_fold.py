@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
-    AbortDecided, ActionRequested, Alarm, BoundsScaled, CellRecorded, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
+    AbortDecided, ActionRequested, Alarm, BoundsScaled, CellRecorded, FaultScheduled, FaultsAccounted, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
     TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
 )
 
@@ -46,6 +46,7 @@ class WindowFold:
         self.abort: dict | None = None
         self.alarms: list[dict] = []
         self.scaled_bounds: list[dict] = []
+        self.faults: list[dict] = []  # a rehearsal's injected faults: {"spec", "fired"} (None: not yet accounted)
         self.review: dict = {}  # who reviewed the plan's bytes (production plans)
         self.harness: dict = {}  # the offline harness's rehearsal the window relied on
         self.harness_fitted: dict = {}  # and the one against the model fitted to the site's earlier window
@@ -226,6 +227,12 @@ class WindowFold:
         else:
             self.harness = row
 
+    def _fault_scheduled(self, ev: FaultScheduled, _wall: int | None) -> None:
+        self.faults.append({"spec": ev.spec, "fired": None})
+
+    def _faults_accounted(self, ev: FaultsAccounted, _wall: int | None) -> None:
+        self.faults = [{"spec": f.get("spec"), "fired": bool(f.get("fired"))} for f in ev.faults if isinstance(f, dict)]
+
     def _preserved(self, ev: PreservedChecked, _wall: int | None) -> None:
         for path, d in ev.paths.items():
             row = self.preserved.setdefault(path, {"path": path, "sha256_before": None, "sha256_after": None,
@@ -265,6 +272,7 @@ _HANDLERS = {
     RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,
     RestoreStarted: WindowFold._restore_started, RestorationRecorded: WindowFold._restoration,
     VerdictReached: WindowFold._verdict, Alarm: WindowFold._alarm, BoundsScaled: WindowFold._bounds_scaled,
-    HarnessRehearsed: WindowFold._harness, PreservedChecked: WindowFold._preserved, TraceOrderFrozen: WindowFold._trace_order,
+    HarnessRehearsed: WindowFold._harness, PreservedChecked: WindowFold._preserved,
+    FaultScheduled: WindowFold._fault_scheduled, FaultsAccounted: WindowFold._faults_accounted, TraceOrderFrozen: WindowFold._trace_order,
     WindowClosed: WindowFold._closed,
 }

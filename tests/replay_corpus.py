@@ -24,7 +24,7 @@ WINDOWS = {
     "completed-default": [],
     "restore-path": ["--scenario", "restore-stalled", "--no-trace"],
     "identity-drift-tp": ["--fault", "identity_drift@request=4,field=tensor_parallel", "--no-trace"],
-    "restore-failed-gate": ["--fault", "auth@request=3", "--fault", "queue_growth@load=2", "--no-trace"],
+    "restore-failed-gate": ["--fault", "auth@request=3", "--fault", "queue_growth@after_load=2", "--no-trace"],
     "prime-invalid": ["--fault", "drain_stall@after_request=8,duration_s=60", "--no-trace"],
     # the shipped plan's 52 bodies (not the eight-body plan): a churn verdict whose basis carries a count
     # of 1,000 and more (added in session 16: a build that grouped such counts inside the policy reworded

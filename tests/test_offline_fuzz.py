@@ -160,8 +160,11 @@ def test_a_fixture_folder_without_a_manifest_is_refused_not_replaced(tmp_path, c
 
 
 MOMENT = st.one_of(st.just(""), st.builds(lambda k, v: f"@{k}={v}",
-                                          st.sampled_from(["request", "after_request", "after_s", "load", "when", "kind"]),
-                                          st.sampled_from(["0", "3", "-1", "inf", "nan", "x", "1.5", "1e30", ""])))
+                                          st.sampled_from(["request", "after_request", "after_s", "load", "before_load",
+                                                           "after_load", "when", "kind"]),
+                                          st.sampled_from(["0", "3", "-1", "inf", "nan", "x", "1.5", "1e30", ""])),
+                   st.builds(lambda p, n: f"@{p}#{n}", st.sampled_from(["A.forward_prime", "B.forward_replay", "", "a b"]),
+                             st.sampled_from(["1", "12", "0", "-1", "x", ""])))
 PARAM = st.builds(lambda k, v: f",{k}={v}",
                   st.sampled_from(["factor", "count", "xid", "duration_s", "fraction", "step", "step_gib", "image", "kind",
                                    "at", "when"]),
@@ -182,12 +185,14 @@ def test_every_fault_spec_is_refused_up_front_or_accepted_and_fires(kind, moment
         assert repr(spec) in str(exc) and "\n" not in str(exc)
         return
     host = Host(load_scenario("flare-47581cca"), time_scale=1.0)
-    at = f.pop("at")
-    kind = f.pop("kind")
+    at, kind, _spec = f.pop("at"), f.pop("kind"), f.pop("spec")
     fault = host.add_fault(kind, "now", f)  # accepted here means accepted by the simulator, moment aside
     host.tick()
     host.due(kind, 10**9)
     assert fault.fired, spec
+    if isinstance(at, dict) and "phase" in at:  # the rehearsal binds it to that request's body as it is sent
+        assert at["request"] >= 1 and at["phase"]
+        at = {"body_sha256": "ab" * 32}
     if at != "now":  # and its moment is one the simulator takes
         Host(load_scenario("flare-47581cca"), time_scale=1.0).add_fault(kind, at, f)
 

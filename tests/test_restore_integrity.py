@@ -25,7 +25,7 @@ def test_an_xid_during_the_restore_blocks_readmission_and_exits_3(small_plan, tm
     # the operator-like abort at request 4 sends the window to restore; the restore's incumbent load
     # is the second manager load of the window (after incarnation A's), and the Xid lands as it completes
     out = tmp_path / "out"
-    rc, r = rehearse(small_plan, out, "--fault", "auth@request=4", "--fault", "xid@load=2")
+    rc, r = rehearse(small_plan, out, "--fault", "auth@request=4", "--fault", "xid@after_load=2")
     assert rc == 3 and r["outcome"] == "restore_failed", r["restoration"]
     res = r["restoration"]
     assert res["no_fault_during_restore"] is False and res["readmitted"] is False and not res["verified"]
@@ -114,7 +114,7 @@ def test_a_restore_too_slow_for_its_budget_ends_inside_it_and_exits_3(small_plan
 def test_a_counter_reset_that_did_not_happen_on_the_real_load_path_is_caught(small_plan, tmp_path):
     # the fault lands as incarnation A's load completes; B's load, after A's unload, keeps A's counters
     out = tmp_path / "out"
-    rc, r = rehearse(small_plan, out, "--fault", "counter_reset_failure@load=1", "--accept-partial")
+    rc, r = rehearse(small_plan, out, "--fault", "counter_reset_failure@after_load=1", "--accept-partial")
     b_identity = next(c for c in r["cells"] if c["phase"] == "B.identity")
     assert b_identity["status"] == "invalid" and "counters not reset" in b_identity["reason"], b_identity
     assert r["outcome"] == "partial" and r["restoration"]["verified"] and rc == 1
@@ -149,7 +149,7 @@ RESTORE_TIME_FAULTS = {
 @pytest.mark.parametrize("fault", list(RESTORE_TIME_FAULTS))
 def test_a_rule_breached_during_the_restore_keeps_the_primary_out_and_exits_3(small_plan, tmp_path, fault):
     kind, _, params = fault.partition(",")
-    spec = f"{kind}@load=2" + (f",{params}" if params else "")
+    spec = f"{kind}@after_load=2" + (f",{params}" if params else "")
     out = tmp_path / "out"
     rc, r = rehearse(small_plan, out, "--fault", "auth@request=3", "--fault", spec)
     assert (rc, r["outcome"]) == (3, "restore_failed"), (r["restoration"], r["alarms"])

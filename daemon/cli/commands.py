@@ -104,8 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
     rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
     rh.add_argument("--fault", action="append", default=[],
-                    help="inject a fault, repeatable: KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]; "
-                         f"KIND is one of {', '.join(FAULT_KINDS)}")
+                    help="inject a fault, repeatable: KIND[@PHASE#N|@request=N|@after_request=N|@after_s=X|@before_load=N|@after_load=N][,param=value]; "
+                         "PHASE#N: as the window sends PHASE's N-th request (B.forward_replay#12); request=N: the host's "
+                         "N-th chat request from now, probes and preflights counted; before_load/after_load=N: as the "
+                         "N-th load from now begins / completes; none: at once. The report lists each fault and "
+                         f"whether it fired. KIND is one of {', '.join(FAULT_KINDS)}")
     rh.add_argument("--out", type=Path, default=None, help="where the log and reports go (default: out/rehearsal-<UTC>)")
     rh.add_argument("--time-scale", type=float, default=None,
                     help="pace the rehearsal on the wall clock at this factor (a live demonstration); "
@@ -580,7 +583,7 @@ def _need_simulator(cmd: str) -> None:
 
 def _window(args: argparse.Namespace) -> int:
     from flare_diag.daemon.cli.foreground import rehearse, resume_window, run_window
-    from flare_diag.daemon.rehearsal.rehearse import parse_fault
+    from flare_diag.daemon.rehearsal.rehearse import fault_phase_error, parse_fault
     from flare_diag.daemon.window.setup import InputError, setup_for_site
     if args.cmd == "run":
         if args.resume is not None:
@@ -611,6 +614,9 @@ def _window(args: argparse.Namespace) -> int:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
             faults = [parse_fault(f) for f in args.fault]  # every input checked before the simulator starts
+            from flare_diag.policies.planner import all_phases
+            if bad := fault_phase_error(faults, [p.id for p in all_phases(plan)]):
+                raise UsageError(bad)
             if not 0 <= args.seed < 2**63:
                 raise UsageError(f"--seed {args.seed}: expected a whole number from 0 to 2^63-1")
             report = rehearse(plan_raw, plan, args.scenario, faults, out, args.time_scale, console,

@@ -17,7 +17,8 @@ from flare_diag.daemon.rehearsal import virtualtime
 from flare_diag.daemon.rehearsal.harness import after_publishing, default_cache, preconditions
 from flare_diag.daemon.window.forecast import planned
 from flare_diag.daemon.cli.live import LiveView
-from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, SIM_URL, inject_faults, served_flaresim
+from flare_diag.daemon.rehearsal.faults import FaultSchedule
+from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, served_flaresim
 from flare_diag.daemon.window.runner import Runner
 from flare_diag.daemon.window.sitecheck import checked_target
 from flare_diag.daemon.hosts.target import Target
@@ -29,11 +30,11 @@ from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration
 
 async def run_window(setup: WindowSetup, out: Path, console: Console,
-                     before_open: Callable[[], Awaitable[None]] | None = None, events_out: TextIO | None = None) -> dict:
+                     faults: FaultSchedule | None = None, events_out: TextIO | None = None) -> dict:
     """Runs one window in the foreground with its own log in `out`, then writes its reports there.
 
-    `before_open` runs once the site check and the forecast have passed (a rehearsal's faults go in
-    there, so that the forecast's probe requests do not count towards a fault's request number)."""
+    `faults` (a rehearsal's): set on the simulated host once the site check and the forecast have passed,
+    so that the forecast's probe requests do not count towards a fault's request number."""
     quiet_default_executor()  # the operator's Ctrl-C is the loop's, never a worker's
     target = await checked_target(setup, out / "recipes")  # reads only: the site check and the incumbent's bounds
     try:
@@ -57,23 +58,25 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     for w in setup.site.warnings:
         console.print(f"[yellow]warning:[/] {setup.site.name}: {w}")
     console.print(f"forecast: {sched.render()[-1]} (pace x{sched.pace:.2f} + {sched.overhead_s:.1f} s a request, {sched.calibration or 'plan rates'})")
-    if before_open is not None:
+    if faults is not None:
         try:
-            await before_open()
+            faults.set_unbound()
         except BaseException:
             await target.close()
             raise
+        setup.preconditions = [*setup.preconditions, *faults.scheduled()]
     out.mkdir(parents=True, exist_ok=True)
     # the schedule the window starts from, for the operator; the log keeps what it was computed from
     # (the plan and the calibration in window_opened), so an auditor can recompute it
     (out / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
     window_id = new_window_id(setup.plan)
     return await _foreground(target, setup, window_id, out, console,
-                             lambda runner: runner.run(setup.opened(window_id)), events_out)
+                             lambda runner: runner.run(setup.opened(window_id)), events_out, faults)
 
 
 async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: Path, console: Console,
-                      drive: Callable[[Runner], Awaitable[str]], events_out: TextIO | None = None) -> dict:
+                      drive: Callable[[Runner], Awaitable[str]], events_out: TextIO | None = None,
+                      faults: FaultSchedule | None = None) -> dict:
     """One window driven in this process with its log in `out`, shown live (or as JSON lines on
     `events_out`) and interruptible; its reports written there once it closes."""
     db = out / "log.db"
@@ -99,9 +102,13 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
     runner = Runner(store, target, window_id, setup.time_scale)
     view = LiveView(console, window_id, events_out)
     store.subscribe(lambda envs: [view.on_event(e.seq, e.event(), e.window_id) for e in envs])
+    if faults is not None:
+        store.subscribe(faults.on_commit)
     try:
         with view, Interrupts(runner, console, out):
             await drive(runner)
+        if faults is not None:  # whether each fault fired, in the log before the reports are written
+            await store.append(faults.accounted(), window_id=window_id)
     except StoreWriteError as exc:  # the host restored from memory; the log's folder took no more writes
         await target.close()
         await store.close()
@@ -247,7 +254,7 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
     if virtual and not virtualtime.is_virtual():
         raise RuntimeError("a virtual-time rehearsal needs a VirtualTimeLoop (daemon.virtualtime.run)")
     token = secrets.token_hex(SIM_TOKEN_BYTES)
-    async with served_flaresim(scenario, token, time_scale or 1.0, seed, candidate) as (_host, site):
+    async with served_flaresim(scenario, token, time_scale or 1.0, seed, candidate) as (host, site):
         pace = "virtual time (the simulator's cost model)" if virtual else f"wall clock x{time_scale:g}"
         console.print(f"rehearsal against flaresim ({scenario}, seed {seed}) in this process, {pace}; GPU source: simulator")
         # fixtures beside the plan first (an operator's own bodies), then the built-in ones
@@ -256,5 +263,4 @@ async def rehearse_async(plan_raw: bytes, plan: Plan, scenario: str, faults: lis
                             calibration=calibration, accept_partial=accept_partial, plan_path=plan_path,
                             clock="virtual" if virtual else "wall", sim_seed=seed, inprocess_sim=True,
                             fixture_dirs=[str(d) for d in beside])
-        return await run_window(setup, out, console, lambda: inject_faults(SIM_URL, token, faults, site.transport),
-                                events_out)
+        return await run_window(setup, out, console, FaultSchedule(host, faults) if faults else None, events_out)

@@ -5,43 +5,69 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+import re
 import subprocess
 import tempfile
 import sys
 
-import httpx
+from typing import TYPE_CHECKING
 
 from flare_diag.daemon.rehearsal.inprocess import serve_in_process
 from flare_diag.daemon.hosts.site import Site, sim_site
 from flare_diag.daemon.window.setup import InputError
 
+if TYPE_CHECKING:
+    from flare_diag.fixtures.flaresim.host import Host
+
 SIM_TOKEN_BYTES = 16
 
 
-MOMENTS = ("request", "after_request", "after_s", "load")
-FAULT_SPEC = "KIND[@request=N|@after_request=N|@after_s=X|@load=N][,param=value]"
+MOMENTS = ("request", "after_request", "after_s", "before_load", "after_load")
+LOADS = ("before_load", "after_load")
+FAULT_SPEC = "KIND[@PHASE#N|@request=N|@after_request=N|@after_s=X|@before_load=N|@after_load=N][,param=value]"
+PHASE_REQUEST = re.compile(r"([A-Za-z0-9_.-]+)#([0-9]+)")
 
 
 def parse_fault(spec: str) -> dict:
-    """'kind', 'kind@request=N', 'kind@after_request=N', 'kind@after_s=X' or 'kind@load=N' (extra ',key=value'
-    params allowed; `load`: as the n-th manager load from now completes).
+    """'kind' (now), 'kind@PHASE#N' (as the window sends the N-th request of PHASE, counted from 1),
+    'kind@request=N' / 'kind@after_request=N' (the host's N-th chat request from now, probes and
+    preflights counted, arriving / answered), 'kind@after_s=X', 'kind@before_load=N' / 'kind@after_load=N'
+    (as the N-th manager load from now begins / completes); extra ',key=value' params allowed.
 
-    Checked whole before the simulator starts, so a bad spec starts nothing."""
-    from flare_diag.daemon.simulator import FAULT_KINDS, NUMERIC_PARAMS, REQUEST_FAULTS, STRING_PARAMS, describe  # the simulator owns its faults
+    Checked whole before the simulator starts, so a bad spec starts nothing (a phase's name against
+    the plan: `fault_phase_error`)."""
+    from flare_diag.daemon.simulator import FAULT_KINDS, REQUEST_FAULTS  # the simulator owns its faults
     first, *params = spec.split(",")
     kind, _, at = first.partition("@")
     if kind not in FAULT_KINDS:
         raise InputError(f"--fault {spec!r}: kind: expected one of {', '.join(FAULT_KINDS)}")
+    moment = at.partition("=")[0]
     if "@" in first and not at:
-        raise InputError(f"--fault {spec!r}: @: expected a moment after it, one of "
+        raise InputError(f"--fault {spec!r}: @: expected a moment after it, one of @PHASE#N, "
                          f"{', '.join('@' + m for m in MOMENTS)} ({FAULT_SPEC})")
-    if at.partition("=")[0] == "load" and kind in REQUEST_FAULTS:
-        raise InputError(f"--fault {spec!r}: {kind} is met by a request, so it fires at @request, @after_request or "
-                         f"@after_s, never @load ({FAULT_SPEC})")
-    if at and at.partition("=")[0] not in MOMENTS:
-        raise InputError(f"--fault {spec!r}: @{at.partition('=')[0]}: expected a moment, one of "
+    if moment == "load":
+        raise InputError(f"--fault {spec!r}: @load: expected @after_load=N (as the load completes, on the new "
+                         f"incarnation) or @before_load=N (as it begins, before anything is loaded) ({FAULT_SPEC})")
+    if moment in LOADS and kind in REQUEST_FAULTS:
+        raise InputError(f"--fault {spec!r}: {kind} is met by a request, so it fires at @PHASE#N, @request, "
+                         f"@after_request or @after_s, never @{moment} ({FAULT_SPEC})")
+    out: dict = {"kind": kind, "at": "now", "spec": spec}
+    if "#" in at:
+        m = PHASE_REQUEST.fullmatch(at)
+        if m is None or int(m.group(2)) < 1:
+            raise InputError(f"--fault {spec!r}: @{at}: expected PHASE#N, a phase of the plan and a request number "
+                             f"from 1, such as B.forward_replay#12 ({FAULT_SPEC})")
+        out["at"] = {"phase": m.group(1), "request": int(m.group(2))}
+        at = ""
+    elif at and moment not in MOMENTS:
+        raise InputError(f"--fault {spec!r}: @{moment}: expected a moment, one of @PHASE#N, "
                          f"{', '.join('@' + m for m in MOMENTS)} ({FAULT_SPEC})")
-    out: dict = {"kind": kind, "at": "now"}
+    return _fault_params(spec, kind, at, params, out)
+
+
+def _fault_params(spec: str, kind: str, at: str, params: list[str], out: dict) -> dict:
+    """The moment's value and the fault's own parameters, each checked."""
+    from flare_diag.daemon.simulator import NUMERIC_PARAMS, STRING_PARAMS, describe
     for i, part in enumerate(filter(None, [at, *params])):
         k, _, v = part.partition("=")
         if i == 0 and at:
@@ -50,7 +76,7 @@ def parse_fault(spec: str) -> dict:
             known = sorted([*NUMERIC_PARAMS.get(kind, {}), *STRING_PARAMS.get(kind, ())])
             raise InputError(f"--fault {spec!r}: {k!r}: {kind} takes " + (f"the parameters {', '.join(known)}"
                              if known else "no parameter") + f" ({FAULT_SPEC})")
-        if k in ("request", "after_request", "load"):
+        if k in ("request", "after_request", *LOADS):
             want, check, conv = "a whole number >= 0", lambda x: x >= 0, int
         elif k == "after_s":
             want, check, conv = "seconds >= 0", lambda x: 0 <= x < 1e9, float
@@ -65,11 +91,21 @@ def parse_fault(spec: str) -> dict:
             ok = False
         if not ok:
             raise InputError(f"--fault {spec!r}: {k or part!r}: expected {want} ({FAULT_SPEC})")
-        if k in ("request", "after_request", "after_s", "load"):
+        if k in MOMENTS:
             out["at"] = {k: x}
         else:
             out[k] = x
     return out
+
+
+def fault_phase_error(faults: list[dict], phases: list[str]) -> str | None:
+    """Why a fault bound to a phase's request cannot fire in this plan (a phase it lacks), or None."""
+    for f in faults:
+        at = f["at"]
+        if isinstance(at, dict) and "phase" in at and at["phase"] not in phases:
+            return (f"--fault {f['spec']!r}: phase {at['phase']!r}: expected one of the plan's phases "
+                    f"({', '.join(phases)})")
+    return None
 
 
 def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.Popen, str]:
@@ -92,17 +128,9 @@ def start_sim(scenario: str, time_scale: float, token: str) -> tuple[subprocess.
 SIM_URL = "http://flaresim.rehearsal"  # the in-process simulator's name: no socket, no port
 
 
-async def inject_faults(base: str, token: str, faults: list[dict], transport: httpx.AsyncBaseTransport | None = None) -> None:
-    async with httpx.AsyncClient(transport=transport) as c:
-        for f in faults:
-            r = await c.post(f"{base}/sim/v1/faults", json=f, headers={"Authorization": f"Bearer {token}"})
-            if r.status_code != 200:
-                raise InputError(f"--fault {f['kind']}: {r.json().get('error', {}).get('message')}")
-
-
 @asynccontextmanager
 async def served_flaresim(scenario: str, token: str, time_scale: float = 1.0, seed: int = 0,
-                          candidate: str = "glm-candidate") -> AsyncIterator[tuple[object, Site]]:
+                          candidate: str = "glm-candidate") -> AsyncIterator[tuple[Host, Site]]:
     """flaresim served in this process on the running loop's clock (virtual on a VirtualTimeLoop), and
     the site that reaches it: (its Host, the Site). The one place the daemon serves the simulator,
     as a rehearsal's host."""
