@@ -4,7 +4,7 @@ read from the one window fold (events.window_fold) that the report reads too."""
 from __future__ import annotations
 
 from flare_diag.events.base import Event
-from flare_diag.events.schema import ActionDone, ActionRequested
+from flare_diag.events.schema import ActionDone, ActionRequested, PhaseStarted
 from flare_diag.events.window_fold import WindowFold
 
 
@@ -14,9 +14,12 @@ class WindowProgress(WindowFold):
     def __init__(self, window_id: str = "") -> None:
         super().__init__(window_id)
         self._validation: int | None = None  # the action id of the fixture validation, until it answers
+        self.phase_started_minute: float | None = None
 
     def apply(self, seq: int, ev: Event, wall_ns: int | None = None) -> None:
         super().apply(seq, ev, wall_ns)
+        if isinstance(ev, PhaseStarted):
+            self.phase_started_minute = ev.minute
         # the fixture sizes give each phase its request total (done/total in the live view)
         if isinstance(ev, ActionRequested) and ev.action == "validate_fixtures":
             self._validation = ev.action_id
@@ -27,10 +30,20 @@ class WindowProgress(WindowFold):
                 if isinstance(f, dict) and isinstance(f.get("sha256"), list):
                     self.fixture_sizes[name] = len(f["sha256"])
 
+    @property
+    def phase_projected_end(self) -> float | None:
+        """When the current phase ends at the pace its own requests have kept so far (its start's estimate
+        is the plan's rates, or an earlier phase's pace): None before its second request or without a total."""
+        total, done, start, now = self.phase_total, self.phase_requests, self.phase_started_minute, self.minute
+        if not total or done < 2 or start is None or now is None or now <= start:
+            return None
+        return start + (now - start) * max(total, done) / done
+
     def as_dict(self) -> dict:
         return {"window_id": self.window_id, "plan": self.plan, "rehearsal": bool(self.rehearsal), "stage": self.stage,
                 "phase": self.phase, "phase_requests": self.phase_requests, "phase_total": self.phase_total,
-                "phase_estimated_end_minute": self.phase_estimated_end, "requests": self.requests,
+                "phase_estimated_end_minute": self.phase_estimated_end,
+                "phase_projected_end_minute": self.phase_projected_end, "requests": self.requests,
                 "requests_planned": self.requests_planned,
                 "minute": self.minute, "stop_min": self.stop_min, "window_min": self.window_min,
                 "abort": self.abort, "cells": {p: c["status"] for p, c in self.cells.items()}, "outcome": self.outcome,

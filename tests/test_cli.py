@@ -347,3 +347,35 @@ def test_the_close_line_of_a_failed_restoration_says_the_primary_needs_a_person(
     last = shown.splitlines()[-1]
     assert "restore_failed at minute 70.0" in last
     assert "restoration NOT verified (incumbent_sha256_match): the primary needs a person" in last
+
+
+def test_the_live_view_projects_the_phase_end_from_the_phases_own_pace_not_its_starting_estimate(small_plan):
+    import io
+
+    import msgspec
+    from rich.console import Console
+
+    from flare_diag.daemon.cli.live import LiveView, panel
+    from flare_diag.daemon.window.setup import read_plan
+    from flare_diag.events.actions import ValidateFixtures
+    from flare_diag.events.schema import (
+        ActionDone, ActionRequested, PhaseStarted, RequestMeasured, TimeMarked, WindowOpened,
+    )
+    _raw, plan = read_plan(small_plan)
+    view = LiveView(Console(file=io.StringIO(), width=160))
+    view.on_event(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
+                                  gpu_source="simulator", rehearsal=True, candidate_recipe="c"))
+    view.on_event(2, ActionRequested(action_id=1, request=ValidateFixtures(fixtures=[])))
+    view.on_event(3, ActionDone(at_ns=0, action_id=1, ok=True, data={"fixtures": {"tok1024": {"sha256": ["a"] * 8}}}))
+    view.on_event(4, TimeMarked(mark="t0", minute=0.0))
+    view.on_event(4, PhaseStarted(phase="A.forward_prime", minute=1.0, estimated_end_minute=3.0))
+    # four of eight requests in four minutes: twice as slow as estimated, so the phase ends at minute 9
+    for k in range(4):
+        view.on_event(5 + 2 * k, ActionDone(at_ns=int((2 + k) * 60e9), action_id=100 + k, ok=True, data={}))
+        view.on_event(6 + 2 * k, RequestMeasured(phase="A.forward_prime", order_index=k, body_index=k, body_sha256="a",
+                                                 outcome="ok", natural_failure=None, delta={}))
+    assert view.progress.minute is not None and view.progress.phase_projected_end == pytest.approx(1 + 4 * 8 / 4, abs=0.2)
+    text = io.StringIO()
+    Console(file=text, width=220).print(panel(view.progress, 0.0, 300.0))
+    shown = " ".join(text.getvalue().split())
+    assert "phase end at minute 9.0 by its pace so far" in shown and "estimated 3.0 at its start" in shown

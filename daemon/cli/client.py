@@ -116,9 +116,10 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
         t.add_row(label, f"{w['window_id']} ({'rehearsal' if w['rehearsal'] else 'live'})")
         done = f"{w['phase_requests']}/{w['phase_total']}" if w.get("phase_total") else str(w["phase_requests"])
         t.add_row("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({done} requests)" if w["phase"] else ""))
-        end = w.get("phase_estimated_end_minute")
-        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']}"
-                  + (f"; phase estimated to end at minute {end:.1f}" if w["phase"] and end is not None else "") + ")")
+        end, paced = w.get("phase_estimated_end_minute"), w.get("phase_projected_end_minute")
+        said = (f"; phase ends at minute {paced:.1f} by its pace so far" if w["phase"] and paced is not None
+                else f"; phase estimated to end at minute {end:.1f}" if w["phase"] and end is not None else "")
+        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']}{said})")
         t.add_row("  requests", str(w["requests"]))
         if w["abort"]:
             t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")

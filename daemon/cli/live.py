@@ -83,7 +83,12 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         return said
 
     eta = []
-    if p.phase and p.phase_estimated_end is not None:
+    projected = p.phase_projected_end if p.phase else None
+    if projected is not None:  # the phase's own pace so far, not the estimate it started with
+        eta.append(f"phase end at minute {projected:.1f} by its pace so far ({within(projected - m)}; "
+                   f"estimated {p.phase_estimated_end:.1f} at its start)" if p.phase_estimated_end is not None
+                   else f"phase end at minute {projected:.1f} by its pace so far ({within(projected - m)})")
+    elif p.phase and p.phase_estimated_end is not None:
         eta.append(f"phase end at minute {p.phase_estimated_end:.1f} ({within(p.phase_estimated_end - m)})")
     if p.stop_min is not None and p.stage in ("opening", "experiment"):
         eta.append(f"stop minute {p.stop_min:g} {within(p.stop_min - m)}")
