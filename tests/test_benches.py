@@ -46,6 +46,8 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
     ("report.py", ["--events", "20000", "--rounds", "1", "--memory"], ("ratio report/fold", "peak RSS of this process")),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
     ("cli_startup.py", ["--rounds", "1"], ("ratio flare-diag status (no daemon)/bare interpreter", "ratio flare-diag --help")),
+    ("client_accuracy.py", ["--requests", "20", "--runs", "1", "--aiperf", ""],
+     ("C1: flare-diag TTFT error median", "C4: flare-diag TTFT error median", "aiperf not run")),
 ])
 def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
     p = subprocess.run([sys.executable, f"bench/{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)

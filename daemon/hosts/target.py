@@ -22,7 +22,8 @@ from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
 from flare_diag.daemon.hosts.site import Site
-from flare_diag.daemon.hosts.httpclient import host_client
+from flare_diag.daemon.hosts.httpclient import host_client, tls_context
+from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns
 
 RESPONSE_CAP = 4096
 # A pooled connection the host closed while it sat idle fails before any byte of an answer comes
@@ -72,7 +73,9 @@ class Target:
         self.client = host_client(timeout=timeout, transport=site.transport)
         # generations, loads and unloads each get a connection of their own: one the host may have
         # closed while idle can never be picked for them, and they are never sent twice
-        self.fresh = host_client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0), transport=site.transport)
+        # (their answers' chunks stamped as they are read off the transport, before any parsing)
+        inner = site.transport or httpx.AsyncHTTPTransport(verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0))
+        self.fresh = host_client(timeout=timeout, transport=StampingTransport(inner, _now_ns))
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the site's Prometheus, which the plan's steady-state guards query (never through the
         # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)
@@ -336,7 +339,7 @@ class Target:
         """Sends the exact body bytes and returns the RequestDone fields (raises on abort-class errors)."""
         fx = self.fixtures[args["fixture"]]
         body = fx.bodies[args["body_index"]]
-        t0 = _now_ns()
+        clock = SendClock(_now_ns)
         out: dict = {"outcome": "ok"}
         first_byte = first_token = last_token = None
         visible = reasoning = False
@@ -351,7 +354,8 @@ class Target:
         done = False
         headers = {**self._h("serving"), "content-type": "application/json"}
         async with aconnect_sse(self.fresh, "POST", f"{self.p.serving.url}/v1/chat/completions",
-                                content=body, headers=headers) as es:
+                                content=body, headers=headers, extensions=clock.extensions()) as es:
+            t0 = clock.t0  # its headers went out on an open connection: the connect is not in its times
             resp = es.response
             if resp.status_code != 200:
                 await resp.aread()
@@ -359,7 +363,7 @@ class Target:
             out["request_id"] = resp.headers.get("x-request-id")
             out["status_code"] = resp.status_code
             async for sse in es.aiter_sse():
-                now = _now_ns() - t0
+                now = read_ns(resp, _now_ns) - t0  # when its bytes were read, not when they were parsed
                 first_byte = first_byte if first_byte is not None else now
                 data = sse.data.encode()
                 digest.update(data + b"\n")

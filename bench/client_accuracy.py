@@ -1,0 +1,200 @@
+"""Time to first token as the project's client measures it, beside NVIDIA's AIPerf, in one run against one
+streaming server that stamps its own times.
+
+The server (asyncio, HTTP/1.1 keep-alive, an OpenAI-style SSE stream) holds each request a fixed 20 ms
+before its first token and notes, per request, the time from having read the request whole to having
+flushed the first token's chunk. A client's TTFT error is its TTFT minus the server's own figure for the
+same request (matched by X-Request-ID: the server answers with the client's, or with its own). The
+project's client is `Target.send_request`, as a window sends (a connection of its own per generation);
+AIPerf runs as its own command (`aiperf profile`, its default pooled connections) from a separate
+environment (`--aiperf PATH`, or `aiperf` on PATH); without it only the project's side runs, said so.
+
+Prints, per concurrency, the median and p99 error of each client and their ratios, and each client's rate.
+
+Usage: python bench/client_accuracy.py [--requests 200] [--runs 3] [--concurrency 1 4] [--aiperf PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FIRST_TOKEN_S = 0.020
+TOKENS = 8
+BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "count to eight"}], "stream": True,
+                   "stream_options": {"include_usage": True}, "max_tokens": TOKENS}).encode()
+
+
+class StampingServer:
+    """The server: per request id, its headers-read-to-first-flush time in ns."""
+
+    def __init__(self) -> None:
+        self.ttft_ns: dict[str, int] = {}
+        self._n = 0
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        line = await reader.readline()
+        if not line:
+            return False
+        method, path, _ = line.decode().split(" ", 2)
+        headers = {}
+        while (h := await reader.readline()) not in (b"\r\n", b""):
+            k, _, v = h.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        read_ns = time.perf_counter_ns()
+        self._n += 1
+        rid = headers.get("x-request-id") or f"s{self._n}"
+        if method == "GET":  # a client asking the models before it starts
+            payload = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
+            await writer.drain()
+            return True
+        del body, path
+        await asyncio.sleep(FIRST_TOKEN_S)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+                     b"x-request-id: " + rid.encode() + b"\r\n\r\n" + _chunk(_event({"content": "t0"})))
+        await writer.drain()
+        self.ttft_ns[rid] = time.perf_counter_ns() - read_ns
+        for i in range(1, TOKENS):
+            await asyncio.sleep(0.002)
+            writer.write(_chunk(_event({"content": f" t{i}"}, finish="length" if i == TOKENS - 1 else None)))
+        usage = {"id": rid, "object": "chat.completion.chunk", "model": "bench", "choices": [],
+                 "usage": {"prompt_tokens": 5, "completion_tokens": TOKENS, "total_tokens": TOKENS + 5}}
+        writer.write(_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        return headers.get("connection", "").lower() != "close"
+
+
+def _event(delta: dict, finish: str | None = None) -> bytes:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "bench",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+async def ours(server: StampingServer, requests: int, concurrency: int) -> tuple[list[float], float]:
+    """The project's client: (TTFT errors in ms, requests a second)."""
+    from flare_diag.daemon.hosts.fixture import Fixture
+    from flare_diag.daemon.hosts.site import sim_site
+    from flare_diag.daemon.hosts.target import Target
+    site = sim_site(f"http://127.0.0.1:{server.port}", "bench-token")
+    fx = Fixture(name="bench", bodies=[BODY], sha256=[hashlib.sha256(BODY).hexdigest()], sampling={})
+    target = Target(site, {"bench": fx}, "bench")
+    errors: list[float] = []
+    left = list(range(requests))
+
+    async def worker() -> None:
+        while left:
+            left.pop()
+            out = await target.send_request({"phase": "bench", "fixture": "bench", "order_index": 0, "body_index": 0,
+                                             "body_sha256": fx.sha256[0]})
+            errors.append((out["first_token_ns"] - server.ttft_ns[out["request_id"]]) / 1e6)
+
+    t = time.perf_counter()
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await target.close()
+    return errors, requests / (time.perf_counter() - t)
+
+
+def aiperf(exe: str, server: StampingServer, requests: int, concurrency: int) -> tuple[list[float], float]:
+    """AIPerf against the same server (run while this process's loop serves): (TTFT errors in ms, rate)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [exe, "profile", "--model", "bench", "--url", f"http://127.0.0.1:{server.port}", "--endpoint-type", "chat",
+               "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
+               "--synthetic-input-tokens-mean", "5", "--output-tokens-mean", str(TOKENS), "--artifact-dir", tmp,
+               "--ui-type", "none", "--warmup-request-count", "0"]
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        elapsed = time.perf_counter() - t
+        if p.returncode != 0:
+            raise SystemExit(f"aiperf failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
+        records = [json.loads(line) for f in Path(tmp).rglob("*.jsonl") for line in f.read_text().splitlines() if line.strip()]
+    errors: list[float] = []
+    for r in records:
+        meta, metrics = r.get("metadata") or {}, r.get("metrics") or {}
+        rid = meta.get("x_request_id")
+        ttft = metrics.get("time_to_first_token") or {}
+        if rid in server.ttft_ns and ttft.get("value") is not None:
+            scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[ttft.get("unit", "ms")]
+            errors.append(float(ttft["value"]) * scale - server.ttft_ns[rid] / 1e6)
+    return errors, len(errors) / elapsed
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--aiperf", default=shutil.which("aiperf"), help="the aiperf command (its own environment)")
+    args = ap.parse_args()
+    server = StampingServer()
+    await server.start()
+    loop = asyncio.get_running_loop()
+    try:
+        for c in args.concurrency:
+            mine, theirs, my_rate, their_rate = [], [], [], []
+            for _ in range(args.runs):
+                e, r = await ours(server, args.requests, c)
+                mine += e
+                my_rate.append(r)
+                if args.aiperf:
+                    e, r = await loop.run_in_executor(None, aiperf, args.aiperf, server, args.requests, c)
+                    theirs += e
+                    their_rate.append(r)
+            print(f"C{c}: flare-diag TTFT error median {statistics.median(mine):.3f} ms, p99 {pct(mine, 0.99):.3f} ms, "
+                  f"{statistics.median(my_rate):.1f} requests/s ({len(mine)} requests)")
+            if not theirs:
+                print(f"C{c}: aiperf not run (no aiperf command: install it in its own environment, pass --aiperf)")
+                continue
+            print(f"C{c}: aiperf TTFT error median {statistics.median(theirs):.3f} ms, p99 {pct(theirs, 0.99):.3f} ms, "
+                  f"{statistics.median(their_rate):.1f} requests/s ({len(theirs)} requests)")
+            print(f"C{c}: ratio flare-diag/aiperf TTFT error median {statistics.median(mine) / statistics.median(theirs):.2f}x, "
+                  f"p99 {pct(mine, 0.99) / pct(theirs, 0.99):.2f}x; rate {statistics.median(my_rate) / statistics.median(their_rate):.2f}x")
+    finally:
+        await server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,67 @@
+"""When a generation was sent and when its answer's bytes came, taken where the bytes move: the clock
+starts as the request's headers go out on a connection already open (httpcore's trace), and each chunk
+of the answer is stamped as it is read off the transport, before it is decoded or parsed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+READ_STAMP = "flare_diag.read_stamp"  # the response extension that holds its StampedStream
+
+
+class StampedStream(httpx.AsyncByteStream):
+    """A response body that notes the clock as each chunk is read off the transport."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, clock: Callable[[], int]) -> None:
+        self._inner, self._clock = inner, clock
+        self.last_read_ns: int | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self.last_read_ns = self._clock()
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class StampingTransport(httpx.AsyncBaseTransport):
+    """Another transport whose response bodies are StampedStreams (in the response's extensions)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, clock: Callable[[], int]) -> None:
+        self._inner, self._clock = inner, clock
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        resp = await self._inner.handle_async_request(request)
+        stream = StampedStream(resp.stream, self._clock)  # type: ignore[arg-type]  # an async transport's
+        return httpx.Response(resp.status_code, headers=resp.headers, stream=stream,
+                              extensions={**resp.extensions, READ_STAMP: stream})
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class SendClock:
+    """One request's t0: as its headers start out on an open connection, so that a connect, a DNS lookup
+    or a TLS handshake is not counted in its time to first token; on a transport with no trace (the
+    in-process simulator) the moment the call began. Pass `extensions()` with the request."""
+
+    def __init__(self, clock: Callable[[], int]) -> None:
+        self._clock = clock
+        self.t0 = clock()
+
+    def extensions(self) -> dict:
+        return {"trace": self._trace}
+
+    async def _trace(self, name: str, _info: dict) -> None:
+        if name.endswith("send_request_headers.started"):  # http11. or http2.
+            self.t0 = self._clock()
+
+
+def read_ns(response: httpx.Response, clock: Callable[[], int]) -> int:
+    """When the answer's latest chunk was read off the transport (the clock now, if not stamped)."""
+    stamp = response.extensions.get(READ_STAMP)
+    last = stamp.last_read_ns if isinstance(stamp, StampedStream) else None
+    return last if last is not None else clock()
