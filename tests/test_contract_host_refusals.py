@@ -21,8 +21,8 @@ def _window(tmp_path, plan, **host):
 
 
 def test_a_host_that_refuses_every_body_aborts_rejected_before_b_is_loaded(tmp_path, small_plan):
-    # an older release whose schema has no reasoning_effort "max": every body of the plan is refused
-    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), reject_value={"reasoning_effort": "max"})
+    # an older release whose schema has no reasoning_effort "low" (the eight-body plan's bodies ask it): every body is refused
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), reject_value={"reasoning_effort": "low"})
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "rejected"), (r["abort"], r["alarms"])
     detail = r["abort"]["detail"]
     assert "HTTP 400" in detail and "A.forward_prime #0" in detail and "reasoning_effort" in detail

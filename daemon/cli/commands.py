@@ -110,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "N-th load from now begins / completes; none: at once. The report lists each fault and "
                          f"whether it fired. KIND is one of {', '.join(FAULT_KINDS)}")
     rh.add_argument("--out", type=Path, default=None, help="where the log and reports go (default: out/rehearsal-<UTC>)")
-    rh.add_argument("--time-scale", type=float, default=None,
-                    help="pace the rehearsal on the wall clock at this factor (a live demonstration); "
-                         "default: virtual time, as fast as the machine computes it")
+    rh.add_argument("--time-scale", type=_scale_or_auto, default=None,
+                    help="pace the rehearsal on the wall clock at this factor (a live demonstration), or 'auto': the "
+                         "fastest up to x20 this machine can keep now with headroom for its load rising (said when "
+                         "chosen); default: virtual time, as fast as the machine computes it")
     rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
     rh.add_argument("--candidate", default="glm-candidate", metavar="RECIPE",
                     help="the simulated host's recipe the window loads as its candidate: glm-candidate, or a policy "
@@ -581,6 +582,27 @@ def _need_simulator(cmd: str) -> None:
                          "install the sim extra: pip install 'flare-diag[sim]'")
 
 
+def _scale_or_auto(text: str) -> float | str:
+    """--time-scale's value: a factor, or 'auto' (rehearse chooses one, and says which)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a factor (window seconds a wall second) or 'auto', got {text!r}") from None
+
+
+def _auto_scale(plan_raw: bytes, plan, args: argparse.Namespace, console) -> float:  # noqa: ANN001 - the CLI's own
+    """rehearse --time-scale auto: the scale chosen by a probe of the simulated incumbent, said on the console."""
+    import asyncio
+
+    from flare_diag.daemon.rehearsal.autoscale import auto_time_scale
+    scale, said = asyncio.run(auto_time_scale(plan_raw, plan, args.scenario, args.seed, args.candidate, str(args.plan),
+                                              _calibration(args.calibrate)))
+    console.print(said)
+    return scale
+
+
 def _window(args: argparse.Namespace) -> int:
     from flare_diag.daemon.cli.foreground import rehearse, resume_window, run_window
     from flare_diag.daemon.rehearsal.rehearse import fault_phase_error, parse_fault
@@ -595,7 +617,7 @@ def _window(args: argparse.Namespace) -> int:
             raise UsageError(f"run: expected {', '.join(missing)} (or --resume OUT)")
     plan_raw, plan = load_plan(args.plan)
     from flare_diag.policies.scaling import time_scale_error
-    if args.time_scale is not None and (bad := time_scale_error(plan, args.time_scale)):
+    if args.time_scale is not None and args.time_scale != "auto" and (bad := time_scale_error(plan, args.time_scale)):
         raise UsageError(f"--{bad.replace('_', '-', 1)}")
     if args.cmd == "rehearse":
         from flare_diag.daemon.simulator import RECIPES
@@ -614,6 +636,8 @@ def _window(args: argparse.Namespace) -> int:
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
             faults = [parse_fault(f) for f in args.fault]  # every input checked before the simulator starts
+            if args.time_scale == "auto":
+                args.time_scale = _auto_scale(plan_raw, plan, args, console)
             from flare_diag.policies.planner import all_phases
             if bad := fault_phase_error(faults, [p.id for p in all_phases(plan)]):
                 raise UsageError(bad)
