@@ -11,7 +11,7 @@ environment (`--aiperf PATH`, or `aiperf` on PATH); without it only the project'
 
 Prints, per concurrency, the median and p99 error of each client and their ratios, and each client's rate.
 
-Usage: python bench/client_accuracy.py [--requests 200] [--runs 3] [--concurrency 1 4] [--aiperf PATH]
+Usage: python bench/client_accuracy.py [--requests 200] [--runs 3] [--concurrency 1 4] [--aiperf PATH] [--tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -132,13 +132,14 @@ async def ours(server: StampingServer, requests: int, concurrency: int) -> tuple
     return errors, requests / (time.perf_counter() - t)
 
 
-def aiperf(exe: str, server: StampingServer, requests: int, concurrency: int) -> tuple[list[float], float]:
+def aiperf(exe: str, server: StampingServer, requests: int, concurrency: int, tokenizer: str | None,
+           ) -> tuple[list[float], float]:
     """AIPerf against the same server (run while this process's loop serves): (TTFT errors in ms, rate)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [exe, "profile", "--model", "bench", "--url", f"http://127.0.0.1:{server.port}", "--endpoint-type", "chat",
                "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
                "--synthetic-input-tokens-mean", "5", "--output-tokens-mean", str(TOKENS), "--artifact-dir", tmp,
-               "--ui-type", "none", "--warmup-request-count", "0"]
+               "--ui-type", "none", "--warmup-request-count", "0"] + (["--tokenizer", tokenizer] if tokenizer else [])
         t = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         elapsed = time.perf_counter() - t
@@ -167,6 +168,9 @@ async def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--aiperf", default=shutil.which("aiperf"), help="the aiperf command (its own environment)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="a local Hugging Face tokenizer folder for aiperf (offline it cannot fetch one; the vLLM "
+                         "tests' tiny model has one: fixtures/engines/vllm/make_model.py OUT)")
     args = ap.parse_args()
     server = StampingServer()
     await server.start()
@@ -179,7 +183,8 @@ async def main() -> int:
                 mine += e
                 my_rate.append(r)
                 if args.aiperf:
-                    e, r = await loop.run_in_executor(None, aiperf, args.aiperf, server, args.requests, c)
+                    e, r = await loop.run_in_executor(None, aiperf, args.aiperf, server, args.requests, c,
+                                                     args.tokenizer)
                     theirs += e
                     their_rate.append(r)
             print(f"C{c}: flare-diag TTFT error median {statistics.median(mine):.3f} ms, p99 {pct(mine, 0.99):.3f} ms, "

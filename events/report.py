@@ -438,12 +438,13 @@ def phase_latency(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict
     return [{"phase": ph, "requests": len(smp), **_stats(smp, scale)} for ph, smp in samples.items()]
 
 
-COST_KEYS = ("queue_wait_s", "ttft_s", "decode_ms_per_token", "output_tokens_per_s")
+COST_KEYS = ("first_byte_s", "ttft_s", "decode_ms_per_token", "output_tokens_per_s")
 
 
 def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
-    """Each request's costs, separated as the seed asks: waiting for the host (send to first byte),
-    prefill (to first token), decode (per output token after the first), and its output rate."""
+    """Each request's costs as the client sees them: its answer's first bytes (the host's queueing, and on
+    an engine that sends its stream's headers only with the first token, its prefill too: not a queue
+    wait), its first token, decode (per output token after the first), and its output rate."""
     out: dict[str, list[float]] = {k: [] for k in COST_KEYS}
     ns = [None if v == _NONE else v for v in smp.column("n")]
     fbs, fts, lts, ends = (smp.seconds(smp.column(k), scale) for k in ("fb", "ft", "lt", "end"))
@@ -457,7 +458,7 @@ def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
 
 
 def phase_costs(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
-    """Per phase (trace arms included): queue wait, TTFT, decode ms per output token and output tokens
+    """Per phase (trace arms included): first byte, TTFT, decode ms per output token and output tokens
     per second, p50 and p90 (nearest rank) of the requests that answered. Host-to-GPU transfer time
     is not part of the contract's metrics, so it is reported as not exposed. Descriptive."""
     out = []

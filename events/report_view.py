@@ -287,23 +287,24 @@ def latency_rows(r: dict) -> list[list[str]]:
              num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or [] if _not_trace_arm(x)]
 
 
-COST_HEAD = ["phase", "requests", "queue wait p50 (s)", "queue wait p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
+COST_HEAD = ["phase", "requests", "first byte p50 (s)", "first byte p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
              "decode p50 (ms/token)", "decode p90 (ms/token)", "output p50 (tokens/s)", "output p90 (tokens/s)",
              "host transfer (s)"]
 
 
 def cost_rows(r: dict) -> list[list[str]]:
-    return [[x["phase"], n(x["requests"]), num(x["queue_wait_s_p50"], 3), num(x["queue_wait_s_p90"], 3),
+    return [[x["phase"], n(x["requests"]), num(x["first_byte_s_p50"], 3), num(x["first_byte_s_p90"], 3),
              num(x["ttft_s_p50"], 2), num(x["ttft_s_p90"], 2), num(x["decode_ms_per_token_p50"], 2),
              num(x["decode_ms_per_token_p90"], 2), num(x["output_tokens_per_s_p50"], 1),
              num(x["output_tokens_per_s_p90"], 1), "not exposed" if x.get("host_transfer_s") is None
              else num(x["host_transfer_s"], 3)] for x in r.get("costs") or []]
 
 
-COST_WORDS = ("Window seconds from each request's send, separated as the seed asks: queue wait (send to first byte), "
-              "time to first token (prefill), decode per output token after the first, and output tokens per second "
-              "over the whole request; nearest-rank percentiles; descriptive. Host-to-GPU transfer time is not part "
-              "of the contract's metrics.")
+COST_WORDS = ("Window seconds from each request's send, as the client sees them: the answer's first bytes (the host's "
+              "queueing, and where an engine sends its stream's headers only with the first token, its prefill too: "
+              "not a queue wait), time to first token, decode per output token after the first, and output tokens per "
+              "second over the whole request; nearest-rank percentiles; descriptive. Neither a queue wait nor a "
+              "host-to-GPU transfer time is part of the contract's metrics, so neither is shown as one.")
 STARTING_HEAD = ["line", "the plan's starting observation", "observed", "same"]
 STARTING_WORDS = {"reproduced": "REPRODUCED", "not_reproduced": "NOT reproduced", "not_measured": "not measured",
                   "not_observable": "not observable on this host"}

@@ -198,7 +198,7 @@ def test_a_rehearsal_reports_its_costs_and_the_starting_observation(default_rehe
     costs = {c["phase"]: c for c in r["costs"]}
     prime = costs["A.forward_prime"]
     assert prime["requests"] == 52 and prime["ttft_s_p50"] > 0 and prime["decode_ms_per_token_p50"] > 0
-    assert prime["queue_wait_s_p50"] is not None and prime["output_tokens_per_s_p90"] > 0
+    assert prime["first_byte_s_p50"] is not None and prime["output_tokens_per_s_p90"] > 0
     assert prime["host_transfer_s"] is None  # not in the contract's metrics
     assert any(p.startswith("trace.") for p in costs)  # per trace arm too
     so = r["starting_observation"]

@@ -130,7 +130,7 @@ def test_the_cost_decomposition_and_the_starting_observation_are_shown_in_the_ev
         assert box is not None and box["height"] > 0, sec
         assert seen["#cells"]["y"] < box["y"] < seen["#detail"]["y"], sec
     costs = seen["costs table"]
-    for col in ("queue wait p50 (s)", "TTFT p50 (s)", "decode p50 (ms/token)", "output p50 (tokens/s)", "host transfer (s)"):
+    for col in ("first byte p50 (s)", "TTFT p50 (s)", "decode p50 (ms/token)", "output p50 (tokens/s)", "host transfer (s)"):
         assert col in costs, col
     assert "A.forward_prime" in costs and "trace.C4.r1.on" in costs and "not exposed" in costs
     assert "A.forward_prime: REPRODUCED" in seen["starting text"]
