@@ -1,7 +1,7 @@
 """Time to first token as the project's client measures it, beside NVIDIA's AIPerf, in one run against one
 streaming server that stamps its own times.
 
-The server (asyncio, HTTP/1.1 keep-alive, an OpenAI-style SSE stream) holds each request a fixed 20 ms
+The server (asyncio, HTTP/1.1 keep-alive, an OpenAI-style SSE stream, in a process of its own) holds each request a fixed 20 ms
 before its first token and notes, per request, the time from having read the request whole to having
 flushed the first token's chunk. A client's TTFT error is its TTFT minus the server's own figure for the
 same request (matched by X-Request-ID: the server answers with the client's, or with its own). The
@@ -55,7 +55,7 @@ class StampingServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while await self._one(reader, writer):
+            while not writer.is_closing() and await self._one(reader, writer):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -75,12 +75,13 @@ class StampingServer:
         read_ns = time.perf_counter_ns()
         self._n += 1
         rid = headers.get("x-request-id") or f"s{self._n}"
-        if method == "GET":  # a client asking the models before it starts
-            payload = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
+        if method == "GET":  # the bench reading the server's stamps, or a client asking the models before it starts
+            payload = json.dumps(self.ttft_ns if path == "/_ttft" else
+                                 {"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
             await writer.drain()
             return True
-        del body, path
+        del body
         await asyncio.sleep(FIRST_TOKEN_S)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
                      b"x-request-id: " + rid.encode() + b"\r\n\r\n" + _chunk(_event({"content": "t0"})))
@@ -96,6 +97,30 @@ class StampingServer:
         return headers.get("connection", "").lower() != "close"
 
 
+class Server:
+    """The stamping server in a process of its own, so that neither client shares its loop or its GIL."""
+
+    def __enter__(self) -> Server:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())  # type: ignore[union-attr]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+    def ttft_ns(self) -> dict[str, int]:
+        import httpx
+        return httpx.get(f"http://127.0.0.1:{self.port}/_ttft", timeout=30).json()
+
+
+async def serve() -> None:
+    server = StampingServer()
+    await server.start()
+    print(server.port, flush=True)
+    await asyncio.Event().wait()
+
+
 def _event(delta: dict, finish: str | None = None) -> bytes:
     chunk = {"id": "c", "object": "chat.completion.chunk", "model": "bench",
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -106,7 +131,7 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n" % len(data) + data + b"\r\n"
 
 
-async def ours(server: StampingServer, requests: int, concurrency: int) -> tuple[list[float], float]:
+async def ours(server: Server, requests: int, concurrency: int) -> tuple[list[float], float]:
     """The project's client: (TTFT errors in ms, requests a second)."""
     from flare_diag.daemon.hosts.fixture import Fixture
     from flare_diag.daemon.hosts.site import sim_site
@@ -114,7 +139,7 @@ async def ours(server: StampingServer, requests: int, concurrency: int) -> tuple
     site = sim_site(f"http://127.0.0.1:{server.port}", "bench-token")
     fx = Fixture(name="bench", bodies=[BODY], sha256=[hashlib.sha256(BODY).hexdigest()], sampling={})
     target = Target(site, {"bench": fx}, "bench")
-    errors: list[float] = []
+    seen: list[tuple[int, str]] = []
     left = list(range(requests))
 
     async def worker() -> None:
@@ -122,39 +147,43 @@ async def ours(server: StampingServer, requests: int, concurrency: int) -> tuple
             left.pop()
             out = await target.send_request({"phase": "bench", "fixture": "bench", "order_index": 0, "body_index": 0,
                                              "body_sha256": fx.sha256[0]})
-            errors.append((out["first_token_ns"] - server.ttft_ns[out["request_id"]]) / 1e6)
+            seen.append((out["first_token_ns"], out["request_id"]))
 
     t = time.perf_counter()
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     finally:
         await target.close()
-    return errors, requests / (time.perf_counter() - t)
+    rate = requests / (time.perf_counter() - t)
+    stamps = server.ttft_ns()
+    return [(ft - stamps[rid]) / 1e6 for ft, rid in seen], rate
 
 
-def aiperf(exe: str, server: StampingServer, requests: int, concurrency: int, tokenizer: str | None,
+def aiperf(exe: str, server: Server, requests: int, concurrency: int, tokenizer: str | None,
            ) -> tuple[list[float], float]:
     """AIPerf against the same server (run while this process's loop serves): (TTFT errors in ms, rate)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [exe, "profile", "--model", "bench", "--url", f"http://127.0.0.1:{server.port}", "--endpoint-type", "chat",
                "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
                "--synthetic-input-tokens-mean", "5", "--output-tokens-mean", str(TOKENS), "--artifact-dir", tmp,
-               "--ui-type", "none", "--warmup-request-count", "0"] + (["--tokenizer", tokenizer] if tokenizer else [])
-        t = time.perf_counter()
+               "--ui-type", "none"] + (["--tokenizer", tokenizer] if tokenizer else [])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        elapsed = time.perf_counter() - t
         if p.returncode != 0:
             raise SystemExit(f"aiperf failed ({p.returncode}): {(p.stderr or p.stdout)[-1500:]}")
         records = [json.loads(line) for f in Path(tmp).rglob("*.jsonl") for line in f.read_text().splitlines() if line.strip()]
+    stamps = server.ttft_ns()
     errors: list[float] = []
     for r in records:
         meta, metrics = r.get("metadata") or {}, r.get("metrics") or {}
         rid = meta.get("x_request_id")
         ttft = metrics.get("time_to_first_token") or {}
-        if rid in server.ttft_ns and ttft.get("value") is not None:
+        if rid in stamps and ttft.get("value") is not None:
             scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[ttft.get("unit", "ms")]
-            errors.append(float(ttft["value"]) * scale - server.ttft_ns[rid] / 1e6)
-    return errors, len(errors) / elapsed
+            errors.append(float(ttft["value"]) * scale - stamps[rid] / 1e6)
+    # its rate over its own requests, first send to last answer (not its start-up)
+    metas = [r.get("metadata") or {} for r in records]
+    span_s = (max(m["request_end_ns"] for m in metas) - min(m["request_start_ns"] for m in metas)) / 1e9
+    return errors, len(metas) / span_s
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -171,11 +200,13 @@ async def main() -> int:
     ap.add_argument("--tokenizer", default=None,
                     help="a local Hugging Face tokenizer folder for aiperf (offline it cannot fetch one; the vLLM "
                          "tests' tiny model has one: fixtures/engines/vllm/make_model.py OUT)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
     args = ap.parse_args()
-    server = StampingServer()
-    await server.start()
+    if args.serve:
+        await serve()
+        return 0
     loop = asyncio.get_running_loop()
-    try:
+    with Server() as server:
         for c in args.concurrency:
             mine, theirs, my_rate, their_rate = [], [], [], []
             for _ in range(args.runs):
@@ -196,8 +227,6 @@ async def main() -> int:
                   f"{statistics.median(their_rate):.1f} requests/s ({len(theirs)} requests)")
             print(f"C{c}: ratio flare-diag/aiperf TTFT error median {statistics.median(mine) / statistics.median(theirs):.2f}x, "
                   f"p99 {pct(mine, 0.99) / pct(theirs, 0.99):.2f}x; rate {statistics.median(my_rate) / statistics.median(their_rate):.2f}x")
-    finally:
-        await server.close()
     return 0
 
 
