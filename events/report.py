@@ -26,6 +26,8 @@ Read = Envelope | ReadEvent  # a projection reads either: a log's narrowed rows,
 HOST_COUNTERS = ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens")
 GPU_COUNTERS = ("gpu_hits", "gpu_reused_tokens")
 SERIES_KEYS = HOST_COUNTERS + GPU_COUNTERS
+# an engine's own per-request times, as _sum and _count counters (daemon/hosts/metrics.py TIMINGS)
+ENGINE_TIMING_KEYS = ("engine_queue_s_sum", "engine_queue_s_count", "engine_prefill_s_sum", "engine_prefill_s_count")
 SNAPSHOTS = ("router", "monitoring", "gpu", "configuration")
 # gauges whose peak (or capacity) per phase is the seed's allocation-capacity-against-live-occupancy evidence
 OCCUPANCY_GAUGES = ("rows_used", "rows_capacity", "pages_used", "pages_capacity", "host_cache_records",
@@ -63,6 +65,8 @@ class _Projection:
         self.failure_kinds: dict[str, dict[str, int]] = {}
         self.samples: dict[str, _Samples] = {}  # per phase: what the descriptive statistics read
         self.reuse: dict[str, list[tuple[int, int]]] = {}  # replay phase -> (order, host reused tokens)
+        # phase -> (queue, prefill) seconds per request, as the engine itself timed them (C1 only)
+        self.engine_times: dict[str, tuple[list[float], list[float]]] = {}
         self.fold = WindowFold(window_id)
         self.integrity = integrity
         self.r: dict = {"identity": {"observed": [], "incumbent_sha256_before": None, "incumbent_sha256_after": None},
@@ -102,6 +106,16 @@ class _Projection:
             self.fold.apply(env.seq, ev, env.wall_ns)
         else:
             handler(self, env, ev)
+
+    def _engine_times(self, phase: str, timing: tuple) -> None:
+        """One request's queue and prefill seconds from the changes of the engine's histograms around it:
+        only where each count moved by exactly one (this request's own observation, and no other's)."""
+        queue_sum, queue_n, prefill_sum, prefill_n = timing
+        queue, prefill = self.engine_times.setdefault(phase, ([], []))
+        if queue_n == 1 and queue_sum is not None:
+            queue.append(queue_sum)
+        if prefill_n == 1 and prefill_sum is not None:
+            prefill.append(prefill_sum)
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -240,7 +254,16 @@ class _Projection:
         self.fold.count_request()
         # the narrow view's struct encodes as the dict of its keys would (every key, in order), so an
         # answered request's row keeps it; a row that is a dict, or a report held whole, gets the dict
-        d = ev.delta if isinstance(ev.delta, _DeltaView) else {k: ev.delta.get(k) for k in SERIES_KEYS}
+        full = ev.delta
+        if isinstance(full, _MeasuredDelta):
+            values = msgspec.structs.astuple(full)
+            d = _DeltaView(*values[:len(SERIES_KEYS)])
+            timing = values[len(SERIES_KEYS):]
+        else:
+            d = {k: full.get(k) for k in SERIES_KEYS}
+            timing = tuple(full.get(k) for k in ENGINE_TIMING_KEYS)
+        if ev.outcome == "ok" and timing[1] is not None:
+            self._engine_times(ev.phase, timing)
         rd = self.responses.pop((ev.phase, ev.order_index), None)
         if rd is None:
             req = {"phase": ev.phase, "order_index": ev.order_index, "body_index": ev.body_index,
@@ -326,7 +349,7 @@ class _Projection:
         r["trace"].update(trace_evidence(r["cells"], self.samples, scale))
         r["trace"].update(trace_overhead(r["trace"]["arms"], r["trace"]["pairs"], f.trace_rule))
         r["latency"] = phase_latency(self.samples, scale)
-        r["costs"] = phase_costs(self.samples, scale)
+        r["costs"] = phase_costs(self.samples, scale, self.engine_times)
         so = f.starting_observation
         r["starting_observation"] = starting_observation(so, f.cells, r["occupancy"]) if so else None
         if r["abort"] and r["abort"].get("reason") == "operator" and self.operator:
@@ -457,7 +480,8 @@ def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
     return out
 
 
-def phase_costs(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
+def phase_costs(samples: dict[str, _Samples], scale: float = 1.0,
+                engine_times: dict[str, tuple[list[float], list[float]]] | None = None) -> list[dict]:
     """Per phase (trace arms included): first byte, TTFT, decode ms per output token and output tokens
     per second, p50 and p90 (nearest rank) of the requests that answered. Host-to-GPU transfer time
     is not part of the contract's metrics, so it is reported as not exposed. Descriptive."""
@@ -469,6 +493,10 @@ def phase_costs(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
             for pct in (50, 90):
                 row[f"{k}_p{pct}"] = _p4(per[k], pct)
         row["host_transfer_s"] = None  # not exposed by the contract's /metrics
+        queue, prefill = (engine_times or {}).get(ph, ([], []))
+        for k, xs in (("engine_queue_s", queue), ("engine_prefill_s", prefill)):
+            for pct in (50, 90):
+                row[f"{k}_p{pct}"] = _p4(xs, pct)  # None: the engine exports no such time, or not at C1
         out.append(row)
     return out
 
@@ -648,8 +676,11 @@ def _numbers(name: str, keys: tuple[str, ...]) -> type[msgspec.Struct]:
 _DeltaView = _numbers("_DeltaView", SERIES_KEYS)
 
 
+_MeasuredDelta = _numbers("_MeasuredDelta", SERIES_KEYS + ENGINE_TIMING_KEYS)
+
+
 class _MeasuredView(_RequestKeys, gc=False):
-    delta: _DeltaView
+    delta: _MeasuredDelta
 
 
 def _delta_dict(d) -> dict:

@@ -289,22 +289,30 @@ def latency_rows(r: dict) -> list[list[str]]:
 
 COST_HEAD = ["phase", "requests", "first byte p50 (s)", "first byte p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
              "decode p50 (ms/token)", "decode p90 (ms/token)", "output p50 (tokens/s)", "output p90 (tokens/s)",
-             "host transfer (s)"]
+             "queue wait p50 (s, engine)", "prefill p50 (s, engine)", "host transfer (s)"]
 
 
 def cost_rows(r: dict) -> list[list[str]]:
     return [[x["phase"], n(x["requests"]), num(x["first_byte_s_p50"], 3), num(x["first_byte_s_p90"], 3),
              num(x["ttft_s_p50"], 2), num(x["ttft_s_p90"], 2), num(x["decode_ms_per_token_p50"], 2),
              num(x["decode_ms_per_token_p90"], 2), num(x["output_tokens_per_s_p50"], 1),
-             num(x["output_tokens_per_s_p90"], 1), "not exposed" if x.get("host_transfer_s") is None
+             num(x["output_tokens_per_s_p90"], 1), _engine(x.get("engine_queue_s_p50")),
+             _engine(x.get("engine_prefill_s_p50")), "not exposed" if x.get("host_transfer_s") is None
              else num(x["host_transfer_s"], 3)] for x in r.get("costs") or []]
+
+
+def _engine(v: float | None) -> str:
+    return "n/a" if v is None else num(v, 4)
 
 
 COST_WORDS = ("Window seconds from each request's send, as the client sees them: the answer's first bytes (the host's "
               "queueing, and where an engine sends its stream's headers only with the first token, its prefill too: "
               "not a queue wait), time to first token, decode per output token after the first, and output tokens per "
-              "second over the whole request; nearest-rank percentiles; descriptive. Neither a queue wait nor a "
-              "host-to-GPU transfer time is part of the contract's metrics, so neither is shown as one.")
+              "second over the whole request; nearest-rank percentiles; descriptive. Queue wait and prefill (engine) are the "
+              "engine's own per-request times, where it exports them (vLLM's request_queue_time_seconds and "
+              "request_prefill_time_seconds histograms), read at C1 from their change around each request (n/a: an engine that exports neither, or a phase "
+              "above C1, where one request's change cannot be told from another's); the contract has neither, nor a "
+              "host-to-GPU transfer time.")
 STARTING_HEAD = ["line", "the plan's starting observation", "observed", "same"]
 STARTING_WORDS = {"reproduced": "REPRODUCED", "not_reproduced": "NOT reproduced", "not_measured": "not measured",
                   "not_observable": "not observable on this host"}

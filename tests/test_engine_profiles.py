@@ -152,3 +152,18 @@ def test_a_family_the_window_never_reads_cannot_make_a_scrape_malformed():
     odd = text + ('# TYPE vllm:e2e_request_latency_seconds histogram\n'
                   'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.5"} NaNish\n')
     assert parse(odd, metric_names("vllm", {})) == parse(text, metric_names("vllm", {}))
+
+
+def test_real_vllm_per_request_queue_and_prefill_times_are_read_as_sum_and_count():
+    # vLLM 0.32.0's request_queue_time_seconds and request_prefill_time_seconds histograms, recorded before
+    # and after two requests: their sums' changes are those requests' own times (vllm/v1/metrics/stats.py)
+    before, after = _parse("vllm-0.32.0/before.prom", "vllm")["counters"], _parse(REAL_VLLM, "vllm")["counters"]
+    assert before["engine_queue_s_count"] == 0 and after["engine_queue_s_count"] == 2
+    assert after["engine_queue_s_sum"] == pytest.approx(0.00020225699881848413)
+    assert after["engine_prefill_s_count"] == 2 and after["engine_prefill_s_sum"] == pytest.approx(0.059862698000870296)
+
+
+def test_an_engine_that_exports_no_request_times_reads_them_as_not_observable():
+    m = _parse("llamacpp-0.3.36.prom", "llamacpp")["counters"]
+    assert all(m[k] is None for k in ("engine_queue_s_sum", "engine_queue_s_count", "engine_prefill_s_sum",
+                                      "engine_prefill_s_count"))

@@ -227,3 +227,20 @@ def test_rehearse_reads_the_fixture_folder_beside_its_plan(tmp_path, capsys):
     rc = main(["rehearse", "--plan", str(plan), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and "fixture tok1024: body 2" in err and "temperature = 0.5" in err and err.count("\n") == 1, err
+
+
+def test_an_engine_that_exports_its_request_times_has_its_queue_and_prefill_reported_at_c1_only(tmp_path, small_plan):
+    # flaresim exports them only when its scenario asks (by default it serves the contract alone)
+    scenario = tmp_path / "timings.toml"
+    scenario.write_text((ROOT / "fixtures" / "flaresim" / "scenarios" / "flare-47581cca.toml").read_text()
+                        .replace('name = "flare-47581cca"', 'name = "timings"') + "\nexport_request_times = true\n")
+    _rc, r, _out = rehearse(tmp_path, "--scenario", str(scenario), "--plan", str(small_plan))
+    costs = {c["phase"]: c for c in r["costs"]}
+    prime = costs["A.forward_prime"]
+    assert prime["engine_queue_s_p50"] == 0 and 0 < prime["engine_prefill_s_p50"] <= prime["ttft_s_p50"]
+    assert costs["trace.C4.r1.on"]["engine_prefill_s_p50"] is None  # four at once: no request's own change
+
+
+def test_an_engine_that_exports_no_request_times_has_none_reported(default_rehearsal):
+    _rc, r, _out = default_rehearsal
+    assert all(c["engine_queue_s_p50"] is None and c["engine_prefill_s_p50"] is None for c in r["costs"])

@@ -43,6 +43,13 @@ PROFILES: dict[str, dict[str, str]] = {
         "flare_prompt_tokens": "vllm:prompt_tokens",             # loggers.py: counter, prefill tokens processed
         "flare_generation_tokens": "vllm:generation_tokens",     # loggers.py: counter, tokens generated
         "flare_requests_finished": "vllm:request_success",       # loggers.py: counter per finished_reason
+        # Per-request times (histograms, read as _sum and _count; no contract name: daemon/hosts/metrics.py
+        # TIMINGS). loggers.py observes each finished request's FinishedRequestStats, which stats.py
+        # (IterationStats.update_from_finished_request) computes as queued_time = scheduled_ts - queued_ts
+        # (waiting for the scheduler) and prefill_time = first_token_ts - scheduled_ts (to the first token,
+        # preemptions included)
+        "flare_request_queue_seconds": "vllm:request_queue_time_seconds",
+        "flare_request_prefill_seconds": "vllm:request_prefill_time_seconds",
     },
     # SGLang 0.5.23 (PyPI), python/sglang/srt/observability/metrics_collector.py. Not run here: its CPU
     # backend needs a build of sgl-kernel that PyPI does not carry (docs/engines.md)

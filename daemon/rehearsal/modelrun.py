@@ -371,6 +371,9 @@ def scraped(host) -> dict:
     fams = families(host)
     parsed: dict[str, list] = {}
     for name, kind, _help, samples in fams or ():  # a host with nothing loaded exposes no family
+        if kind == "histogram":  # (sum, count), as the exposition writes them
+            parsed[name] = [Sample(f"{name}_{part}", {}, float(v)) for part, (_l, v) in zip(("sum", "count"), samples)]
+            continue
         sample = f"{name}_total" if kind == "counter" else name
         parsed[name] = [Sample(sample, {k: str(v) for k, v in labels.items()}, float(v)) for labels, v in samples]
     return metrics.shape(parsed)
