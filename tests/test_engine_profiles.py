@@ -167,3 +167,9 @@ def test_an_engine_that_exports_no_request_times_reads_them_as_not_observable():
     m = _parse("llamacpp-0.3.36.prom", "llamacpp")["counters"]
     assert all(m[k] is None for k in ("engine_queue_s_sum", "engine_queue_s_count", "engine_prefill_s_sum",
                                       "engine_prefill_s_count"))
+
+
+def test_sglang_sample_reads_its_per_request_queue_time_and_no_prefill_time():
+    m = _parse("sglang.prom", "sglang")["counters"]
+    assert m["engine_queue_s_sum"] == pytest.approx(0.0123) and m["engine_queue_s_count"] == 3
+    assert m["engine_prefill_s_sum"] is None and m["engine_prefill_s_count"] is None

@@ -55,6 +55,13 @@ def test_real_vllm_prefix_reuse_per_request_is_the_engines_own_cached_tokens(sma
     assert sum(q["cached_tokens"] for q in measured) > 0
 
 
+def test_real_vllm_reports_each_phases_queue_wait_and_prefill_from_its_own_request_histograms(small_cache_window):
+    _rc, r, _out = small_cache_window
+    prime = next(c for c in r["costs"] if c["phase"] == "A.forward_prime")
+    assert prime["engine_queue_s_p50"] is not None and prime["engine_queue_s_p50"] >= 0
+    assert prime["engine_prefill_s_p50"] is not None and 0 < prime["engine_prefill_s_p50"] <= prime["ttft_s_p50"]
+
+
 def test_real_vllm_resident_memory_is_the_whole_engine_process_group(small_cache_window):
     _rc, _r, out = small_cache_window
     with LogReader(out / "log.db") as reader:

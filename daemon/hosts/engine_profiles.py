@@ -71,6 +71,10 @@ PROFILES: dict[str, dict[str, str]] = {
         # prompt count is the request's whole prompt, cached tokens included, as the contract's is
         "flare_prompt_tokens": "sglang:prompt_tokens",
         "flare_generation_tokens": "sglang:generation_tokens",
+        # SchedulerMetricsCollector's histogram: one sample per request, the wait before its first forward
+        # (observability/req_time_stats.py, set_forward_entry_time: ts - wait_queue_entry_time), as vLLM's
+        # queued_time. No prefill histogram of one sample a request (per_stage_req_latency_seconds is per slice)
+        "flare_request_queue_seconds": "sglang:queue_time_seconds",
     },
 }
 
