@@ -182,8 +182,10 @@ class WindowPolicy(WindowCore):
             return
         reason = rules.abort_for_error(inp.error)
         if reason:
-            self._abort_from_outside(reason, f"{'request' if isinstance(inp, RequestDone) else 'action'} "
-                                             f"{inp.action_id}: {inp.detail or inp.error}")
+            # a request by its phase and order, as cells and the report number it (an action id is no request's number)
+            where = f"{inp.phase} #{inp.order_index} (action {inp.action_id})" if isinstance(inp, RequestDone) \
+                else f"action {inp.action_id}"
+            self._abort_from_outside(reason, f"{where}: {inp.detail or inp.error}")
             return
         if isinstance(inp, RequestDone):
             self._refusal(inp)

@@ -11,13 +11,13 @@ from tests.simtools import flare_diag_here
 from tests.test_fault_matrix import rehearse, rehearse_printing
 
 
-def test_a_fault_spec_names_a_phase_and_its_request_counted_from_one():
+def test_a_fault_spec_names_a_phase_and_a_requests_order_in_it():
     f = parse_fault("xid@B.forward_replay#12,xid=48")
     assert f["at"] == {"phase": "B.forward_replay", "request": 12} and f["xid"] == 48
 
 
-@pytest.mark.parametrize("spec", ["xid@B.forward_replay#0", "xid@#3", "xid@B.forward_replay#x", "xid@a b#2"])
-def test_a_phase_request_that_is_not_a_phase_and_a_number_from_one_is_refused_naming_the_spec(spec):
+@pytest.mark.parametrize("spec", ["xid@B.forward_replay#-1", "xid@#3", "xid@B.forward_replay#x", "xid@a b#2"])
+def test_a_phase_request_that_is_not_a_phase_and_an_order_is_refused_naming_the_spec(spec):
     with pytest.raises(InputError, match="expected PHASE#N"):
         parse_fault(spec)
 
@@ -35,13 +35,14 @@ def test_a_fault_bound_to_a_phase_the_plan_lacks_exits_2_naming_the_plans_phases
     assert not (tmp_path / "o" / "log.db").exists()
 
 
-def test_a_fault_at_a_phases_third_request_fails_that_request_and_no_other(small_plan, tmp_path):
-    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "oom@A.reverse_replay#3")
+def test_a_fault_at_a_phases_request_2_fails_that_request_and_no_other(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "oom@A.reverse_replay#2")
     cells = {c["phase"]: c for c in r["cells"]}
     assert rc == 1 and r["abort"]["reason"] == "gpu_fault"
     assert cells["A.forward_prime"]["status"] == "measured"
     assert "after 2 of 8 requests" in cells["A.reverse_replay"]["reason"]
-    assert r["faults"] == [{"spec": "oom@A.reverse_replay#3", "fired": True}]
+    assert r["faults"] == [{"spec": "oom@A.reverse_replay#2", "fired": True}]
+    assert r["abort"]["detail"].startswith("A.reverse_replay #2 (action ")  # the abort numbers it alike
 
 
 def test_a_load_failure_before_the_first_load_fails_that_load_and_after_it_the_next(small_plan, tmp_path):

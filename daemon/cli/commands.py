@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
     rh.add_argument("--fault", action="append", default=[],
                     help="inject a fault, repeatable: KIND[@PHASE#N|@request=N|@after_request=N|@after_s=X|@before_load=N|@after_load=N][,param=value]; "
-                         "PHASE#N: as the window sends PHASE's N-th request (B.forward_replay#12); request=N: the host's "
+                         "PHASE#N: as the window sends PHASE's request #N (its order from 0, as the report numbers "
+                         "requests: B.forward_replay#12); request=N: the host's "
                          "N-th chat request from now, probes and preflights counted; before_load/after_load=N: as the "
                          "N-th load from now begins / completes; none: at once. The report lists each fault and "
                          f"whether it fired. KIND is one of {', '.join(FAULT_KINDS)}")

@@ -42,7 +42,7 @@ class FaultSchedule:
             req = ev.request
             for i, f in enumerate(self.faults):
                 at = f["at"]
-                if i not in self._set and _phase_bound(f) and at["phase"] == req.phase and at["request"] == req.order_index + 1:
+                if i not in self._set and _phase_bound(f) and at["phase"] == req.phase and at["request"] == req.order_index:
                     self._add(i, {"body_sha256": req.body_sha256})
 
     def accounted(self) -> FaultsAccounted:

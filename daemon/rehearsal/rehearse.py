@@ -29,7 +29,8 @@ PHASE_REQUEST = re.compile(r"([A-Za-z0-9_.-]+)#([0-9]+)")
 
 
 def parse_fault(spec: str) -> dict:
-    """'kind' (now), 'kind@PHASE#N' (as the window sends the N-th request of PHASE, counted from 1),
+    """'kind' (now), 'kind@PHASE#N' (as the window sends PHASE's request #N: its order in the phase, from 0,
+    as the report's request table and every abort and cell reason number it),
     'kind@request=N' / 'kind@after_request=N' (the host's N-th chat request from now, probes and
     preflights counted, arriving / answered), 'kind@after_s=X', 'kind@before_load=N' / 'kind@after_load=N'
     (as the N-th manager load from now begins / completes); extra ',key=value' params allowed.
@@ -54,9 +55,9 @@ def parse_fault(spec: str) -> dict:
     out: dict = {"kind": kind, "at": "now", "spec": spec}
     if "#" in at:
         m = PHASE_REQUEST.fullmatch(at)
-        if m is None or int(m.group(2)) < 1:
-            raise InputError(f"--fault {spec!r}: @{at}: expected PHASE#N, a phase of the plan and a request number "
-                             f"from 1, such as B.forward_replay#12 ({FAULT_SPEC})")
+        if m is None:
+            raise InputError(f"--fault {spec!r}: @{at}: expected PHASE#N, a phase of the plan and a request's order "
+                             f"in it from 0 (as the report numbers them), such as B.forward_replay#12 ({FAULT_SPEC})")
         out["at"] = {"phase": m.group(1), "request": int(m.group(2))}
         at = ""
     elif at and moment not in MOMENTS:
