@@ -179,22 +179,34 @@ def _log_seqs(db: Path):
         return [e.seq for e in r.iter()]
 
 
-def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_mark(small_plan):
+def _live_view_of_eight_bodies(small_plan):
+    """A live view fed the opening of a window of the eight-body plan, its fixture validated (8 bodies)."""
     import io
 
     import msgspec
     from rich.console import Console
 
-    from flare_diag.daemon.cli.live import LiveView, panel
+    from flare_diag.daemon.cli.live import LiveView
     from flare_diag.daemon.window.setup import read_plan
     from flare_diag.events.actions import ValidateFixtures
-    from flare_diag.events.schema import ActionDone, ActionRequested, PhaseStarted, RequestMeasured, WindowOpened
+    from flare_diag.events.schema import ActionDone, ActionRequested, WindowOpened
     _raw, plan = read_plan(small_plan)
-    view = LiveView(Console(file=io.StringIO(), width=120))
+    view = LiveView(Console(file=io.StringIO(), width=160))
     view.on_event(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
                                   gpu_source="simulator", rehearsal=True, candidate_recipe="c"))
     view.on_event(2, ActionRequested(action_id=1, request=ValidateFixtures(fixtures=[])))
     view.on_event(3, ActionDone(at_ns=0, action_id=1, ok=True, data={"fixtures": {"tok1024": {"sha256": ["a"] * 8}}}))
+    return view
+
+
+def test_the_live_view_shows_done_of_total_the_etas_the_wall_clock_and_the_stop_mark(small_plan):
+    import io
+
+    from rich.console import Console
+
+    from flare_diag.daemon.cli.live import panel
+    from flare_diag.events.schema import PhaseStarted, RequestMeasured
+    view = _live_view_of_eight_bodies(small_plan)
     view.on_event(4, PhaseStarted(phase="A.forward_prime", minute=1.0, estimated_end_minute=3.5))
     for k in range(3):
         view.on_event(5 + k, RequestMeasured(phase="A.forward_prime", order_index=k, body_index=k, body_sha256="a",
@@ -352,21 +364,11 @@ def test_the_close_line_of_a_failed_restoration_says_the_primary_needs_a_person(
 def test_the_live_view_projects_the_phase_end_from_the_phases_own_pace_not_its_starting_estimate(small_plan):
     import io
 
-    import msgspec
     from rich.console import Console
 
-    from flare_diag.daemon.cli.live import LiveView, panel
-    from flare_diag.daemon.window.setup import read_plan
-    from flare_diag.events.actions import ValidateFixtures
-    from flare_diag.events.schema import (
-        ActionDone, ActionRequested, PhaseStarted, RequestMeasured, TimeMarked, WindowOpened,
-    )
-    _raw, plan = read_plan(small_plan)
-    view = LiveView(Console(file=io.StringIO(), width=160))
-    view.on_event(1, WindowOpened(at_ns=0, window_id="w", plan=msgspec.to_builtins(plan), plan_sha256="x", site="s",
-                                  gpu_source="simulator", rehearsal=True, candidate_recipe="c"))
-    view.on_event(2, ActionRequested(action_id=1, request=ValidateFixtures(fixtures=[])))
-    view.on_event(3, ActionDone(at_ns=0, action_id=1, ok=True, data={"fixtures": {"tok1024": {"sha256": ["a"] * 8}}}))
+    from flare_diag.daemon.cli.live import panel
+    from flare_diag.events.schema import ActionDone, PhaseStarted, RequestMeasured, TimeMarked
+    view = _live_view_of_eight_bodies(small_plan)
     view.on_event(4, TimeMarked(mark="t0", minute=0.0))
     view.on_event(4, PhaseStarted(phase="A.forward_prime", minute=1.0, estimated_end_minute=3.0))
     # four of eight requests in four minutes: twice as slow as estimated, so the phase ends at minute 9

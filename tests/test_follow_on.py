@@ -60,16 +60,20 @@ def test_force_writes_the_plan_and_records_the_gate_it_passed_over(default_rehea
     assert rc == 0 and "FORCED" in said and fo.forced and "no more than the incumbent's" in fo.override
 
 
-@pytest.fixture(scope="module")
-def overhead_not_understood(tmp_path_factory, small_plan) -> Path:
-    """A rehearsal of the eight-body plan whose bounds are too tight for its trace overhead to be understood."""
-    tmp = tmp_path_factory.mktemp("strict")
-    plan = tmp / "strict.toml"
-    plan.write_text(small_plan.read_text().replace("[trace]", "[trace]\noverhead_max = 0.0001", 1))
+def _rehearsed_with_trace_bounds(tmp: Path, small_plan: Path, bounds: str) -> Path:
+    """A rehearsal of the eight-body plan with these lines added to its [trace] table: its out folder."""
+    plan = tmp / "plan.toml"
+    plan.write_text(small_plan.read_text().replace("[trace]", "[trace]\n" + bounds, 1))
     out = tmp / "out"
     rc, stdout, stderr = flare_diag_here("rehearse", "--plan", str(plan), "--out", str(out))
     assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def overhead_not_understood(tmp_path_factory, small_plan) -> Path:
+    """A rehearsal of the eight-body plan whose bounds are too tight for its trace overhead to be understood."""
+    return _rehearsed_with_trace_bounds(tmp_path_factory.mktemp("strict"), small_plan, "overhead_max = 0.0001")
 
 
 def test_the_capture_stage_is_refused_while_the_trace_overhead_is_not_understood(overhead_not_understood, capsys,
@@ -81,13 +85,8 @@ def test_the_capture_stage_is_refused_while_the_trace_overhead_is_not_understood
 @pytest.fixture(scope="module")
 def understood_window(tmp_path_factory, small_plan) -> Path:
     """A rehearsal of the eight-body plan whose own bounds call its trace overhead understood."""
-    tmp = tmp_path_factory.mktemp("understood")
-    plan = tmp / "loose.toml"
-    plan.write_text(small_plan.read_text().replace("[trace]", "[trace]\noverhead_max = 0.5\noverhead_interval_max = 1.0", 1))
-    out = tmp / "out"
-    rc, stdout, stderr = flare_diag_here("rehearse", "--plan", str(plan), "--out", str(out))
-    assert (out / "report.json").exists(), stdout[-2000:] + stderr[-2000:]
-    return out
+    return _rehearsed_with_trace_bounds(tmp_path_factory.mktemp("understood"), small_plan,
+                                        "overhead_max = 0.5\noverhead_interval_max = 1.0")
 
 
 def test_the_capture_stage_is_admitted_from_a_window_whose_cache_effects_and_overhead_are_understood(
