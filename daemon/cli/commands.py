@@ -36,6 +36,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+def _add_rehearse(sub, scenarios: str, fault_kinds) -> argparse.ArgumentParser:  # noqa: ANN001 - argparse's own
+    """`flare-diag rehearse`'s own flags (the forecast's and --json are shared with `run`)."""
+    rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
+    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN,
+                    help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
+    rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
+    rh.add_argument("--fault", action="append", default=[],
+                    help="inject a fault, repeatable: KIND[@PHASE#N|@request=N|@after_request=N|@after_s=X|@before_load=N|@after_load=N][,param=value]; "
+                         "PHASE#N: as the window sends PHASE's request #N (its order from 0, as the report numbers "
+                         "requests: B.forward_replay#12); request=N: the host's "
+                         "N-th chat request from now, probes and preflights counted; before_load/after_load=N: as the "
+                         "N-th load from now begins / completes; none: at once. The report lists each fault and "
+                         f"whether it fired. KIND is one of {', '.join(fault_kinds)}")
+    rh.add_argument("--out", type=Path, default=None, help="where the log and reports go (default: out/rehearsal-<UTC>)")
+    rh.add_argument("--time-scale", type=_scale_or_auto, default=None,
+                    help="pace the rehearsal on the wall clock at this factor (a live demonstration), or 'auto': the "
+                         "fastest up to x20 this machine can keep now with headroom for its load rising (said when "
+                         "chosen); default: virtual time, as fast as the machine computes it")
+    rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
+    rh.add_argument("--candidate", default="glm-candidate", metavar="RECIPE",
+                    help="the simulated host's recipe the window loads as its candidate: glm-candidate, or a policy "
+                         "build glm-candidate-POLICY (lru_leaf, marconi, protect_full_prompt) for a follow-on's sides "
+                         "(default glm-candidate)")
+    return rh
+
+
 def _add_run(sub) -> argparse.ArgumentParser:
     """`flare-diag run`'s own flags (the forecast's and --json are shared with `rehearse`)."""
     rn = sub.add_parser("run", help="run a window against a site")
@@ -99,27 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("db", type=Path, help="the event log (log.db)")
     bk.add_argument("dest", type=Path, help="the copy to write (never over an existing file); its checkpoint goes beside it")
 
-    rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
-    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN,
-                    help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
-    rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
-    rh.add_argument("--fault", action="append", default=[],
-                    help="inject a fault, repeatable: KIND[@PHASE#N|@request=N|@after_request=N|@after_s=X|@before_load=N|@after_load=N][,param=value]; "
-                         "PHASE#N: as the window sends PHASE's request #N (its order from 0, as the report numbers "
-                         "requests: B.forward_replay#12); request=N: the host's "
-                         "N-th chat request from now, probes and preflights counted; before_load/after_load=N: as the "
-                         "N-th load from now begins / completes; none: at once. The report lists each fault and "
-                         f"whether it fired. KIND is one of {', '.join(FAULT_KINDS)}")
-    rh.add_argument("--out", type=Path, default=None, help="where the log and reports go (default: out/rehearsal-<UTC>)")
-    rh.add_argument("--time-scale", type=_scale_or_auto, default=None,
-                    help="pace the rehearsal on the wall clock at this factor (a live demonstration), or 'auto': the "
-                         "fastest up to x20 this machine can keep now with headroom for its load rising (said when "
-                         "chosen); default: virtual time, as fast as the machine computes it")
-    rh.add_argument("--seed", type=int, default=0, help="the simulator's service-time noise (default 0)")
-    rh.add_argument("--candidate", default="glm-candidate", metavar="RECIPE",
-                    help="the simulated host's recipe the window loads as its candidate: glm-candidate, or a policy "
-                         "build glm-candidate-POLICY (lru_leaf, marconi, protect_full_prompt) for a follow-on's sides "
-                         "(default glm-candidate)")
+    rh = _add_rehearse(sub, scenarios, FAULT_KINDS)
     rn = _add_run(sub)
     for sp in (rh, rn):
         _forecast_flags(sp)
