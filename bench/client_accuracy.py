@@ -49,10 +49,6 @@ class StampingServer:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def close(self) -> None:
-        self._server.close()
-        await self._server.wait_closed()
-
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while not writer.is_closing() and await self._one(reader, writer):

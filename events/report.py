@@ -262,7 +262,7 @@ class _Projection:
         else:
             d = {k: full.get(k) for k in SERIES_KEYS}
             timing = tuple(full.get(k) for k in ENGINE_TIMING_KEYS)
-        if ev.outcome == "ok" and timing[1] is not None:
+        if ev.outcome == "ok" and any(t is not None for t in timing):  # an engine may export one and not the other
             self._engine_times(ev.phase, timing)
         rd = self.responses.pop((ev.phase, ev.order_index), None)
         if rd is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import argparse
 import contextlib
 import math
@@ -34,6 +35,49 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not the usage block
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _with_socket(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A command that talks to the daemon: its --socket flag."""
+    sp.add_argument("--socket", type=Path, default=None,
+                    help="the daemon's control socket (default: $FLARE_DIAG_SOCKET, else /run/flare-diagd/control.sock)")
+    return sp
+
+
+def _add_service_commands(sub) -> Callable[[argparse.ArgumentParser], argparse.ArgumentParser]:  # noqa: ANN001
+    """status, start, abort, watch and report: the commands of the daemon's control socket (report reads a
+    log offline too). Returns the helper that gives a command its --socket flag."""
+    sock = _with_socket
+    st = sock(sub.add_parser("status", help="the daemon's state and the current window's progress"))
+    st.add_argument("--json", action="store_true", help="print the raw status reply")
+    sa = sock(sub.add_parser("start", help="start a window in the daemon"))
+    sa.add_argument("plan", type=Path, help="the window's plan (TOML), read here and sent as content")
+    sa.add_argument("--site", required=True, metavar="NAME",
+                    help="a site profile installed in the daemon's sites directory (NAME.toml there)")
+    sa.add_argument("--time-scale", type=float, default=1.0, help="window seconds per wall second (a simulated site)")
+    _forecast_flags(sa)
+    ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
+    ab.add_argument("--reason", required=True, help="why, in words: it goes into the log and the report")
+    wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
+    wa.add_argument("--from-seq", type=ranged("--from-seq"), default=None, help="replay the log from this seq before following it live")
+    wa.add_argument("--json", action="store_true", help="JSON lines: every event as it is logged, nothing else")
+    rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
+                             description="report DB [--window ID] | report WINDOW_ID (daemon) | "
+                                         "report compare DB --windows A B C --baseline X [Y Z]"))
+    rp.add_argument("target", help="a log file (offline), a window id (asks the daemon), or 'compare'")
+    rp.add_argument("db", nargs="?", type=Path, default=None,
+                    help="with compare: the log file holding the windows (optional when every window is given as the path "
+                         "of its own log or out folder)")
+    rp.add_argument("--window", default=None, help="offline: the window (default: the last one in the log)")
+    rp.add_argument("--format", choices=["json", "md", "html"], default="md", help="the report's format")
+    rp.add_argument("--out", type=Path, default=None,
+                    help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
+    rp.add_argument("--windows", nargs="+", default=None,
+                    help="with compare: the candidate's repeats (window ids, or paths of their own logs or out folders)")
+    rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats (the same forms)")
+    rp.add_argument("--repeats", type=ranged("--repeats"), default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
+    rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
+    return sock
 
 
 def _add_rehearse(sub, scenarios: str, fault_kinds) -> argparse.ArgumentParser:  # noqa: ANN001 - argparse's own
@@ -133,40 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="JSON lines on stdout: every event as it is logged, then one result line (outcome, "
                              "verdict, report paths, exit code); what people read goes to stderr")
 
-    def sock(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--socket", type=Path, default=None,
-                        help="the daemon's control socket (default: $FLARE_DIAG_SOCKET, else /run/flare-diagd/control.sock)")
-        return sp
-
-    st = sock(sub.add_parser("status", help="the daemon's state and the current window's progress"))
-    st.add_argument("--json", action="store_true", help="print the raw status reply")
-    sa = sock(sub.add_parser("start", help="start a window in the daemon"))
-    sa.add_argument("plan", type=Path, help="the window's plan (TOML), read here and sent as content")
-    sa.add_argument("--site", required=True, metavar="NAME",
-                    help="a site profile installed in the daemon's sites directory (NAME.toml there)")
-    sa.add_argument("--time-scale", type=float, default=1.0, help="window seconds per wall second (a simulated site)")
-    _forecast_flags(sa)
-    ab = sock(sub.add_parser("abort", help="abort the running window (it restores, then closes)"))
-    ab.add_argument("--reason", required=True, help="why, in words: it goes into the log and the report")
-    wa = sock(sub.add_parser("watch", help="follow the current window live until it closes"))
-    wa.add_argument("--from-seq", type=ranged("--from-seq"), default=None, help="replay the log from this seq before following it live")
-    wa.add_argument("--json", action="store_true", help="JSON lines: every event as it is logged, nothing else")
-    rp = sock(sub.add_parser("report", help="a window's report: from a log file (offline) or from the daemon",
-                             description="report DB [--window ID] | report WINDOW_ID (daemon) | "
-                                         "report compare DB --windows A B C --baseline X [Y Z]"))
-    rp.add_argument("target", help="a log file (offline), a window id (asks the daemon), or 'compare'")
-    rp.add_argument("db", nargs="?", type=Path, default=None,
-                    help="with compare: the log file holding the windows (optional when every window is given as the path "
-                         "of its own log or out folder)")
-    rp.add_argument("--window", default=None, help="offline: the window (default: the last one in the log)")
-    rp.add_argument("--format", choices=["json", "md", "html"], default="md", help="the report's format")
-    rp.add_argument("--out", type=Path, default=None,
-                    help="offline: publish a dated snapshot under DIR/<window>/<UTC date>-<n>/; daemon: write to FILE")
-    rp.add_argument("--windows", nargs="+", default=None,
-                    help="with compare: the candidate's repeats (window ids, or paths of their own logs or out folders)")
-    rp.add_argument("--baseline", nargs="+", default=None, help="with compare: the baseline's repeats (the same forms)")
-    rp.add_argument("--repeats", type=ranged("--repeats"), default=3, help="with compare: the repeats a side the rule uses, exactly (default 3)")
-    rp.add_argument("--json", action="store_true", help="with compare: one JSON object instead of lines")
+    sock = _add_service_commands(sub)
 
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
