@@ -530,9 +530,15 @@ def forecast_only(r: dict, alarm: dict) -> bool:
 
 
 def alarm_line(r: dict, alarm: dict) -> str:
-    """An alarm as the report lists it; a forecast that changed nothing says so."""
+    """An alarm as the report lists it; a forecast that changed nothing says so, and no more than is known (a
+    window that aborted, or is still open, ended before the forecast could come true or not)."""
     said = f"{alarm['kind']}: {alarm['detail']}"
-    return said + " (a forecast: it did not come true, no required cell was lost to time)" if forecast_only(r, alarm) else said
+    if not forecast_only(r, alarm):
+        return said
+    if r.get("outcome") == "completed":
+        return said + " (a forecast: it did not come true, no required cell was lost to time)"
+    ended = f"ended {r['outcome']}" if r.get("outcome") else "is still open"
+    return said + f" (a forecast: the window {ended} before it could come true or not)"
 
 
 def needs_attention(r: dict) -> list[str]:

@@ -695,3 +695,8 @@ def test_a_projected_overrun_in_a_window_that_ended_partial_needs_attention(log)
     r = _with_forecast(build_report(log, "w-report"), "partial")
     assert [x for x in needs_attention(r) if x.startswith("alarm projected_overrun")]
     assert "it did not come true" not in render_md(r)
+
+
+def test_a_projected_overrun_in_an_aborted_window_claims_nothing_about_whether_it_came_true(log):
+    md = render_md(_with_forecast(build_report(log, "w-report"), "aborted"))
+    assert "the window ended aborted before it could come true or not" in md and "it did not come true" not in md
