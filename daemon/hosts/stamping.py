@@ -1,12 +1,17 @@
 """When a generation was sent and when its answer's bytes came, taken where the bytes move: the clock
 starts as the request's headers go out on a connection already open (httpcore's trace), and each chunk
-of the answer is stamped as it is read off the transport, before it is decoded or parsed."""
+of the answer is stamped when the kernel received its bytes (daemon/hosts/rxstamps.py), or, where it
+gives no stamp, as it is read off the transport, before it is decoded or parsed."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
+import httpcore
 import httpx
+
+from flare_diag.daemon.hosts.httpclient import tls_context
+from flare_diag.daemon.hosts.rxstamps import backend_for
 
 READ_STAMP = "flare_diag.read_stamp"  # the response extension that holds its StampedStream
 
@@ -14,13 +19,16 @@ READ_STAMP = "flare_diag.read_stamp"  # the response extension that holds its St
 class StampedStream(httpx.AsyncByteStream):
     """A response body that notes the clock as each chunk is read off the transport."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, clock: Callable[[], int]) -> None:
+    def __init__(self, inner: httpx.AsyncByteStream, clock: Callable[[], int], network: object = None) -> None:
         self._inner, self._clock = inner, clock
+        self._age = getattr(network, "received_age_ns", None)  # a kernel-stamped connection's
         self.last_read_ns: int | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
-            self.last_read_ns = self._clock()
+            now = self._clock()
+            age = self._age() if self._age is not None else None
+            self.last_read_ns = now - age if age is not None else now
             yield chunk
 
     async def aclose(self) -> None:
@@ -35,7 +43,7 @@ class StampingTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         resp = await self._inner.handle_async_request(request)
-        stream = StampedStream(resp.stream, self._clock)  # type: ignore[arg-type]  # an async transport's
+        stream = StampedStream(resp.stream, self._clock, resp.extensions.get("network_stream"))  # type: ignore[arg-type]  # an async transport's
         return httpx.Response(resp.status_code, headers=resp.headers, stream=stream,
                               extensions={**resp.extensions, READ_STAMP: stream})
 
@@ -65,3 +73,17 @@ def read_ns(response: httpx.Response, clock: Callable[[], int]) -> int:
     stamp = response.extensions.get(READ_STAMP)
     last = stamp.last_read_ns if isinstance(stamp, StampedStream) else None
     return last if last is not None else clock()
+
+
+def stamped_transport(urls: list[str]) -> httpx.AsyncHTTPTransport:
+    """A transport for generations, loads and unloads: no connection kept between requests, and, where
+    every URL is plain http and the kernel gives receive stamps, connections that carry them."""
+    transport = httpx.AsyncHTTPTransport(verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0))
+    backend = backend_for(urls)
+    if backend is not None:
+        # httpx's transport takes no network backend of its own; its pool is httpcore's, built the
+        # same way with one (tests/test_rxstamps.py checks that answers still come through it)
+        transport._pool = httpcore.AsyncConnectionPool(ssl_context=tls_context(), max_connections=100,
+                                                       max_keepalive_connections=0, keepalive_expiry=5.0,
+                                                       network_backend=backend)
+    return transport

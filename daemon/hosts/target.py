@@ -21,9 +21,9 @@ from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, classify_r
 from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
-from flare_diag.daemon.hosts.site import Site
-from flare_diag.daemon.hosts.httpclient import host_client, tls_context
-from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns
+from flare_diag.daemon.hosts.site import Site, SiteProfile
+from flare_diag.daemon.hosts.httpclient import host_client
+from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
 
 RESPONSE_CAP = 4096
 # A pooled connection the host closed while it sat idle fails before any byte of an answer comes
@@ -74,7 +74,7 @@ class Target:
         # generations, loads and unloads each get a connection of their own: one the host may have
         # closed while idle can never be picked for them, and they are never sent twice
         # (their answers' chunks stamped as they are read off the transport, before any parsing)
-        inner = site.transport or httpx.AsyncHTTPTransport(verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0))
+        inner = site.transport or stamped_transport(_service_urls(site.profile))
         self.fresh = host_client(timeout=timeout, transport=StampingTransport(inner, _now_ns))
         self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the site's Prometheus, which the plan's steady-state guards query (never through the
@@ -418,6 +418,11 @@ def delta_text(delta: dict) -> tuple[str, str]:
     said = delta.get("content")
     thought = next((t for f in REASONING_FIELDS if isinstance(t := delta.get(f), str) and t), "")
     return (said if isinstance(said, str) else ""), thought
+
+
+def _service_urls(profile: SiteProfile) -> list[str]:
+    return [svc.url for name in ("serving", "manager", "router", "monitoring")
+            if (svc := getattr(profile, name)) is not None and svc.url]
 
 
 def _now_ns() -> int:

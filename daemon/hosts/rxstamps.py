@@ -1,0 +1,182 @@
+"""The kernel's receive time of a generation's bytes: an httpcore network backend for plain TCP whose
+reads ask the kernel when each read's last bytes arrived (SO_TIMESTAMPNS), so a loop busy with other
+streams, scrapes or a commit does not move a time to first token."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import select
+import socket
+import ssl
+import struct
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import httpcore
+
+# SO_TIMESTAMPNS (the 64-bit timespec form, "_OLD" in the kernel's headers since 5.1) where the
+# kernel's generic socket numbers apply; Python's socket module does not name it. Elsewhere the
+# backend is not used and the stamps stay the loop's.
+_SO_TIMESTAMPNS = 35
+_GENERIC = {"x86_64", "aarch64", "arm64", "riscv64", "s390x", "i686", "i386", "armv7l", "armv8l", "loongarch64"}
+_TIMESPEC = struct.Struct("@qq")
+_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# A kernel stamp older than this is a clock step, not a slow read: the loop's clock is kept.
+_MAX_AGE_NS = 10_000_000_000
+
+
+def supported() -> bool:
+    """Whether this system gives TCP receive timestamps the way this backend asks for them."""
+    return sys.platform == "linux" and platform.machine() in _GENERIC and _CMSG_SPACE > 0
+
+
+class StampedSocketStream(httpcore.AsyncNetworkStream):
+    """One TCP connection read with recvmsg; `received_age_ns()` is how long ago (real time) the bytes
+    of the latest read reached the kernel, or None where the kernel gave no stamp."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._rx_realtime_ns: int | None = None
+
+    def received_age_ns(self) -> int | None:
+        if self._rx_realtime_ns is None:
+            return None
+        age = time.time_ns() - self._rx_realtime_ns
+        return age if 0 <= age < _MAX_AGE_NS else None
+
+    # (the `timeout` parameters are httpcore's network interface, not ours to drop)
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    try:
+                        data, ancillary, _flags, _addr = self._sock.recvmsg(max_bytes, _CMSG_SPACE)
+                    except (BlockingIOError, InterruptedError):
+                        await _readable(self._sock)
+                        continue
+                    self._rx_realtime_ns = _stamp(ancillary) if data else self._rx_realtime_ns
+                    return data
+        except TimeoutError:
+            raise httpcore.ReadTimeout(f"no bytes in {timeout} s") from None
+        except OSError as exc:
+            raise httpcore.ReadError(str(exc)) from None
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        if not buffer:
+            return
+        try:
+            with anyio.fail_after(timeout):
+                await asyncio.get_running_loop().sock_sendall(self._sock, buffer)
+        except TimeoutError:
+            raise httpcore.WriteTimeout(f"could not send in {timeout} s") from None
+        except OSError as exc:
+            raise httpcore.WriteError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        self._sock.close()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:  # noqa: ASYNC109
+        # Kernel stamps of TLS records would time the ciphertext; a host reached over https (or
+        # through a proxy) is given the default backend instead (`backend_for`).
+        raise httpcore.ConnectError("kernel-stamped connections are plain TCP; TLS goes through the default backend")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "socket":
+            return self._sock
+        if info == "client_addr":
+            return self._sock.getsockname()
+        if info == "server_addr":
+            return self._sock.getpeername()
+        if info == "is_readable":
+            return _readable_now(self._sock)
+        return None
+
+
+class StampedBackend(httpcore.AsyncNetworkBackend):
+    """Plain TCP connections that carry the kernel's receive stamps (`StampedSocketStream`)."""
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109 (httpcore's)
+                          local_address: str | None = None,
+                          socket_options: Iterable[tuple] | None = None) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            with anyio.fail_after(timeout):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                return StampedSocketStream(await _connect_first(loop, infos, local_address, socket_options or ()))
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"no connection to {host}:{port} in {timeout} s") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109 (httpcore's)
+                                  socket_options: Iterable[tuple] | None = None) -> httpcore.AsyncNetworkStream:
+        return await httpcore.AnyIOBackend().connect_unix_socket(path, timeout, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+def backend_for(urls: list[str]) -> httpcore.AsyncNetworkBackend | None:
+    """The stamped backend where every URL a client reaches is plain http and the kernel gives stamps;
+    None (httpcore's own) otherwise."""
+    return StampedBackend() if supported() and all(u.startswith("http://") for u in urls) else None
+
+
+async def _connect_first(loop: asyncio.AbstractEventLoop, infos: list, local_address: str | None,
+                         options: Iterable[tuple]) -> socket.socket:
+    last: OSError | None = None
+    for family, type_, proto, _name, addr in infos:
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            for opt in options:
+                sock.setsockopt(*opt)
+            if local_address:
+                sock.bind((local_address, 0))
+            await loop.sock_connect(sock, addr)
+            return sock
+        except BaseException as exc:
+            sock.close()
+            if not isinstance(exc, OSError):
+                raise
+            last = exc
+    raise last or OSError(f"no address to connect to ({infos!r})")
+
+
+def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return None
+
+
+async def _readable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+def _readable_now(sock: socket.socket) -> bool:
+    """httpcore's question of an idle connection: would a read return at once (data, or the peer's close)?"""
+    if sock.fileno() < 0:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
