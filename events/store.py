@@ -1,4 +1,4 @@
-"""The append-only event store: one aiosqlite writer that group-commits durable, hash-chained batches."""
+"""The append-only event store: one writer that group-commits durable, hash-chained batches on its database thread."""
 
 from __future__ import annotations
 
@@ -10,21 +10,19 @@ import logging
 import os
 import sqlite3
 import time
-import types
-from typing import Any, TypeVar
+from typing import TypeVar
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 
-import aiosqlite
 import anyio
 import msgspec
 
 from flare_diag.events.base import Event, _encoder
 from flare_diag.events.chain import DOMAIN_TAG, GENESIS, _fixed
 from flare_diag.events.checkpoint import CheckpointSlots, default_path
+from flare_diag.events.dbthread import DbThread
 from flare_diag.events.envelope import COLUMNS, Envelope
-from flare_diag.events.signals import threads_started_quiet
 from flare_diag.events.sqlschema import BULK_INSERT, DDL, FORMAT, STORE_VERSION, NotAnEventLog
 
 T = TypeVar("T")
@@ -110,6 +108,9 @@ _MAX_BATCH_BYTES = 64 << 20
 # this many commits and when it closes, not after each: creating and renaming a file per commit
 # was an eighth of a rehearsal's CPU (in virtual time each idle moment of the loop is a commit).
 UNDURABLE_CHECKPOINT_EVERY = 32
+# SQLite checkpoints its WAL inside the commit that passes this many pages (its default); the store does
+# it on the database thread after that commit is answered.
+WAL_CHECKPOINT_PAGES = 1000
 _TAGS: dict[type, tuple[str, int]] = {}
 
 
@@ -129,9 +130,11 @@ class EventStore:
     waiters. Callers on a hot path use `submit` and need not await the fsync.
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: Path, checkpoint_path: Path, clock: Clock,
+    def __init__(self, db: DbThread, path: Path, checkpoint_path: Path, clock: Clock,
                  seq: int, head_hash: bytes, max_batch: int, durable: bool = True) -> None:
-        self._conn = conn
+        self._db = db
+        # the commit itself, on the database thread (a seam: a test fills the disk here)
+        self._transaction: Callable[[sqlite3.Connection, _Chained], None] = _write_transaction
         self.path = path
         self.checkpoint_path = checkpoint_path
         self._checkpoints = CheckpointSlots(checkpoint_path)
@@ -150,6 +153,8 @@ class EventStore:
         self.checkpoint_key: bytes | None = None  # signs each checkpoint (HMAC) when set
         self._checkpoint_every = 1 if durable else UNDURABLE_CHECKPOINT_EVERY
         self._uncheckpointed = 0  # commits since the checkpoint was last replaced
+        self._wal_pages = 0  # pages written to the WAL since it was last checkpointed (an estimate)
+        self._said: deque[str | None] = deque()  # checkpoint outcomes from the database thread, in order
         self._lock_fd: int | None = None  # the writer lock, held from open to close
         self._failed: StoreWriteError | None = None  # the commit failure that stopped writes (fail-stop)
         self._loop = asyncio.get_running_loop()
@@ -174,38 +179,17 @@ class EventStore:
         if lock and lock_fd is None:
             raise LogBusy(f"{path}: another process is writing this log (a daemon, a window or `log archive`)")
         try:
-            conn = await _on_thread(_connect(path))
+            db = await DbThread.open(path)
         except BaseException:
             _release(lock_fd)
             raise
         try:
-            await _on_thread(conn.execute("PRAGMA journal_mode=WAL"))
-            await _on_thread(conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}"))
-            await _on_thread(conn.execute("BEGIN IMMEDIATE"))
-            for stmt in split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
-                await _on_thread(conn.execute(stmt))
-            meta = dict(await _on_thread(conn.execute_fetchall("SELECT key, value FROM meta")))
-            if not meta:
-                await _on_thread(conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("format", FORMAT), ("store_version", str(STORE_VERSION))],
-                ))
-            elif meta.get("format") != FORMAT:
-                raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
-            elif not str(meta.get("store_version", "0")).isdigit():
-                raise NotAnEventLog(f"{path}: not a flare-diag event log (store_version {meta.get('store_version')!r})")
-            elif int(meta.get("store_version", "0")) > STORE_VERSION:
-                raise NotAnEventLog(f"{path}: event log store_version {meta['store_version']} is newer than this build's {STORE_VERSION}")
-            await _on_thread(conn.execute("COMMIT"))
-            rows = await _on_thread(conn.execute_fetchall("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"))
-        except BaseException as exc:
-            await _on_thread(conn.close())
+            seq, head = await db.call(_prepare, path, durable)
+        except BaseException:
+            await db.close()
             _release(lock_fd)
-            if isinstance(exc, aiosqlite.DatabaseError):
-                raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
             raise
-        seq, head = (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
-        store = cls(conn, path, cp, clock, seq, head, max_batch, durable)
+        store = cls(db, path, cp, clock, seq, head, max_batch, durable)
         store._lock_fd = lock_fd
         await store._tg.__aenter__()
         store._tg.start_soon(store._write_loop, name="event-store-writer")
@@ -338,15 +322,15 @@ class EventStore:
         await self.submit_many(())
 
     async def _write_loop(self) -> None:
-        # Pipelined: while one batch is being written on aiosqlite's thread, the next is gathered
+        # Pipelined: while one batch is being written on the database thread, the next is gathered
         # and hashed on the loop. At most one commit is in flight, so acknowledgements stay ordered.
         queue = self._queue
-        inflight: _Commit | None = None
+        inflight: asyncio.Future[bool] | None = None
         stop = False
         while not stop:
             if not queue:
                 if inflight is not None:
-                    await inflight.wait()
+                    await inflight
                     inflight = None
                     continue
                 self._wake.clear()
@@ -374,39 +358,59 @@ class EventStore:
                 continue
             base = (self._tent_seq, self._tent_head)
             chained = self._hash_rows(batch, *base)
-            if inflight is not None and not await inflight.wait():
+            if inflight is not None and not await inflight:
                 chained = self._hash_rows(batch, self._seq, self._head)  # the previous batch failed
-            inflight = _Commit()
-            self._tg.start_soon(inflight.run, self._commit(batch, chained))
-            await asyncio.sleep(0)  # let the commit reach the writer thread before hashing the next batch
+            inflight = self._commit(batch, chained)
         if inflight is not None:
-            await inflight.wait()
+            await inflight
 
-    async def _write_rows(self, chained: _Chained) -> None:
-        due = self._uncheckpointed + 1 >= self._checkpoint_every
-        checkpoint = (self._checkpoints, *chained.head, self.checkpoint_key) if due else None
-        bulk = chained.bulk()
-        run = getattr(self._conn, "_execute", None)
-        if run is not None:  # one hop to aiosqlite's thread for the whole transaction and the checkpoint
-            why = await _on_thread(run(_write_transaction, self._conn._conn, bulk, checkpoint))
-        else:
-            await _on_thread(self._conn.execute("BEGIN IMMEDIATE"))
-            await _on_thread(self._conn.execute(BULK_INSERT, bulk))
-            await _on_thread(self._conn.execute("COMMIT"))
-            why = await self._write_checkpoint(checkpoint) if checkpoint is not None else None
-        if due:
-            self._uncheckpointed = 0
-            self._checkpoint_said(why)
-        else:
-            self._uncheckpointed += 1
+    def _commit(self, batch: list[_Group], chained: _Chained) -> asyncio.Future[bool]:
+        """Hands the batch to the database thread; the future says whether it committed. Its waiters are
+        answered by the thread's own callback on the loop, as soon as COMMIT has returned."""
+        done: asyncio.Future[bool] = self._loop.create_future()
 
-    async def _write_checkpoint(self, checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None]) -> str | None:
-        slots, seq, head, key = checkpoint
+        def answer(_result: object, error: BaseException | None) -> None:
+            done.set_result(self._committed(batch, chained, error))
+        if not chained:  # only barriers: everything before them is already settled
+            answer(None, None)
+        elif self._failed is not None:
+            answer(None, self._failed)
+        else:
+            try:
+                self._db.submit(self._run_transaction, chained, answer=answer, then=self._after_commit(batch, chained))
+            except Exception as exc:
+                answer(None, exc)
+        return done
+
+    def _run_transaction(self, conn: sqlite3.Connection, chained: _Chained) -> None:
         try:
-            await asyncio.to_thread(slots.write, seq, head, key)
+            self._transaction(conn, chained)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _after_commit(self, batch: list[_Group], chained: _Chained) -> Callable[[sqlite3.Connection], None] | None:
+        """What follows a commit on the database thread, after its waiters are answered: the checkpoint slot
+        (every commit of a durable log), and a WAL checkpoint once about SQLite's own threshold of pages has
+        been written since the last (so that no append waits for one)."""
+        due = self._uncheckpointed + 1 >= self._checkpoint_every
+        self._uncheckpointed = 0 if due else self._uncheckpointed + 1
+        self._wal_pages += sum(g.size for g in batch) // 4096 + 3  # the rows, and the table's and indexes' leaves
+        wal = self._wal_pages >= WAL_CHECKPOINT_PAGES
+        if wal:
+            self._wal_pages = 0
+        if not due and not wal:
             return None
-        except OSError as exc:
-            return f"{slots.path}: {exc.strerror or exc}"
+        checkpoint = (self._checkpoints, *chained.head, self.checkpoint_key) if due else None
+        said = self._said
+
+        def then(conn: sqlite3.Connection) -> None:
+            if checkpoint is not None:
+                said.append(_write_slot(checkpoint))
+            if wal:
+                _wal_checkpoint(conn)
+        return then
 
     def _checkpoint_said(self, why: str | None) -> None:
         if why is not None and why != self.checkpoint_error:
@@ -440,45 +444,25 @@ class EventStore:
         self._tent_seq, self._tent_head = seq, prev
         return _Chained(meta, payloads, hashes)
 
-    async def _commit(self, batch: list[_Group], chained: _Chained) -> bool:
-        if chained and self._failed is not None:
+    def _committed(self, batch: list[_Group], chained: _Chained, error: BaseException | None) -> bool:
+        """On the loop, as the database thread answers: settles the batch's waiters."""
+        while self._said:
+            self._checkpoint_said(self._said.popleft())
+        if error is not None:  # the batch is lost as a whole; nobody was acknowledged
             self._tent_seq, self._tent_head = self._seq, self._head
+            err = error if isinstance(error, StoreWriteError) else \
+                StoreWriteError(f"{self.path}: commit of {len(chained)} events failed: {error}")
+            # fail-stop: every later batch fails too, until `resume_writes`, so the log stays a
+            # prefix of what was submitted (never a gap where a lost batch was)
+            self._failed = self._failed or err
             for group in batch:
                 if not group.fut.done():
-                    group.fut.set_exception(self._failed)
+                    group.fut.set_exception(err)
             return False
         if chained:
-            try:
-                await self._write_rows(chained)
-            except Exception as exc:  # the batch is lost as a whole; nobody was acknowledged
-                try:
-                    await _on_thread(self._conn.execute("ROLLBACK"))
-                except Exception:
-                    pass
-                self._tent_seq, self._tent_head = self._seq, self._head
-                err = StoreWriteError(f"{self.path}: commit of {len(chained)} events failed: {exc}")
-                # fail-stop: every later batch fails too, until `resume_writes`, so the log stays a
-                # prefix of what was submitted (never a gap where a lost batch was)
-                self._failed = self._failed or err
-                for group in batch:
-                    if not group.fut.done():
-                        group.fut.set_exception(err)
-                return False
             self._seq, self._head = chained.head
             if self._listeners:
-                envs = chained.envelopes()
-                for listener in list(self._listeners):
-                    try:
-                        listener(envs)
-                    except Exception:
-                        # a display's bug must not stop the writer, and with it every append of
-                        # the window: the listener is dropped and the failure logged
-                        windows = sorted({e.window_id for e in envs if e.window_id}) or ["none"]
-                        _log.exception("event store listener %s failed on window %s at seq %d and was dropped",
-                                       getattr(listener, "__qualname__", repr(listener)), ",".join(windows),
-                                       envs[0].seq)
-                        if listener in self._listeners:
-                            self._listeners.remove(listener)
+                self._tell_listeners(chained.envelopes())
         i = 0
         for group in batch:
             n = len(group.rows)
@@ -487,19 +471,33 @@ class EventStore:
             i += n
         return True
 
+    def _tell_listeners(self, envs: list[Envelope]) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(envs)
+            except Exception:
+                # a display's bug must not stop the writer, and with it every append of
+                # the window: the listener is dropped and the failure logged
+                windows = sorted({e.window_id for e in envs if e.window_id}) or ["none"]
+                _log.exception("event store listener %s failed on window %s at seq %d and was dropped",
+                               getattr(listener, "__qualname__", repr(listener)), ",".join(windows),
+                               envs[0].seq)
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
     async def iter(self, *, from_seq: int = 1, window_id: str | None = None,
                    types: Iterable[str] | None = None, chunk: int = 2048) -> AsyncIterator[Envelope]:
-        """Committed events in seq order, optionally one window's or some types'."""
-        sql, args = select_sql(from_seq, window_id, types)
-        _announce()  # the cursor's execute; its close, when the block is left, is one more
-        async with self._conn.execute(sql, args) as cur:
-            while True:
-                rows = await _on_thread(cur.fetchmany(chunk))
-                if not rows:
-                    _announce()  # the cursor's close
-                    return
-                for r in rows:
-                    yield row_envelope(r)
+        """Committed events in seq order, optionally one window's or some types'; read a page at a time
+        (by seq, so no cursor is left open on the database thread between pages)."""
+        types = list(types) if types is not None else None
+        while True:
+            sql, args = select_sql(from_seq, window_id, types)
+            rows = await self._db.call(_fetch, f"{sql} LIMIT ?", [*args, chunk])
+            for r in rows:
+                yield row_envelope(r)
+            if len(rows) < chunk:
+                return
+            from_seq = rows[-1][0] + 1
 
     async def close(self) -> None:
         if self._closed:
@@ -511,12 +509,14 @@ class EventStore:
             await self._tg.__aexit__(None, None, None)  # the writer ends at _STOP, after the last commit
             if self._uncheckpointed:  # an undurable log's last commits: its checkpoint catches up
                 self._uncheckpointed = 0
-                self._checkpoint_said(await self._write_checkpoint(
-                    (self._checkpoints, self._seq, self._head, self.checkpoint_key)))
+                self._said.append(await self._db.call(
+                    _slot_call, (self._checkpoints, self._seq, self._head, self.checkpoint_key)))
         finally:
             try:
-                await _on_thread(self._conn.close())  # its last hop (the thread's stop) goes unannounced
+                await self._db.close()  # after every call made before, and what followed them
             finally:
+                while self._said:
+                    self._checkpoint_said(self._said.popleft())
                 self._checkpoints.close()
                 _release(self._lock_fd)
 
@@ -527,103 +527,75 @@ class EventStore:
         await self.close()
 
 
-class _Commit:
-    """The one commit in flight: run in the store's task group, awaited by the writer for its result."""
-
-    __slots__ = ("done", "ok")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.ok = False
-
-    async def run(self, commit: Awaitable[bool]) -> None:
-        try:
-            self.ok = await commit
-        finally:
-            self.done.set()
-
-    async def wait(self) -> bool:
-        await self.done.wait()
-        return self.ok
-
-
-@types.coroutine
-def _on_thread(aw: Awaitable[T]) -> Generator[Any, Any, T]:
-    """Awaits one call on aiosqlite's thread, announced to a loop that keeps virtual time (a rehearsal's:
-    daemon/rehearsal/virtualtime.py), which then holds its clock until the thread answers. A call refused before
-    it reached the thread (a closed connection) is withdrawn, so the loop never waits for an answer
-    that cannot come."""
-    loop = asyncio.get_running_loop()
-    started = getattr(loop, "thread_call_started", None)
-    it = aw.__await__()
-    if started is None:
-        return (yield from it)
-    started()
+def _prepare(conn: sqlite3.Connection, path: Path, durable: bool) -> tuple[int, bytes]:
+    """Sets the log up (WAL, the schema, its format marker) and returns its head: on the database thread."""
     try:
-        step = it.send(None)  # runs up to the hand-over to the thread
-    except StopIteration as done:
-        loop.thread_call_withdrawn()  # type: ignore[attr-defined]
-        return done.value
-    except BaseException:
-        loop.thread_call_withdrawn()  # type: ignore[attr-defined]
-        raise
-    while True:  # the rest, as `yield from` would delegate it
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        # the store checkpoints the WAL itself, after a commit is answered (EventStore._after_commit);
+        # SQLite's own, inside a commit, stays as a bound should those ever fail
+        conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES * 10}")
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            sent = yield step
-        except GeneratorExit:
-            it.close()
+            for stmt in split_ddl(DDL):  # executescript would commit; run the DDL inside our transaction
+                conn.execute(stmt)
+            _check_meta(conn, path)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
             raise
-        except BaseException as exc:  # noqa: B036 (a cancellation goes on to the awaited call)
-            try:
-                step = it.throw(exc)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                step = it.send(sent)
-            except StopIteration as done:
-                return done.value
+        rows = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise NotAnEventLog(f"{path}: not a flare-diag event log ({exc})") from None
+    return (rows[0][0], bytes(rows[0][1])) if rows else (0, GENESIS)
 
 
-class _connect:
-    """`aiosqlite.connect(path)`, its worker thread started taking no outside signal (events/signals.py)."""
-
-    def __init__(self, path: Path) -> None:
-        self.conn = aiosqlite.connect(path, isolation_level=None)
-
-    def __await__(self) -> Generator[Any, Any, aiosqlite.Connection]:
-        with threads_started_quiet():
-            return self.conn.__await__()  # starts the thread
-
-
-def _announce() -> None:
-    """One call on aiosqlite's thread that is not awaited here (a cursor's), announced as above."""
-    started = getattr(asyncio.get_running_loop(), "thread_call_started", None)
-    if started is not None:
-        started()
+def _check_meta(conn: sqlite3.Connection, path: Path) -> None:
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    if not meta:
+        conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                         [("format", FORMAT), ("store_version", str(STORE_VERSION))])
+    elif meta.get("format") != FORMAT:
+        raise NotAnEventLog(f"{path}: not a flare-diag event log (no {FORMAT!r} marker)")
+    elif not str(meta.get("store_version", "0")).isdigit():
+        raise NotAnEventLog(f"{path}: not a flare-diag event log (store_version {meta.get('store_version')!r})")
+    elif int(meta.get("store_version", "0")) > STORE_VERSION:
+        raise NotAnEventLog(f"{path}: event log store_version {meta['store_version']} is newer than this build's {STORE_VERSION}")
 
 
-def _write_transaction(conn: sqlite3.Connection, bulk: tuple[bytes, bytes, bytes],
-                       checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None] | None = None) -> str | None:
-    """Commits the batch, then (on the same worker thread, off the event loop) replaces the
-    checkpoint. Returns why the checkpoint could not be written, or None: a checkpoint only lags the
-    log, so failing to write one must not fail a commit that is already durable."""
+def _write_transaction(conn: sqlite3.Connection, chained: _Chained) -> None:
+    """Commits the batch: on the database thread."""
     # One statement for the whole batch: SQLite unpacks it in C with the GIL released, so the
-    # writer thread does not contend with the event loop row by row as executemany would.
+    # database thread does not contend with the event loop row by row as executemany would.
     conn.execute("BEGIN IMMEDIATE")
+    conn.execute(BULK_INSERT, chained.bulk())
+    conn.execute("COMMIT")
+
+
+def _write_slot(checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None]) -> str | None:
+    """Replaces the checkpoint; returns why it could not be written, or None. A checkpoint only lags the
+    log, so failing to write one must not fail a commit that is already durable."""
+    slots, seq, head, key = checkpoint
     try:
-        conn.execute(BULK_INSERT, bulk)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    if checkpoint is not None:
-        slots, seq, head, key = checkpoint
-        try:
-            slots.write(seq, head, key)
-        except Exception as exc:  # EMFILE, ENOSPC, a folder in its place: the commit stands, the checkpoint lags
-            return f"{slots.path}: {getattr(exc, 'strerror', None) or exc}"
+        slots.write(seq, head, key)
+    except Exception as exc:  # EMFILE, ENOSPC, a folder in its place: the commit stands, the checkpoint lags
+        return f"{slots.path}: {getattr(exc, 'strerror', None) or exc}"
     return None
+
+
+def _slot_call(_conn: sqlite3.Connection, checkpoint: tuple[CheckpointSlots, int, bytes, bytes | None]) -> str | None:
+    return _write_slot(checkpoint)
+
+
+def _wal_checkpoint(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    except sqlite3.Error:
+        pass  # the WAL only grows until the next one (or SQLite's own, at its bound)
+
+
+def _fetch(conn: sqlite3.Connection, sql: str, args: list) -> list:
+    return conn.execute(sql, args).fetchall()
 
 
 def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None) -> tuple[str, list]:

@@ -60,16 +60,16 @@ async def _failing_window(tmp_path, fail, plan_path) -> tuple[object, str]:
         setup = WindowSetup(raw, plan, site, load_fixtures(plan, []), rehearsal=True, accept_partial=True, clock="virtual")
         target = Target(setup.site, setup.fixtures, setup.plan_sha256)
         store = await EventStore.open(tmp_path / "log.db")
-        real = store._write_rows
+        real = store._transaction
         calls = {"n": 0}
 
-        async def failing(batch):
+        def failing(conn, batch):  # on the database thread, as the commit it stands for
             calls["n"] += 1
             if fail(calls["n"], batch.envelopes()):
                 raise OSError(28, "No space left on device")
-            await real(batch)
+            real(conn, batch)
 
-        store._write_rows = failing
+        store._transaction = failing
         runner = Runner(store, target, "w-disk")
         try:
             result: object = await runner.run(setup.opened("w-disk"))
@@ -163,10 +163,10 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
                 while not (svc.window and svc.window.progress.phase_requests >= 2):
                     await anyio.sleep(0.05)
 
-            async def full(batch):
+            def full(conn, batch):
                 raise OSError(28, "No space left on device")
 
-            svc.store._write_rows = full  # the disk fills
+            svc.store._transaction = full  # the disk fills
             with anyio.fail_after(60):  # real seconds; the window restores from memory meanwhile
                 while True:
                     st = svc._status()

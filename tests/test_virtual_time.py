@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiosqlite
 import pytest
 
 from flare_diag.daemon.rehearsal import virtualtime
 from flare_diag.events.schema import LogNote
-from flare_diag.events.store import EventStore, _on_thread
+from flare_diag.events.checkpoint import read_checkpoint
+from flare_diag.events.dbthread import DbThread, DbThreadClosed
+from flare_diag.events.store import EventStore
 
 
 def test_an_hour_of_sleep_takes_no_real_time():
@@ -40,7 +41,7 @@ def test_timers_fire_in_virtual_order_whatever_their_real_cost():
     assert order == ["fast@1", "slow@2", "last@3"]
 
 
-def test_the_clock_waits_for_a_commit_on_aiosqlites_thread(tmp_path):
+def test_the_clock_waits_for_a_commit_on_the_stores_database_thread(tmp_path):
     async def main() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
         store = await EventStore.open(tmp_path / "log.db")
@@ -59,18 +60,45 @@ def test_the_clock_waits_for_a_commit_on_aiosqlites_thread(tmp_path):
     assert after == t0  # twenty durable commits took no virtual time
 
 
-def test_a_thread_call_refused_before_its_hand_over_is_withdrawn_and_nothing_waits_for_it(tmp_path):
+def test_a_thread_call_refused_before_its_hand_over_is_never_waited_for(tmp_path):
     async def main() -> float:
-        conn = await _on_thread(aiosqlite.connect(tmp_path / "x.db"))
-        await _on_thread(conn.close())
-        with pytest.raises(ValueError):
-            await _on_thread(conn.execute("SELECT 1"))  # closed: refused before reaching the thread
+        db = await DbThread.open(tmp_path / "x.db")
+        await db.close()
+        with pytest.raises(DbThreadClosed):
+            await db.call(lambda conn: conn.execute("SELECT 1"))  # closed: refused before reaching the thread
         await asyncio.sleep(10)
         return asyncio.get_running_loop().time()
 
     t0 = time.monotonic()
     assert virtualtime.run(main()) >= 10
     assert time.monotonic() - t0 < virtualtime.THREAD_ANSWER_WAIT_S
+
+
+def test_in_virtual_time_a_durable_commits_checkpoint_is_written_before_its_append_returns(tmp_path, monkeypatch):
+    """On the wall clock the checkpoint slot follows the answer; in virtual time nothing may follow it
+    (the clock could move while the thread still works), so each append finds the checkpoint at its head
+    however slow the slot's write."""
+    from flare_diag.events.checkpoint import CheckpointSlots
+    write = CheckpointSlots.write
+
+    def slow_write(self, *args, **kw):
+        time.sleep(0.05)
+        write(self, *args, **kw)
+    monkeypatch.setattr(CheckpointSlots, "write", slow_write)
+
+    async def main() -> list[bool]:
+        store = await EventStore.open(tmp_path / "log.db")
+        try:
+            seen = []
+            for i in range(10):
+                env = await store.append(LogNote(text=f"n{i}"))
+                cp = read_checkpoint(store.checkpoint_path)
+                seen.append(cp is not None and cp.seq == env.seq)
+            return seen
+        finally:
+            await store.close()
+
+    assert virtualtime.run(main()) == [True] * 10
 
 
 def test_to_thread_runs_inline_in_virtual_time():

@@ -11,14 +11,14 @@ at whatever point the loop had reached (the order of same-instant events would f
 machine's scheduling). So:
 - `run_in_executor` (and so `asyncio.to_thread`) runs its function inline: blocking the loop costs
   real seconds but no virtual ones;
-- a call handed to a thread the loop does not own (aiosqlite's) is announced by its caller with
+- a call handed to a thread the loop does not own (the event store's database thread) is announced with
   `thread_call_started()`; answers from other threads (`call_soon_threadsafe`) are held in an inbox
   and delivered only once the loop is idle at the current instant and every announced call has
-  answered, in the order they answered (aiosqlite's one thread answers in the order it was asked);
+  answered, in the order they answered (the store's one thread answers in the order it was asked);
   only then may the clock move on.
 
-Why a loop and not trio's MockClock: the event store is aiosqlite (asyncio-only), and its thread
-hops would let an autojumping clock jump mid-commit. Why not an injected clock alone: anyio's
+Why a loop and not trio's MockClock: the event store answers on an asyncio loop from its own thread,
+and an autojumping clock would jump while a commit is out on it. Why not an injected clock alone: anyio's
 deadlines and sleeps read the loop's clock, so every `fail_after` and `sleep` in the runner and the
 in-process simulator is virtual with no change to them. `policies/` never sees any of this: it only
 reads `at_ns`.
@@ -84,11 +84,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """A caller hands one call to a thread; the clock waits for its answer (see the module doc)."""
         with self._lock:
             self._announced += 1
-
-    def thread_call_withdrawn(self) -> None:
-        """An announced call that never reached its thread (refused before the hand-over)."""
-        with self._lock:
-            self._announced -= 1
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,
                              context: Any = None) -> asyncio.Handle:
