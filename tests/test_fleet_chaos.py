@@ -7,6 +7,7 @@ loses and duplicates nothing. A failing seed reproduces: `pytest tests/test_flee
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -179,7 +180,8 @@ def run_chaos(tmp: Path, seed: int, duration_s: float, hang_s: float, plan: Path
             s.stop()
         server.remove()
     spans = [s for d in daemons for s in out_spans(d.state / "log.db")]
-    return {"peak": peak(spans), "windows": len(spans), "shipped": shipped, "errors": errors, "held": held}
+    return {"seed": seed, "peak": peak(spans), "windows": len(spans), "faults": len(schedule(seed, duration_s, hang_s)),
+            "shipped": shipped, "errors": errors, "held": held}
 
 
 def _wait_shipped(dsn: str, host: str, db: Path, timeout: float = 60) -> bool:
@@ -211,4 +213,7 @@ def test_a_pool_under_a_seeded_fault_schedule_never_has_more_than_max_down_out(t
                                   else 1))
 def test_two_hundred_seeded_schedules_never_have_more_than_max_down_out(tmp_path, chaos_plan, seed):
     got = run_chaos(tmp_path, 1000 + seed, duration_s=40, hang_s=20, plan=chaos_plan)
+    if record := os.environ.get("FLARE_DIAG_CHAOS_RECORD"):  # one JSON line a seed: the figure docs/fleet.md cites
+        with open(record, "a") as f:
+            f.write(json.dumps({**got, "held": [list(h) for h in got["held"]]}) + "\n")
     assert got["peak"] <= MAX_DOWN and got["shipped"] and not got["errors"], got
