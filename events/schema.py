@@ -249,6 +249,16 @@ class LeaseGranted(Event, tag="lease_granted", frozen=True):
 
 
 @register
+class CampaignRunStarted(Event, tag="campaign_run_started", frozen=True):
+    """The fleet campaign's run this window is, written before any host change: the host's own log names
+    the run's window even when the fleet database never heard it (a "running" mark lost to a failover),
+    so the run is marked from the log and never started twice."""
+
+    campaign: int
+    run: int
+
+
+@register
 class ProbeRequest(Event, tag="probe_request", frozen=True):
     """A generation sent outside any window: the forecast's pace probe, before a window opens (opt-in
     per site). Logged like every other request the daemon sends; no decision reads it."""

@@ -348,12 +348,41 @@ async def test_a_renewed_claim_does_not_expire(fleet):
     from flare_diag.daemon.fleet import campaigns
     cid = await _campaign(fleet, visibility_s=60.0)
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
-        await campaigns.claim(h1, "h1")
+        run = await campaigns.claim(h1, "h1")
         for _ in range(3):
             await _age_claims(fleet, cid)  # it would expire now, but for the renewal
-            assert await campaigns.renew(h1, "h1", []) == 1
+            assert await campaigns.renew(h1, "h1", [], (run.campaign, run.run)) == 1
         assert await campaigns.expire(h1, "h1") == []
     assert (await _state(fleet, cid))[0] == "claimed"
+
+
+async def test_a_claim_no_start_is_under_way_for_is_not_renewed_and_goes_back_to_the_queue(fleet):
+    """A start refused after the claim, its mark lost with the database: the daemon is alive and renews,
+    but not this claim, so it expires and the run is queued again instead of staying claimed for ever."""
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, visibility_s=60.0)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        await campaigns.claim(h1, "h1")
+        await _age_claims(fleet, cid)
+        assert await campaigns.renew(h1, "h1", [], None) == 0
+        assert await campaigns.expire(h1, "h1") == [(cid, 1, "queued")]
+
+
+async def test_a_run_whose_window_the_hosts_log_names_is_adopted_running_under_it_not_claimed_again(fleet):
+    """The "running" mark lost (the database failed over between the start and the mark), the claim
+    then expired: the host's log names the run's window, so the run is adopted, never started twice."""
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, visibility_s=0.2)
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        await campaigns.claim(h1, "h1")
+        await _age_claims(fleet, cid)
+        await campaigns.expire(h1, "h1")
+        assert await campaigns.unmarked(h1, "h1") == [(cid, 1)]
+        await campaigns.adopt(h1, cid, 1, "w-started")
+        assert await campaigns.claim(h1, "h1") is None
+        assert await campaigns.unmarked(h1, "h1") == []
+        await campaigns.finish(h1, "w-started", "completed", None, True)
+    assert (await _state(fleet, cid))[0] == "done"
 
 
 async def test_a_run_whose_claims_keep_expiring_fails_once_its_retries_are_spent(fleet):

@@ -421,6 +421,41 @@ def test_a_campaign_of_two_hosts_runs_every_run_through_a_pool_of_one_requeueing
     assert _query(fleet_dsn, "SELECT COUNT(*) FROM lease_log WHERE change = 'taken'") == [(2,)]
 
 
+def test_a_campaign_run_whose_window_the_database_never_heard_of_is_marked_from_the_log_not_run_twice(
+        tmp_path, fleet_dsn, pool_plan):
+    """The database lost the run's "running" mark (a failover between the start and the mark) and the
+    claim then expired back to the queue: the host's log names the run's window (campaign_run_started),
+    so the daemon marks the run done under it instead of starting the plan a second time."""
+    import subprocess
+    import sys
+
+    from tests.daemontools import ROOT
+    _pool(fleet_dsn, 1)
+    sim = Sim(tmp_path, time_scale=POOL_SCALE, load_s=QUICK_LOAD_S)
+    d = Daemon(tmp_path, args=("--fleet", str(_fleet_file(tmp_path, fleet_dsn, "r1")))).start()
+    try:
+        d.review(pool_plan)
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "fleet", "campaign", "create", "--plan",
+                            str(pool_plan), "--site", "site", "--hosts", "r1", "--time-scale", str(POOL_SCALE),
+                            "--accept-partial", "--dsn", _operator(fleet_dsn)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        campaign = int(p.stdout.split()[1].rstrip(":"))
+        _wait(lambda: _done_runs(fleet_dsn, campaign) == 1, 300, "the run to be done")
+        [(window_id,)] = _query(fleet_dsn, "SELECT window_id FROM runs WHERE campaign = %s", (campaign,))
+        with psycopg.connect(fleet_dsn, autocommit=True) as c:  # what the database would hold had it lost the mark
+            c.execute("UPDATE runs SET state = 'queued', window_id = NULL, outcome = NULL, finished_at = NULL "
+                      "WHERE campaign = %s", (campaign,))
+            c.execute("NOTIFY flare_diag_runs")
+        _wait(lambda: _done_runs(fleet_dsn, campaign) == 1, 120, "the run to be marked done again, from the log")
+        started = [r for r in d.records() if r.get("event") == "window started"]
+    finally:
+        d.stop()
+        sim.stop()
+    assert _query(fleet_dsn, "SELECT window_id, attempts FROM runs WHERE campaign = %s", (campaign,)) == [(window_id, 1)]
+    assert len(started) == 1, started
+
+
 def test_a_follow_on_campaign_runs_its_sides_in_the_plans_order_and_applies_the_acceptance_rule(tmp_path, fleet_dsn):
     import json
     import subprocess

@@ -46,6 +46,7 @@ def test_the_wheel_ships_the_units_the_site_templates_the_build_script_and_the_d
                "flare_diag/daemon/fleet/migrations/001_init.sql",
                # what `flare-diag rehearse` runs with no arguments: the shipped plan and its 52 bodies
                "flare_diag/fixtures/plans/2026-10-22-cache-diagnosis.toml", "flare_diag/fixtures/data/c1-52/bodies.jsonl",
+               "flare_diag/fixtures/plans/fleet-drill.toml",  # docs/fleet.md's drill
                "flare_diag/fixtures/data/c1-52/manifest.json",
                *(f"flare_diag/daemon/templates/{k}.toml" for k in ("flare", "vllm", "sglang", "llamacpp"))}
     assert shipped <= names, shipped - names
@@ -149,6 +150,7 @@ def test_share_prints_where_the_shipped_files_are(capsys):
     assert (Path(where["systemd"]) / "flare-diagd.service").is_file()
     assert (Path(where["docs"]) / "site-profile.md").is_file()
     assert Path(where["engine_build_script"]).is_file()
+    assert (Path(where["plans"]) / "fleet-drill.toml").is_file()  # docs/fleet.md's drill finds its plan here
 
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")

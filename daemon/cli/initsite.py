@@ -113,4 +113,5 @@ def shared_files() -> dict[str, str]:
     return {"systemd": str(resource("flare_diag.share.systemd")), "docs": str(resource("flare_diag.share.docs")),
             "host_api": str(resource("flare_diag.share.docs", "host-api.md")),
             "site_templates": str(resource("flare_diag.daemon", "templates")),
+            "plans": str(resource("flare_diag.fixtures", "plans")),
             "engine_build_script": str(resource("flare_diag.fixtures", "engines", "llamacpp", "build.sh"))}

@@ -84,15 +84,35 @@ async def expire(conn: psycopg.AsyncConnection, host: str) -> list[tuple[int, in
     return [tuple(r) for r in rows]
 
 
-async def renew(conn: psycopg.AsyncConnection, host: str, window_ids: list[str]) -> int:
-    """The claims of this host's runs that are still its daemon's (claimed, or running one of `window_ids`),
-    renewed for their campaign's visibility timeout; how many."""
+async def renew(conn: psycopg.AsyncConnection, host: str, window_ids: list[str],
+                claiming: tuple[int, int] | None = None) -> int:
+    """The claims of this host's runs that are still its daemon's (running one of `window_ids`, or the run
+    `claiming` being started now), renewed for their campaign's visibility timeout; how many. A claim
+    whose start left no window in the log is not renewed: it expires and goes back to the queue."""
+    campaign, run = claiming or (None, None)
     async with conn.transaction():
         cur = await conn.execute(
             "UPDATE runs r SET lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
-            "WHERE c.campaign = r.campaign AND r.host = %s AND (r.state = 'claimed' OR "
-            "(r.state = 'running' AND r.window_id = ANY(%s)))", (host, window_ids))
+            "WHERE c.campaign = r.campaign AND r.host = %s AND ((r.state = 'claimed' AND r.campaign = %s AND r.run = %s) "
+            "OR (r.state = 'running' AND r.window_id = ANY(%s)))", (host, campaign, run, window_ids))
     return cur.rowcount
+
+
+async def unmarked(conn: psycopg.AsyncConnection, host: str) -> list[tuple[int, int]]:
+    """(campaign, run) of this host's runs claimed or queued without a window: the ones whose window, if
+    the host's log names one, the database never heard of."""
+    rows = await (await conn.execute("SELECT campaign, run FROM runs WHERE host = %s AND state IN ('claimed', 'queued') "
+                                     "AND window_id IS NULL", (host,))).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+async def adopt(conn: psycopg.AsyncConnection, campaign: int, run: int, window_id: str) -> None:
+    """A run the host's own log says `window_id` started: running under it, claimed for its visibility timeout."""
+    async with conn.transaction():
+        await conn.execute("UPDATE runs r SET state = 'running', window_id = %s, detail = '', "
+                           "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
+                           "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s AND r.state IN "
+                           "('claimed', 'queued') AND r.window_id IS NULL", (window_id, campaign, run))
 
 
 def requeue_after(reply: dict) -> bool:

@@ -75,6 +75,17 @@ async def add_host(dsn: str, host: str) -> str:
             await conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE flare_diag_host").format(sql.Identifier(host)))
         else:
             await conn.execute(sql.SQL("GRANT flare_diag_host TO {}").format(sql.Identifier(host)))
-        info = conn.info
-        parts = {"host": info.host, "port": info.port, "dbname": info.dbname, "user": host}
-    return "dsn = \"" + " ".join(f"{k}={v}" for k, v in parts.items()) + "\""
+        dbname = conn.info.dbname
+    return f'dsn = "{host_dsn(dsn, host, dbname)}"'
+
+
+# the caller's own credentials and identity, never the host's: a host authenticates as itself
+_CALLERS_OWN = ("user", "password", "passfile", "sslcert", "sslkey", "sslpassword", "service")
+
+
+def host_dsn(dsn: str, host: str, dbname: str) -> str:
+    """`dsn` as `host`'s role: every server it names (a multi-host DSN stays one, so the host finds a
+    promoted standby as the caller would), its TLS and session settings, the caller's credentials gone."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in _CALLERS_OWN}
+    return make_conninfo(**{**params, "dbname": params.get("dbname") or dbname, "user": host})

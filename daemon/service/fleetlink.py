@@ -64,6 +64,18 @@ def granted_epoch(db: Path, window_id: str) -> int | None:
     return None if row is None else decode_payload("lease_granted", row[0], row[1]).epoch
 
 
+def campaign_windows(db: Path) -> dict[tuple[int, int], str]:
+    """(campaign, run) -> the window its local log says ran it."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = conn.execute("SELECT window_id, schema_v, payload FROM events WHERE type = 'campaign_run_started' "
+                            "ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+    return {(ev.campaign, ev.run): wid for wid, v, payload in rows
+            for ev in [decode_payload("campaign_run_started", v, payload)]}
+
+
 class FleetLink:
     def __init__(self, cfg: FleetConfig, dsn: str, db: Path, log, running) -> None:
         self.cfg, self.dsn, self.db, self.log = cfg, dsn, db, log
@@ -75,6 +87,7 @@ class FleetLink:
         self.starter = None  # set by the service: async (campaigns.Run) -> the start's reply as a dict
         self.idle = lambda: False  # set by the service: whether a new window may start now
         self.campaigns = False  # the database has campaigns (and this link is listening for runs)
+        self.claiming: tuple[int, int] | None = None  # the run between its claim and its "running" mark
         self.granted: dict[str, int] = {}  # window id -> the fencing epoch its lease was granted under
         self.lease_lost = lambda window_id, why: None  # set by the service: aborts a window whose lease is gone
         self._wake = anyio.Event()
@@ -154,7 +167,8 @@ class FleetLink:
             self.lease = held
             if self.campaigns:
                 running = [w for w in (self.running(), self.pending) if w]
-                await campaigns.renew(conn, self.cfg.host, running)  # the claims still this daemon's
+                await campaigns.renew(conn, self.cfg.host, running, self.claiming)  # the claims still this daemon's
+                await self._adopt_runs(conn)
                 await self._finish_runs(conn)
 
     async def _reassert(self, conn, held: dict | None) -> None:
@@ -175,6 +189,18 @@ class FleetLink:
             self.log.error("fleet lease lost while the window runs: aborting it", host=self.cfg.host,
                            window_id=running, epoch=epoch, error=why)
             self.lease_lost(running, why)
+
+    async def _adopt_runs(self, conn) -> None:
+        """Runs the database still has claimed or queued whose window the local log says started: marked
+        running under that window (the mark was lost, or the claim expired while the daemon was down),
+        so that they are finished from the log, never started a second time."""
+        known = await anyio.to_thread.run_sync(quiet(campaign_windows), self.db)
+        for campaign, run in await campaigns.unmarked(conn, self.cfg.host):
+            wid = known.get((campaign, run))
+            if wid is not None and (campaign, run) != self.claiming:
+                await campaigns.adopt(conn, campaign, run, wid)
+                self.log.info("campaign run found in the local log", host=self.cfg.host, campaign=campaign, run=run,
+                              window_id=wid)
 
     async def _finish_runs(self, conn) -> None:
         """Campaign runs of this host whose windows have closed, marked done from the local log."""
@@ -212,24 +238,33 @@ class FleetLink:
         if self.starter is None or not self.idle() or self.pending is not None:
             return False
         async with await connect(self.dsn) as conn:
+            await self._adopt_runs(conn)  # a run the log says started is never claimed again
             run = await campaigns.claim(conn, self.cfg.host)
             if run is None:
                 return False
-            if hashlib.sha256(run.plan_toml.encode()).hexdigest() != run.plan_sha256:
-                await campaigns.mark(conn, run, "refused", detail="the plan's content does not match its sha256")
-                return False
-            reply = await self.starter(run)
-            if reply.get("ok"):
-                await campaigns.mark(conn, run, "running", reply["window_id"])
-                self.log.info("campaign run started", host=self.cfg.host, campaign=run.campaign, run=run.run,
-                              window_id=reply["window_id"])
-                return False
-            if campaigns.requeue_after(reply):  # a full pool or a database that did not answer: for later
-                await campaigns.mark(conn, run, "queued", detail=reply.get("error", ""))
-                self.log.info("campaign run requeued", host=self.cfg.host, campaign=run.campaign, run=run.run,
-                              why=reply.get("code"))
-                return True
-            await campaigns.mark(conn, run, "refused", detail=reply.get("error", ""))
-            self.log.warning("campaign run refused", host=self.cfg.host, campaign=run.campaign, run=run.run,
-                             error=reply.get("error"))
+            self.claiming = (run.campaign, run.run)
+            try:
+                return await self._start_claimed(conn, run)
+            finally:
+                self.claiming = None
+
+    async def _start_claimed(self, conn, run: campaigns.Run) -> bool:
+        """Starts a claimed run and marks what came of it; True when the pool was full."""
+        if hashlib.sha256(run.plan_toml.encode()).hexdigest() != run.plan_sha256:
+            await campaigns.mark(conn, run, "refused", detail="the plan's content does not match its sha256")
             return False
+        reply = await self.starter(run)
+        if reply.get("ok"):
+            await campaigns.mark(conn, run, "running", reply["window_id"])
+            self.log.info("campaign run started", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                          window_id=reply["window_id"])
+            return False
+        if campaigns.requeue_after(reply):  # a full pool or a database that did not answer: for later
+            await campaigns.mark(conn, run, "queued", detail=reply.get("error", ""))
+            self.log.info("campaign run requeued", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                          why=reply.get("code"))
+            return True
+        await campaigns.mark(conn, run, "refused", detail=reply.get("error", ""))
+        self.log.warning("campaign run refused", host=self.cfg.host, campaign=run.campaign, run=run.run,
+                         error=reply.get("error"))
+        return False
