@@ -425,3 +425,16 @@ async def test_an_operator_cancels_and_requeues_a_campaigns_runs(fleet):
         assert await campaigns.claim(h1, "h1") is None
     assert await campaigns.requeue(operator, cid, "alice") == 1
     assert (await _state(fleet, cid))[:2] == ("queued", 0)
+
+
+def test_a_hosts_dsn_line_keeps_every_server_and_setting_and_drops_the_callers_credentials():
+    from psycopg.conninfo import conninfo_to_dict
+
+    from flare_diag.daemon.fleet.db import host_dsn
+    given = ("host=db-a,db-b port=5432,5433 dbname=flare user=flare_admin password=secret passfile=/root/.pgpass "
+             "sslmode=verify-full sslcert=/root/admin.crt sslkey=/root/admin.key target_session_attrs=read-write")
+    got = conninfo_to_dict(host_dsn(given, "gpu17", "flare"))
+    assert got == {"host": "db-a,db-b", "port": "5432,5433", "dbname": "flare", "user": "gpu17", "sslmode": "verify-full",
+                   "target_session_attrs": "read-write"}
+    assert "secret" not in host_dsn(given, "gpu17", "flare")
+    assert conninfo_to_dict(host_dsn("host=/run/pg", "gpu18", "fleet"))["dbname"] == "fleet"  # the database connected to
