@@ -45,7 +45,7 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("report.py", ["--events", "20000", "--rounds", "1", "--memory"], ("ratio report/fold", "peak RSS of this process")),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
-    ("cli_startup.py", ["--rounds", "1"], ("ratio flare-diag status (no daemon)/bare interpreter", "ratio flare-diag --help")),
+    ("cli_startup.py", ["--rounds", "1"], ("ratio flare-diag status (no daemon)/bare interpreter", "ratio flare-diag --help", "ratio (flare-diag status - status query", "ratio (flare-diag fleet status - psql")),
     ("client_accuracy.py", ["--requests", "20", "--runs", "1", "--aiperf", ""],
      ("C1: flare-diag TTFT error median", "C4: flare-diag TTFT error median", "aiperf not run")),
 ])

@@ -61,6 +61,26 @@ def test_a_cli_call_loads_neither_the_simulated_host_nor_the_metadata_to_build_i
     assert out.strip() == "[]"
 
 
+def test_each_commands_parser_built_alone_is_the_one_in_the_whole_command_line():
+    # a call builds only the parser of the command it names (start-up, issue 49): that parser must be the
+    # very one the whole command line has, help text, flags and defaults alike
+    whole = dict(_parsers(build_parser()))
+    for name in build_parser()._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
+        alone = build_parser(only=name)
+        assert alone.only_found
+        for path, parser in list(_parsers(alone))[1:]:  # the top level's own help is only ever the whole one's
+            assert parser.format_help() == whole[path].format_help(), path
+    assert not build_parser(only="statu").only_found  # not a command: main builds the whole parser to say so
+
+
+def test_status_against_no_daemon_loads_neither_rich_nor_the_event_schema_nor_other_commands_parsers():
+    probe = ("import sys; from flare_diag.daemon.cli.commands import main; main(['status', '--socket', '/nonexistent/s']); "
+             "print(sorted(m for m in ('rich.console', 'flare_diag.events.schema', 'flare_diag.daemon.cli.fleet_commands', "
+             "'flare_diag.policies.ranges', 'importlib.resources') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize("command", [["start", "PLAN", "--site", "flare"], ["abort", "--reason", "a drill"], ["status"]])
 def test_a_daemon_client_call_loads_neither_the_host_api_nor_the_live_view(tmp_path, command):
     # a `start` without --calibrate loaded the forecast, and with it httpx and the host API: half of

@@ -6,14 +6,15 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
 
 import msgspec
-from rich.console import Console
 
 from flare_diag.daemon.service import control
-from flare_diag.events.base import decode_payload
-from flare_diag.events.schema import WindowClosed
+
+if TYPE_CHECKING:  # rich and the event schema load when a reply is rendered, not to send a command
+    from rich.console import Console
 
 ENV_SOCKET = "FLARE_DIAG_SOCKET"
 
@@ -92,7 +93,8 @@ def call(path: Path, cmd: control.Command) -> dict:
         c.close()
 
 
-def status(path: Path, console: Console, as_json: bool = False) -> int:
+def status(path: Path, console: Callable[[], Console], as_json: bool = False) -> int:
+    """The daemon's status: as JSON, or a table on the console `console()` makes (only once it answered)."""
     c = Connection(path)
     try:
         rep = c.call(control.Status())
@@ -132,7 +134,7 @@ def status(path: Path, console: Console, as_json: bool = False) -> int:
             t.add_row("  alarm", f"[red]{a['kind']}[/]: {a['detail']}")
         if w["outcome"]:
             t.add_row("  outcome", f"{w['outcome']} (verdict {w['verdict']})")
-    console.print(t)
+    console().print(t)
     return 0
 
 
@@ -171,6 +173,8 @@ def watch(path: Path, from_seq: int | None, console: Console, json_out: TextIO |
     try:
         c.call(control.Watch(from_seq=from_seq))
         from flare_diag.daemon.cli.live import LiveView  # the live view's imports only where it is shown
+        from flare_diag.events.base import decode_payload
+        from flare_diag.events.schema import WindowClosed
         view = LiveView(console, json_out=json_out)
         with view:
             while True:

@@ -83,7 +83,9 @@ def _add_service_commands(sub) -> Callable[[argparse.ArgumentParser], argparse.A
 def _add_rehearse(sub, scenarios: str, fault_kinds) -> argparse.ArgumentParser:  # noqa: ANN001 - argparse's own
     """`flare-diag rehearse`'s own flags (the forecast's and --json are shared with `run`)."""
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
-    rh.add_argument("--plan", type=Path, default=DEFAULT_PLAN,
+    if isinstance(rh, _Skipped):  # another command's call: not even the shipped plan's path is looked up
+        return rh
+    rh.add_argument("--plan", type=Path, default=resource("flare_diag.fixtures", "plans", "2026-10-22-cache-diagnosis.toml"),
                     help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
     rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
     rh.add_argument("--fault", action="append", default=[],
@@ -123,12 +125,44 @@ def _add_run(sub) -> argparse.ArgumentParser:
     return rn
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
-    scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
+class _Skipped:
+    """A command's parser when another command was asked for: takes every call, builds nothing."""
+
+    def __getattr__(self, _name: str):  # noqa: ANN204 - add_argument, add_subparsers, set_defaults...
+        return self._anything
+
+    def _anything(self, *_args, **_kwargs) -> _Skipped:
+        return self
+
+
+class _Only:
+    """The command subparsers with only `name`'s parser built: a call's start-up pays for one command's
+    parser, not fifty (`found`: whether `name` is a command at all)."""
+
+    def __init__(self, sub, name: str) -> None:  # noqa: ANN001 - argparse's private action class
+        self.sub, self.name, self.found = sub, name, False
+
+    def add_parser(self, name: str, **kwargs):  # noqa: ANN201
+        if name != self.name:
+            return _Skipped()
+        self.found = True
+        return self.sub.add_parser(name, **kwargs)
+
+
+_SCENARIO_COMMANDS = ("rehearse", "sim", "reproduce", "plan")  # the commands whose help names the simulator's lists
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, just that command's parser (`only_found` says if it is one)."""
+    scenarios, FAULT_KINDS = "", ()
+    if only is None or only in _SCENARIO_COMMANDS:
+        from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
+        scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
     p.add_argument("--version", action=_Version, nargs=0, help="show the program's version number and exit")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    if only is not None:
+        sub = _Only(sub, only)
 
     comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
                           description="Print a completion script for flare-diag. Install it with, for bash: "
@@ -295,10 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "(exit 0 only when every run measured every required cell and restored in time)")
     pf.add_argument("--seed", type=int, default=0, help="with --simulate: the first seed (runs use SEED..SEED+N-1)")
     pf.add_argument("--scenario", default="flare-47581cca", help=f"with --simulate: the simulated host: {scenarios}")
-    from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
-    add_fleet(sub, _Parser)
-    from flare_diag.daemon.cli.review_commands import add_parser as add_review
-    add_review(sub, _Parser)
+    if only in (None, "fleet"):
+        from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
+        add_fleet(sub, _Parser)
+    if only in (None, "review"):
+        from flare_diag.daemon.cli.review_commands import add_parser as add_review
+        add_review(sub, _Parser)
+    p.only_found = only is None or sub.found  # type: ignore[attr-defined,union-attr]  # read by main
     return p
 
 
@@ -576,7 +613,6 @@ def _plan_check(path: Path, as_json: bool = False, site: Path | None = None) -> 
     return EXIT_OK
 
 
-DEFAULT_PLAN = resource("flare_diag.fixtures", "plans", "2026-10-22-cache-diagnosis.toml")
 
 
 def _out_dir(out: Path | None) -> Path:
@@ -821,10 +857,10 @@ def _sim(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> int:
     from flare_diag.daemon.cli import client
     path = client.socket_path(args.socket)
-    console = make_console(stderr=True)
     try:
-        if args.cmd == "status":
-            return client.status(path, make_console(), args.json)
+        if args.cmd == "status":  # its console (rich) is made once the daemon has answered
+            return client.status(path, make_console, args.json)
+        console = make_console(stderr=True)
         if args.cmd == "start":
             import msgspec
             plan_raw, plan = load_plan(args.plan)  # read here, with the caller's rights, and checked
@@ -938,7 +974,10 @@ def _compare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    # the command named first: only its parser is built (a command's start-up is mostly this and imports)
+    parser = build_parser(only=argv[0]) if argv and not argv[0].startswith("-") else build_parser()
+    if not parser.only_found:  # type: ignore[attr-defined]  # not a command: the whole parser says so
+        parser = build_parser()
     if not argv:  # a user finding their way: the whole help, and the exit of a usage error
         parser.print_help()
         return EXIT_BAD_INPUT
@@ -991,9 +1030,19 @@ def _interrupted(args: argparse.Namespace) -> int:
     return 128 + signum
 
 
-def _main(args: argparse.Namespace) -> int:
-    from flare_diag.events.base import BadEventError, UnknownEventError
+def _not_a_log() -> tuple[type[Exception], ...]:
     from flare_diag.events.sqlschema import NotAnEventLog
+    return (NotAnEventLog,)
+
+
+def _damaged_log() -> tuple[type[BaseException], ...]:
+    from flare_diag.events.base import BadEventError, UnknownEventError
+    return (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError, UnknownEventError)
+
+
+def _main(args: argparse.Namespace) -> int:
+    # the log's error types are imported only when an error is being matched (an except clause's types are
+    # evaluated then): a command that never opens a log never loads the event schema
     try:
         if args.cmd == "completion":
             from flare_diag.daemon.cli import completion
@@ -1042,10 +1091,10 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return _interrupted(args)
-    except NotAnEventLog as exc:  # a file that is not a flare-diag log at all: the caller's input
+    except _not_a_log() as exc:  # a file that is not a flare-diag log at all: the caller's input
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError, UnknownEventError) as exc:
+    except _damaged_log() as exc:
         # a log the tools cannot read to the end: damaged or forged, and said so in one line
         target = getattr(args, "db", None) or getattr(args, "target", "the log")
         print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {one_line(exc)})",

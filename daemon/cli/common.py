@@ -64,10 +64,9 @@ def ranged(flag: str, kind: type = int):
     import argparse
     import math
 
-    from flare_diag.policies.ranges import FLAG_RANGES
-    rng = FLAG_RANGES[flag]
-
     def parse(text: str):
+        from flare_diag.policies.ranges import FLAG_RANGES  # when a value is parsed, not when the parser is built
+        rng = FLAG_RANGES[flag]
         try:
             value = kind(text)
         except ValueError:
