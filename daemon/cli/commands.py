@@ -152,22 +152,8 @@ class _Only:
 _SCENARIO_COMMANDS = ("rehearse", "sim", "reproduce", "plan")  # the commands whose help names the simulator's lists
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `only`, just that command's parser (`only_found` says if it is one)."""
-    scenarios, FAULT_KINDS = "", ()
-    if only is None or only in _SCENARIO_COMMANDS:
-        from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
-        scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
-    p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
-    p.add_argument("--version", action=_Version, nargs=0, help="show the program's version number and exit")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    if only is not None:
-        sub = _Only(sub, only)
-
-    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
-                          description="Print a completion script for flare-diag. Install it with, for bash: "
-                                      "flare-diag completion bash > ~/.local/share/bash-completion/completions/flare-diag")
-    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell to write it for")
+def _add_log_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
+    """log verify, export, audit, archive and backup: the event log's own tools."""
     log = sub.add_parser("log", help="verify, audit or export an event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True, parser_class=_Parser)
     v = lsub.add_parser("verify", help="recompute the hash chain")
@@ -203,16 +189,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     bk.add_argument("db", type=Path, help="the event log (log.db)")
     bk.add_argument("dest", type=Path, help="the copy to write (never over an existing file); its checkpoint goes beside it")
 
-    rh = _add_rehearse(sub, scenarios, FAULT_KINDS)
-    rn = _add_run(sub)
-    for sp in (rh, rn):
-        _forecast_flags(sp)
-        sp.add_argument("--json", action="store_true",
-                        help="JSON lines on stdout: every event as it is logged, then one result line (outcome, "
-                             "verdict, report paths, exit code); what people read goes to stderr")
 
-    sock = _add_service_commands(sub)
-
+def _add_sim_commands(sub, scenarios: str) -> None:  # noqa: ANN001 - argparse's subparsers action
+    """sim serve and sim replay: the simulated Flare host."""
     sim = sub.add_parser("sim", help="the simulated Flare host")
     ssub = sim.add_subparsers(dest="sim_cmd", required=True, parser_class=_Parser)
     ss = ssub.add_parser("serve", help="serve flaresim on loopback")
@@ -227,6 +206,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sr.add_argument("--order", choices=["forward", "reverse"], default="forward", help="the replay's order after the prime")
     sr.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
 
+
+def _add_reading_commands(sub, scenarios: str, sock) -> None:  # noqa: ANN001 - argparse's subparsers action
+    """windows and reproduce: a log's windows, and the host-cache model run on them."""
     wn = sub.add_parser("windows", help="list a log's windows: outcome, verdict, restoration and report")
     wn.add_argument("db", nargs="?", type=Path, default=None,
                     help="the event log (default: the daemon's, found through its control socket)")
@@ -264,6 +246,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                      help="also write reproduce.json and reproduce.html (a table and charts) into DIR")
     rp2.add_argument("--json", action="store_true", help="one JSON object instead of lines")
 
+
+def _add_site_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
+    """init-site, share and site check: a site's profile, the shipped files, a live site read."""
     ins = sub.add_parser("init-site", help="write an annotated site profile and token-file placeholders (mode 0600)",
                          description="Writes DIR/NAME.toml for an engine KIND, and a placeholder token file (0600) for "
                                      "each service it names; never overwrites a file. docs/site-profile.md describes every key.")
@@ -290,6 +275,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help="the plan to check the site for (default: the contract alone, no identity to match)")
     sc.add_argument("--json", action="store_true", help="one JSON object instead of lines")
 
+
+def _add_plan_commands(sub, scenarios: str) -> None:  # noqa: ANN001 - argparse's subparsers action
+    """plan check, follow-on and forecast."""
     plan = sub.add_parser("plan", help="check a plan")
     psub = plan.add_subparsers(dest="plan_cmd", required=True, parser_class=_Parser)
     pc = psub.add_parser("check", help="decode and check a plan; name the first bad field")
@@ -329,6 +317,39 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                          "(exit 0 only when every run measured every required cell and restored in time)")
     pf.add_argument("--seed", type=int, default=0, help="with --simulate: the first seed (runs use SEED..SEED+N-1)")
     pf.add_argument("--scenario", default="flare-47581cca", help=f"with --simulate: the simulated host: {scenarios}")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, just that command's parser (`only_found` says if it is one)."""
+    scenarios, FAULT_KINDS = "", ()
+    if only is None or only in _SCENARIO_COMMANDS:
+        from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
+        scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
+    p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
+    p.add_argument("--version", action=_Version, nargs=0, help="show the program's version number and exit")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    if only is not None:
+        sub = _Only(sub, only)
+
+    comp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                          description="Print a completion script for flare-diag. Install it with, for bash: "
+                                      "flare-diag completion bash > ~/.local/share/bash-completion/completions/flare-diag")
+    comp.add_argument("shell", choices=["bash", "zsh"], help="the shell to write it for")
+    _add_log_commands(sub)
+
+    rh = _add_rehearse(sub, scenarios, FAULT_KINDS)
+    rn = _add_run(sub)
+    for sp in (rh, rn):
+        _forecast_flags(sp)
+        sp.add_argument("--json", action="store_true",
+                        help="JSON lines on stdout: every event as it is logged, then one result line (outcome, "
+                             "verdict, report paths, exit code); what people read goes to stderr")
+
+    sock = _add_service_commands(sub)
+    _add_sim_commands(sub, scenarios)
+    _add_reading_commands(sub, scenarios, sock)
+    _add_site_commands(sub)
+    _add_plan_commands(sub, scenarios)
     if only in (None, "fleet"):
         from flare_diag.daemon.cli.fleet_commands import add_parser as add_fleet
         add_fleet(sub, _Parser)

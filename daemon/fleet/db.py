@@ -88,4 +88,4 @@ def host_dsn(dsn: str, host: str, dbname: str) -> str:
     promoted standby as the caller would), its TLS and session settings, the caller's credentials gone."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
     params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in _CALLERS_OWN}
-    return make_conninfo(**{**params, "dbname": params.get("dbname") or dbname, "user": host})
+    return make_conninfo("", **{**params, "dbname": params.get("dbname") or dbname, "user": host})
