@@ -401,3 +401,16 @@ def test_the_live_view_projects_the_phase_end_from_the_phases_own_pace_not_its_s
     Console(file=text, width=220).print(panel(view.progress, 0.0, 300.0))
     shown = " ".join(text.getvalue().split())
     assert "phase end at minute 9.0 by its pace so far" in shown and "estimated 3.0 at its start" in shown
+
+
+def test_status_lines_put_needs_attention_first_and_say_a_restoration_that_did_not_verify():
+    from flare_diag.daemon.cli.client import status_rows
+    window = {"window_id": "w1", "rehearsal": False, "phase_requests": 0, "phase_total": None, "stage": "closed",
+              "phase": None, "minute": 71.0, "stop_min": 70, "window_min": 90, "requests": 52, "abort": None,
+              "restoration_failed": ["incumbent_sha256_match"], "alarms": [{"kind": "primary_left_quiesced", "detail": "x"}],
+              "outcome": "restore_failed", "verdict": "inconclusive"}
+    rows = dict(status_rows({"pid": 7, "state": "idle", "log": {"path": "/l", "head_seq": 9}, "last_window": window,
+                             "needs_attention": {"window_id": "w1", "needs": "restore"}}))
+    assert next(iter(rows)) == "NEEDS ATTENTION"
+    assert rows["  restoration"] == "not verified: incumbent_sha256_match failed"
+    assert rows["  alarm"] == "primary_left_quiesced: x" and rows["  outcome"] == "restore_failed (verdict inconclusive)"

@@ -6,7 +6,6 @@ import os
 import socket
 import sys
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 import msgspec
@@ -93,49 +92,55 @@ def call(path: Path, cmd: control.Command) -> dict:
         c.close()
 
 
-def status(path: Path, console: Callable[[], Console], as_json: bool = False) -> int:
-    """The daemon's status: as JSON, or a table on the console `console()` makes (only once it answered)."""
+def status(path: Path, as_json: bool = False, out: TextIO | None = None) -> int:
+    """The daemon's status: as JSON, or as aligned lines (plain text: a status call is the command run most
+    often, and rich's table would be a third of its start-up; issue 49)."""
     c = Connection(path)
     try:
         rep = c.call(control.Status())
     finally:
         c.close()
+    out = out or sys.stdout
     if as_json:
-        sys.stdout.write(msgspec.json.encode(rep).decode() + "\n")
+        out.write(msgspec.json.encode(rep).decode() + "\n")
         return 0
-    from rich.table import Table
-    t = Table(title=f"flare-diagd ({rep['state']})", show_header=False)
-    t.add_column(style="dim")
-    t.add_column()
-    t.add_row("daemon pid", str(rep["pid"]))
-    t.add_row("log", f"{rep['log']['path']} (head seq {rep['log']['head_seq']})")
+    rows = status_rows(rep)
+    width = max(len(label) for label, _ in rows)
+    out.write(f"flare-diagd ({rep['state']})\n" + "".join(f"  {label:<{width}}  {value}\n" for label, value in rows))
+    return 0
+
+
+def status_rows(rep: dict) -> list[tuple[str, str]]:
+    """(label, value) lines of a status reply, the most urgent first."""
+    rows = [("daemon pid", str(rep["pid"])), ("log", f"{rep['log']['path']} (head seq {rep['log']['head_seq']})")]
     if rep.get("needs_attention"):
         na = rep["needs_attention"]
-        t.add_row("[red bold]NEEDS ATTENTION[/]", f"window {na['window_id']} is unfinished and not running: {na['needs']}")
+        rows.insert(0, ("NEEDS ATTENTION", f"window {na['window_id']} is unfinished and not running: {na['needs']}"))
     for label, w in (("window", rep.get("window")), ("last window", rep.get("last_window"))):
-        if not w:
-            continue
-        t.add_row(label, f"{w['window_id']} ({'rehearsal' if w['rehearsal'] else 'live'})")
-        done = f"{w['phase_requests']}/{w['phase_total']}" if w.get("phase_total") else str(w["phase_requests"])
-        t.add_row("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({done} requests)" if w["phase"] else ""))
-        end, paced = w.get("phase_estimated_end_minute"), w.get("phase_projected_end_minute")
-        said = (f"; phase ends at minute {paced:.1f} by its pace so far" if w["phase"] and paced is not None
-                else f"; phase estimated to end at minute {end:.1f}" if w["phase"] and end is not None else "")
-        t.add_row("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']}{said})")
-        t.add_row("  requests", str(w["requests"]))
-        if w["abort"]:
-            t.add_row("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}")
-        if w.get("restoration_failed"):
-            t.add_row("  restoration", f"[red]not verified[/]: {', '.join(w['restoration_failed'])} failed")
-        elif w.get("restoration_verified"):
-            t.add_row("  restoration", "[green]verified[/]" if w.get("host_changed", True) else
-                      "none needed: nothing on the host was changed, and the host as found passes its checks")
-        for a in w.get("alarms") or []:
-            t.add_row("  alarm", f"[red]{a['kind']}[/]: {a['detail']}")
-        if w["outcome"]:
-            t.add_row("  outcome", f"{w['outcome']} (verdict {w['verdict']})")
-    console().print(t)
-    return 0
+        if w:
+            rows += [(label, f"{w['window_id']} ({'rehearsal' if w['rehearsal'] else 'live'})"), *_window_rows(w)]
+    return rows
+
+
+def _window_rows(w: dict) -> list[tuple[str, str]]:
+    done = f"{w['phase_requests']}/{w['phase_total']}" if w.get("phase_total") else str(w["phase_requests"])
+    end, paced = w.get("phase_estimated_end_minute"), w.get("phase_projected_end_minute")
+    said = (f"; phase ends at minute {paced:.1f} by its pace so far" if w["phase"] and paced is not None
+            else f"; phase estimated to end at minute {end:.1f}" if w["phase"] and end is not None else "")
+    rows = [("  stage", f"{w['stage']}" + (f", phase {w['phase']} ({done} requests)" if w["phase"] else "")),
+            ("  minute", f"{w['minute']} (stop {w['stop_min']}, window end {w['window_min']}{said})"),
+            ("  requests", str(w["requests"]))]
+    if w["abort"]:
+        rows.append(("  abort", f"{w['abort']['reason']}: {w['abort']['detail']}"))
+    if w.get("restoration_failed"):
+        rows.append(("  restoration", f"not verified: {', '.join(w['restoration_failed'])} failed"))
+    elif w.get("restoration_verified"):
+        rows.append(("  restoration", "verified" if w.get("host_changed", True) else
+                     "none needed: nothing on the host was changed, and the host as found passes its checks"))
+    rows += [("  alarm", f"{a['kind']}: {a['detail']}") for a in w.get("alarms") or []]
+    if w["outcome"]:
+        rows.append(("  outcome", f"{w['outcome']} (verdict {w['verdict']})"))
+    return rows
 
 
 def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: float, console: Console,

@@ -879,8 +879,8 @@ def _client(args: argparse.Namespace) -> int:
     from flare_diag.daemon.cli import client
     path = client.socket_path(args.socket)
     try:
-        if args.cmd == "status":  # its console (rich) is made once the daemon has answered
-            return client.status(path, make_console, args.json)
+        if args.cmd == "status":
+            return client.status(path, args.json)
         console = make_console(stderr=True)
         if args.cmd == "start":
             import msgspec
