@@ -140,83 +140,107 @@ def run_fleet(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
-    from flare_diag.daemon.fleet import lease, views
-    from flare_diag.daemon.fleet.config import check_name
-    from flare_diag.daemon.fleet.db import connect, migrate
-    cmd = args.fleet_cmd
-    if cmd == "init":
-        applied = await migrate(dsn)
-        print(f"applied {', '.join(applied)}" if applied else "up to date: nothing to apply")
-        return EXIT_OK
-    if cmd == "pool":
-        check_name("pool", args.pool)
-        async with await connect(dsn) as conn:
-            async with conn.transaction():
-                await conn.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s) ON CONFLICT (pool) DO UPDATE "
-                                   "SET max_down = EXCLUDED.max_down", (args.pool, args.max_down))
-        print(f"pool {args.pool}: at most {args.max_down} down at once")
-        return EXIT_OK
-    if cmd == "lease":
-        async with await connect(dsn) as conn:
-            freed = await lease.release(conn, args.host, _caller(), args.reason)
-        print(f"{args.host}: lease released" if freed else f"{args.host}: held no lease")
-        return EXIT_OK if freed else EXIT_FAILED
-    if cmd == "host":
-        from flare_diag.daemon.fleet.db import add_host
-        line = await add_host(dsn, check_name("host", args.host))
-        print(line)
-        return EXIT_OK
-    if cmd == "ship":
-        from flare_diag.daemon.fleet.shipper import ship_once
-        host = args.host or (cfg.host if cfg else None)
-        pool = args.pool or (cfg.pool if cfg else None)
-        if not host or not pool:
-            raise UsageError("fleet ship: give --host and --pool, or --config")
-        if not args.log.is_file():
-            raise UsageError(f"{args.log}: no such log file")
-        n = 0
-        async with await connect(dsn) as conn:
-            while (res := await ship_once(conn, check_name("host", host), check_name("pool", pool), args.log,
-                                          cfg.batch if cfg else 2000)).events:
-                n += res.events
-        print(f"{host}: shipped {n} events; the fleet holds up to seq {res.head_seq}")
-        return EXIT_OK
-    if cmd == "status":
-        st = await views.status(dsn)
-        if args.json:
-            print(json.dumps(st))
-            return EXIT_OK
-        for p in st["pools"]:
-            who = ", ".join(f"{h['host']} ({h['window_id']}, {h['state']})" for h in p["held_by"]) or "none"
-            print(f"pool {p['pool']}: {p['down']} of {p['max_down']} down: {who}")
-        for h in st["hosts"]:
-            lease_txt = f"lease {h['lease']['window_id']} ({h['lease']['state']})" if h["lease"] else "no lease"
-            print(f"host {h['host']} ({h['pool']}): head {h['head_seq']}:{(h['head_hash'] or '')[:16]}, last event "
-                  f"{h['last_event_at'] or '-'}, running {h['running_window'] or '-'}, {lease_txt}")
-        for a in st["alarms"]:
-            print(f"ALARM {a['at']} {a['host']} {a['kind']}: {a['detail']}")
-        return EXIT_OK
-    if cmd == "windows":
-        rows = await views.windows(dsn, args.host, args.plan, args.verdict, args.since)
-        for r in rows:
-            if args.json:
-                print(json.dumps(r))
-            else:
-                restored = {True: "restoration verified", False: "restoration NOT verified", None: "-"}[r["restoration_verified"]]
-                print(f"{r['window_id']}  {r['host']}  {r['opened_at'] or '-'}  {r['outcome'] or 'OPEN'}  "
-                      f"verdict {r['verdict'] or '-'}  {restored}")
-        return EXIT_OK
-    if cmd == "campaign":
-        return await _campaign(args, dsn)
-    if cmd == "report":
-        import sys
+    return await _COMMANDS[args.fleet_cmd](args, dsn, cfg)
 
-        from flare_diag.daemon.reports.publish import render
-        rep = await views.report(dsn, args.window)
-        sys.stdout.buffer.write(render(rep, args.format))
-        sys.stdout.flush()
-        it = rep["integrity"]
-        return EXIT_OK if it["chain_ok"] and it["audit_ok"] else EXIT_FAILED
+
+async def _init(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet.db import migrate
+    applied = await migrate(dsn)
+    print(f"applied {', '.join(applied)}" if applied else "up to date: nothing to apply")
+    return EXIT_OK
+
+
+async def _pool(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet.config import check_name
+    from flare_diag.daemon.fleet.db import connect
+    check_name("pool", args.pool)
+    async with await connect(dsn) as conn:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO pools (pool, max_down) VALUES (%s, %s) ON CONFLICT (pool) DO UPDATE "
+                               "SET max_down = EXCLUDED.max_down", (args.pool, args.max_down))
+    print(f"pool {args.pool}: at most {args.max_down} down at once")
+    return EXIT_OK
+
+
+async def _lease(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet import lease
+    from flare_diag.daemon.fleet.db import connect
+    async with await connect(dsn) as conn:
+        freed = await lease.release(conn, args.host, _caller(), args.reason)
+    print(f"{args.host}: lease released" if freed else f"{args.host}: held no lease")
+    return EXIT_OK if freed else EXIT_FAILED
+
+
+async def _host(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet.config import check_name
+    from flare_diag.daemon.fleet.db import add_host
+    print(await add_host(dsn, check_name("host", args.host)))
+    return EXIT_OK
+
+
+async def _ship(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet.config import check_name
+    from flare_diag.daemon.fleet.db import connect
+    from flare_diag.daemon.fleet.shipper import ship_once
+    host = args.host or (cfg.host if cfg else None)
+    pool = args.pool or (cfg.pool if cfg else None)
+    if not host or not pool:
+        raise UsageError("fleet ship: give --host and --pool, or --config")
+    if not args.log.is_file():
+        raise UsageError(f"{args.log}: no such log file")
+    n = 0
+    async with await connect(dsn) as conn:
+        while (res := await ship_once(conn, check_name("host", host), check_name("pool", pool), args.log,
+                                      cfg.batch if cfg else 2000)).events:
+            n += res.events
+    print(f"{host}: shipped {n} events; the fleet holds up to seq {res.head_seq}")
+    return EXIT_OK
+
+
+async def _status(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet import views
+    st = await views.status(dsn)
+    if args.json:
+        print(json.dumps(st))
+        return EXIT_OK
+    for p in st["pools"]:
+        who = ", ".join(f"{h['host']} ({h['window_id']}, {h['state']})" for h in p["held_by"]) or "none"
+        print(f"pool {p['pool']}: {p['down']} of {p['max_down']} down: {who}")
+    for h in st["hosts"]:
+        lease_txt = f"lease {h['lease']['window_id']} ({h['lease']['state']})" if h["lease"] else "no lease"
+        print(f"host {h['host']} ({h['pool']}): head {h['head_seq']}:{(h['head_hash'] or '')[:16]}, last event "
+              f"{h['last_event_at'] or '-'}, running {h['running_window'] or '-'}, {lease_txt}")
+    for a in st["alarms"]:
+        print(f"ALARM {a['at']} {a['host']} {a['kind']}: {a['detail']}")
+    return EXIT_OK
+
+
+async def _windows(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet import views
+    for r in await views.windows(dsn, args.host, args.plan, args.verdict, args.since):
+        if args.json:
+            print(json.dumps(r))
+            continue
+        restored = {True: "restoration verified", False: "restoration NOT verified", None: "-"}[r["restoration_verified"]]
+        print(f"{r['window_id']}  {r['host']}  {r['opened_at'] or '-'}  {r['outcome'] or 'OPEN'}  "
+              f"verdict {r['verdict'] or '-'}  {restored}")
+    return EXIT_OK
+
+
+async def _report(args: argparse.Namespace, dsn: str, cfg) -> int:
+    import sys
+
+    from flare_diag.daemon.fleet import views
+    from flare_diag.daemon.reports.publish import render
+    rep = await views.report(dsn, args.window)
+    sys.stdout.buffer.write(render(rep, args.format))
+    sys.stdout.flush()
+    it = rep["integrity"]
+    return EXIT_OK if it["chain_ok"] and it["audit_ok"] else EXIT_FAILED
+
+
+async def _verify(args: argparse.Namespace, dsn: str, cfg) -> int:
+    from flare_diag.daemon.fleet import views
     res = await views.verify_host(dsn, args.host, args.log)
     if args.json:
         print(json.dumps(res))
@@ -273,3 +297,8 @@ async def _campaign(args: argparse.Namespace, dsn: str) -> int:
               f"restoration {'verified' if r['restoration_verified'] else '-' if r['restoration_verified'] is None else 'NOT verified'}"
               + (f"  ({r['detail']})" if r["detail"] and r["state"] != "done" else ""))
     return EXIT_OK
+
+
+_COMMANDS = {"init": _init, "pool": _pool, "lease": _lease, "host": _host, "ship": _ship, "status": _status,
+             "windows": _windows, "campaign": lambda args, dsn, _cfg: _campaign(args, dsn), "report": _report,
+             "verify": _verify}  # `fleet CMD`: the function that runs it
