@@ -318,6 +318,16 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 def check_plan(plan: Plan, source: str = "plan") -> None:
+    """Every rule that relates a plan's keys to one another (each key's own range is policies/ranges),
+    in a fixed order: the first bad field is named."""
+    _check_identity(plan, source)
+    _check_timing(plan, source)
+    _check_names(plan, source)
+    seen = _check_phases(plan, source)
+    _check_observation_trace_and_guards(plan, source, seen)
+
+
+def _check_identity(plan: Plan, source: str) -> None:
     if plan.production:
         missing = [f for f in ExpectedIdentity.__struct_fields__ if getattr(plan.identity, f) is None]
         if missing:
@@ -325,6 +335,9 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
     for i, p in enumerate(plan.preserve.paths):
         if not p.strip() or "\0" in p:
             raise PlanError(f"{source}: preserve.paths[{i}] = {p!r}: expected a file or folder path")
+
+
+def _check_timing(plan: Plan, source: str) -> None:
     t = plan.timing
     # each key's own range is policies/ranges.RANGES (checked by plan_from_builtins); what follows
     # relates keys to one another
@@ -353,6 +366,9 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(f"{source}: growth.max_gpu_memory_fraction = {plan.growth.max_gpu_memory_fraction}, expected in (0, 1]")
     if not 0 < plan.rates.output_share <= 1:
         raise PlanError(f"{source}: rates.output_share = {plan.rates.output_share}, expected in (0, 1]")
+
+
+def _check_names(plan: Plan, source: str) -> None:
     # names become path components (report folders, fixture folders): nothing that could climb out
     if not _SAFE_NAME.fullmatch(plan.name):
         raise PlanError(f"{source}: name = {plan.name[:80]!r}: expected letters, digits, '.', '_' or '-' "
@@ -361,47 +377,59 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         if not _SAFE_NAME.fullmatch(f.name):
             raise PlanError(f"{source}: fixtures[{i}].name = {f.name[:80]!r}: expected letters, digits, '.', '_' "
                             f"or '-' (a fixture folder's name, not a path)")
+
+
+def _check_phases(plan: Plan, source: str) -> set[str]:
+    """The phases in order; the ids seen."""
     fixtures = {f.name for f in plan.fixtures}
     seen: set[str] = set()
     if not plan.phases:
         raise PlanError(f"{source}: phases: expected at least one phase")
     for i, ph in enumerate(plan.phases):
-        where = f"{source}: phases[{i}]"
-        if ph.id in seen:
-            raise PlanError(f"{where}.id = {ph.id!r} is used twice")
-        seen.add(ph.id)
-        if ph.kind == "consistency":
-            ref = next((f for f in plan.fixtures if f.name == ph.fixture), None)
-            if ref is None:
-                raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
-            greedy = ref.temperature if ref.temperature is not None else plan.sampling.temperature
-            if greedy != 0:
-                raise PlanError(f"{where}: a consistency phase needs greedy bodies: fixture {ph.fixture} asks temperature "
-                                f"{greedy:g}, expected 0 (set fixtures[].temperature = 0 for a greedy fixture)")
-            first = next(q for q in plan.phases if q.incarnation == ph.incarnation)
-            if not (first.kind == "identity" and first.fresh) or any(
-                    q.kind != "identity" for q in plan.phases[:i] if q.incarnation == ph.incarnation):
-                raise PlanError(f"{where}: a consistency phase runs first on a fresh incarnation (after only its fresh "
-                                f"identity phase), so that its cold answers meet an empty host cache")
-            if ph.concurrency != 1 or ph.passes != 1 or ph.order != "forward" or ph.select_last is not None \
-                    or ph.prime is not None:
-                raise PlanError(f"{where}: a consistency phase sends every body once cold and once with reuse, one at a "
-                                f"time: leave concurrency, passes, order, select_last and prime unset")
-        if ph.kind == "replay":
-            if ph.fixture not in fixtures:
-                raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
-            if ph.concurrency < 1 or ph.passes < 1:
-                raise PlanError(f"{where}: concurrency and passes must be at least 1")
-            if ph.select_last is not None and ph.select_last < 1:
-                raise PlanError(f"{where}.select_last = {ph.select_last}, expected at least 1")
-        for dep in ph.requires_measured:
-            if dep not in seen:
-                raise PlanError(f"{where}.requires_measured names {dep!r}, which is not an earlier phase")
-        if ph.prime is not None:
-            prime = next((q for q in plan.phases[:i] if q.id == ph.prime), None)
-            if prime is None or prime.kind != "replay" or prime.incarnation != ph.incarnation:
-                raise PlanError(f"{where}.prime = {ph.prime!r}: expected an earlier replay phase of incarnation "
-                                f"{ph.incarnation!r}")
+        _check_phase(plan, source, i, ph, seen, fixtures)  # adds its id to `seen`
+    return seen
+
+
+def _check_phase(plan: Plan, source: str, i: int, ph: PhaseSpec, seen: set[str], fixtures: set[str]) -> None:
+    where = f"{source}: phases[{i}]"
+    if ph.id in seen:
+        raise PlanError(f"{where}.id = {ph.id!r} is used twice")
+    seen.add(ph.id)
+    if ph.kind == "consistency":
+        ref = next((f for f in plan.fixtures if f.name == ph.fixture), None)
+        if ref is None:
+            raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
+        greedy = ref.temperature if ref.temperature is not None else plan.sampling.temperature
+        if greedy != 0:
+            raise PlanError(f"{where}: a consistency phase needs greedy bodies: fixture {ph.fixture} asks temperature "
+                            f"{greedy:g}, expected 0 (set fixtures[].temperature = 0 for a greedy fixture)")
+        first = next(q for q in plan.phases if q.incarnation == ph.incarnation)
+        if not (first.kind == "identity" and first.fresh) or any(
+                q.kind != "identity" for q in plan.phases[:i] if q.incarnation == ph.incarnation):
+            raise PlanError(f"{where}: a consistency phase runs first on a fresh incarnation (after only its fresh "
+                            f"identity phase), so that its cold answers meet an empty host cache")
+        if ph.concurrency != 1 or ph.passes != 1 or ph.order != "forward" or ph.select_last is not None \
+                or ph.prime is not None:
+            raise PlanError(f"{where}: a consistency phase sends every body once cold and once with reuse, one at a "
+                            f"time: leave concurrency, passes, order, select_last and prime unset")
+    if ph.kind == "replay":
+        if ph.fixture not in fixtures:
+            raise PlanError(f"{where}.fixture = {ph.fixture!r}: expected one of the plan's fixtures {sorted(fixtures)}")
+        if ph.concurrency < 1 or ph.passes < 1:
+            raise PlanError(f"{where}: concurrency and passes must be at least 1")
+        if ph.select_last is not None and ph.select_last < 1:
+            raise PlanError(f"{where}.select_last = {ph.select_last}, expected at least 1")
+    for dep in ph.requires_measured:
+        if dep not in seen:
+            raise PlanError(f"{where}.requires_measured names {dep!r}, which is not an earlier phase")
+    if ph.prime is not None:
+        prime = next((q for q in plan.phases[:i] if q.id == ph.prime), None)
+        if prime is None or prime.kind != "replay" or prime.incarnation != ph.incarnation:
+            raise PlanError(f"{where}.prime = {ph.prime!r}: expected an earlier replay phase of incarnation "
+                            f"{ph.incarnation!r}")
+
+
+def _check_observation_trace_and_guards(plan: Plan, source: str, seen: set[str]) -> None:
     for g in plan.drain.accept_unobserved:
         if g not in DRAIN_GAUGES:
             raise PlanError(f"{source}: drain.accept_unobserved names {g!r}: expected one of {', '.join(DRAIN_GAUGES)}")
@@ -415,8 +443,9 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
             if v is not None:
                 _within(source, f"starting_observation.{name}", v, 0, 2**62)
     if plan.trace is not None:
+        fixtures = sorted(f.name for f in plan.fixtures)
         if plan.trace.fixture not in fixtures:
-            raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {sorted(fixtures)}")
+            raise PlanError(f"{source}: trace.fixture = {plan.trace.fixture!r}: expected one of {fixtures}")
         if plan.trace.repetitions < 1 or not plan.trace.concurrency:
             raise PlanError(f"{source}: trace: repetitions and concurrency must be non-empty")
     try:
@@ -425,7 +454,6 @@ def check_plan(plan: Plan, source: str = "plan") -> None:
         raise PlanError(str(exc)) from None
     if not 0 < plan.sampling.top_p <= 1:
         raise PlanError(f"{source}: sampling.top_p = {plan.sampling.top_p}, expected in (0, 1]")
-
 
 def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
     """The frozen alternating order: (phase id, concurrency, repetition, trace on)."""
