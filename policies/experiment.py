@@ -315,30 +315,29 @@ def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:
     return ""
 
 
+class _Tally:
+    """What a replay phase's requests gave, round by round, for its cell."""
+
+    def __init__(self) -> None:
+        self.answers: list[consistency.Answer] = []  # a consistency phase's, in order: the cold pass, then the warm
+        self.hit_requests: list[int] = []
+        self.failures: list[str] = []
+        self.disagree: list[str] = []  # requests whose counters and own cached_tokens differ (reuse_disagreement)
+        self.natural = 0
+
+
 def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     plan = w.plan
     fixture = ph.fixture or ""
-    shas = w.fixtures.get(fixture, {}).get("sha256", [])
     reqs = phase_requests(ph, len(w.est.work.get(fixture, [])))
     prime = ph.prime or PRIMES.get(ph.id)
-    if prime is not None:
-        pc = w.ledger.cells.get(prime)
-        if pc is None or pc.status != "measured" or pc.identity_held is False or pc.incarnation_id != w.candidate_id:
-            why = (f"{pc.status}: {pc.reason}" if pc is not None and pc.status != "measured" else
-                   "its identity drifted" if pc is not None and pc.identity_held is False else
-                   f"it ran on incarnation {pc.incarnation_id}, not {w.candidate_id}" if pc is not None else "not run")
-            # a replay reads the state its own prime left: without it there is nothing to replay against
-            w._cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
-                    prime=prime, incarnation_id=w.candidate_id)
-            return
-    if ph.trace is not None:
-        res = yield from w._act("set_trace", {"enabled": ph.trace})
-        if not res.ok or res.data.get("trace_enabled") != ph.trace:
-            w._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
-            return
-        mism = guards.trace_toggle(expected_identity(plan), res.data, w.ref_labels, ph.trace)
-        if mism:
-            w._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
+    if prime is not None and (why := _prime_not_measured(w, prime)) is not None:
+        # a replay reads the state its own prime left: without it there is nothing to replay against
+        w._cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
+                prime=prime, incarnation_id=w.candidate_id)
+        return
+    if ph.trace is not None and not (yield from _set_trace(w, ph)):
+        return
     started, est_end = w.phase_marks.get(ph.id, (None, None))
     w.drain_unseen = set()
     w.current_since_ns = w.now
@@ -351,20 +350,52 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
                 comparable=ph.comparable)
         return
     before = dict(w.last_counters or {})
+    tally = _Tally()
+    prev = yield from _send_rounds(w, ph, reqs, before, tally)
+    if prev is not None:
+        yield from _close_phase(w, ph, len(reqs), before, prev, prime, tally)
+
+
+def _prime_not_measured(w: WindowCore, prime: str) -> str | None:
+    """Why a phase's prime cannot be replayed against (not measured, drifted, another incarnation); None if it can."""
+    pc = w.ledger.cells.get(prime)
+    if pc is None:
+        return "not run"
+    if pc.status != "measured":
+        return f"{pc.status}: {pc.reason}"
+    if pc.identity_held is False:
+        return "its identity drifted"
+    if pc.incarnation_id != w.candidate_id:
+        return f"it ran on incarnation {pc.incarnation_id}, not {w.candidate_id}"
+    return None
+
+
+def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
+    """The phase's trace switch, checked to have changed nothing else; False (its cell failed) if not set."""
+    res = yield from w._act("set_trace", {"enabled": ph.trace})
+    if not res.ok or res.data.get("trace_enabled") != ph.trace:
+        w._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
+        return False
+    mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
+    if mism:
+        w._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
+    return True
+
+
+def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict, tally: _Tally) -> Generator[Any, Any, dict | None]:
+    """The phase's requests, `concurrency` at a time, until done or the stop minute; the last counters
+    read, or None when the stop minute cut it short (its cell then said so)."""
+    fixture = ph.fixture or ""
+    shas = w.fixtures.get(fixture, {}).get("sha256", [])
     prev = before
-    answers: list[consistency.Answer] = []  # a consistency phase's, in order: the cold pass, then the warm
-    hit_requests: list[int] = []
-    failures: list[str] = []
-    disagree: list[str] = []  # requests whose counters and own cached_tokens differ (reuse_disagreement)
-    natural = 0
     k = 0
     while k < len(reqs):
         batch = reqs[k:k + ph.concurrency]
         if w.now >= w._stop_ns() or w.now + int(w.est.round_s(fixture, batch) * NS_PER_S) > w._stop_ns():
             w.current = None
             w._cell(ph.id, "invalid", f"stopped after {k} of {len(reqs)} requests: the next request's estimated"
-                    f" end passes the stop minute {plan.timing.stop_min:g}", requests=k, comparable=ph.comparable)
-            return
+                    f" end passes the stop minute {w.plan.timing.stop_min:g}", requests=k, comparable=ph.comparable)
+            return None
         sent = w.now
         ids = [w._request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k + j, "body_index": bi,
                                            "body_sha256": shas[bi] if bi < len(shas) else ""}, True)
@@ -375,67 +406,88 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w.draining_after = k + len(batch) >= len(reqs)
         delta: dict = {}
         if ph.concurrency == 1:
-            # between requests at C1: the counters, and the identity (a read, no generation), so that
-            # a drift is caught within one request
-            m, ident = yield from w._act_all([("scrape_metrics", {}), ("read_identity", {})])
-            if m.ok:
-                delta = rules.counter_delta(prev, m.data.get("counters", {}))
-                prev = m.data.get("counters", {})
-                if delta.get("host_hits"):
-                    hit_requests.append(k)
-            if ident.ok:
-                yield from hold_identity(w, ph, ident.data, f"after request #{k}")
+            delta, prev = yield from _between_requests(w, ph, k, prev, tally)
         done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
         w.est.observe_round(fixture, batch, (w.now - sent) / NS_PER_S,
                             {rd.body_index: rd.completion_tokens for rd in done},
                             {rd.body_index: rd.prompt_tokens for rd in done})
-        for j, rd in enumerate(results):
-            nf = None
-            if isinstance(rd, RequestDone):
-                if rd.outcome != "ok":
-                    failures.append(f"#{rd.order_index}: {rd.error or rd.outcome}")
-                else:
-                    nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
-                    natural += nf is not None
-                    disagree += reuse_disagreement(w.reuse_identity, delta, rd)
-                if ph.kind == "consistency":
-                    answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
-                                                      rd.cached_tokens, delta.get("host_reused_tokens")))
-                w._emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
-                                        body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
-                                        delta=delta if ph.concurrency == 1 else {}))
-            else:
-                failures.append(f"#{k + j}: {rd.error}")
-        unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
-        if unavailable:
-            # an engine that stopped answering: asked once, and the window aborts rather than send
-            # the rest of the phase into a host that is not there
-            h = yield from w._act("health", {})
-            if not (h.ok and h.data.get("status") == 200):
-                w._abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
-                                               f"{unavailable[0].error} and /health answered "
-                                               f"{h.data.get('status') if h.ok else h.error}")
+        _tally_round(w, ph, k, results, delta, tally)
+        yield from _engine_still_there(w, ph, results)
         k += len(batch)
-        w.current.done = k  # type: ignore[union-attr]
+        w.current.done = k  # type: ignore[union-attr]  # set above for the phase's whole run
         check_projection(w, ph, k)
+    return prev
+
+
+def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict, tally: _Tally) -> Generator[Any, Any, tuple[dict, dict]]:
+    """Between requests at C1: the counters, and the identity (a read, no generation), so that a drift
+    is caught within one request; (this request's counter delta, the counters now)."""
+    delta: dict = {}
+    m, ident = yield from w._act_all([("scrape_metrics", {}), ("read_identity", {})])
+    if m.ok:
+        delta = rules.counter_delta(prev, m.data.get("counters", {}))
+        prev = m.data.get("counters", {})
+        if delta.get("host_hits"):
+            tally.hit_requests.append(k)
+    if ident.ok:
+        yield from hold_identity(w, ph, ident.data, f"after request #{k}")
+    return delta, prev
+
+
+def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list, delta: dict, tally: _Tally) -> None:
+    """Each answer of a round: measured (RequestMeasured), failed, a natural failure, a reuse that disagrees."""
+    for j, rd in enumerate(results):
+        if not isinstance(rd, RequestDone):
+            tally.failures.append(f"#{k + j}: {rd.error}")
+            continue
+        nf = None
+        if rd.outcome != "ok":
+            tally.failures.append(f"#{rd.order_index}: {rd.error or rd.outcome}")
+        else:
+            nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
+            tally.natural += nf is not None
+            tally.disagree += reuse_disagreement(w.reuse_identity, delta, rd)
+        if ph.kind == "consistency":
+            tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
+                                                    rd.cached_tokens, delta.get("host_reused_tokens")))
+        w._emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
+                                body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
+                                delta=delta if ph.concurrency == 1 else {}))
+
+
+def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list) -> Proc:
+    """An engine that stopped answering: asked once, and the window aborts rather than send the rest of
+    the phase into a host that is not there."""
+    unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
+    if not unavailable:
+        return
+    h = yield from w._act("health", {})
+    if not (h.ok and h.data.get("status") == 200):
+        w._abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
+                                       f"{unavailable[0].error} and /health answered "
+                                       f"{h.data.get('status') if h.ok else h.error}")
+
+
+def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict, prev: dict, prime: str | None,
+                 tally: _Tally) -> Proc:
+    """The phase's closing drain, then its identity (still inside its bound past the stop minute: a phase
+    is held to the identity its incarnation was verified on), then its cell."""
     w.draining_after = True
-    settled = yield from drain(w, plan.timing.drain_timeout_s, f"after {ph.id}")
+    settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
     after = w.last_counters if settled else prev
-    # the identity after the phase's closing drain (still inside its bound past the stop minute): a
-    # phase is held to the identity its incarnation was verified on
     closing = yield from w._act("read_identity", {})
     w.draining_after = False
-    held = None
+    held, changes = None, []
     if closing.ok and ph.incarnation in w.verified_identity:
         changes = rules.identity_changes(w.verified_identity[ph.incarnation], closing.data)
         held = not changes
     w.current = None
     delta = rules.counter_delta(before, after or {})
     host, gpu = rules.host_gpu(delta)
-    common = dict(requests=len(reqs), host=host, gpu=gpu, comparable=ph.comparable, counters=delta, natural_failures=natural,
-                  prime=prime, incarnation_id=w.candidate_id, identity_held=held, hit_requests=hit_requests,
-                  drain_unseen=sorted(w.drain_unseen))
-    phase_cell(w, ph, common, closing, settled, changes if held is False else [], failures, answers, disagree)
+    common = dict(requests=requests, host=host, gpu=gpu, comparable=ph.comparable, counters=delta,
+                  natural_failures=tally.natural, prime=prime, incarnation_id=w.candidate_id, identity_held=held,
+                  hit_requests=tally.hit_requests, drain_unseen=sorted(w.drain_unseen))
+    phase_cell(w, ph, common, closing, settled, changes, tally.failures, tally.answers, tally.disagree)
 
 
 def reuse_disagreement(identity: list[str], delta: dict, rd: RequestDone) -> list[str]:
