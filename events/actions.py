@@ -19,7 +19,7 @@ class Action(msgspec.Struct, tag_field="action", frozen=True, forbid_unknown_fie
 
     @property
     def name(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+        return self.__struct_config__.tag  # type: ignore[return-value]  # every action is declared with a str tag
 
     def args(self) -> dict[str, Any]:
         """The action's arguments as builtins (what an executor's handler and a report read)."""
@@ -133,7 +133,7 @@ ACTION_TYPES: tuple[type[Action], ...] = (
 )
 AnyAction = Union[ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load,  # noqa: UP007
                   ReadIdentity, ScrapeMetrics, SetTrace, ManagerState, Health, Preflight, SendRequest, SteadyState]
-BY_NAME: dict[str, type[Action]] = {t.__struct_config__.tag: t for t in ACTION_TYPES}  # type: ignore[misc]
+BY_NAME: dict[str, type[Action]] = {t.__struct_config__.tag: t for t in ACTION_TYPES}  # type: ignore[misc]  # every action type declares a str tag
 
 
 class UnknownAction(ValueError):

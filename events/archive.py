@@ -117,7 +117,7 @@ def prepare_archive(db: Path, before_ns: int, to: Path, key: bytes | None) -> Ar
         head = conn.execute("SELECT hash FROM events WHERE seq = ?", (last,)).fetchone()
         if head is None or conn.execute("SELECT MIN(seq) FROM events").fetchone()[0] != first:
             raise ArchiveError(f"{db}: the log does not start where its recorded base says (seq {first}); verify it first")
-        day = time.strftime("%Y%m%d", time.gmtime(moved[-1].closed_wall_ns // 10**9))  # type: ignore[operator]
+        day = time.strftime("%Y%m%d", time.gmtime(moved[-1].closed_wall_ns // 10**9))  # type: ignore[operator]  # a window archived has closed: its closed_wall_ns is set
         target = to / f"{db.stem}-archive-{day}-seq{first}-{last}.db"
         if target.exists():
             raise ArchiveError(f"{target}: already exists")

@@ -50,7 +50,7 @@ def encode_payload(event: Event) -> bytes:
 def _decoder() -> msgspec.json.Decoder:
     dec = _codec_cache.get("decoder")
     if dec is None:
-        union = Union[tuple(_REGISTRY.values())]  # type: ignore[valid-type]
+        union = Union[tuple(_REGISTRY.values())]  # type: ignore[valid-type]  # a Union built at run time from the registry, as msgspec decodes it
         dec = _codec_cache["decoder"] = msgspec.json.Decoder(union)
     return dec
 

@@ -346,7 +346,7 @@ def ranges(title: str, panels: list[tuple[str, list[tuple[str, float | None, flo
     panels = [(n, rs) for n, rs in panels if rs]
     if not panels:
         return empty(title)
-    vmax = max(max((r[2] if r[2] is not None else r[1]) for r in rs) for _n, rs in panels)  # type: ignore[type-var]
+    vmax = max(max((r[2] if r[2] is not None else r[1]) for r in rs) for _n, rs in panels)  # type: ignore[type-var]  # each row's value or its fallback is a number
     pw, ml, row = (W - 10) / len(panels), 128, 14
     nrows = max(len(rs) for _n, rs in panels)
     h = 26 + 22 + row * nrows + 48

@@ -364,7 +364,7 @@ def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    return s[max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))]  # type: ignore[call-overload]
+    return s[max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))]  # type: ignore[call-overload]  # q is an int percentile, so the index is an int
 
 
 TRACE_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
@@ -472,7 +472,7 @@ def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
     ns = [None if v == _NONE else v for v in smp.column("n")]
     fbs, fts, lts, ends = (smp.seconds(smp.column(k), scale) for k in ("fb", "ft", "lt", "end"))
     for fb, ft, lt, end, n in zip(fbs, fts, lts, ends, ns):
-        decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]
+        decode = (lt - ft) / (n - 1) * 1000 if None not in (lt, ft, n) and n > 1 and lt >= ft else None  # type: ignore[operator]  # None excluded by the test before it
         rate = n / end if n is not None and end else None
         for k, v in zip(COST_KEYS, (fb, ft, decode, rate)):
             if v is not None:

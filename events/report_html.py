@@ -53,7 +53,7 @@ def _badge(status: str) -> str:
 
 
 def _check(v: object) -> str:
-    cls = {True: "pass", False: "fail", None: "na"}.get(v, "")  # type: ignore[call-overload]
+    cls = {True: "pass", False: "fail", None: "na"}.get(v, "")  # type: ignore[call-overload]  # a bool or None key; any other value falls to ''
     return f'<span class="{cls}">{escape(check(v))}</span>'
 
 

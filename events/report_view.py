@@ -193,7 +193,7 @@ def _cell_row(c: dict) -> list[str]:
 
 def _sum(cells: list[dict], part: str, key: str) -> int | None:
     vals = [(c.get(part) or {}).get(key) for c in cells]
-    return None if any(v is None for v in vals) else sum(vals)  # type: ignore[arg-type]
+    return None if any(v is None for v in vals) else sum(vals)  # type: ignore[arg-type]  # None excluded by the test before it
 
 
 def cell_rows(r: dict) -> list[list[str]]:
@@ -402,7 +402,7 @@ def settle_rows(r: dict) -> list[tuple[str, float | None, bool, float | None, bo
         row = rows.setdefault("restore: readmit" if what == "readmit" else what, [None, True, None, True])
         k = 0 if when == "before" else 2
         row[k], row[k + 1] = d["waited_s"], bool(d["settled"])
-    return [(label, *v) for label, v in rows.items()]  # type: ignore[misc]
+    return [(label, *v) for label, v in rows.items()]  # type: ignore[misc]  # rows hold lists of four, unpacked into the tuple
 
 
 def drain_summary(r: dict) -> str:
@@ -476,7 +476,7 @@ def natural_failure_rows(r: dict) -> list[list[str]]:
 
 
 def check(v: object) -> str:
-    return {True: "pass", False: "FAIL", None: "not applicable"}.get(v, str(v))  # type: ignore[call-overload]
+    return {True: "pass", False: "FAIL", None: "not applicable"}.get(v, str(v))  # type: ignore[call-overload]  # a bool or None key; any other value falls to str(v)
 
 
 def recipe_lines(r: dict) -> list[str]:

@@ -306,7 +306,7 @@ class ActionRequested(Decision, tag="action_requested", frozen=True):
     """An action the policy asks for, as data (events/actions.py). v2: `request` is the typed action;
     v1 logs held its name and arguments apart (`action`, `args`) and are lifted by the upcaster below."""
 
-    schema_v = 2  # type: ignore[misc]
+    schema_v = 2  # type: ignore[misc]  # a class constant the base declares ClassVar; this type's own version
     action_id: int
     request: AnyAction
     experimental: bool = False

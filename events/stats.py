@@ -84,7 +84,7 @@ def bootstrap_interval(baseline: Sequence[float], candidate: Sequence[float], st
     nb, nc = len(baseline), len(candidate)
     per = nb + nc  # a resample's draws: the baseline's, then the candidate's
     batch = max(1, _BATCH_DRAWS // per)
-    values = []
+    values: list[float] = []
     while len(values) < resamples:
         k = min(batch, resamples - len(values))
         raw = rng.draws(k * per)

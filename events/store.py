@@ -118,8 +118,8 @@ def _tag_of(event: Event) -> tuple[str, int]:
     cls = type(event)
     tv = _TAGS.get(cls)
     if tv is None:
-        tv = _TAGS[cls] = (cls.__struct_config__.tag, cls.schema_v)  # type: ignore[assignment]
-    return tv  # type: ignore[return-value]
+        tv = _TAGS[cls] = (cls.__struct_config__.tag, cls.schema_v)  # type: ignore[assignment]  # every event class declares a str tag and an int schema_v
+    return tv  # type: ignore[return-value]  # as above: (tag, schema_v)
 
 
 class EventStore:
@@ -352,8 +352,8 @@ class EventStore:
                 if item is self._open:
                     self._open = None
                 batch.append(item)
-                n += len(item.rows)  # type: ignore[union-attr]
-                size += item.size  # type: ignore[union-attr]
+                n += len(item.rows)  # type: ignore[union-attr]  # an item taken here is a batch, never the close marker
+                size += item.size  # type: ignore[union-attr]  # an item taken here is a batch, never the close marker
             if not batch:
                 continue
             base = (self._tent_seq, self._tent_head)

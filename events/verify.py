@@ -85,7 +85,7 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
                 return bad(seq, f"seq {seq}: stored hash does not match its contents (event edited)")
             if type_ == "log_archived":
                 handed_over |= archived_records([payload])
-            if cp_hash is not None and seq == checkpoint.seq:  # type: ignore[union-attr]
+            if cp_hash is not None and seq == checkpoint.seq:  # type: ignore[union-attr]  # cp_hash is not None only when a checkpoint was read
                 cp_seen = True
                 if h != cp_hash:
                     return bad(seq, f"seq {seq}: hash differs from the checkpoint's (log rewritten)")

@@ -166,7 +166,7 @@ class WindowFold:
         counts = [self._sends(spec) for spec in self.phase_specs.values()]
         if any(c is None for c in counts) or not self.fixture_sizes:
             return None
-        total = sum(counts)  # type: ignore[arg-type]
+        total = sum(counts)  # type: ignore[arg-type]  # None excluded by the test before it
         if self.trace_fixture and self.trace_arms:
             size = self.fixture_sizes.get(self.trace_fixture)
             if size is None:

@@ -122,7 +122,7 @@ class WindowCore(Driver):
         return window_minute(self.now if ns is None else ns, self.t0)
 
     def _stop_ns(self) -> int:
-        return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]
+        return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]  # t0 is set by the quiesce, before any stop-minute check
 
     def _closing_drain_end_ns(self) -> int:
         return self._stop_ns() + int(self.drain_timeout_s(self.plan.timing.drain_timeout_s) * NS_PER_S)
@@ -158,7 +158,7 @@ class WindowCore(Driver):
     def _mark_stop(self) -> None:
         if not self.stop_marked:
             self.stop_marked = True
-            self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]
+            self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
 
     def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately

@@ -86,7 +86,7 @@ class Driver:
 
     def _resume(self, val: Any) -> None:
         try:
-            self.wait = self.gen.send(val)  # type: ignore[union-attr]
+            self.wait = self.gen.send(val)  # type: ignore[union-attr]  # gen is set for as long as the driver runs
         except StopIteration:
             self.gen, self.wait = None, None
             self._on_finish(None)

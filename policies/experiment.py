@@ -152,8 +152,8 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
             w.trace_stopped = trace_order_stopped(arm)
         check_projection(w)
         return
-    w._emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w._minute(),  # type: ignore[arg-type]
-                       estimated_end_minute=w._minute(end), limit_minute=w._minute(limit),  # type: ignore[arg-type]
+    w._emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w._minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
+                       estimated_end_minute=w._minute(end), limit_minute=w._minute(limit),  # type: ignore[arg-type]  # after the quiesce: minutes, never None
                        pace=round(w.est.pace, 4), overhead_s=round(w.est.overhead_s, 3)))
     if label != w.candidate_loaded:
         ok = yield from fresh_incarnation(w, label)
@@ -204,7 +204,7 @@ def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
                 f" minute {t.stop_min:g}", comparable=ph.comparable)
         check_projection(w)
         return
-    w._emit(PhaseStarted(phase=ph.id, minute=w._minute(), estimated_end_minute=w._minute(end)))  # type: ignore[arg-type]
+    w._emit(PhaseStarted(phase=ph.id, minute=w._minute(), estimated_end_minute=w._minute(end)))  # type: ignore[arg-type]  # a phase starts after the quiesce: a minute, never None
     w.phase_marks[ph.id] = (w._minute(), w._minute(end))
     if ph.kind == "identity":
         yield from identity_phase(w, ph)

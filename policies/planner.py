@@ -260,7 +260,7 @@ class Estimator:
         est = self._phase_memo[key] = rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
         return est
 
-    def arm_s(self, arm: Arm, loaded: str | None, done: set[str] = frozenset(), phases=None) -> float:  # type: ignore[assignment]
+    def arm_s(self, arm: Arm, loaded: str | None, done: set[str] = frozenset(), phases=None) -> float:  # type: ignore[assignment]  # a frozen default, only ever read
         """Window seconds to run an arm's given phases (default: the gating ones), with its load."""
         todo = [p for p in (phases if phases is not None else arm.gating) if p.id not in done]
         load = self.load_s if arm.incarnation != loaded else 0.0

@@ -45,7 +45,7 @@ def selectors(query: str) -> list[str]:
     def walk(node: object) -> None:
         name = type(node).__name__
         if name == "VectorSelector":
-            text = node.prettify()  # type: ignore[attr-defined]
+            text = node.prettify()  # type: ignore[attr-defined]  # promql_parser's nodes are an untyped extension
             if text not in out:
                 out.append(text)
             return

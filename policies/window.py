@@ -128,7 +128,7 @@ class WindowPolicy(WindowCore):
         end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
         if self.stage == "restore" and self.now >= end and not self.overrun_marked:
             self.overrun_marked = True
-            self._emit(TimeMarked(mark="window_end", minute=self._minute(end)))  # type: ignore[arg-type]
+            self._emit(TimeMarked(mark="window_end", minute=self._minute(end)))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
             self._emit(Alarm(kind="restore_overrun",
                              detail=f"restore still running at minute {self._minute()}, past the window end"))
 

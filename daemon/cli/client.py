@@ -210,7 +210,7 @@ def _nothing_to_watch(console: Console, rep: dict) -> int:
 def report(path: Path, window_id: str, fmt: str, out: Path | None) -> int:
     c = Connection(path, timeout=300)
     try:
-        rep = c.call(control.Report(window_id=window_id, format=fmt))  # type: ignore[arg-type]
+        rep = c.call(control.Report(window_id=window_id, format=fmt))  # type: ignore[arg-type]  # fmt is one of the formats the parser allows
     finally:
         c.close()
     if out is None:

@@ -10,11 +10,17 @@ import signal
 import sqlite3
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
 from flare_diag.resources import resource
 from flare_diag.daemon.cli.common import (
     EXIT_BAD_INPUT, EXIT_BUSY, EXIT_CODES, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError, integrity_warning,
     make_console, one_line, ranged,
 )
+
+if TYPE_CHECKING:  # the plan's type, for the annotations only: the parser loads no policy
+    from flare_diag.policies.plan import Plan
+
 
 class _Help(argparse.HelpFormatter):
     """Every option's help ends with its default, when it has one worth saying and does not say it."""
@@ -383,7 +389,7 @@ def _forecast_flags(sp: argparse.ArgumentParser) -> None:
                     help="run even when the forecast says a required cell does not fit (the window ends partial)")
 
 
-def load_plan(path: Path) -> tuple[bytes, object]:
+def load_plan(path: Path) -> tuple[bytes, Plan]:
     """The plan file's bytes and the checked plan, or UsageError naming it."""
     from flare_diag.daemon.window.setup import InputError, read_plan
     try:
@@ -440,7 +446,7 @@ def _plan_forecast(args: argparse.Namespace) -> int:
         if args.site is not None:
             setup = setup_for_site(args.plan, args.site)
         else:
-            setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))  # type: ignore[arg-type]
+            setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))
     except InputError as exc:
         raise UsageError(str(exc)) from None
     if args.simulate is not None:
@@ -891,7 +897,7 @@ def _client(args: argparse.Namespace) -> int:
             cal = _calibration(args.calibrate)
             # fixtures beside the plan are the caller's: named to the daemon so that a refusal can say
             # where they are and why it cannot read them, never opened by it
-            beside = {f.name: str((args.plan.parent / f.name).resolve()) for f in plan.fixtures  # type: ignore[attr-defined]
+            beside = {f.name: str((args.plan.parent / f.name).resolve()) for f in plan.fixtures
                       if (args.plan.parent / f.name / "manifest.json").is_file()}
             return client.start(path, plan_raw, str(args.plan), args.site, args.time_scale, console,
                                 calibration=msgspec.to_builtins(cal) if cal else None, accept_partial=args.accept_partial,

@@ -44,5 +44,5 @@ class GuardedStream(io.TextIOBase):
         return True
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:  # type: ignore[override]  # a read-only property where TextIO has an attribute
         return getattr(self.stream, "encoding", "utf-8") or "utf-8"

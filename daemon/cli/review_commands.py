@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flare_diag.daemon.cli.common import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from flare_diag.policies.plan import Plan
 
 
 def add_parser(sub, parser_class) -> None:
@@ -33,7 +37,7 @@ def add_parser(sub, parser_class) -> None:
                        help="the daemon's control socket (default: $FLARE_DIAG_SOCKET, else /run/flare-diagd/control.sock)")
 
 
-def _subject(plan_path: Path) -> tuple[bytes, object, dict[str, str]]:
+def _subject(plan_path: Path) -> tuple[bytes, Plan, dict[str, str]]:
     from flare_diag.daemon.window.setup import InputError, load_fixtures, read_plan
     try:
         raw, plan = read_plan(plan_path)
@@ -74,10 +78,10 @@ def run_review(args: argparse.Namespace) -> int:
     sha = hashlib.sha256(raw).hexdigest()
     if args.review_cmd == "sign":
         from flare_diag.events.schema import ReviewSigned
-        ev = ReviewSigned(subject="plan", plan_name=plan.name, plan_sha256=sha, author=plan.author,  # type: ignore[attr-defined]
+        ev = ReviewSigned(subject="plan", plan_name=plan.name, plan_sha256=sha, author=plan.author,
                           fixtures=manifests, by=" ".join(args.by.split()), note=args.note)
         seq, h, where = _record(args, ev)
-        self_review = ev.by.casefold() == " ".join(plan.author.split()).casefold()  # type: ignore[attr-defined]
+        self_review = ev.by.casefold() == " ".join(plan.author.split()).casefold()
         print(f"review of {args.plan} (sha256 {sha[:12]}) by {ev.by} recorded in {where} at seq {seq}"
               + (" - it is the plan's author's, so it does not let the plan run" if self_review else ""))
         if args.export:
@@ -87,14 +91,14 @@ def run_review(args: argparse.Namespace) -> int:
         return EXIT_OK
     reviews, where = _reviews(args)
     from flare_diag.policies.review import accepting
-    ok, why = accepting(reviews, sha, manifests, plan.author)  # type: ignore[attr-defined]
+    ok, why = accepting(reviews, sha, manifests, plan.author)
     rows = [{"by": r.by, "note": r.note, "seq": r.seq, "these_bytes": r.plan_sha256 == sha and r.fixtures == manifests,
              "plan_sha256": r.plan_sha256} for r in reviews if r.subject == "plan"]
     if args.json:
-        print(json.dumps({"plan_sha256": sha, "author": plan.author, "reviews": rows,  # type: ignore[attr-defined]
+        print(json.dumps({"plan_sha256": sha, "author": plan.author, "reviews": rows,
                           "may_run": ok is not None, "why_not": why}))
         return EXIT_OK
-    print(f"{args.plan}: sha256 {sha[:12]}, author {plan.author or '(none)'}; reviews in {where}:")  # type: ignore[attr-defined]
+    print(f"{args.plan}: sha256 {sha[:12]}, author {plan.author or '(none)'}; reviews in {where}:")
     for r in rows:
         print(f"  seq {r['seq']}: {r['by']}{' - these bytes' if r['these_bytes'] else ' - other bytes ' + r['plan_sha256'][:12]}"
               + (f": {r['note']}" if r["note"] else ""))

@@ -9,6 +9,7 @@ log once its window closes. A run refused because the pool is full goes back to 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -34,7 +35,7 @@ class Run:
 
 
 async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: list[str], repeats: int,
-                 time_scale: float, accept_partial: bool, caller: str, order: list[str] | None = None,
+                 time_scale: float, accept_partial: bool, caller: str, order: Sequence[str] | None = None,
                  candidate_site: str | None = None, retries: int = 2, visibility_s: float = 120.0) -> int:
     """`order`: a follow-on plan's sides (baseline/candidate), one a repeat; the candidate's runs use
     `candidate_site` (the policy's build), the baseline's `site`."""

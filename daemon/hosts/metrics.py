@@ -198,7 +198,7 @@ def shape(families: dict[str, list], names: dict[str, str] | None = None,
         elif split is not None and any(split in s.labels for s in ss):
             for s in ss:
                 part = f"{key}.{s.labels.get(split, '')}"
-                counters[part] = counters.get(part, 0.0) + s.value  # type: ignore[operator]
+                counters[part] = counters.get(part, 0.0) + s.value  # type: ignore[operator]  # a counter sample's value is a float
         else:
             counters[key] = sum(s.value for s in ss)
     for key, family in TIMINGS.items():

@@ -53,9 +53,9 @@ class Prometheus:
         kind, result = data.get("resultType"), data.get("result")
         try:
             if kind == "scalar":
-                values = [float(result[1])]  # type: ignore[index]
+                values = [float(result[1])]  # type: ignore[index]  # a scalar result is [time, value]
             elif kind == "vector":
-                values = [float(s["value"][1]) for s in result[:MAX_SERIES]]  # type: ignore[index]
+                values = [float(s["value"][1]) for s in result[:MAX_SERIES]]  # type: ignore[index]  # a vector result is a list of samples
             else:
                 raise ActionFailed("steady_state_unreachable",
                                    f"prometheus query: a {kind} answer; a guard's query must give a number or a vector")
@@ -63,7 +63,7 @@ class Prometheus:
             raise ActionFailed("steady_state_unreachable", "prometheus query: a malformed answer") from None
         # NaN (0/0 on an idle path) and infinities say nothing a threshold can judge: left out, counted
         return {"values": [v for v in values if math.isfinite(v)],
-                "series": len(result) if kind == "vector" else 1}  # type: ignore[arg-type]
+                "series": len(result) if kind == "vector" else 1}  # type: ignore[arg-type]  # a vector result is a list of samples
 
     async def series(self, selector: str) -> int:
         """How many series the selector names now (0: Prometheus knows no such series)."""

@@ -21,7 +21,7 @@ def chat_validator(openapi: object) -> jsonschema.protocols.Validator:
     """A validator for the chat route's JSON request body, its `$ref`s resolved inside the document
     (FastAPI writes OpenAPI 3.1, whose schemas are JSON Schema 2020-12: vLLM's and SGLang's servers)."""
     try:
-        body = openapi["paths"][CHAT_PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]  # type: ignore[index]
+        body = openapi["paths"][CHAT_PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]  # type: ignore[index]  # the engine's OpenAPI document, read as JSON
     except (KeyError, TypeError):
         raise SchemaUnusable(f"no JSON request schema for POST {CHAT_PATH}") from None
     registry = Registry().with_resource(ROOT_URI, Resource.from_contents(openapi, default_specification=DRAFT202012))

@@ -94,7 +94,7 @@ class Site(msgspec.Struct):
     @property
     def candidate_recipe(self) -> str:
         p = self.profile
-        return (p.engine.candidate_recipe if p.engine else p.manager.candidate_recipe) or ""  # type: ignore[union-attr]
+        return (p.engine.candidate_recipe if p.engine else p.manager.candidate_recipe) or ""  # type: ignore[union-attr]  # a profile without an engine section has a manager section
 
     def __repr__(self) -> str:  # a Site may end up in a traceback or a log line; its tokens must not
         return f"Site(name={self.name!r}, sha256={self.sha256!r}, tokens=<{len(self.tokens)} hidden>)"
@@ -103,7 +103,7 @@ class Site(msgspec.Struct):
 def scrub(text: str, secrets: object) -> str:
     """`text` with every loaded token's value replaced: a host that echoes a token back in an error
     body must not put it in a log, a report, a journal line or a terminal."""
-    for value in sorted({v for v in secrets if v and len(v) >= 4}, key=len, reverse=True):  # type: ignore[attr-defined]
+    for value in sorted({v for v in secrets if v and len(v) >= 4}, key=len, reverse=True):  # type: ignore[attr-defined]  # secrets holds the loaded token strings
         text = text.replace(value, "[token]")
     return text
 

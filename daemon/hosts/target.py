@@ -310,7 +310,7 @@ class Target:
         if r.status_code != 200:
             raise classify_response(r, "models")
         try:
-            return [m["id"] for m in answer_json(r, "models")["data"] if isinstance(m.get("id"), str)]  # type: ignore[index]
+            return [m["id"] for m in answer_json(r, "models")["data"] if isinstance(m.get("id"), str)]  # type: ignore[index]  # the models answer is a JSON object with a data list
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ActionFailed("malformed_transport", "models: expected {\"data\": [{\"id\": ...}]}") from None
 

@@ -69,7 +69,7 @@ def build_digest() -> str:
     import importlib.util
     h = hashlib.sha256()
     # located, not imported: the daemon reaches the simulator only through daemon/simulator.py
-    roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0])  # type: ignore[union-attr, index]
+    roots = [Path(importlib.util.find_spec(name).submodule_search_locations[0])  # type: ignore[union-attr, index]  # our own packages: each has a spec and a folder
              for name in ("flare_diag.policies", "flare_diag.events", "flare_diag.daemon", "flare_diag.fixtures")]
     for root in roots:
         for f in sorted(root.rglob("*.py")):

@@ -57,7 +57,7 @@ class InProcessTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._tg is None:
             raise httpx.ConnectError("the in-process host is not serving (outside its `serve_in_process` block)", request=request)
-        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
+        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]  # an httpx request's stream is async here (an async client)
         url = request.url
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,

@@ -40,7 +40,7 @@ T = TypeVar("T")
 THREAD_ANSWER_WAIT_S = 120.0
 
 
-class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]  # DefaultSelector is a platform alias mypy cannot subclass
     """The loop's selector; where the loop would wait for a timer, it moves the virtual clock instead."""
 
     loop: VirtualTimeLoop
@@ -119,7 +119,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _deliver(self) -> bool:
         with self._lock:
             held, self._inbox = self._inbox, deque()
-        self._ready.extend(held)  # type: ignore[attr-defined]
+        self._ready.extend(held)  # type: ignore[attr-defined]  # asyncio's loop keeps its ready queue private
         return bool(held)
 
     def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -138,7 +138,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 def run(main: Awaitable[T]) -> T:
     """`asyncio.run` on a virtual-time loop."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(main)  # type: ignore[arg-type]
+        return runner.run(main)  # type: ignore[arg-type]  # a coroutine, as asyncio.run takes
 
 
 def is_virtual() -> bool:

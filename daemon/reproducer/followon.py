@@ -113,7 +113,7 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
         greedy = _greedy_fixture(source, opened)
         fo = FollowOn("policy", window, opened.plan_sha256, verdict, policy=policy, baseline_policy=sc.eviction,
                       reproducer=f"{rep.agreed} of {rep.compared} requests agree (scenario {sc.name})",
-                      model_reused_tokens=reuse, order=abba(repeats), repeats=repeats)  # type: ignore[arg-type]
+                      model_reused_tokens=reuse, order=abba(repeats), repeats=repeats)  # type: ignore[arg-type]  # abba gives the sides as the Literal strings the field takes
     fo = msgspec.structs.replace(fo, review=f"{review.by} (seq {review.seq} of {reviews or db})"
                                  + (f": {review.note}" if review.note else ""))
     if missed and not force:

@@ -84,7 +84,7 @@ async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) ->
     ph = next((p for p in setup.plan.phases if p.kind == "replay" and p.fixture in setup.fixtures), None)
     if ph is None or n < 2:  # the first request warms up and is not counted: one alone measures nothing
         return None
-    fixture = setup.fixtures[ph.fixture]  # type: ignore[index]
+    fixture = setup.fixtures[ph.fixture]  # type: ignore[index]  # a replay phase names its fixture
 
     def record(i: int, t0: float) -> dict:  # what every probe request's log entry says, answered or not
         return {"site": setup.site.name, "fixture": ph.fixture or "", "body_index": i, "body_sha256": fixture.sha256[i],
@@ -106,7 +106,7 @@ async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) ->
         actual = (anyio.current_time() - t0) * setup.time_scale
         if k == 0:
             continue
-        est.observe_round(ph.fixture, [i], actual, {i: data.get("completion_tokens")}, {i: data.get("prompt_tokens")})  # type: ignore[arg-type]
+        est.observe_round(ph.fixture, [i], actual, {i: data.get("completion_tokens")}, {i: data.get("prompt_tokens")})  # type: ignore[arg-type]  # a replay phase names its fixture
     # only the pace and overhead carry over: the incumbent's tokens are not the candidate's
     learned = est.learned(f"probe of {est.rounds} requests at x{setup.time_scale:g}", setup.time_scale)
     return Calibration(source=learned.source, pace=learned.pace, overhead_s=learned.overhead_s, rounds=learned.rounds,

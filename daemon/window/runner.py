@@ -134,7 +134,7 @@ class Runner:
                                       f"last {n} events are not in the log: {self.write_error}")
         if failure is not None:
             raise failure
-        return self.outcome  # type: ignore[return-value]
+        return self.outcome  # type: ignore[return-value]  # set by the time the task group exits without a failure
 
     async def feed(self, inp: Input) -> None:
         decisions = self.policy.receive(inp)
@@ -164,7 +164,7 @@ class Runner:
             self.on_decision(d)
             if isinstance(d, ActionRequested):
                 scope = self.scopes[d.action_id] = anyio.CancelScope()
-                self._tg.start_soon(self._execute, d, scope)  # type: ignore[union-attr]
+                self._tg.start_soon(self._execute, d, scope)  # type: ignore[union-attr]  # the task group is open for as long as decisions are executed
             elif isinstance(d, CancelRequested):
                 self._cancel(d)
 
@@ -200,7 +200,7 @@ class Runner:
         _log.error("event log write failed in window %s: going on from memory into the restore: %s",
                    self.window_id, self.write_error)
         self._send.send_nowait(LogUnwritable(at_ns=self.now(), detail=str(self.write_error)))
-        self._tg.start_soon(self._catch_up_loop)  # type: ignore[union-attr]
+        self._tg.start_soon(self._catch_up_loop)  # type: ignore[union-attr]  # the task group is open for as long as decisions are executed
 
     async def _catch_up_loop(self) -> None:
         while self.degraded:
@@ -343,7 +343,7 @@ class Runner:
             polled = self.now()
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
-                    r = await prom.query(g.query)  # type: ignore[union-attr]
+                    r = await prom.query(g.query)  # type: ignore[union-attr]  # reached only with a Prometheus configured for the guards
                 self._send.send_nowait(WatchObserved(at_ns=self.now(), source="prometheus",
                                                      data={"guard": g.name, **r, "polled_at_ns": polled}))
             except Exception as exc:
