@@ -11,18 +11,19 @@ that lost the database at the wrong moment, releases its lease once its own log 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from pathlib import Path
 
 import anyio
 
-import flare_diag.events.schema  # noqa: F401  (registers the event types the release is decided from)
+from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import (
+    CampaignRunStarted, LeaseGranted, RestorationRecorded, VerdictReached, WindowClosed, WindowOpened,
+)
 from flare_diag.events.signals import quiet
 from flare_diag.daemon.fleet import campaigns, lease
 from flare_diag.daemon.fleet.config import FleetConfig
 from flare_diag.daemon.fleet.db import connect, one_line
 from flare_diag.daemon.fleet.shipper import Shipper
-from flare_diag.events.base import decode_payload
 
 RECONCILE_S = 5.0
 CAMPAIGN_POLL_S = 5.0  # a daemon with nothing to wake it looks for queued runs this often
@@ -30,50 +31,37 @@ CAMPAIGN_BUSY_S = 2.0  # after the pool refused a run, the wait before this host
 CALLER = "flare-diagd"
 
 
+def _logged(db: Path, types: tuple[str, ...], window_id: str | None = None) -> list[tuple[str, object]]:
+    """(window id, event) of the local log's events of `types` (of one window), in order."""
+    with LogReader(db) as reader:
+        return [(e.window_id, e.event()) for e in reader.iter(window_id=window_id, types=types)]
+
+
 def window_end(db: Path, window_id: str) -> dict:
     """What a window's local log records of its end: opened, closed, outcome, verdict, restoration verified."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-    try:
-        opened = conn.execute("SELECT 1 FROM events WHERE window_id = ? AND type = 'window_opened'",
-                              (window_id,)).fetchone() is not None
-        rows = conn.execute("SELECT type, schema_v, payload FROM events WHERE window_id = ? AND type IN "
-                            "('window_closed', 'restoration_recorded', 'verdict_reached') ORDER BY seq",
-                            (window_id,)).fetchall()
-    finally:
-        conn.close()
-    end = {"opened": opened, "closed": False, "outcome": None, "verdict": None, "verified": False}
-    for type_, v, payload in rows:
-        ev = decode_payload(type_, v, payload)
-        if type_ == "window_closed":
+    end = {"opened": False, "closed": False, "outcome": None, "verdict": None, "verified": False}
+    for _wid, ev in _logged(db, ("window_opened", "window_closed", "restoration_recorded", "verdict_reached"), window_id):
+        if isinstance(ev, WindowOpened):
+            end["opened"] = True
+        elif isinstance(ev, WindowClosed):
             end.update(closed=True, outcome=ev.outcome)
-        elif type_ == "verdict_reached":
+        elif isinstance(ev, VerdictReached):
             end["verdict"] = ev.hypothesis
-        else:
+        elif isinstance(ev, RestorationRecorded):
             end["verified"] = bool(ev.verified)
     return end
 
 
 def granted_epoch(db: Path, window_id: str) -> int | None:
     """The fencing epoch the window's local log recorded for its lease, or None."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-    try:
-        row = conn.execute("SELECT schema_v, payload FROM events WHERE window_id = ? AND type = 'lease_granted' "
-                           "ORDER BY seq DESC LIMIT 1", (window_id,)).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else decode_payload("lease_granted", row[0], row[1]).epoch
+    granted = [ev.epoch for _wid, ev in _logged(db, ("lease_granted",), window_id) if isinstance(ev, LeaseGranted)]
+    return granted[-1] if granted else None
 
 
 def campaign_windows(db: Path) -> dict[tuple[int, int], str]:
     """(campaign, run) -> the window its local log says ran it."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = conn.execute("SELECT window_id, schema_v, payload FROM events WHERE type = 'campaign_run_started' "
-                            "ORDER BY seq").fetchall()
-    finally:
-        conn.close()
-    return {(ev.campaign, ev.run): wid for wid, v, payload in rows
-            for ev in [decode_payload("campaign_run_started", v, payload)]}
+    return {(ev.campaign, ev.run): wid for wid, ev in _logged(db, ("campaign_run_started",))
+            if isinstance(ev, CampaignRunStarted)}
 
 
 class FleetLink:
