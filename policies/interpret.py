@@ -115,6 +115,9 @@ NO_CAUSE = {
                        "own log, OOM kills) and repeat the window once it stays up; nothing measured here names a cause."),
     "rejected": ("the host refused the plan's bodies", "Make the bodies acceptable to this engine (its request schema, "
                  "the plan's [sampling]) or the engine's version the bodies were written for, then repeat the window."),
+    "unexpected_input": ("the decider received an observation it has no rule for, so the state its cells were "
+                         "judged from cannot be trusted", "Find what produced the input (the alarm names its type: a "
+                         "daemon newer than this policy, or a bug) and repeat the window on a matching build."),
 }
 
 

@@ -7,11 +7,11 @@ from collections.abc import Collection, Mapping
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                  "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                 "preflight", "steady_state", "engine_restart", "rejected")
+                 "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input")
 
 # Aborts after which no cell may name a cause (contract 4, amended 2026-12-03): what the window measured
 # may be an engine that restarted under it, or a host that refused the bodies themselves.
-NO_CAUSE_ABORTS = ("engine_restart", "rejected")
+NO_CAUSE_ABORTS = ("engine_restart", "rejected", "unexpected_input")
 
 # Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
 # window refused a host it never changed), with the class kept in the detail.

@@ -76,7 +76,11 @@ class WindowPolicy(WindowCore):
                 self._emit(Alarm(kind="resume_mismatch", detail="; ".join(inp.mismatches)))
             self._abort_from_outside("daemon_restart", "the daemon restarted inside the window")
         elif not isinstance(inp, Tick):
-            return out
+            # an observation this decider has no rule for is never dropped: the state it would have
+            # changed cannot be trusted, so the window restores and no cell names a cause
+            name = type(inp).__name__
+            self._emit(Alarm(kind="unexpected_input", detail=f"{name} at window time {inp.at_ns} ns"))
+            self._abort_from_outside("unexpected_input", f"an input this decider has no rule for: {name}")
         self._check_time()
         self._advance()
         return out

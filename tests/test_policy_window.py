@@ -309,6 +309,26 @@ def test_operator_abort_ends_in_restore():
     assert decisions(h, RestoreStarted)[0].cause == "abort"
 
 
+def test_an_input_the_decider_has_no_rule_for_aborts_and_restores_and_no_cell_names_a_cause():
+    from flare_diag.events.schema import Input
+
+    class Unforeseen(Input, tag="unforeseen_test_input", frozen=True):
+        """An observation no rule of the decider was written for (a newer daemon's, a bug's)."""
+
+    def hook(world, hist):
+        if world.requests_sent == 3 and not any(isinstance(i, Unforeseen) for i, _ in hist):
+            return Unforeseen(at_ns=world.now)
+        return None
+
+    _w, h = run(hook=hook)
+    abort = decisions(h, AbortDecided)[0]
+    assert abort.reason == "unexpected_input" and "Unforeseen" in abort.detail
+    assert [a.kind for a in decisions(h, Alarm)] == ["unexpected_input"]
+    assert decisions(h, RestoreStarted)[0].cause == "abort" and decisions(h, RestorationRecorded)[0].verified
+    verdict = decisions(h, VerdictReached)[0]
+    assert verdict.hypothesis == "inconclusive" and "no cause is named" in verdict.basis
+
+
 def test_natural_output_failures_are_recorded_and_never_abort():
     _w, h = run()
     assert not decisions(h, AbortDecided)

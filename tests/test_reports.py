@@ -700,3 +700,13 @@ def test_a_projected_overrun_in_a_window_that_ended_partial_needs_attention(log)
 def test_a_projected_overrun_in_an_aborted_window_claims_nothing_about_whether_it_came_true(log):
     md = render_md(_with_forecast(build_report(log, "w-report"), "aborted"))
     assert "the window ended aborted before it could come true or not" in md and "it did not come true" not in md
+
+
+def test_the_report_schema_admits_every_abort_reason_the_policy_can_decide():
+    # engine_restart and rejected (contract 4, amended 2026-12-03) were decided but not admitted: a report of
+    # such an abort did not validate
+    from typing import get_args
+
+    from flare_diag.events.report_schema import AbortReason
+    from flare_diag.policies.rules import ABORT_REASONS
+    assert set(get_args(AbortReason)) == set(ABORT_REASONS)
