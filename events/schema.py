@@ -256,6 +256,7 @@ class CampaignRunStarted(Event, tag="campaign_run_started", frozen=True):
 
     campaign: int
     run: int
+    claim_us: int = 0  # the claim it ran under (the run's claimed_at, us): a run requeued since is run again
 
 
 @register

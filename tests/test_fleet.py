@@ -374,15 +374,33 @@ async def test_a_run_whose_window_the_hosts_log_names_is_adopted_running_under_i
     from flare_diag.daemon.fleet import campaigns
     cid = await _campaign(fleet, visibility_s=0.2)
     async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
-        await campaigns.claim(h1, "h1")
+        run = await campaigns.claim(h1, "h1")
         await _age_claims(fleet, cid)
         await campaigns.expire(h1, "h1")
-        assert await campaigns.unmarked(h1, "h1") == [(cid, 1)]
-        await campaigns.adopt(h1, cid, 1, "w-started")
+        assert await campaigns.unmarked(h1, "h1") == [(cid, 1, run.claim_us)]
+        await campaigns.adopt(h1, cid, 1, run.claim_us, "w-started")
         assert await campaigns.claim(h1, "h1") is None
         assert await campaigns.unmarked(h1, "h1") == []
         await campaigns.finish(h1, "w-started", "completed", None, True)
     assert (await _state(fleet, cid))[0] == "done"
+
+
+async def test_a_run_an_operator_requeued_is_run_again_not_adopted_from_an_earlier_claims_window(fleet):
+    """The host's log names the window of the run's earlier claim; the operator requeued the run after it
+    failed: that claim is not this one, so the run is claimed and run again."""
+    from flare_diag.daemon.fleet import campaigns
+    cid = await _campaign(fleet, retries=0, visibility_s=0.2)
+    operator = role_dsn(fleet, "alice", "flare_diag_operator")
+    async with await psycopg.AsyncConnection.connect(role_dsn(fleet, "h1")) as h1:
+        earlier = await campaigns.claim(h1, "h1")  # its window ran; then the daemon was down past the timeout
+        await _age_claims(fleet, cid)
+        await campaigns.expire(h1, "h1")  # retries spent: failed
+        assert await campaigns.requeue(operator, cid, "alice") == 1
+        assert await campaigns.unmarked(h1, "h1") == []  # no claim to match the log's
+        await campaigns.adopt(h1, cid, 1, earlier.claim_us, "w-earlier")  # what a stale match would do: nothing
+        again = await campaigns.claim(h1, "h1")
+    assert again is not None and again.claim_us != earlier.claim_us
+    assert (await _state(fleet, cid))[0] == "claimed"
 
 
 async def test_a_run_whose_claims_keep_expiring_fails_once_its_retries_are_spent(fleet):

@@ -18,6 +18,10 @@ from flare_diag.daemon.fleet.config import FleetError, check_name
 from flare_diag.daemon.fleet.db import connect
 
 
+# a claim's token: its claimed_at in whole microseconds (what a window's campaign_run_started records)
+_CLAIM_US = "(extract(epoch FROM r.claimed_at) * 1000000)::bigint"
+
+
 @dataclass
 class Run:
     campaign: int
@@ -28,6 +32,7 @@ class Run:
     site: str
     time_scale: float
     accept_partial: bool
+    claim_us: int = 0  # this claim's token (its claimed_at, in microseconds): a window names the claim it ran
 
     @property
     def label(self) -> str:
@@ -99,21 +104,25 @@ async def renew(conn: psycopg.AsyncConnection, host: str, window_ids: list[str],
     return cur.rowcount
 
 
-async def unmarked(conn: psycopg.AsyncConnection, host: str) -> list[tuple[int, int]]:
-    """(campaign, run) of this host's runs claimed or queued without a window: the ones whose window, if
-    the host's log names one, the database never heard of."""
-    rows = await (await conn.execute("SELECT campaign, run FROM runs WHERE host = %s AND state IN ('claimed', 'queued') "
-                                     "AND window_id IS NULL", (host,))).fetchall()
-    return [(r[0], r[1]) for r in rows]
+async def unmarked(conn: psycopg.AsyncConnection, host: str) -> list[tuple[int, int, int]]:
+    """(campaign, run, claim token) of this host's runs claimed or queued without a window under their last
+    claim: the ones whose window, if the host's log names that claim, the database never heard of. A run an
+    operator requeued has no claim (requeue clears it): whatever an earlier claim's window did, it runs again."""
+    rows = await (await conn.execute(f"SELECT campaign, run, {_CLAIM_US} FROM runs r WHERE host = %s AND state IN "
+                                     "('claimed', 'queued') AND window_id IS NULL AND claimed_at IS NOT NULL",
+                                     (host,))).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
 
 
-async def adopt(conn: psycopg.AsyncConnection, campaign: int, run: int, window_id: str) -> None:
-    """A run the host's own log says `window_id` started: running under it, claimed for its visibility timeout."""
+async def adopt(conn: psycopg.AsyncConnection, campaign: int, run: int, claim_us: int, window_id: str) -> None:
+    """A run whose claim `claim_us` the host's own log says `window_id` ran: running under it, claimed for
+    its visibility timeout (unless it was claimed again or requeued since)."""
     async with conn.transaction():
         await conn.execute("UPDATE runs r SET state = 'running', window_id = %s, detail = '', "
                            "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
                            "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s AND r.state IN "
-                           "('claimed', 'queued') AND r.window_id IS NULL", (window_id, campaign, run))
+                           f"('claimed', 'queued') AND r.window_id IS NULL AND {_CLAIM_US} = %s",
+                           (window_id, campaign, run, claim_us))
 
 
 def requeue_after(reply: dict) -> bool:
@@ -133,10 +142,12 @@ async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
             "ORDER BY r.campaign, r.run LIMIT 1 FOR UPDATE OF r SKIP LOCKED", (host,))).fetchone()
         if row is None:
             return None
-        await conn.execute("UPDATE runs r SET state = 'claimed', claimed_at = now(), attempts = r.attempts + 1, "
-                           "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
-                           "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s", (row[0], row[1]))
-    return Run(*row)
+        token = await (await conn.execute(
+            "UPDATE runs r SET state = 'claimed', claimed_at = clock_timestamp(), attempts = r.attempts + 1, "
+            "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
+            "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s "
+            f"RETURNING {_CLAIM_US}", (row[0], row[1]))).fetchone()
+    return Run(*row, claim_us=token[0])
 
 
 async def mark(conn: psycopg.AsyncConnection, run: Run, state: str, window_id: str | None = None, detail: str = "") -> None:
@@ -174,7 +185,8 @@ async def requeue(dsn: str, campaign: int, caller: str, run: int | None = None) 
     async with await connect(dsn) as conn:
         async with conn.transaction():
             cur = await conn.execute(
-                "UPDATE runs SET state = 'queued', attempts = 0, lease_until = NULL, window_id = NULL, detail = %s "
+                "UPDATE runs SET state = 'queued', attempts = 0, lease_until = NULL, window_id = NULL, claimed_at = NULL, "
+                "detail = %s "
                 "WHERE campaign = %s AND state IN ('failed', 'refused', 'cancelled') AND (%s::integer IS NULL OR run = %s)",
                 (f"requeued by {caller}", campaign, run, run))
             return cur.rowcount

@@ -58,9 +58,9 @@ def granted_epoch(db: Path, window_id: str) -> int | None:
     return granted[-1] if granted else None
 
 
-def campaign_windows(db: Path) -> dict[tuple[int, int], str]:
-    """(campaign, run) -> the window its local log says ran it."""
-    return {(ev.campaign, ev.run): wid for wid, ev in _logged(db, ("campaign_run_started",))
+def campaign_windows(db: Path) -> dict[tuple[int, int, int], str]:
+    """(campaign, run, claim token) -> the window its local log says ran that claim."""
+    return {(ev.campaign, ev.run, ev.claim_us): wid for wid, ev in _logged(db, ("campaign_run_started",))
             if isinstance(ev, CampaignRunStarted)}
 
 
@@ -182,11 +182,14 @@ class FleetLink:
         """Runs the database still has claimed or queued whose window the local log says started: marked
         running under that window (the mark was lost, or the claim expired while the daemon was down),
         so that they are finished from the log, never started a second time."""
+        unmarked = [r for r in await campaigns.unmarked(conn, self.cfg.host) if r[:2] != self.claiming]
+        if not unmarked:
+            return
         known = await anyio.to_thread.run_sync(quiet(campaign_windows), self.db)
-        for campaign, run in await campaigns.unmarked(conn, self.cfg.host):
-            wid = known.get((campaign, run))
-            if wid is not None and (campaign, run) != self.claiming:
-                await campaigns.adopt(conn, campaign, run, wid)
+        for campaign, run, claim_us in unmarked:
+            wid = known.get((campaign, run, claim_us))
+            if wid is not None:
+                await campaigns.adopt(conn, campaign, run, claim_us, wid)
                 self.log.info("campaign run found in the local log", host=self.cfg.host, campaign=campaign, run=run,
                               window_id=wid)
 

@@ -622,7 +622,7 @@ class Service:
                 "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid(),
                 "fleet": self.fleet.status() if self.fleet is not None else None}
 
-    async def _start(self, cmd: Start, uid: int, pid: int, campaign_run: tuple[int, int] | None = None) -> bytes:
+    async def _start(self, cmd: Start, uid: int, pid: int, campaign_run: tuple[int, int, int] | None = None) -> bytes:
         if self.starting:
             # a second start while one is being checked: its lease and its window would be the first's
             return control.error("another start is being checked; one window at a time", code="busy")
@@ -647,7 +647,7 @@ class Service:
                        outcome=report.get("outcome"), restoration_verified=(report.get("restoration") or {}).get("verified"))
         return str(folder)
 
-    async def _checked_start(self, cmd: Start, uid: int, pid: int, campaign_run: tuple[int, int] | None) -> bytes:
+    async def _checked_start(self, cmd: Start, uid: int, pid: int, campaign_run: tuple[int, int, int] | None) -> bytes:
         if self.stopping:
             return control.error("the daemon is stopping; no window starts")
         if self.window is not None:
@@ -714,7 +714,8 @@ class Service:
             await self.store.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant,
                                                  how="taken"), window_id=window_id)
         if campaign_run is not None:  # the run is this window's in the host's own log, whatever the database heard
-            await self.store.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1]), window_id=window_id)
+            await self.store.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]),
+                                    window_id=window_id)
         await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                                detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)
         self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
@@ -747,7 +748,7 @@ class Service:
         """A fleet campaign's run, started as an operator's `start` would be, by the daemon itself."""
         reply = await self._start(Start(plan_toml=run.plan_toml, site=run.site, plan_label=run.label,
                                         time_scale=run.time_scale, accept_partial=run.accept_partial),
-                                  os.getuid(), os.getpid(), (run.campaign, run.run))
+                                  os.getuid(), os.getpid(), (run.campaign, run.run, run.claim_us))
         return msgspec.json.decode(reply)
 
     async def _fleet_gate(self, call, uid: int, pid: int) -> bytes | None:
