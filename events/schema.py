@@ -260,6 +260,17 @@ class CampaignRunStarted(Event, tag="campaign_run_started", frozen=True):
 
 
 @register
+class ProbeSent(Event, tag="probe_sent", frozen=True):
+    """A forecast probe's generation, logged before it goes out (its answer is the `probe_request` after
+    it): a daemon that dies mid-probe leaves in its log every request it may have sent a live primary."""
+
+    site: str
+    fixture: str
+    body_index: int
+    body_sha256: str
+
+
+@register
 class ProbeRequest(Event, tag="probe_request", frozen=True):
     """A generation sent outside any window: the forecast's pace probe, before a window opens (opt-in
     per site). Logged like every other request the daemon sends; no decision reads it."""

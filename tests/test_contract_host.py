@@ -166,6 +166,11 @@ def test_a_site_that_opts_in_to_pace_probing_gets_at_most_the_plans_probes_each_
         host.stop()
     assert rc == 0 and served == logged and len(probes) == 3, (served, logged, len(probes))
     assert all(p.outcome == "ok" and p.body_sha256 for p in probes)
+    # each probe request in the log before it went out (probe_sent), its answer after: intent, then outcome
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        trail = [(type(e).__name__, e.body_index) for e in (x.event() for x in reader.iter())
+                 if type(e).__name__ in ("ProbeSent", "ProbeRequest")]
+    assert trail == [(kind, p.body_index) for p in probes for kind in ("ProbeSent", "ProbeRequest")]
 
 
 def test_site_check_passes_on_the_contract_host(churning_host):

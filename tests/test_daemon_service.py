@@ -743,3 +743,18 @@ def test_status_after_a_window_restored_says_its_restoration_verified(daemon, si
     p = daemon.cli("status")
     row = next(line for line in p.stdout.splitlines() if "restoration" in line)
     assert "verified" in row and "not verified" not in row, p.stdout
+
+
+def test_the_daemons_forecast_probe_logs_each_request_before_it_goes_out_and_its_answer_after(daemon, sim):
+    from flare_diag.events.reader import LogReader
+    with open(sim.site, "a") as f:  # the site opts in to pace probing (the plan allows four)
+        f.write("[forecast]\nprobe_requests = 2\n")
+    daemon.start()
+    _start(daemon, sim)
+    daemon.cli("abort", "--reason", "the probe was the subject")
+    daemon.wait_for(lambda s: s["state"] == "idle" and s["last_window"], timeout=120, what="the restore")
+    with LogReader(daemon.state / "log.db") as reader:
+        trail = [(type(ev).__name__, ev.body_index, e.window_id) for e in reader.iter()
+                 for ev in [e.event()] if type(ev).__name__ in ("ProbeSent", "ProbeRequest")]
+    assert [k for k, _i, _w in trail] == ["ProbeSent", "ProbeRequest"] * 2
+    assert trail[0][1] == trail[1][1] and all(w == "" for _k, _i, w in trail)  # sent outside any window

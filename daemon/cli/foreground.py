@@ -29,6 +29,26 @@ from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies.plan import Plan
 from flare_diag.policies.planner import Calibration
 
+class _ProbeLog:
+    """The window's log for the forecast's probe requests, opened at the first (a forecast that sends none
+    leaves no log behind it); each request is logged before it goes out, and its answer after."""
+
+    def __init__(self, db: Path, durable: bool) -> None:
+        self.db, self.durable = db, durable
+        self.store: EventStore | None = None
+
+    async def __call__(self, ev) -> None:  # noqa: ANN001 - an event
+        if self.store is None:
+            self.db.parent.mkdir(parents=True, exist_ok=True)
+            self.store = await EventStore.open(self.db, durable=self.durable)
+        await self.store.append(ev)
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+
 async def run_window(setup: WindowSetup, out: Path, console: Console,
                      faults: FaultSchedule | None = None, events_out: TextIO | None = None) -> dict:
     """Runs one window in the foreground with its own log in `out`, then writes its reports there.
@@ -43,18 +63,14 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     except BaseException:
         await target.close()
         raise
+    probe_log = setup.probe_log = _ProbeLog(out / "log.db", durable=not setup.rehearsal)
     try:
         sched = await planned(setup, target)
     except BaseException:
         await target.close()
-        if setup.probes:  # the window will not open, but what the probe sent is logged all the same
-            out.mkdir(parents=True, exist_ok=True)
-            store = await EventStore.open(out / "log.db", durable=not setup.rehearsal)
-            try:
-                await store.append_many(setup.probes)
-            finally:
-                await store.close()
         raise
+    finally:
+        await probe_log.close()
     for w in setup.site.warnings:
         console.print(f"[yellow]warning:[/] {setup.site.name}: {w}")
     console.print(f"forecast: {sched.render()[-1]} (pace x{sched.pace:.2f} + {sched.overhead_s:.1f} s a request, {sched.calibration or 'plan rates'})")
@@ -92,9 +108,9 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
             raise InputError(f"{db}: the event log cannot be opened ({str(exc)[:200]}); nothing on the host "
                              f"was changed") from None
         raise
-    if setup.probes or setup.preconditions:  # what was done before the window opened: in its log, before it
+    if setup.preconditions:  # what was done before the window opened: in its log, before it
         try:
-            await store.append_many([*setup.preconditions, *setup.probes], window_id=window_id)
+            await store.append_many(setup.preconditions, window_id=window_id)
         except BaseException:
             await target.close()
             await store.close()

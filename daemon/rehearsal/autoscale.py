@@ -36,7 +36,7 @@ async def auto_time_scale(plan_raw: bytes, plan: Plan, scenario: str, seed: int,
                             clock="wall", sim_seed=seed, inprocess_sim=True)
         target = Target(site, setup.fixtures, setup.plan_sha256)
         try:
-            probed = await probe(target, setup, [])
+            probed = await probe(target, setup)  # its events stay in setup.probes: a scale is chosen, no window opens
         finally:
             await target.close()
     if probed is None or probed.overhead_s is None:

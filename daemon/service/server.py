@@ -681,6 +681,9 @@ class Service:
             if refused is not None:
                 return refused
             grant = self.fleet.granted[window_id]
+        # the forecast's probe requests go to the log as they are sent (intent, then answer): outside any
+        # window, since none has opened yet (and it may be refused after its probe)
+        setup.probe_log = self.store.append
         try:
             # the same read-only site check as `site check`: a site that lacks what the plan needs is
             # refused before anything on it changes; then the forecast
@@ -694,8 +697,6 @@ class Service:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await target.close()
-                    if setup.probes:  # refused after its probe: what the probe sent is logged all the same
-                        await self.store.append_many(setup.probes)
                 raise
         except BaseException as exc:
             self._lease_unused()
@@ -706,8 +707,8 @@ class Service:
             await target.close()
             self._lease_unused()
             return control.error("another window runs, or the daemon is stopping; no window starts")
-        if setup.probes or setup.preconditions:  # what was done before the window opened, in its log before it
-            await self.store.append_many([*setup.preconditions, *setup.probes], window_id=window_id)
+        if setup.preconditions:  # what was done before the window opened, in its log before it
+            await self.store.append_many(setup.preconditions, window_id=window_id)
         self.preserving[window_id] = setup
         w = self._new_window(window_id, setup, target)
         if self.fleet is not None:  # the lease's fencing epoch, in the chain before any host change

@@ -11,7 +11,7 @@ from flare_diag.daemon.hosts.errors import classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
 from flare_diag.events.reader import LogReader, NotAnEventLog
-from flare_diag.events.schema import ProbeRequest
+from flare_diag.events.schema import ProbeRequest, ProbeSent
 from flare_diag.policies.calibration import CalibrationError, calibrate
 from flare_diag.policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
 
@@ -75,10 +75,10 @@ def probe_budget(setup: WindowSetup) -> int:
     return min(wanted, setup.plan.rates.probe_requests)
 
 
-async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) -> Calibration | None:
+async def probe(target: Target, setup: WindowSetup) -> Calibration | None:
     """Pace and overhead from a few of the plan's own bodies sent before the window opens, each round
     timed on the window clock (real time times the scale) against the rate model with the tokens each
-    body really used. Every request sent is appended to `sent` (the caller logs them)."""
+    body really used. Each request is logged (`setup.log_probe`) before it goes out, and its answer after."""
     n = probe_budget(setup)
     est = estimator(setup)
     ph = next((p for p in setup.plan.phases if p.kind == "replay" and p.fixture in setup.fixtures), None)
@@ -91,17 +91,19 @@ async def probe(target: Target, setup: WindowSetup, sent: list[ProbeRequest]) ->
                 "elapsed_s": round(anyio.current_time() - t0, 6)}
 
     for k, i in enumerate(phase_requests(ph, len(fixture.bodies))[:n]):
+        await setup.log_probe(ProbeSent(site=setup.site.name, fixture=ph.fixture or "", body_index=i,
+                                        body_sha256=fixture.sha256[i]))
         t0 = anyio.current_time()
         try:
             data = await target.send_request({"phase": "probe", "fixture": ph.fixture, "order_index": i, "body_index": i,
                                               "body_sha256": fixture.sha256[i]})
         except Exception as exc:  # a host that cannot answer a probe will not carry a window
             f = classify_exception(exc, "send_request")
-            sent.append(ProbeRequest(**record(i, t0), outcome="error", error=f"{f.error}: {f.detail}"))
+            await setup.log_probe(ProbeRequest(**record(i, t0), outcome="error", error=f"{f.error}: {f.detail}"))
             raise InputError(f"{setup.site.name}: the forecast's probe request failed ({f.error}: {f.detail}); "
                              f"nothing was changed") from None
-        sent.append(ProbeRequest(**record(i, t0), outcome="ok", prompt_tokens=data.get("prompt_tokens"),
-                                 completion_tokens=data.get("completion_tokens")))
+        await setup.log_probe(ProbeRequest(**record(i, t0), outcome="ok", prompt_tokens=data.get("prompt_tokens"),
+                                           completion_tokens=data.get("completion_tokens")))
         await target.scrape_metrics({})
         actual = (anyio.current_time() - t0) * setup.time_scale
         if k == 0:
@@ -117,11 +119,11 @@ async def planned(setup: WindowSetup, target: Target) -> Schedule:
     """The forecast a window starts from, after the site check and before quiesce: the plan's rates,
     `--calibrate`, and a probe's pace where one is allowed (`probe_budget`). Refuses (InputError) a plan
     whose required cells do not fit unless the operator accepted a partial window;
-    `setup.calibration` is what the window will start from, `setup.probes` what the probe sent (each
-    is logged by the caller, whether the window then opens or not)."""
+    `setup.calibration` is what the window will start from; what the probe sent went to `setup.log_probe`
+    as it was sent, whether the window then opens or not."""
     cal = setup.calibration
     if probe_budget(setup):
-        cal = merged(cal, await probe(target, setup, setup.probes))
+        cal = merged(cal, await probe(target, setup))
     setup.calibration = cal
     sched = schedule(setup, cal)
     refuse_unfit(sched, setup.plan_path or setup.plan.name, setup.accept_partial)

@@ -7,6 +7,7 @@ import hashlib
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from flare_diag.daemon.hosts.nvml import available as nvml_unavailable
 from flare_diag.daemon.hosts.files import FileRefused, read_bounded
 from flare_diag.daemon.hosts.site import Site, SiteError, load_site
 from flare_diag.daemon.window.reviews import ReviewError, gate, reviews_in
+from flare_diag.events.base import Event
 from flare_diag.events.schema import WindowOpened
 from flare_diag.policies.plan import MAX_PLAN_BYTES, Plan, PlanError, decode_plan
 from flare_diag.policies.review import Review
@@ -63,10 +65,19 @@ class WindowSetup:
     clock: str = "wall"  # "virtual" in a rehearsal on the simulator's time (daemon/rehearsal/virtualtime.py)
     sim_seed: int | None = None
     inprocess_sim: bool = False  # a rehearsal's own simulator, served in this process
-    probes: list = field(default_factory=list)  # ProbeRequest events the forecast sent, for the log
+    probes: list = field(default_factory=list)  # the probe's events, when no `probe_log` takes them as they happen
+    # the log the probe's events go to as they happen (intent before each request, answer after); None:
+    # they are kept in `probes` (a probe that only calibrates a scale, autoscale)
+    probe_log: Callable[[Event], Awaitable[object]] | None = None
     review: dict = field(default_factory=dict)  # the review that let a production plan run (by, note, seq, hash)
     preconditions: list = field(default_factory=list)  # events logged before the window opens (harness, preserved)
     earlier: tuple[Path, str | None] | None = None  # an earlier window of the site (its log, its id; None: the last)
+
+    async def log_probe(self, ev: Event) -> None:
+        if self.probe_log is not None:
+            await self.probe_log(ev)
+        else:
+            self.probes.append(ev)
 
     @property
     def plan_sha256(self) -> str:
