@@ -183,3 +183,14 @@ def test_every_type_ignore_says_why_on_its_own_line():
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if "type: ignore" in line and not re.search(r"# type: ignore\[[^\]]+\]\s+#\s*\S", line)]
     assert bare == []
+
+
+def test_no_code_outside_the_hosts_room_branches_on_which_engine_a_site_runs():
+    # issue 50: what differs between engines (metric names, a name they refuse, a tier) is said once, in
+    # daemon/hosts/; everywhere else asks the host's ports and profiles, never `== "vllm"`
+    import re
+    kind = re.compile(r"""(==|!=)\s*["'](vllm|sglang|llamacpp|flare)["']|["'](vllm|sglang|llamacpp|flare)["']\s*(==|!=)""")
+    found = [f"{path.relative_to(ROOT)}:{n}" for layer in ("policies", "events", "daemon")
+             for path in sorted((ROOT / layer).rglob("*.py")) if "hosts" not in path.relative_to(ROOT).parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if kind.search(line)]
+    assert found == []

@@ -93,6 +93,11 @@ REUSE_IDENTITY: dict[str, list[str]] = {
 }
 
 
+# Engines that refuse a body naming a model they do not serve: vLLM answers 404
+# (tests/data/metrics/vllm-0.32.0/wrong-model.json); llama-server answers whatever the body names.
+REFUSES_UNSERVED_MODEL = frozenset({"vllm"})
+
+
 class LazySplit(NamedTuple):
     """A counter family split by a label whose children the engine creates on their first increment:
     while the family is declared as split, an absent child has counted nothing yet (0), not 'not
