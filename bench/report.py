@@ -38,7 +38,7 @@ from flare_diag.events.fold import fold  # noqa: E402
 from flare_diag.events.reader import LogReader  # noqa: E402
 from flare_diag.daemon.reports.publish import FORMATS, write_report_files  # noqa: E402
 from flare_diag.events.report import PROJECTED_TYPES, UNREAD_ACTIONS, project_window  # noqa: E402
-from flare_diag.events.report_spool import ReportSpool  # noqa: E402
+from flare_diag.daemon.reports.report_spool import ReportSpool  # noqa: E402
 from flare_diag.events.actions import ScrapeMetrics, SendRequest
 from flare_diag.events.schema import (  # noqa: E402
     ActionDone, ActionRequested, CellRecorded, DrainObserved, PhaseStarted, RequestDone, RequestMeasured, Tick,

@@ -59,7 +59,7 @@ class _Projection:
     (request rows, counter series, identity observations, recipes, drains)."""
 
     def __init__(self, window_id: str, integrity: dict, spool=None) -> None:
-        """`spool` (events/report_spool.py): takes each request row, scrape and natural failure as it
+        """`spool` (daemon/reports/report_spool.py): takes each request row, scrape and natural failure as it
         is made, in place of the report's lists, which then stay empty."""
         self.spool = spool
         self.failure_kinds: dict[str, dict[str, int]] = {}
@@ -756,7 +756,7 @@ def project(envelopes: Iterable[Read], window_id: str, integrity: dict) -> dict:
 
 
 def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict, spool=None) -> Report:
-    """The report of one window. With a `spool` (events/report_spool.py) its request rows, counter
+    """The report of one window. With a `spool` (daemon/reports/report_spool.py) its request rows, counter
     series and natural failures go there as they are made, and the report keeps empty lists in
     their place (the renderers assemble the files from both), so a long window's report never holds them."""
     p = _Projection(window_id, integrity, spool)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_diag.events.report_html import CHARTS
+from flare_diag.daemon.reports.report_html import CHARTS
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 ARTIFACTS = Path(os.environ.get("FLARE_DIAG_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flare_diag.events.report_view import request_row
+from flare_diag.daemon.reports.report_view import request_row
 
 _COUNTS = st.one_of(st.none(), st.integers(min_value=-10**7, max_value=10**13),
                     st.floats(allow_nan=False, allow_infinity=False, min_value=-1e9, max_value=1e9))

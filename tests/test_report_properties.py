@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.report import project, render_json
-from flare_diag.events.report_html import render_html
-from flare_diag.events.report_md import render_md
+from flare_diag.daemon.reports.report_html import render_html
+from flare_diag.daemon.reports.report_md import render_md
 from flare_diag.events.report_schema import validate
 from tests.logtools import write_window
 
@@ -87,7 +87,7 @@ def test_text_in_pieces_is_the_utf8_of_the_joined_segments(segments, chunk):
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(0, 5000), gap=st.integers(2, 50), cuts=st.lists(st.integers(0, 5000), max_size=12))
 def test_a_series_thinned_in_slices_keeps_the_points_thinned_one_at_a_time(n, gap, cuts):
-    from flare_diag.events.charts import Decimated
+    from flare_diag.daemon.reports.charts import Decimated
     # a long series (the budget is hundreds of points) with a minute or a value missing now and then
     points = [(None if i % gap == 0 else i / 60, None if i % (gap + 3) == 1 else i * 7) for i in range(n)]
     one = Decimated()
@@ -108,7 +108,7 @@ def test_a_series_thinned_in_slices_keeps_the_points_thinned_one_at_a_time(n, ga
                                 st.tuples(st.just("head"), st.text(max_size=20))), max_size=60))
 def test_a_spool_reads_back_its_pieces_with_each_head_inserted_where_it_was_marked(steps):
     """What a long window's html tables rely on: a phase's head, counted after its rows, reads back before them."""
-    from flare_diag.events import report_spool
+    from flare_diag.daemon.reports import report_spool
     spool, want, marks = report_spool.Spooled(), bytearray(), []
     try:
         for kind, piece in steps:

@@ -14,8 +14,8 @@ import pytest
 
 from flare_diag.daemon.cli.commands import main
 from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_snapshot, render, write_report_files
-from flare_diag.events.report_html import CHARTS, render_html
-from flare_diag.events.report_md import render_md
+from flare_diag.daemon.reports.report_html import CHARTS, render_html
+from flare_diag.daemon.reports.report_md import render_md
 from flare_diag.events.report_schema import validate
 from tests.logtools import write_window
 
@@ -177,7 +177,7 @@ def test_every_chart_has_ticks_on_its_value_axes_and_axis_titles_that_name_their
 
 
 def test_repeated_findings_are_merged_into_one_line_naming_each_phase():
-    from flare_diag.events.report_view import merged_findings
+    from flare_diag.daemon.reports.report_view import merged_findings
     got = merged_findings(["A.x: 8 host hits without a completed restore", "B.y: 52 lookups found nothing",
                            "C.z: 8 host hits without a completed restore", "a sentence: with a colon"])
     assert got == ["8 host hits without a completed restore — 2 phases: A.x, C.z", "B.y: 52 lookups found nothing",
@@ -364,7 +364,7 @@ def test_other_verdicts_do_not_name_the_reproducer(log):
 
 
 def test_a_reuse_panel_of_a_long_phase_draws_a_bounded_number_of_columns_and_misses_no_reuse():
-    from flare_diag.events.charts import MAX_POINTS, columns_grid
+    from flare_diag.daemon.reports.charts import MAX_POINTS, columns_grid
     reused_at = set(range(0, 100_000, 997))
     svg = columns_grid("reuse", [("A.long", [(i, 5.0 if i in reused_at else 0.0) for i in range(100_000)])],
                        "replay order (request index)", "host reused (tokens)")
@@ -381,7 +381,7 @@ def test_drain_checks_are_summarised_and_shown_open_when_one_did_not_settle(log)
 
 
 def test_the_drain_chart_draws_one_row_per_phase_against_the_plans_drain_limit(log):
-    from flare_diag.events.report_html import drain_chart
+    from flare_diag.daemon.reports.report_html import drain_chart
     r = build_report(log, "w-report")
     svg = drain_chart(r)
     phases = {d["purpose"].split(" ", 1)[1] for d in r["drains"] if d["purpose"].startswith(("before ", "after "))}
@@ -391,7 +391,7 @@ def test_the_drain_chart_draws_one_row_per_phase_against_the_plans_drain_limit(l
 
 
 def test_a_drain_that_did_not_settle_is_a_cross_at_the_value_it_gave_up_at(log):
-    from flare_diag.events.report_html import drain_chart
+    from flare_diag.daemon.reports.report_html import drain_chart
     r = build_report(log, "w-report")
     k = next(i for i, d in enumerate(r["drains"]) if d["purpose"].startswith("after "))
     r["drains"][k] = {**r["drains"][k], "settled": False, "waited_s": 10.0}
@@ -400,7 +400,7 @@ def test_a_drain_that_did_not_settle_is_a_cross_at_the_value_it_gave_up_at(log):
 
 
 def test_the_drain_summary_names_the_longest_wait_against_its_limit_and_the_poll_resolution(log):
-    from flare_diag.events.report_view import drain_summary
+    from flare_diag.daemon.reports.report_view import drain_summary
     r = build_report(log, "w-report")
     said = drain_summary(r)
     assert f"of its {r['timing']['drain_timeout_s']:g} s limit" in said
@@ -409,7 +409,7 @@ def test_the_drain_summary_names_the_longest_wait_against_its_limit_and_the_poll
 
 
 def test_the_counter_chart_breaks_each_line_between_incarnations_instead_of_drawing_the_reset():
-    from flare_diag.events.report_html import per_incarnation
+    from flare_diag.daemon.reports.report_html import per_incarnation
     a = [(1.0, 0.0), (5.0, 100.0), (9.0, 250.0)]
     b = [(12.0, 0.0), (15.0, 40.0)]
     drawn = per_incarnation(a + b, loads=[1.0, 11.0])
@@ -419,7 +419,7 @@ def test_the_counter_chart_breaks_each_line_between_incarnations_instead_of_draw
 
 
 def test_a_chart_line_stops_at_a_break_and_starts_again_after_it():
-    from flare_diag.events.charts import lines
+    from flare_diag.daemon.reports.charts import lines
     svg = lines("c", [("s", [(0.0, 1.0), (1.0, 2.0), (2.0, None), (2.0, 0.0), (3.0, 1.0)])], "x", "y")
     assert svg.count("<polyline") == 2
 
@@ -478,14 +478,14 @@ def test_report_compare_says_whether_noise_could_explain_each_difference(repeats
 
 
 def test_the_verdict_is_said_in_words_first_with_its_code_name_beside_it(log):
-    from flare_diag.events.report_view import VERDICT_WORDS
+    from flare_diag.daemon.reports.report_view import VERDICT_WORDS
     r = build_report(log, "w-report")
     hyp = r["verdict"]["hypothesis"]
     assert f"## Verdict\n\n**{VERDICT_WORDS[hyp]}** (`{hyp}`)" in render_md(r)
 
 
 def test_counts_in_the_cells_table_carry_thousands_separators(log):
-    from flare_diag.events.report_view import cell_rows
+    from flare_diag.daemon.reports.report_view import cell_rows
     r = build_report(log, "w-report")
     big = next(c for c in r["cells"] if (c.get("host") or {}).get("reused_tokens") or 0 >= 1000)
     row = next(x for x in cell_rows(r) if x[0] == big["phase"])
@@ -510,7 +510,7 @@ def test_every_count_of_four_digits_or_more_in_the_rehearsals_md_and_html_carrie
 def test_an_operators_abort_names_who_asked_in_the_report(tmp_path):
     import asyncio
 
-    from flare_diag.events.report_md import render_md as md
+    from flare_diag.daemon.reports.report_md import render_md as md
     from flare_diag.events.schema import OperatorAbort
     from tests.logtools import write_window
     db = tmp_path / "log.db"
@@ -683,7 +683,7 @@ def _with_forecast(r: dict, outcome: str) -> dict:
 
 
 def test_a_projected_overrun_that_cost_no_required_cell_is_not_listed_as_needing_attention(log):
-    from flare_diag.events.report_view import needs_attention
+    from flare_diag.daemon.reports.report_view import needs_attention
     r = _with_forecast(build_report(log, "w-report"), "completed")
     assert not [x for x in needs_attention(r) if "projected_overrun" in x]
     md = render_md(r)
@@ -691,7 +691,7 @@ def test_a_projected_overrun_that_cost_no_required_cell_is_not_listed_as_needing
 
 
 def test_a_projected_overrun_in_a_window_that_ended_partial_needs_attention(log):
-    from flare_diag.events.report_view import needs_attention
+    from flare_diag.daemon.reports.report_view import needs_attention
     r = _with_forecast(build_report(log, "w-report"), "partial")
     assert [x for x in needs_attention(r) if x.startswith("alarm projected_overrun")]
     assert "it did not come true" not in render_md(r)

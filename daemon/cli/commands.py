@@ -774,7 +774,7 @@ def _resume(out: Path, resume_window, as_json: bool = False) -> int:
 
 
 def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
-    from flare_diag.events.report_view import audit_words
+    from flare_diag.daemon.reports.report_view import audit_words
     it = report.get("integrity") or {"chain_ok": False, "audit_ok": False}
     out = Path(report.get("published_in") or out)  # elsewhere when the window's own folder stopped taking writes
     console.print(f"reports: {out}/report.json, report.md, report.html; log {out}/log.db "
@@ -954,7 +954,7 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except UnknownEventError as exc:
         raise UsageError(f"{path}: {exc}") from None
-    from flare_diag.events.report_view import integrity_problem
+    from flare_diag.daemon.reports.report_view import integrity_problem
     it = report["integrity"]
     problem = integrity_problem(it)
     if problem:  # a report of a log that does not verify is no evidence

@@ -14,7 +14,7 @@ from rich.markup import render
 from rich.table import Table
 from rich.text import Text
 
-from flare_diag.events.report_view import FORECASTS, VERDICT_WORDS, grouped
+from flare_diag.daemon.reports.report_view import FORECASTS, VERDICT_WORDS, grouped
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.window_fold import failed_checks

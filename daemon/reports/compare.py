@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from flare_diag.daemon.reports.publish import build_reports
-from flare_diag.events.report_view import integrity_problem
+from flare_diag.daemon.reports.report_view import integrity_problem
 from flare_diag.policies.acceptance import MIN_BENEFIT, Acceptance, Run, accept, acceptance_bar, percent
 
 

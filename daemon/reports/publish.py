@@ -12,10 +12,10 @@ from flare_diag.policies.audit import AuditResult, NotReplayed, audit
 from flare_diag.events.checkpoint import BadCheckpoint, default_path, read_checkpoint
 from flare_diag.events.reader import LogReader
 from flare_diag.events.report import PROJECTED_TYPES, UNREAD_ACTIONS, json_chunks, project_window, text_chunks
-from flare_diag.events.report_html import html_segments
-from flare_diag.events.report_md import md_lines
-from flare_diag.events.report_spool import ReportSpool
-from flare_diag.events.report_view import request_rows
+from flare_diag.daemon.reports.report_html import html_segments
+from flare_diag.daemon.reports.report_md import md_lines
+from flare_diag.daemon.reports.report_spool import ReportSpool
+from flare_diag.daemon.reports.report_view import request_rows
 from flare_diag.events.verify import verify_log
 from flare_diag.daemon.window.setup import policy_version
 
@@ -104,7 +104,7 @@ def window_integrity(chain: dict, audited: AuditResult, window_id: str) -> dict:
 @contextlib.contextmanager
 def spooled_report(db: Path, window_id: str) -> Iterator[dict]:
     """The report of one window projected in one pass with its per-request parts in a spool
-    (events/report_spool.py): render it while the context is open, then the spool's files go."""
+    (daemon/reports/report_spool.py): render it while the context is open, then the spool's files go."""
     with ReportSpool() as spool, LogReader(db) as reader:
         yield _project(reader, window_id, spool)
 

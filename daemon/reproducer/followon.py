@@ -23,7 +23,7 @@ from flare_diag.daemon.reports.publish import build_report
 from flare_diag.daemon.reproducer.reproduce import ReproduceError, choose_window, reproduce_window
 from flare_diag.daemon.simulator import Scenario
 from flare_diag.events.reader import LogReader
-from flare_diag.events.report_view import integrity_problem
+from flare_diag.daemon.reports.report_view import integrity_problem
 from flare_diag.events.schema import WindowOpened
 from flare_diag.daemon.hosts.fixture import (Fixture, FixtureError, find_fixture, greedy_variant, load_fixture,
                                               write_fixture)

@@ -370,7 +370,7 @@ def render_html(rep: Reproduction) -> str:
     """The policies side by side as a self-contained page (two charts and the table)."""
     from html import escape
 
-    from flare_diag.events import charts
+    from flare_diag.daemon.reports import charts
     reused = charts.hbars_grid("Host reused tokens per policy, on the window's own requests",
                                [("reused tokens", [(p.policy, float(p.reused_tokens), charts.fmt(p.reused_tokens))
                                                    for p in rep.policies])], "host reused (tokens)", per_row=1)
@@ -396,7 +396,7 @@ def render_trace_html(rep: TraceReproduction) -> str:
     """Reuse against capacity, one line per policy, and the table, as a self-contained page."""
     from html import escape
 
-    from flare_diag.events import charts
+    from flare_diag.daemon.reports import charts
     pols = list(dict.fromkeys(r.policy for r in rep.results))
     series = [(p, [(float(r.capacity_blocks), 100 * r.reused_share) for r in rep.results if r.policy == p]) for p in pols]
     chart = charts.lines("Prompt tokens reused, by policy and capacity", series, "capacity (blocks)",

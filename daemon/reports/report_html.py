@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from html import escape
 
-from flare_diag.events import charts
+from flare_diag.daemon.reports import charts
 from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment, join_segments
-from flare_diag.events.report_view import (
+from flare_diag.daemon.reports.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,

@@ -6,7 +6,7 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 
 from __future__ import annotations
 
-from flare_diag.events.report_view import (
+from flare_diag.daemon.reports.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,

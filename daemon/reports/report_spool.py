@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Iterator
 import msgspec
 
-from flare_diag.events.charts import Decimated
+from flare_diag.daemon.reports.charts import Decimated
 from flare_diag.events.report import CHARTED_COUNTERS, SERIES_KEYS
-from flare_diag.events.report_html import PHASE_TABLE_CLOSE, phase_table_open, request_head, request_tr, table_row
-from flare_diag.events.report_md import md_row
-from flare_diag.events.report_view import REQUEST_COLUMNS, failure_cells, request_columns, request_row, scale_of
+from flare_diag.daemon.reports.report_html import PHASE_TABLE_CLOSE, phase_table_open, request_head, request_tr, table_row
+from flare_diag.daemon.reports.report_md import md_row
+from flare_diag.daemon.reports.report_view import REQUEST_COLUMNS, failure_cells, request_columns, request_row, scale_of
 
 _json = msgspec.json.Encoder()
 _PENDING = 256  # rows buffered before they are encoded and written
