@@ -78,6 +78,12 @@ class CheckpointSlots:
         self._next = 0
 
     def write(self, seq: int, head_hash: bytes, key: bytes | None = None) -> None:
+        if self._fd is None and not _has_data(self.path):
+            # the first slot of a new file arrives whole, by rename: a reader beside the writer (a
+            # verify, a status) never meets a file with no complete slot in it
+            write_checkpoint(self.path, seq, head_hash, key)
+            self._open()
+            return
         if self._fd is None:
             self._open()
         assert self._fd is not None
@@ -105,6 +111,13 @@ class CheckpointSlots:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _has_data(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 def _slot(data: bytes) -> Checkpoint | None:

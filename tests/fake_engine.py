@@ -8,6 +8,17 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 class Handler(BaseHTTPRequestHandler):
+    answered = 0  # on this connection
+
+    def handle_one_request(self) -> None:
+        if DROP_KEPT_CONNECTIONS and self.answered:
+            # as an HTTP server closing an idle kept connection just as the next request arrives
+            self.rfile.readline()
+            self.close_connection = True
+            return
+        super().handle_one_request()
+        self.answered += 1
+
     def do_GET(self) -> None:  # noqa: N802
         body = {"/health": {"status": "ok"}, "/props": {"build_info": "fake", "total_slots": 1}}.get(self.path)
         data = json.dumps(body or {"error": "not found"}).encode()
@@ -21,9 +32,16 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+DROP_KEPT_CONNECTIONS = False
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--drop-kept-connections", action="store_true",
+                    help="keep connections open (HTTP/1.1), then close each unanswered at its second request")
     a = ap.parse_args()
+    if a.drop_kept_connections:
+        DROP_KEPT_CONNECTIONS = True
+        Handler.protocol_version = "HTTP/1.1"
     HTTPServer((a.host, a.port), Handler).serve_forever()

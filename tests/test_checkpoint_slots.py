@@ -81,3 +81,21 @@ async def test_the_stores_checkpoint_follows_its_head_commit_by_commit(tmp_path)
             assert (None if cp is None else (cp.seq, cp.hash)) in heads[-2:]
     cp = read_checkpoint(store.checkpoint_path)
     assert (cp.seq, cp.hash) == heads[-1]
+
+
+def test_a_new_checkpoint_files_first_slot_arrives_whole_so_a_reader_never_meets_an_empty_file(tmp_path, monkeypatch):
+    path = tmp_path / "cp"
+    seen: list[int] = []
+    real_replace = os.replace
+
+    def watching_replace(src, dst):
+        seen.append(path.stat().st_size if path.exists() else -1)  # what a reader would find just before
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", watching_replace)
+    slots = CheckpointSlots(path)
+    slots.write(1, _h(1))
+    slots.write(2, _h(2))
+    slots.close()
+    assert seen == [-1]  # no file, then a whole slot: never an empty or half-written one
+    assert read_checkpoint(path).seq == 2

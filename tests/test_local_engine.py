@@ -27,10 +27,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _engine(tmp_path: Path, port: int) -> LocalEngine:
+def _engine(tmp_path: Path, port: int, *extra: str) -> LocalEngine:
     model = tmp_path / "model.bin"
     model.write_bytes(b"weights")
-    recipe = LocalRecipe("incumbent", [str(FAKE), "--host", "{host}", "--port", "{port}"], model)
+    recipe = LocalRecipe("incumbent", [str(FAKE), "--host", "{host}", "--port", "{port}", *extra], model)
     return LocalEngine(Path(sys.executable), {"incumbent": recipe}, "incumbent", f"http://127.0.0.1:{port}",
                        None, tmp_path / "engine-logs", load_timeout_s=20)
 
@@ -101,5 +101,18 @@ async def test_an_engine_log_folder_that_cannot_be_made_fails_the_load_naming_th
         with pytest.raises(ActionFailed, match="engine log folder .*blocker/engine-logs.*log_dir"):
             await eng.state()
         assert eng.proc is None
+    finally:
+        await eng.close()
+
+
+async def test_reads_of_an_engine_that_closes_kept_connections_as_the_next_request_arrives_are_answered(tmp_path):
+    """An engine's HTTP server closes an idle kept connection when it likes (uvicorn after 5 s; a
+    restarted engine has closed them all): no read of the engine goes out on one it may have closed."""
+    eng = _engine(tmp_path, _free_port(), "--drop-kept-connections")
+    try:
+        await eng.state()  # started, and its /health polled until it answered
+        first = await eng.identity({})
+        again = await eng.identity({})
+        assert first["build_info"] == again["build_info"] == "fake"
     finally:
         await eng.close()

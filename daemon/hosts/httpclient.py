@@ -9,6 +9,12 @@ from http.cookiejar import CookieJar
 import httpx
 
 
+# A kept connection the host closed while it sat idle fails before any byte of an answer comes back.
+# Only these errors are retried, once, and only for calls that change nothing or that set a state
+# (retrying them cannot do anything twice); a generation, load or unload is never retried.
+STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 @functools.cache
 def tls_context() -> ssl.SSLContext:
     """httpx's default verifying context (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once:

@@ -113,7 +113,11 @@ class LocalEngine:
         self._prepared = False
         self._hashed = False
         self.reaped: str | None = None
-        self._client = host_client(timeout=10.0)
+        # no connection is kept between reads: the engine is restarted under the same address (a load,
+        # an unload) and its HTTP server closes idle connections after a few seconds (uvicorn's 5 s
+        # keep-alive), so a pooled one could be closed under the next read ("Server disconnected
+        # without sending a response"); a loopback connect per read costs well under a millisecond
+        self._client = host_client(timeout=10.0, limits=httpx.Limits(max_keepalive_connections=0))
 
     async def _ready(self) -> None:
         """Every recipe's identity (its model's hash), computed once, off the event loop."""

@@ -8,7 +8,7 @@ import math
 import httpx
 
 from flare_diag.daemon.hosts.errors import ActionFailed
-from flare_diag.daemon.hosts.httpclient import host_client
+from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
 from flare_diag.daemon.hosts.site import Site, scrub
 
 MAX_SERIES = 1000  # a guard reads one number; a query answering more is cut (and says so)
@@ -34,7 +34,7 @@ class Prometheus:
 
     async def _get(self, path: str, params: dict, what: str) -> object:
         try:
-            r = await self.client.get(f"{self.url}{path}", params=params)
+            r = await self._get_once_more(path, params)
             body = r.json()
         except (httpx.HTTPError, ValueError, RecursionError) as exc:  # RecursionError: a `[[[[...` answer
             raise ActionFailed("steady_state_unreachable", f"{what}: {type(exc).__name__}") from None
@@ -44,6 +44,14 @@ class Prometheus:
                                scrub(f"{what}: HTTP {r.status_code}" + (f": {str(why)[:200]}" if why else ""),
                                      self.site.tokens.values()))
         return body.get("data")
+
+    async def _get_once_more(self, path: str, params: dict) -> httpx.Response:
+        """A query changes nothing: once more if Prometheus had closed the kept connection (its idle
+        timeout) as the query went out; a watch is not lost to that."""
+        try:
+            return await self.client.get(f"{self.url}{path}", params=params)
+        except STALE_CONNECTION:
+            return await self.client.get(f"{self.url}{path}", params=params)
 
     async def query(self, query: str) -> dict:
         """{"values": [one number per series, at most MAX_SERIES], "series": how many answered}."""

@@ -22,14 +22,10 @@ from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
 from flare_diag.daemon.hosts.site import Site, SiteProfile
-from flare_diag.daemon.hosts.httpclient import host_client
+from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
 from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
 
 RESPONSE_CAP = 4096
-# A pooled connection the host closed while it sat idle fails before any byte of an answer comes
-# back. Only these errors are retried, once, and only for calls that change nothing or that set a
-# state (retrying them cannot do anything twice); a generation, load or unload is never retried.
-STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def preflight_body(model: str | None) -> bytes:
