@@ -9,7 +9,7 @@ Logs written before v2 (`action` and `args` side by side) are lifted by the upca
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, get_args
 
 import msgspec
 
@@ -127,13 +127,17 @@ class SteadyState(Action, tag="steady_state", frozen=True):
     queries: dict[str, str]  # guard name -> its PromQL
 
 
-ACTION_TYPES: tuple[type[Action], ...] = (
-    ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load, ReadIdentity, ScrapeMetrics,
-    SetTrace, ManagerState, Health, Preflight, SendRequest, SteadyState,
-)
 AnyAction = Union[ValidateFixtures, Snapshot, RetainRecipe, Preview, Quiesce, Readmit, Unload, Load,  # noqa: UP007
                   ReadIdentity, ScrapeMetrics, SetTrace, ManagerState, Health, Preflight, SendRequest, SteadyState]
-BY_NAME: dict[str, type[Action]] = {t.__struct_config__.tag: t for t in ACTION_TYPES}  # type: ignore[misc]  # every action type declares a str tag
+ACTION_TYPES: tuple[type[AnyAction], ...] = get_args(AnyAction)  # the catalogue, in its documented order
+
+
+def action_tag(cls: type[Action]) -> str:
+    """The name an action type is requested and logged by (every action type declares a str tag)."""
+    return str(cls.__struct_config__.tag)
+
+
+BY_NAME: dict[str, type[AnyAction]] = {action_tag(t): t for t in ACTION_TYPES}
 
 
 class UnknownAction(ValueError):

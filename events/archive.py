@@ -21,13 +21,12 @@ from pathlib import Path
 
 import msgspec
 
-from flare_diag.events.checkpoint import default_path, write_checkpoint
-from flare_diag.events.schema import LogArchived
-from flare_diag.events.checkpoint import read_checkpoint
+from flare_diag.events.checkpoint import default_path, read_checkpoint, write_checkpoint
 from flare_diag.events.reader import LogReader
+from flare_diag.events.schema import LogArchived
 from flare_diag.events.sqlschema import BASE_KEY, DDL, FORMAT, STORE_VERSION, chain_base
-from flare_diag.events.verify import verify_log
 from flare_diag.events.store import EventStore, split_ddl, writer_lock
+from flare_diag.events.verify import verify_log
 
 COLUMNS = "seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload, prev_hash, hash"
 

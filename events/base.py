@@ -47,7 +47,7 @@ def encode_payload(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def _decoder() -> msgspec.json.Decoder:
+def _decoder() -> msgspec.json.Decoder[Event]:
     dec = _codec_cache.get("decoder")
     if dec is None:
         union = Union[tuple(_REGISTRY.values())]  # type: ignore[valid-type]  # a Union built at run time from the registry, as msgspec decodes it

@@ -31,7 +31,7 @@ class DbThread:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._jobs: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._announce = getattr(loop, "thread_call_started", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from flare_diag.events.base import UnknownEventError, Event, decode_payload
+from flare_diag.events.base import Event, UnknownEventError, decode_payload
 
 
 class Envelope(msgspec.Struct, frozen=True, gc=False):

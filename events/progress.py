@@ -3,6 +3,8 @@ read from the one window fold (events.window_fold) that the report reads too."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from flare_diag.events.base import Event
 from flare_diag.events.schema import ActionDone, ActionRequested, PhaseStarted
 from flare_diag.events.window_fold import WindowFold
@@ -39,7 +41,7 @@ class WindowProgress(WindowFold):
             return None
         return start + (now - start) * max(total, done) / done
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"window_id": self.window_id, "plan": self.plan, "rehearsal": bool(self.rehearsal), "stage": self.stage,
                 "phase": self.phase, "phase_requests": self.phase_requests, "phase_total": self.phase_total,
                 "phase_estimated_end_minute": self.phase_estimated_end,

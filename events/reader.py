@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from itertools import starmap
 from collections.abc import Iterable, Iterator
+from itertools import starmap
 from pathlib import Path
+from typing import Any
 
 import flare_diag.events.schema  # noqa: F401  (a reader decodes every registered event type)
-from flare_diag.events.schema import ActionRequested
 from flare_diag.events.envelope import Envelope, ReadEvent
+from flare_diag.events.schema import ActionRequested
 from flare_diag.events.sqlschema import NotAnEventLog, chain_base, check_format
 from flare_diag.events.store import row_envelope, select_sql
 
@@ -46,7 +47,7 @@ class LogReader:
         reads their action's name from the bytes, Python never sees the row).
         """
         sql = "SELECT seq, wall_ns, type, schema_v, window_id, payload FROM events WHERE window_id = ?"
-        args: list = [window_id]
+        args: list[Any] = [window_id]
         if types is not None:
             ts = sorted(types)
             sql += f" AND type IN ({','.join('?' * len(ts))})"
@@ -77,7 +78,8 @@ class LogReader:
             "SELECT window_id FROM events WHERE window_id != '' GROUP BY window_id ORDER BY MIN(seq)")]
 
     def count(self) -> int:
-        return self.conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        count: int = self.conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        return count
 
     def close(self) -> None:
         self.conn.close()

@@ -13,9 +13,9 @@ import sys
 
 import msgspec
 
-from flare_diag.events.actions import ACTION_TYPES
-from flare_diag.events.base import Event, event_type, known_tags
 from flare_diag.events import schema
+from flare_diag.events.actions import ACTION_TYPES, action_tag
+from flare_diag.events.base import Event, event_type, known_tags
 from flare_diag.events.schema import Decision, Input
 
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]+?)?\s*(?:#\s*(.*))?$")
@@ -114,7 +114,7 @@ def render() -> str:
     """docs/events.md as this build's schema makes it."""
     kinds: dict[str, list[tuple[str, type[Event], int]]] = {"Inputs": [], "Decisions": [], "Records": []}
     for tag, version in _schema_tags().items():
-        cls = event_type(tag)
+        cls = _registered(tag)
         kind = "Inputs" if issubclass(cls, Input) else "Decisions" if issubclass(cls, Decision) else "Records"
         kinds[kind].append((tag, cls, version))
     out = [HEAD]
@@ -125,19 +125,25 @@ def render() -> str:
     out += ["## Actions", "",
             "What an `action_requested` decision's `request` holds: one of these, its `action` field naming it.",
             "Fields left at their defaults are not written (`omit_defaults`).", ""]
-    for cls in ACTION_TYPES:
-        out += _section(cls, cls.__struct_config__.tag)
+    for action in ACTION_TYPES:
+        out += _section(action, action_tag(action))
     return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _schema_tags() -> dict[str, int]:
     """The tags events/schema.py registers, with their versions (a test may register types of its own)."""
-    return {tag: v for tag, v in known_tags().items() if event_type(tag).__module__ == schema.__name__}
+    return {tag: v for tag, v in known_tags().items() if _registered(tag).__module__ == schema.__name__}
+
+
+def _registered(tag: str) -> type[Event]:
+    cls = event_type(tag)
+    assert cls is not None, tag  # known_tags() names only registered types
+    return cls
 
 
 def undocumented() -> list[str]:
     """Event and action types without a docstring of their own: the reference would say nothing of them."""
-    types_ = [event_type(t) for t in _schema_tags()] + list(ACTION_TYPES)
+    types_: list[type] = [_registered(t) for t in _schema_tags()] + list(ACTION_TYPES)
     return [cls.__name__ for cls in types_ if not _doc(cls)]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from array import array
-
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -17,8 +16,10 @@ import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
 from flare_diag.events.envelope import Envelope, ReadEvent
-from flare_diag.events.schema import ActionRequested  # noqa: F401  (registers the types the views read)
-from flare_diag.events.schema import window_minute
+from flare_diag.events.schema import (
+    ActionRequested,  # noqa: F401  (registers the types the views read)
+    window_minute,
+)
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flare_diag.events.actions import AnyAction
 from flare_diag.events.base import Event, register
 from flare_diag.events.upcast import register_upcaster
@@ -38,7 +40,7 @@ class WindowOpened(Input, tag="window_opened", frozen=True):
     """The operator's start: the plan (as decoded builtins), where it runs, and how GPUs are read."""
 
     window_id: str
-    plan: dict
+    plan: dict[str, Any]
     plan_sha256: str
     site: str
     gpu_source: str
@@ -50,7 +52,7 @@ class WindowOpened(Input, tag="window_opened", frozen=True):
     fixture_dirs: list[str] = []
     # What the estimates start from besides the plan's rates: an earlier window's log, or a
     # rehearsal's probe (policies.planner.Calibration as builtins).
-    calibration: dict = {}
+    calibration: dict[str, Any] = {}
     # What a recovery compares before it trusts a replay: the policy's source, the site profile as
     # read (restored from, never re-read, if the file changed since) and each fixture's bodies.
     policy_sha256: str = ""
@@ -69,7 +71,7 @@ class WindowOpened(Input, tag="window_opened", frozen=True):
     # has none, opens its windows without it: its guards are neither evaluated nor depended on)
     steady_state: bool = False
     # the review that let a production plan run: by, note, and where it is recorded (log, seq, hash)
-    review: dict = {}
+    review: dict[str, Any] = {}
     # the counters whose C1 deltas the engine's own per-request `cached_tokens` must equal (the engine
     # profile's REUSE_IDENTITY: vLLM's stats.py invariant); empty: the engine states none, nothing checked
     reuse_identity: list[str] = []
@@ -88,7 +90,7 @@ class ActionDone(Input, tag="action_done", frozen=True):
     ok: bool
     error: str | None = None
     detail: str = ""
-    data: dict = {}
+    data: dict[str, Any] = {}
 
 
 @register
@@ -128,7 +130,7 @@ class WatchObserved(Input, tag="watch_observed", frozen=True):
     """An unsolicited observation from a watcher (source: gpu | router | identity)."""
 
     source: str
-    data: dict
+    data: dict[str, Any]
 
 
 @register
@@ -213,7 +215,7 @@ class PreservedChecked(Event, tag="preserved_checked", frozen=True):
     the reports were published; each path -> {"sha256" (None: missing), "unchanged" (after only)}."""
 
     when: str  # before | after_publishing
-    paths: dict[str, dict]
+    paths: dict[str, dict[str, Any]]
 
 
 @register
@@ -224,8 +226,8 @@ class FaultScheduled(Event, tag="fault_scheduled", frozen=True):
 
     spec: str
     kind: str
-    at: str | dict
-    params: dict = {}
+    at: str | dict[str, Any]
+    params: dict[str, Any] = {}
 
 
 @register
@@ -233,7 +235,7 @@ class FaultsAccounted(Event, tag="faults_accounted", frozen=True):
     """Once a rehearsal window has closed: each scheduled fault (its spec) and whether the simulated host
     fired it. A fault that never fired tested nothing, and the report says so."""
 
-    faults: list[dict]  # {"spec", "fired"}
+    faults: list[dict[str, Any]]  # {"spec", "fired"}
 
 
 @register
@@ -318,7 +320,7 @@ class ActionRequested(Decision, tag="action_requested", frozen=True):
     """An action the policy asks for, as data (events/actions.py). v2: `request` is the typed action;
     v1 logs held its name and arguments apart (`action`, `args`) and are lifted by the upcaster below."""
 
-    schema_v = 2  # type: ignore[misc]  # a class constant the base declares ClassVar; this type's own version
+    schema_v = 2  # a class constant the base declares ClassVar; this type's own version
     action_id: int
     request: AnyAction
     experimental: bool = False
@@ -329,12 +331,12 @@ class ActionRequested(Decision, tag="action_requested", frozen=True):
         return self.request.name
 
     @property
-    def args(self) -> dict:
+    def args(self) -> dict[str, Any]:
         return self.request.args()
 
 
 @register_upcaster("action_requested", 1)
-def _action_requested_v1(raw: dict) -> dict:
+def _action_requested_v1(raw: dict[str, Any]) -> dict[str, Any]:
     raw["request"] = {"action": raw.pop("action"), **(raw.pop("args", None) or {})}
     return raw
 
@@ -396,7 +398,7 @@ class RequestMeasured(Decision, tag="request_measured", frozen=True):
     body_sha256: str
     outcome: str
     natural_failure: str | None
-    delta: dict
+    delta: dict[str, Any]
 
 
 @register
@@ -408,10 +410,10 @@ class CellRecorded(Decision, tag="cell_recorded", frozen=True):
     status: str  # measured | failed | invalid | deferred
     reason: str
     requests: int = 0
-    host: dict | None = None
-    gpu: dict | None = None
+    host: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
     comparable: bool = True
-    counters: dict = {}
+    counters: dict[str, Any] = {}
     natural_failures: int = 0
     started_minute: float | None = None
     estimated_end_minute: float | None = None
@@ -426,7 +428,7 @@ class CellRecorded(Decision, tag="cell_recorded", frozen=True):
     drain_unseen: list[str] = []  # drain gauges the host does not expose, accepted by the plan
     # an output-consistency phase's finding (policies/consistency.judge): bodies compared, reused on
     # the warm pass, and those answered differently
-    consistency: dict | None = None
+    consistency: dict[str, Any] | None = None
 
 
 @register
@@ -465,7 +467,7 @@ class RestorationRecorded(Decision, tag="restoration_recorded", frozen=True):
     monitoring, a direct and a routed preflight, readmission, no fault during the restore, the
     reservation kept; None: not applicable to this site), and whether every check held."""
 
-    checks: dict
+    checks: dict[str, Any]
     verified: bool
     started_minute: float | None
     finished_minute: float | None
@@ -487,7 +489,7 @@ class BoundsScaled(Decision, tag="bounds_scaled", frozen=True):
     """The bounds a real-seconds floor raised under a scaled clock, as the window opened (contract 4,
     amended 2026-12-03): each {"bound", "plan_s", "effective_s", "reason"}. Never at x1."""
 
-    bounds: list[dict]
+    bounds: list[dict[str, Any]]
 
 
 @register

@@ -12,7 +12,7 @@ import math
 import statistics
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -35,7 +35,7 @@ class _SplitMix64:
     def __init__(self, seed: int) -> None:
         self.state = seed & _MASK
 
-    def draws(self, count: int) -> array:
+    def draws(self, count: int) -> array[int]:
         """The next `count` outputs, as unsigned 64-bit values."""
         ones, lanes_mask, ramp = _lanes()
         out = array("Q")
@@ -61,7 +61,7 @@ _LANES = 512  # steps a block: big enough that Python's per-operation cost is sp
 @functools.cache
 def _lanes() -> tuple[int, int, int]:
     """(1 in every lane, 2**64 - 1 in every lane, j + 1 in lane j), lane j at bit 128 j."""
-    def packed(values) -> int:
+    def packed(values: Iterable[int]) -> int:
         return int.from_bytes(b"".join(v.to_bytes(16, "little") for v in values), "little")
     return packed([1] * _LANES), packed([_MASK] * _LANES), packed(range(1, _LANES + 1))
 

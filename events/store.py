@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import fcntl
 import hashlib
 import logging
 import os
 import sqlite3
 import time
-from typing import TypeVar
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import msgspec
@@ -51,7 +52,7 @@ class _Chained:
 
     __slots__ = ("meta", "payloads", "hashes")
 
-    def __init__(self, meta: list[tuple], payloads: list[bytes], hashes: list[bytes]) -> None:
+    def __init__(self, meta: list[tuple[Any, ...]], payloads: list[bytes], hashes: list[bytes]) -> None:
         self.meta = meta  # per event: seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, offset, length
         self.payloads = payloads
         self.hashes = hashes  # the previous head, then each event's hash: event k's prev_hash is hashes[k]
@@ -68,8 +69,13 @@ class _Chained:
 
     def envelopes(self, start: int = 0, stop: int | None = None) -> list[Envelope]:
         meta, payloads, hashes = self.meta, self.payloads, self.hashes
-        return [Envelope(*meta[k][:7], payloads[k], hashes[k], hashes[k + 1])
+        return [_envelope(meta[k], payloads[k], hashes[k], hashes[k + 1])
                 for k in range(*slice(start, stop).indices(len(meta)))]
+
+
+def _envelope(m: tuple[Any, ...], payload: bytes, prev: bytes, hash_: bytes) -> Envelope:
+    """An event's envelope from its batch's meta (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq)."""
+    return Envelope(m[0], m[1], m[2], m[3], m[4], m[5], m[6], payload, prev, hash_)
 
 
 class _Receipt:
@@ -99,7 +105,11 @@ class _Group:
         self.size = 0  # payload bytes
 
 
-_STOP = object()
+class _Marker(enum.Enum):
+    STOP = 0  # the queue's last item: the writer ends after the commits before it
+
+
+_STOP: Final = _Marker.STOP
 _encode = _encoder.encode
 _encode_meta = msgspec.json.Encoder().encode
 # A batch also stops growing past this many payload bytes: SQLite caps one bound blob at 1 GB.
@@ -144,11 +154,11 @@ class EventStore:
         self._tent_seq, self._tent_head = seq, head_hash  # hashed, maybe not yet committed
         self._prefixes: dict[tuple[str, str], bytes] = {}
         self._max_batch = max_batch
-        self._queue: deque[object] = deque()
+        self._queue: deque[_Group | Literal[_Marker.STOP]] = deque()
         self._open: _Group | None = None
         self._wake = asyncio.Event()
         self._closed = False
-        self._listeners: list[Callable[[list[tuple]], None]] = []
+        self._listeners: list[Callable[[list[Envelope]], None]] = []
         self.checkpoint_error: str | None = None  # why the last checkpoint write failed, if it did
         self.checkpoint_key: bytes | None = None  # signs each checkpoint (HMAC) when set
         self._checkpoint_every = 1 if durable else UNDURABLE_CHECKPOINT_EVERY
@@ -352,8 +362,8 @@ class EventStore:
                 if item is self._open:
                     self._open = None
                 batch.append(item)
-                n += len(item.rows)  # type: ignore[union-attr]  # an item taken here is a batch, never the close marker
-                size += item.size  # type: ignore[union-attr]  # an item taken here is a batch, never the close marker
+                n += len(item.rows)
+                size += item.size
             if not batch:
                 continue
             base = (self._tent_seq, self._tent_head)
@@ -421,7 +431,7 @@ class EventStore:
         """Chains the batch onto (seq, prev)."""
         # event_hash() inlined, with the (type, window) part of the preimage cached: the store's hot loop
         sha, pack, join, tag, pre = hashlib.sha256, _fixed.pack, b"".join, DOMAIN_TAG, self._prefixes
-        meta: list[tuple] = []
+        meta: list[tuple[Any, ...]] = []
         payloads: list[bytes] = []
         hashes: list[bytes] = [prev]
         add_meta, add_payload, add_hash = meta.append, payloads.append, hashes.append
@@ -594,12 +604,12 @@ def _wal_checkpoint(conn: sqlite3.Connection) -> None:
         pass  # the WAL only grows until the next one (or SQLite's own, at its bound)
 
 
-def _fetch(conn: sqlite3.Connection, sql: str, args: list) -> list:
+def _fetch(conn: sqlite3.Connection, sql: str, args: list[Any]) -> list[Any]:
     return conn.execute(sql, args).fetchall()
 
 
-def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None) -> tuple[str, list]:
-    where, args = ["seq >= ?"], [from_seq]
+def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None) -> tuple[str, list[Any]]:
+    where, args = ["seq >= ?"], list[Any]([from_seq])
     if window_id is not None:
         where.append("window_id = ?")
         args.append(window_id)
@@ -610,7 +620,7 @@ def select_sql(from_seq: int, window_id: str | None, types: Iterable[str] | None
     return f"SELECT {COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY seq", args
 
 
-def row_envelope(r: Sequence) -> Envelope:
+def row_envelope(r: Sequence[Any]) -> Envelope:
     try:
         return Envelope(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bytes(r[7]), bytes(r[8]), bytes(r[9]))
     except TypeError:  # a NULL or a number where bytes belong: not a row this store wrote
@@ -644,7 +654,7 @@ def _release(fd: int | None) -> None:
 
 
 @contextlib.contextmanager
-def writer_lock(db: Path):
+def writer_lock(db: Path) -> Iterator[bool]:
     """Holds the log's writer lock for a synchronous tool; yields False when another process has it."""
     fd = _take_writer_lock(db)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -13,9 +14,9 @@ from flare_diag.events.checkpoint import Checkpoint
 from flare_diag.events.reader import LogReader
 
 
-def archived_records(payloads) -> set[tuple[int, str]]:
+def archived_records(payloads: Iterable[bytes]) -> set[tuple[int, str]]:
     """(last_seq, head_hash) of each log_archived payload."""
-    out = set()
+    out: set[tuple[int, str]] = set()
     for p in payloads:
         d = msgspec.json.decode(p)
         out.add((int(d["last_seq"]), str(d["head_hash"])))

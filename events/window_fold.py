@@ -5,10 +5,31 @@ Minutes are the window clock's (`events.schema.window_minute`): the same roundin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
-    AbortDecided, ActionRequested, Alarm, BoundsScaled, CellRecorded, FaultScheduled, FaultsAccounted, HarnessRehearsed, PreservedChecked, Input, PhaseStarted, RequestMeasured, RestorationRecorded, RestoreStarted,
-    TimeMarked, TraceOrderFrozen, VerdictReached, WindowClosed, WindowOpened, window_minute,
+    AbortDecided,
+    ActionRequested,
+    Alarm,
+    BoundsScaled,
+    CellRecorded,
+    FaultsAccounted,
+    FaultScheduled,
+    HarnessRehearsed,
+    Input,
+    PhaseStarted,
+    PreservedChecked,
+    RequestMeasured,
+    RestorationRecorded,
+    RestoreStarted,
+    TimeMarked,
+    TraceOrderFrozen,
+    VerdictReached,
+    WindowClosed,
+    WindowOpened,
+    window_minute,
 )
 
 
@@ -19,22 +40,22 @@ class WindowFold:
     def __init__(self, window_id: str = "") -> None:
         self.window_id = window_id
         self.plan = ""
-        self.starting_observation: dict | None = None  # what the plan sets out to reproduce
-        self.trace_rule: dict = {}  # the plan's bounds for "trace overhead understood"
-        self.guards: list[dict] = []  # the plan's steady-state guards, as declared
+        self.starting_observation: dict[str, Any] | None = None  # what the plan sets out to reproduce
+        self.trace_rule: dict[str, Any] = {}  # the plan's bounds for "trace overhead understood"
+        self.guards: list[dict[str, Any]] = []  # the plan's steady-state guards, as declared
         self.steady_state = False  # whether the window evaluated them on the site's Prometheus
         self.plan_sha256: str | None = None
         self.site: str | None = None
         self.rehearsal: bool | None = None
-        self.clock: dict = {"kind": "wall", "sim_seed": None, "time_scale": 1.0}
+        self.clock: dict[str, Any] = {"kind": "wall", "sim_seed": None, "time_scale": 1.0}
         self.candidate_recipe: str | None = None
-        self.expected_identity: dict = {}
-        self.timing: dict | None = None
+        self.expected_identity: dict[str, Any] = {}
+        self.timing: dict[str, Any] | None = None
         self.stage = "opening"  # opening | experiment | restore | closed
         self.phase: str | None = None
         self.phase_requests = 0
         self.phase_estimated_end: float | None = None
-        self.phase_specs: dict[str, dict] = {}
+        self.phase_specs: dict[str, dict[str, Any]] = {}
         self.fixture_sizes: dict[str, int] = {}  # bodies per fixture, once the window has validated them
         self.trace_fixture: str | None = None
         self.trace_arms = 0
@@ -42,24 +63,24 @@ class WindowFold:
         self.t0_ns: int | None = None
         self.t0_wall: int | None = None
         self.last_at_ns = 0
-        self.cells: dict[str, dict] = {}
-        self.abort: dict | None = None
-        self.alarms: list[dict] = []
-        self.scaled_bounds: list[dict] = []
-        self.faults: list[dict] = []  # a rehearsal's injected faults: {"spec", "fired"} (None: not yet accounted)
-        self.review: dict = {}  # who reviewed the plan's bytes (production plans)
-        self.harness: dict = {}  # the offline harness's rehearsal the window relied on
-        self.harness_fitted: dict = {}  # and the one against the model fitted to the site's earlier window
-        self.preserved: dict[str, dict] = {}  # preserved path -> its hash before, after and whether unchanged
-        self.verdict: dict | None = None
-        self.restoration: dict | None = None
+        self.cells: dict[str, dict[str, Any]] = {}
+        self.abort: dict[str, Any] | None = None
+        self.alarms: list[dict[str, Any]] = []
+        self.scaled_bounds: list[dict[str, Any]] = []
+        self.faults: list[dict[str, Any]] = []  # a rehearsal's injected faults: {"spec", "fired"} (None: not yet accounted)
+        self.review: dict[str, Any] = {}  # who reviewed the plan's bytes (production plans)
+        self.harness: dict[str, Any] = {}  # the offline harness's rehearsal the window relied on
+        self.harness_fitted: dict[str, Any] = {}  # and the one against the model fitted to the site's earlier window
+        self.preserved: dict[str, dict[str, Any]] = {}  # preserved path -> its hash before, after and whether unchanged
+        self.verdict: dict[str, Any] | None = None
+        self.restoration: dict[str, Any] | None = None
         self.restoration_failed: list[str] | None = None
         # an action that changes the host was asked for (quiesce, unload, load, set_trace): until then
         # there is nothing of the window's own to restore, and "restoration verified" would claim one
         self.host_changed = False
         self.outcome: str | None = None
         self.trace_order: list[str] | None = None
-        self.timeline: list[dict] = []
+        self.timeline: list[dict[str, Any]] = []
         self.last_seq = 0
         self._mark_minute: float | None = None
 
@@ -149,7 +170,7 @@ class WindowFold:
             return n
         return self._sends(spec)
 
-    def _sends(self, spec: dict) -> int | None:
+    def _sends(self, spec: dict[str, Any]) -> int | None:
         if spec.get("kind") == "identity":
             return 0
         n = self.fixture_sizes.get(str(spec.get("fixture")))
@@ -260,13 +281,14 @@ RESTORE_CHECKS = ("incumbent_sha256_match", "containment", "monitoring_registere
                   "routed_preflight", "identity_restored", "no_fault_during_restore", "within_reservation")
 
 
-def failed_checks(checks: dict) -> list[str]:
+def failed_checks(checks: dict[str, Any]) -> list[str]:
     """The restoration checks that failed, in report order (None, not applicable, is no failure)."""
     return [k for k in RESTORE_CHECKS if checks.get(k) is False]
 
 HOST_CHANGING = frozenset({"quiesce", "unload", "load", "set_trace"})
 
-_HANDLERS = {
+# each handler takes its own event type; the table is keyed by that type, so the call is sound
+_HANDLERS: dict[type[Event], Callable[[WindowFold, Any, int | None], None]] = {
     ActionRequested: WindowFold._action_requested,
     WindowOpened: WindowFold._opened, TimeMarked: WindowFold._time_marked, PhaseStarted: WindowFold._phase_started,
     RequestMeasured: WindowFold.count_request, CellRecorded: WindowFold._cell, AbortDecided: WindowFold._abort,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -18,7 +18,7 @@ def percent(x: float) -> str:
     return f"{x * 100:g}%"
 
 
-def acceptance_bar(plan: dict) -> dict[str, float]:
+def acceptance_bar(plan: dict[str, Any]) -> dict[str, float]:
     """The bar a plan (as builtins) sets in its `[follow_on]` table: the seed's where it sets none, and
     never a looser one (a plan checked before the bar was bounded may hold one)."""
     fo = plan.get("follow_on") or {}

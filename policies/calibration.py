@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from flare_diag.events.base import Event
-from flare_diag.events.schema import ActionDone, ActionRequested, Input, WindowOpened
-from flare_diag.events.schema import NS_PER_S
+from flare_diag.events.schema import NS_PER_S, ActionDone, ActionRequested, Input, WindowOpened
 from flare_diag.policies.planner import Calibration
 from flare_diag.policies.window import WindowPolicy
 

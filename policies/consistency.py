@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ def reused(cold: Answer, warm: Answer) -> bool:
     return (warm.cached_tokens or 0) > (cold.cached_tokens or 0)
 
 
-def judge(cold: list[Answer], warm: list[Answer]) -> dict:
+def judge(cold: list[Answer], warm: list[Answer]) -> dict[str, Any]:
     """The phase's finding from its two passes, body by body: which bodies were compared, which were
     answered with reuse on the warm pass, and which answered differently."""
     by_body = {a.body_index: a for a in cold}
@@ -48,7 +49,7 @@ def judge(cold: list[Answer], warm: list[Answer]) -> dict:
             "unread": unread, "consistent": compared > 0 and differ_n == 0}
 
 
-def finding(result: dict) -> tuple[str, str]:
+def finding(result: dict[str, Any]) -> tuple[str, str]:
     """(the cell's status, its reason) for a consistency phase that ran all its requests."""
     n, differ = result["compared"], result["differ"]
     if n == 0:

@@ -20,8 +20,6 @@ from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
 
-
-
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
                    "retain_recipe", "health"})
 # what a restore may ask again after the daemon restarted without its answer: reads, and the restore's own
@@ -40,8 +38,8 @@ class WindowCore(Driver):
         self.stage = Stage.IDLE  # moves only as state.TRANSITIONS allows
         self.t0: int | None = None
         self.ledger = Ledger()
-        self.arms: list = []
-        self.all_phases: list = []
+        self.arms: list[Any] = []
+        self.all_phases: list[Any] = []
         self.phase_order: list[str] = []
         self.required: list[str] = []  # cells without which the window is `partial` (contract 4)
         self.comparable: dict[str, bool] = {}
@@ -56,7 +54,7 @@ class WindowCore(Driver):
         self.readmit_requested = False
         self.restore_end_ns: int | None = None  # the restore's budget runs out here
         self.incumbent: Incumbent | None = None
-        self.snapshots: dict[str, dict | None] = {}
+        self.snapshots: dict[str, dict[str, Any] | None] = {}
         self.quiesced = False
         self.quiesced_at_ns = 0  # window time the quiesce's answer came back
         self.candidate_loaded: str | None = None  # incarnation label loaded by the window
@@ -65,9 +63,9 @@ class WindowCore(Driver):
         self.candidate_sha: str | None = None
         self.failed_incarnations: dict[str, str] = {}
         self.unverified_incarnations: dict[str, str] = {}
-        self.ref_labels: dict | None = None
-        self.last_counters: dict | None = None
-        self.fixtures: dict[str, dict] = {}
+        self.ref_labels: dict[str, Any] | None = None
+        self.last_counters: dict[str, Any] | None = None
+        self.fixtures: dict[str, dict[str, Any]] = {}
         self.stop_marked = False
         self.overrun_marked = False
         self.overrun_projected = False
@@ -80,7 +78,7 @@ class WindowCore(Driver):
         self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
         self.restore_faults: list[str] = []  # Xid, OOM or containment breaches seen during the restore
         self.xids_known = 0  # Xid events in the GPU view the window has already judged
-        self.verified_identity: dict[str, dict] = {}  # incarnation label -> the identity its identity phase verified
+        self.verified_identity: dict[str, dict[str, Any]] = {}  # incarnation label -> the identity its identity phase verified
         self.incumbent_back = False  # the restore has the incumbent loaded again (or never took it down)
         self.restore_resident: float | None = None  # the restored incumbent's resident memory when first seen
         self.current_since_ns = 0  # window time the running phase began
@@ -91,9 +89,9 @@ class WindowCore(Driver):
         self.guard_runs = steady.Tally()  # each guard's consecutive breaches, and what a dry run has said
         self.restart_watch = RestartWatch()  # the loaded incarnation's last counters: they never go back
         self.restore_restarts = 0  # unseen engine restarts the restore met: each one starts it over
-        self.refused_run: list = []  # the latest consecutive requests the host refused (RequestDone)
+        self.refused_run: list[Any] = []  # the latest consecutive requests the host refused (RequestDone)
         self.restore_unloaded = False  # the restore has the window's candidate unloaded: every bound holds again
-        self.read_args: dict[int, dict] = {}  # outstanding re-askable actions -> their arguments
+        self.read_args: dict[int, dict[str, Any]] = {}  # outstanding re-askable actions -> their arguments
         self.reasked: dict[int, int] = {}  # a read asked again after a restart -> the id the restore waits on
 
     @property
@@ -101,7 +99,7 @@ class WindowCore(Driver):
         return self.stage == Stage.CLOSED
 
     @property
-    def cells(self) -> dict[str, dict]:
+    def cells(self) -> dict[str, dict[str, Any]]:
         return self.ledger.as_builtins()
 
     # --- time ----------------------------------------------------------------------------------
@@ -160,7 +158,7 @@ class WindowCore(Driver):
             self.stop_marked = True
             self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
 
-    def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
+    def _request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
             self.restart_watch.reset()
         aid = super()._request(action, args, experimental)

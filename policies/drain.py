@@ -28,7 +28,7 @@ def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]
     stable, last = 0, None
     while True:
         polls[0] += 1
-        calls: list[tuple[str, dict]] = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
+        calls: list[tuple[str, dict[str, Any]]] = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
         res = yield from w._act_all(calls)
         m = res[0]
         ok = m.ok and rules.drained(m.data.get("gauges", {}), w.plan.drain.accept_unobserved)

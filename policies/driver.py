@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-from flare_diag.events.schema import ActionRequested, Decision, Input
 from flare_diag.events.actions import make
+from flare_diag.events.schema import ActionRequested, Decision, Input
 
 Proc = Generator[Any, Any, None]
 
@@ -98,7 +98,7 @@ class Driver:
         """Window seconds an action may take; a subclass reads them from its plan."""
         return None
 
-    def _request(self, action: str, args: dict | None = None, experimental: bool = False) -> int:
+    def _request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
         request = make(action, args)  # a misspelt action or a missing argument fails here, at once
         aid = self.next_id
         self.next_id += 1
@@ -107,11 +107,11 @@ class Driver:
                                    deadline_s=self._deadline_s(action)))
         return aid
 
-    def _act(self, action: str, args: dict | None = None, experimental: bool = False) -> Generator[Any, Any, Any]:
+    def _act(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> Generator[Any, Any, Any]:
         aid = self._request(action, args, experimental)
         res = yield Act([aid])
         return res[0]
 
-    def _act_all(self, calls: list[tuple[str, dict]], experimental: bool = False) -> Generator[Any, Any, Any]:
+    def _act_all(self, calls: list[tuple[str, dict[str, Any]]], experimental: bool = False) -> Generator[Any, Any, Any]:
         ids = [self._request(a, args, experimental) for a, args in calls]
         return (yield Act(ids))

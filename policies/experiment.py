@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from flare_diag.events.schema import NS_PER_S, Alarm, ArmStarted, PhaseStarted, RequestDone, RequestMeasured, TimeMarked, TraceOrderFrozen
+from flare_diag.events.schema import (
+    NS_PER_S,
+    Alarm,
+    ArmStarted,
+    PhaseStarted,
+    RequestDone,
+    RequestMeasured,
+    TimeMarked,
+    TraceOrderFrozen,
+)
 from flare_diag.policies import consistency, guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
@@ -280,7 +289,7 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     w._cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
 
 
-def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict, when: str) -> Proc:
+def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: str) -> Proc:
     """Aborts `identity_drift` when an identity read inside a phase differs from the identity
     verified for its incarnation (contract 4, amended 2026-12-01); an identity with no incarnation
     at all is an engine that is gone, asked once through /health (`engine_lost`)."""
@@ -382,7 +391,7 @@ def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     return True
 
 
-def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict, tally: _Tally) -> Generator[Any, Any, dict | None]:
+def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str, Any], tally: _Tally) -> Generator[Any, Any, dict[str, Any] | None]:
     """The phase's requests, `concurrency` at a time, until done or the stop minute; the last counters
     read, or None when the stop minute cut it short (its cell then said so)."""
     fixture = ph.fixture or ""
@@ -404,7 +413,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict, ta
         # the phase's last requests have finished: what follows (its reads, its closing drain) is
         # judged as the closing of a finished phase, even across the stop minute
         w.draining_after = k + len(batch) >= len(reqs)
-        delta: dict = {}
+        delta: dict[str, Any] = {}
         if ph.concurrency == 1:
             delta, prev = yield from _between_requests(w, ph, k, prev, tally)
         done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
@@ -419,10 +428,10 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict, ta
     return prev
 
 
-def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict, tally: _Tally) -> Generator[Any, Any, tuple[dict, dict]]:
+def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict[str, Any], tally: _Tally) -> Generator[Any, Any, tuple[dict[str, Any], dict[str, Any]]]:
     """Between requests at C1: the counters, and the identity (a read, no generation), so that a drift
     is caught within one request; (this request's counter delta, the counters now)."""
-    delta: dict = {}
+    delta: dict[str, Any] = {}
     m, ident = yield from w._act_all([("scrape_metrics", {}), ("read_identity", {})])
     if m.ok:
         delta = rules.counter_delta(prev, m.data.get("counters", {}))
@@ -434,7 +443,7 @@ def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict, tally: _
     return delta, prev
 
 
-def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list, delta: dict, tally: _Tally) -> None:
+def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta: dict[str, Any], tally: _Tally) -> None:
     """Each answer of a round: measured (RequestMeasured), failed, a natural failure, a reuse that disagrees."""
     for j, rd in enumerate(results):
         if not isinstance(rd, RequestDone):
@@ -455,7 +464,7 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list, delta: dic
                                 delta=delta if ph.concurrency == 1 else {}))
 
 
-def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list) -> Proc:
+def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Proc:
     """An engine that stopped answering: asked once, and the window aborts rather than send the rest of
     the phase into a host that is not there."""
     unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
@@ -468,7 +477,7 @@ def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list) -> Proc:
                                        f"{h.data.get('status') if h.ok else h.error}")
 
 
-def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict, prev: dict, prime: str | None,
+def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, Any], prev: dict[str, Any], prime: str | None,
                  tally: _Tally) -> Proc:
     """The phase's closing drain, then its identity (still inside its bound past the stop minute: a phase
     is held to the identity its incarnation was verified on), then its cell."""
@@ -490,7 +499,7 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict, prev
     phase_cell(w, ph, common, closing, settled, changes, tally.failures, tally.answers, tally.disagree)
 
 
-def reuse_disagreement(identity: list[str], delta: dict, rd: RequestDone) -> list[str]:
+def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDone) -> list[str]:
     """[a line] when the C1 deltas of the engine's reuse counters do not sum to the request's own
     cached_tokens (engine_profiles.REUSE_IDENTITY); [] when they do, or when either is not known."""
     seen = [delta[n] for n in identity if delta.get(n) is not None]
@@ -498,7 +507,7 @@ def reuse_disagreement(identity: list[str], delta: dict, rd: RequestDone) -> lis
         return []
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
-def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict, closing: Any, settled: bool, changes: list[str],
+def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: Any, settled: bool, changes: list[str],
                failures: list[str], answers: list[consistency.Answer], disagree: Sequence[str] = ()) -> None:
     """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
     identity, a drain that did not settle), failed (requests failed), or measured (with what it was

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flare_diag.policies import rules
 from flare_diag.policies.plan import Growth
@@ -17,21 +18,21 @@ class Context:
     the take-down, and the identity the observation is held to (None: nothing to hold it to)."""
 
     growth: Growth
-    gpu_snapshot: Mapping | None = None
-    router_snapshot: Mapping | None = None
-    identity: Mapping | None = None
+    gpu_snapshot: Mapping[str, Any] | None = None
+    router_snapshot: Mapping[str, Any] | None = None
+    identity: Mapping[str, Any] | None = None
     where: str = ""  # the phase (or "before readmit") a breach is named with
     direct_inflight: int = 0  # the window's own requests to the serving URL, in flight when it was read
 
 
-Rule = Callable[[Mapping, Context], Abort]
+Rule = Callable[[Mapping[str, Any], Context], Abort]
 
 
-def growth_bounds(g: Growth) -> dict:
+def growth_bounds(g: Growth) -> dict[str, Any]:
     return {"max_resident_bytes": g.max_resident_bytes, "max_host_cache_records": g.max_host_cache_records}
 
 
-def action_observation(data: Mapping, ref_labels: Mapping | None, quiesced: bool, growth: Growth,
+def action_observation(data: Mapping[str, Any], ref_labels: Mapping[str, Any] | None, quiesced: bool, growth: Growth,
                        host_cache_bytes: int | None) -> Abort:
     """Any action's reply that carries metrics labels or gauges: identity drift, uncontrolled growth."""
     labels = data.get("labels")
@@ -57,7 +58,7 @@ class Baseline:
     def reset(self) -> None:
         self.resident, self.excess_runs = None, 0
 
-    def check(self, gauges: Mapping, in_flight: int, growth: Growth) -> Abort:
+    def check(self, gauges: Mapping[str, Any], in_flight: int, growth: Growth) -> Abort:
         resident = gauges.get("resident_bytes")
         if resident is not None:
             if self.resident is None:
@@ -76,7 +77,7 @@ class Baseline:
         return None
 
 
-def incumbent_breaches(gauges: Mapping, gpus: list[Mapping], growth: Growth) -> list[str]:
+def incumbent_breaches(gauges: Mapping[str, Any], gpus: list[Mapping[str, Any]], growth: Growth) -> list[str]:
     """The plan's growth bounds that the incumbent, as it serves before anything changes, already
     breaches: each as 'key: reading'. A bound a healthy host breaches would abort every window it ran
     in and strand its primary, so such a plan is refused before the quiesce."""
@@ -96,7 +97,7 @@ def incumbent_breaches(gauges: Mapping, gpus: list[Mapping], growth: Growth) -> 
     return out
 
 
-def gpu_rules_disabled(data: Mapping) -> str | None:
+def gpu_rules_disabled(data: Mapping[str, Any]) -> str | None:
     """What the GPU watch reports it cannot watch, as the rules that no longer fire, or None."""
     parts = []
     if data.get("unsupported"):
@@ -108,7 +109,7 @@ def gpu_rules_disabled(data: Mapping) -> str | None:
     return "rule gpu_fault (Xid) disabled: " + "; ".join(parts)
 
 
-def trace_toggle(expected: Mapping, reply: Mapping, ref_labels: Mapping | None, trace: bool) -> list[str]:
+def trace_toggle(expected: Mapping[str, Any], reply: Mapping[str, Any], ref_labels: Mapping[str, Any] | None, trace: bool) -> list[str]:
     """A trace toggle may change trace_enabled and nothing else."""
     mism = rules.identity_mismatches(expected, reply, trace=trace)
     mism += rules.label_drift({k: v for k, v in (ref_labels or {}).items() if k in ("incarnation", "recipe_sha256")}, reply)
@@ -117,17 +118,17 @@ def trace_toggle(expected: Mapping, reply: Mapping, ref_labels: Mapping | None, 
 
 # --- the watch rules: one table, judged in the experiment, during the restore and at its last gate --
 
-def xid_rule(data: Mapping, ctx: Context) -> Abort:
+def xid_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     xids = data.get("xid_events") or []
     return ("gpu_fault", f"Xid {xids[0].get('xid')} on GPU {xids[0].get('gpu')}") if xids else None
 
 
-def gpu_memory_rule(data: Mapping, ctx: Context) -> Abort:
+def gpu_memory_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     breach = rules.gpu_memory_breach(data.get("gpus") or [], ctx.growth.max_gpu_memory_fraction)
     return ("uncontrolled_growth", breach) if breach else None
 
 
-def gpu_identity_rule(data: Mapping, ctx: Context) -> Abort:
+def gpu_identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     """The GPUs' UUIDs and power limits against the GPU snapshot taken before the take-down."""
     gpus = data.get("gpus")
     if not ctx.gpu_snapshot or not gpus or any("power_limit_w" not in g for g in gpus):
@@ -139,7 +140,7 @@ def gpu_identity_rule(data: Mapping, ctx: Context) -> Abort:
     return "identity_drift", f"{ctx.where}: {detail}" if ctx.where else detail
 
 
-def containment_rule(data: Mapping, ctx: Context) -> Abort:
+def containment_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     """The router after quiesce: its configuration unchanged, the quiesced backend receiving nothing."""
     snap = ctx.router_snapshot or {}
     backend = data.get("backend") or {}
@@ -157,7 +158,7 @@ def containment_rule(data: Mapping, ctx: Context) -> Abort:
     return None
 
 
-def identity_rule(data: Mapping, ctx: Context) -> Abort:
+def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     """An identity read, held to the identity it must be (None: nothing to hold it to)."""
     if ctx.identity is None:
         return None
@@ -173,7 +174,7 @@ WATCH_RULES: dict[str, tuple[Rule, ...]] = {
 }
 
 
-def judge(source: str, data: Mapping, ctx: Context) -> Abort:
+def judge(source: str, data: Mapping[str, Any], ctx: Context) -> Abort:
     """The first breach the table's rules for `source` find in `data`, or None."""
     for rule in WATCH_RULES.get(source, ()):
         hit = rule(data, ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 NEXT_EXPERIMENT = {
     "not_reproduced": (
@@ -78,7 +79,7 @@ RESTORED_UNUSED = (
 PRIMES = {"A.reverse_replay": "A.forward_prime", "B.forward_replay": "B.forward_prime"}
 
 
-def unusable(cells: Mapping[str, Mapping], phase: str) -> str | None:
+def unusable(cells: Mapping[str, Mapping[str, Any]], phase: str) -> str | None:
     """Why `phase`'s cell cannot feed the verdict, or None when it can: not measured, measured on an
     identity that drifted by its close, or a replay whose prime is not measured on its incarnation."""
     cell = cells.get(phase)
@@ -98,7 +99,7 @@ def unusable(cells: Mapping[str, Mapping], phase: str) -> str | None:
     return None
 
 
-def _reused(cells: Mapping[str, Mapping], phase: str, tier: str = "host") -> int | None:
+def _reused(cells: Mapping[str, Mapping[str, Any]], phase: str, tier: str = "host") -> int | None:
     if unusable(cells, phase):
         return None
     return ((cells[phase].get(TIER_FIELD[tier]) or {}).get("reused_tokens"))
@@ -121,7 +122,7 @@ NO_CAUSE = {
 }
 
 
-def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = (), no_cause: str | None = None,
+def verdict(cells: Mapping[str, Mapping[str, Any]], required: Sequence[str] = (), no_cause: str | None = None,
             tier: str = "host") -> tuple[str, str, str]:
     """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order.
 
@@ -142,7 +143,7 @@ def verdict(cells: Mapping[str, Mapping], required: Sequence[str] = (), no_cause
     return hyp, basis, nxt
 
 
-def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
+def _rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]:
     why_rev = unusable(cells, "A.reverse_replay")
     if why_rev:
         return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})", NEXT_EXPERIMENT["inconclusive"])
@@ -188,7 +189,7 @@ def _rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
     return "key_or_checkpoint_eligibility", "; ".join(parts), nxt
 
 
-def _prefix_rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
+def _prefix_rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]:
     """The order probe on the GPU prefix cache: churn when the reverse replay reused blocks and the
     forward replay on a fresh incarnation reused none."""
     why_rev = unusable(cells, "A.reverse_replay")
@@ -212,7 +213,7 @@ def _prefix_rule(cells: Mapping[str, Mapping]) -> tuple[str, str, str]:
             + ("" if fwd is None else "; B.forward_replay reused 0"), GPU_PREFIX_NEXT["no_prefix_reuse"])
 
 
-def findings(cells: Mapping[str, Mapping]) -> list[str]:
+def findings(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Observations that separate lookup, hit, completed restore and reuse, per measured cell."""
     out = []
     for pid, c in cells.items():

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -297,7 +296,7 @@ def plan_from_builtins(raw: object, source: str = "plan") -> Plan:
     return plan
 
 
-def _check_ranges(builtins: dict, source: str) -> None:
+def _check_ranges(builtins: dict[str, Any], source: str) -> None:
     """Every number in its range (policies/ranges.RANGES), and finite: `inf` or `nan` would pass a
     comparison and crash (or never end) the window that meets it."""
     bad = out_of_range(builtins)
@@ -466,6 +465,7 @@ def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
     return out
 
 
-def expected_identity(plan: Plan) -> dict:
+def expected_identity(plan: Plan) -> dict[str, Any]:
     """The identity fields the plan checks (a field left out of the plan is not checked)."""
-    return msgspec.to_builtins(plan.identity)
+    fields: dict[str, Any] = msgspec.to_builtins(plan.identity)
+    return fields

@@ -7,9 +7,13 @@ inside the window use the same arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence, Set
+from typing import Any
+
 import msgspec
 
-from flare_diag.policies.plan import Plan, PhaseSpec, trace_arm_order
+from flare_diag.policies.plan import PhaseSpec, Plan, trace_arm_order
+
 PRIOR_ROUNDS = 2.0  # the starting pace and overhead weigh as much as this many observed rounds
 PRIOR_SPREAD_S = 5.0  # whose work differs from the mean by this much
 LEARN_ROUNDS = 8  # rounds before a calibration tells pace from overhead
@@ -66,7 +70,7 @@ class Arm(msgspec.Struct, frozen=True):
 TRACE_WARMUP = "trace.warmup"
 
 
-def work_from(plan: Plan, fixtures: dict) -> dict[str, list[BodyWork]]:
+def work_from(plan: Plan, fixtures: dict[str, Any]) -> dict[str, list[BodyWork]]:
     """Each body's work as the fixture check reports it (`daemon.fixture.Fixture.work`); what it
     leaves out falls back to the plan's sampling."""
     out: dict[str, list[BodyWork]] = {}
@@ -159,12 +163,12 @@ class Estimator:
         self._share_sum = 0.0
         # phase estimates until the next observed round: the window re-projects its remaining phases
         # after every input, and they change only when a round teaches the estimator something
-        self._phase_memo: dict[tuple, float] = {}
+        self._phase_memo: dict[tuple[Any, ...], float] = {}
         # each fixture's bodies' work_s, until a round changes a body's tokens or the output share: a
         # round changes the fit every time but the work rarely after the first pass, and re-deriving
         # every remaining request's work after each request was most of the policy's time
         self._body_work: dict[str, list[float]] = {}
-        self._requests: dict[tuple, list[int]] = {}  # a phase's body indexes (they never change)
+        self._requests: dict[tuple[Any, ...], list[int]] = {}  # a phase's body indexes (they never change)
 
     # --- the fit -----------------------------------------------------------------------------
 
@@ -260,7 +264,8 @@ class Estimator:
         est = self._phase_memo[key] = rounds + (2 * self.drain_s() if skip == 0 else self.drain_s())
         return est
 
-    def arm_s(self, arm: Arm, loaded: str | None, done: set[str] = frozenset(), phases=None) -> float:  # type: ignore[assignment]  # a frozen default, only ever read
+    def arm_s(self, arm: Arm, loaded: str | None, done: Set[str] = frozenset(),
+              phases: Sequence[PhaseSpec] | None = None) -> float:
         """Window seconds to run an arm's given phases (default: the gating ones), with its load."""
         todo = [p for p in (phases if phases is not None else arm.gating) if p.id not in done]
         load = self.load_s if arm.incarnation != loaded else 0.0

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 WATCH_POLL_S = 5.0  # window seconds between the runner's GPU and router polls (daemon/window/runner.py)
 DAY_MIN, DAY_S, HUGE = 24 * 60, 86_400.0, float(2**62)
@@ -133,7 +134,7 @@ def numbers(node: object, key: str = "") -> Iterator[tuple[str, str, float]]:
             yield from numbers(v, f"{key}[{i}]")
 
 
-def out_of_range(builtins: dict, table: dict[str, Range] | None = None) -> tuple[str, float, Range | None] | None:
+def out_of_range(builtins: dict[str, Any], table: dict[str, Range] | None = None) -> tuple[str, float, Range | None] | None:
     """The first number outside its range (or with no range in the table): (where, value, range)."""
     for key, where, v in numbers(builtins):
         rng = (RANGES if table is None else table).get(key)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from flare_diag.policies import guards, rules, steady
-from flare_diag.policies.driver import Proc, Quiet, Sleep
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
+from flare_diag.policies.driver import Proc, Quiet, Sleep
 from flare_diag.policies.interpret import findings, verdict
 
 
-def last_gate(w: WindowCore, identity: dict) -> Generator[Any, Any, list[str]]:
+def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
     """Right before the primary is readmitted: every rule that aborts an experiment, applied to the
     restored incumbent. The router (the quiesced backend still out, nothing in flight), the GPUs (no
     new Xid, memory under its bound, the same UUIDs and power limits), the engine (idle: every drain
@@ -112,7 +112,7 @@ RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not o
 def restore(w: WindowCore) -> Proc:
     yield Quiet()
     checks: dict[str, Any] = {}
-    identity: dict = {}
+    identity: dict[str, Any] = {}
     for _pass in range(RESTORE_PASSES):
         seen = w.restore_restarts
         checks, identity, breaches = yield from restore_pass(w)
@@ -147,7 +147,7 @@ def restore(w: WindowCore) -> Proc:
     w._emit(WindowClosed(outcome=outcome, minute=w._minute()))
 
 
-def restored_identity(w: WindowCore, before: dict, after: Any) -> bool | None:
+def restored_identity(w: WindowCore, before: dict[str, Any], after: Any) -> bool | None:
     """Every contract field of the identity read after the readmission equal to the one read before the
     take-down (the incarnation aside, where the restore loaded the incumbent anew); None: nothing to compare."""
     if not before:
@@ -161,7 +161,7 @@ def restored_identity(w: WindowCore, before: dict, after: Any) -> bool | None:
     return not changes
 
 
-def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict, dict, list[str]]]:
+def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dict[str, Any], list[str]]]:
     """One pass of the restore's checks, from the manager's state to the last gate: (checks, the
     identity the incumbent is held to, the last gate's breaches)."""
     checks: dict[str, Any] = {}
@@ -195,8 +195,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict, dict, list[st
     if router_snap is not None:
         contained = now_router.ok and now_router.data.get("config_sha256") == router_snap.get("config_sha256")
     if gpu_snap is not None:
-        uu = lambda d: sorted((g.get("uuid"), g.get("power_limit_w")) for g in d.get("gpus", []))  # noqa: E731
-        contained = contained and now_gpu.ok and uu(now_gpu.data) == uu(gpu_snap)
+        contained = contained and now_gpu.ok and _gpu_fields(now_gpu.data) == _gpu_fields(gpu_snap)
     checks["containment"] = None if contained is None else bool(contained)
     if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
         new = (now_gpu.data.get("xid_events") or [])[w.xids_known:]
@@ -221,7 +220,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict, dict, list[st
     return checks, identity, breaches
 
 
-def trace_back(w: WindowCore, identity: dict, ident: Any) -> Generator[Any, Any, Any]:
+def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator[Any, Any, Any]:
     """The one identity field a window sets itself: put back as it was before the take-down, and read again."""
     want = identity.get("trace_enabled") if identity else None
     if not (ident.ok and isinstance(want, bool) and ident.data.get("trace_enabled") not in (None, want)):
@@ -233,7 +232,7 @@ def trace_back(w: WindowCore, identity: dict, ident: Any) -> Generator[Any, Any,
     return (yield from w._act("read_identity", {}))
 
 
-def readmission(w: WindowCore, checks: dict) -> Proc:
+def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
     """The primary back in rotation, only when every check of the restore holds; the routed path tried."""
     unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
                if checks[k] is False]
@@ -257,3 +256,8 @@ def readmission(w: WindowCore, checks: dict) -> Proc:
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
         routed = yield from w._act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+
+
+def _gpu_fields(snapshot: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    """The GPU fields a window may change and must put back: each board's power limit, by UUID."""
+    return sorted((g.get("uuid"), g.get("power_limit_w")) for g in snapshot.get("gpus", []))

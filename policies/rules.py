@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
@@ -45,7 +46,7 @@ def abort_for_error(error: str | None) -> str | None:
     return ERROR_ABORTS.get(error) if error else None
 
 
-def identity_mismatches(expected: Mapping, observed: Mapping, *, trace: bool | None = None) -> list[str]:
+def identity_mismatches(expected: Mapping[str, Any], observed: Mapping[str, Any], *, trace: bool | None = None) -> list[str]:
     """Fields where the observed identity differs from the plan's, each as 'field: expected X, found Y'."""
     out = []
     for f in IDENTITY_FIELDS:
@@ -64,7 +65,7 @@ def identity_mismatches(expected: Mapping, observed: Mapping, *, trace: bool | N
     return out
 
 
-def label_drift(reference: Mapping, labels: Mapping) -> list[str]:
+def label_drift(reference: Mapping[str, Any], labels: Mapping[str, Any]) -> list[str]:
     """Identity labels from /metrics (build and incarnation info) that changed since the reference."""
     return [f"{k}: was {reference[k]!r}, now {labels.get(k)!r}"
             for k in sorted(reference) if k in labels and labels.get(k) != reference[k]]
@@ -81,7 +82,7 @@ def drained(gauges: Mapping[str, float | None], accept_unobserved: Collection[st
     return all(gauges.get(g) == 0 if gauges.get(g) is not None else g in accept_unobserved for g in DRAIN_GAUGES)
 
 
-def identity_changes(verified: Mapping, observed: Mapping) -> list[str]:
+def identity_changes(verified: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
     """Every identity field (GPU UUIDs and power limits included) that differs from the identity
     verified for the incarnation, as 'field: was X, now Y'. The trace switch is the one field a
     window changes itself, so it is not compared here."""
@@ -98,7 +99,7 @@ def identity_changes(verified: Mapping, observed: Mapping) -> list[str]:
 RESTORED_FIELDS = (*IDENTITY_FIELDS, "trace_enabled", "recipe", "recipe_sha256", "incarnation")
 
 
-def restored_changes(before: Mapping, after: Mapping, *, reloaded: bool) -> list[str]:
+def restored_changes(before: Mapping[str, Any], after: Mapping[str, Any], *, reloaded: bool) -> list[str]:
     """Every contract field of the identity after the restore that differs from before the take-down,
     as 'field: was X, now Y'; a reloaded incumbent is a new incarnation of the same recipe."""
     fields = [f for f in RESTORED_FIELDS if f in before and not (reloaded and f == "incarnation")]
@@ -108,7 +109,7 @@ def restored_changes(before: Mapping, after: Mapping, *, reloaded: bool) -> list
     return out
 
 
-def gpu_changes(reference: list[Mapping], observed: list[Mapping]) -> list[str]:
+def gpu_changes(reference: list[Mapping[str, Any]], observed: list[Mapping[str, Any]]) -> list[str]:
     """The GPUs' UUIDs and power limits against a reference list ("the same two GPUs at 300 W")."""
     ref = [(g.get("uuid"), g.get("power_limit_w")) for g in reference]
     now = [(g.get("uuid"), g.get("power_limit_w")) for g in observed]
@@ -118,7 +119,7 @@ def gpu_changes(reference: list[Mapping], observed: list[Mapping]) -> list[str]:
     return [f"GPU {u}: power limit was {limits[u]} W, now {w} W" for u, w in now if limits.get(u) != w]
 
 
-def growth_breach(gauges: Mapping[str, float | None], bounds: Mapping, expected_host_bytes: int | None) -> str | None:
+def growth_breach(gauges: Mapping[str, float | None], bounds: Mapping[str, Any], expected_host_bytes: int | None) -> str | None:
     """The first bound crossed by these gauges, as a sentence, or None."""
     resident = gauges.get("resident_bytes")
     if resident is not None and resident > bounds["max_resident_bytes"]:
@@ -138,7 +139,7 @@ def growth_breach(gauges: Mapping[str, float | None], bounds: Mapping, expected_
     return None
 
 
-def gpu_memory_breach(gpus: list[Mapping], max_fraction: float) -> str | None:
+def gpu_memory_breach(gpus: list[Mapping[str, Any]], max_fraction: float) -> str | None:
     for g in gpus:
         used, total = g.get("memory_used_bytes"), g.get("memory_total_bytes")
         if used is not None and total and used / total > max_fraction:
@@ -155,7 +156,7 @@ def counter_delta(before: Mapping[str, float | None], after: Mapping[str, float 
     return out
 
 
-def host_gpu(delta: Mapping[str, float | None]) -> tuple[dict, dict]:
+def host_gpu(delta: Mapping[str, float | None]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The contract's host and GPU columns from a counter delta (None: not observable)."""
     def g(k: str) -> int | None:
         v = delta.get(k)

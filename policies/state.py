@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
@@ -50,7 +51,7 @@ class Incumbent(msgspec.Struct):
 
     recipe: str | None
     sha256: str | None
-    identity: dict = {}
+    identity: dict[str, Any] = {}
 
 
 class Running(msgspec.Struct):
@@ -83,5 +84,5 @@ class Ledger:
         self.cells[cell.phase] = cell
         return True
 
-    def as_builtins(self) -> dict[str, dict]:
+    def as_builtins(self) -> dict[str, dict[str, Any]]:
         return {p: msgspec.to_builtins(c) for p, c in self.cells.items()}

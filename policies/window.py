@@ -10,14 +10,30 @@ ledger, and replaces the experiment with the restore on an abort or at the stop 
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from flare_diag.events.schema import (
-    ActionDone, Alarm, BoundsScaled, CancelRequested, DaemonRestarted, Input, LogUnwritable, OperatorAbort, NS_PER_MIN,
-    RequestDone, RestoreStarted, Tick, TimeMarked, WatchFailed, WatchObserved, WindowOpened,
+    NS_PER_MIN,
+    ActionDone,
+    Alarm,
+    BoundsScaled,
+    CancelRequested,
+    DaemonRestarted,
+    Input,
+    LogUnwritable,
+    OperatorAbort,
+    RequestDone,
+    RestoreStarted,
+    Tick,
+    TimeMarked,
+    WatchFailed,
+    WatchObserved,
+    WindowOpened,
 )
 from flare_diag.policies import guards, restarts, rules, steady
-from flare_diag.policies.core import READS, RE_ASKABLE, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
+from flare_diag.policies.core import RE_ASKABLE, READS, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
 from flare_diag.policies.driver import Sleep
 from flare_diag.policies.experiment import experiment
 from flare_diag.policies.plan import plan_from_builtins
@@ -27,15 +43,13 @@ from flare_diag.policies.scaling import scaled_bounds
 from flare_diag.policies.state import Stage, advance
 
 
-
-
 class WindowPolicy(WindowCore):
     """One window's decisions. Deterministic: the same inputs always give the same decisions."""
 
     # --- the interface -----------------------------------------------------------------------
 
-    def receive(self, inp: Input) -> list:
-        out: list = []
+    def receive(self, inp: Input) -> list[Any]:
+        out: list[Any] = []
         self._out = out
         if self.stage == "closed":
             return out
@@ -240,7 +254,7 @@ class WindowPolicy(WindowCore):
             if self.abort is None:
                 self._record_abort("engine_restart", detail + " (during the restore)")
 
-    def _gpu_rules_disabled(self, data: dict) -> None:
+    def _gpu_rules_disabled(self, data: dict[str, Any]) -> None:
         """GPUs whose Xid events NVML cannot report, or an Xid watch that failed: the rules it
         disables are named once in an alarm; a production window cannot go on without them."""
         why = guards.gpu_rules_disabled(data)

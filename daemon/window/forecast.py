@@ -10,8 +10,9 @@ import msgspec
 from flare_diag.daemon.hosts.errors import classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
-from flare_diag.events.reader import LogReader, NotAnEventLog
+from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import ProbeRequest, ProbeSent
+from flare_diag.events.sqlschema import NotAnEventLog
 from flare_diag.policies.calibration import CalibrationError, calibrate
 from flare_diag.policies.planner import Calibration, Estimator, Schedule, forecast, phase_requests, work_from
 
