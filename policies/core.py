@@ -14,8 +14,8 @@ from typing import Any
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
 from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
-from flare_diag.policies.plan import Plan
-from flare_diag.policies.planner import Calibration, Estimator
+from flare_diag.policies.plan import PhaseSpec, Plan
+from flare_diag.policies.planner import Arm, Calibration, Estimator
 from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
@@ -28,7 +28,15 @@ RE_ASKABLE = READS | {"preflight", "steady_state"}
 
 
 class WindowCore(Driver):
-    """One window's typed state and the operations its procedures may use to change it."""
+    """One window's typed state and the operations its procedures may use to change it.
+
+    The procedures (policies/experiment.py, restore.py, drain.py) read its fields and change it only
+    through these, never through an underscored name (tests/test_architecture.py holds that):
+    `act` / `act_all` (ask the host and wait for the outcome), `request` (ask without waiting), `emit`
+    (a decision), `minute` / `stop_ns` / `mark_stop` (the window clock), `record_cell` /
+    `close_open_cells` (the ledger), `abort_inside` / `fail_inside` (abort from inside a procedure:
+    they raise Interrupt) and `restore_fault`.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,8 +46,8 @@ class WindowCore(Driver):
         self.stage = Stage.IDLE  # moves only as state.TRANSITIONS allows
         self.t0: int | None = None
         self.ledger = Ledger()
-        self.arms: list[Any] = []
-        self.all_phases: list[Any] = []
+        self.arms: list[Arm] = []
+        self.all_phases: list[PhaseSpec] = []
         self.phase_order: list[str] = []
         self.required: list[str] = []  # cells without which the window is `partial` (contract 4)
         self.comparable: dict[str, bool] = {}
@@ -116,14 +124,14 @@ class WindowCore(Driver):
             limit = min(limit, max(0.001, (self.restore_end_ns - self.now) / NS_PER_S))
         return limit
 
-    def _minute(self, ns: int | None = None) -> float | None:
+    def minute(self, ns: int | None = None) -> float | None:
         return window_minute(self.now if ns is None else ns, self.t0)
 
-    def _stop_ns(self) -> int:
+    def stop_ns(self) -> int:
         return self.t0 + int(self.plan.timing.stop_min * NS_PER_MIN)  # type: ignore[operator]  # t0 is set by the quiesce, before any stop-minute check
 
     def _closing_drain_end_ns(self) -> int:
-        return self._stop_ns() + int(self.drain_timeout_s(self.plan.timing.drain_timeout_s) * NS_PER_S)
+        return self.stop_ns() + int(self.drain_timeout_s(self.plan.timing.drain_timeout_s) * NS_PER_S)
 
     def _watch_deadlines(self) -> dict[str, int]:
         """Each watch an abort rule depends on, and when its silence becomes `watch_lost`: the GPU
@@ -153,15 +161,15 @@ class WindowCore(Driver):
         the consecutive scrapes the drain rule needs, which a loaded machine cannot promise."""
         return effective_s(planned, DRAIN_MIN_REAL_S, self.time_scale)
 
-    def _mark_stop(self) -> None:
+    def mark_stop(self) -> None:
         if not self.stop_marked:
             self.stop_marked = True
-            self._emit(TimeMarked(mark="stop", minute=self._minute(self._stop_ns())))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
+            self.emit(TimeMarked(mark="stop", minute=self.minute(self.stop_ns())))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
 
-    def _request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
+    def request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
             self.restart_watch.reset()
-        aid = super()._request(action, args, experimental)
+        aid = super().request(action, args, experimental)
         if self.stage == Stage.RESTORE and action in RE_ASKABLE:
             self.read_args[aid] = dict(args or {})  # kept until answered: a restart may have to ask it again
         return aid
@@ -171,35 +179,35 @@ class WindowCore(Driver):
     def _record_abort(self, reason: str, detail: str) -> None:
         if not self.took_down and reason in rules.HOST_FAULTS:
             reason, detail = "preflight", f"{reason}: {detail} (before anything was taken down)"
-        self.abort = AbortRecord(reason, detail, self._minute())
-        self._emit(AbortDecided(reason=reason, detail=detail, minute=self._minute()))
+        self.abort = AbortRecord(reason, detail, self.minute())
+        self.emit(AbortDecided(reason=reason, detail=detail, minute=self.minute()))
 
-    def _abort_inside(self, reason: str, detail: str) -> None:
+    def abort_inside(self, reason: str, detail: str) -> None:
         self._record_abort(reason, detail)
         raise Interrupt("abort")
 
-    def _fail_inside(self, res: ActionDone, what: str) -> None:
+    def fail_inside(self, res: ActionDone, what: str) -> None:
         """A failed action before anything was changed: abort with its class, else as a preflight failure."""
-        self._abort_inside(rules.abort_for_error(res.error) or "preflight", f"{what}: {res.detail or res.error}")
+        self.abort_inside(rules.abort_for_error(res.error) or "preflight", f"{what}: {res.detail or res.error}")
 
-    def _restore_fault(self, what: str) -> None:
+    def restore_fault(self, what: str) -> None:
         """A fault during the restore: the primary is not readmitted (if it is not yet), and it is said once."""
         if what in self.restore_faults:
             return
         self.restore_faults.append(what)
-        self._emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmit_requested else
+        self.emit(Alarm(kind="fault_during_restore", detail=what + ("" if not self.readmit_requested else
                                                                      " (after the primary's readmit was sent)")))
 
     # --- cells -------------------------------------------------------------------------------
 
-    def _cell(self, phase: str, status: str, reason: str, **kw: Any) -> None:
+    def record_cell(self, phase: str, status: str, reason: str, **kw: Any) -> None:
         started, est_end = self.phase_marks.get(phase, (None, None))
         cell = Cell(phase=phase, status=status, reason=reason, started_minute=started, estimated_end_minute=est_end,
-                    ended_minute=self._minute() if started is not None else None, **kw)
+                    ended_minute=self.minute() if started is not None else None, **kw)
         if self.ledger.add(cell):
-            self._emit(cell)
+            self.emit(cell)
 
-    def _close_open_cells(self, cause: str) -> None:
+    def close_open_cells(self, cause: str) -> None:
         if self.current is not None:
             c = self.current
             why = (f"cut at the stop minute after {c.done} of {c.total} requests" if cause == "stop_minute"
@@ -207,7 +215,7 @@ class WindowCore(Driver):
                    if self.abort and self.abort.reason == "engine_restart"
                    else f"window aborted ({self.abort.reason if self.abort else cause}) after {c.done} of {c.total} requests")
             drifted = self.drifted or bool(self.abort and self.abort.reason == "identity_drift")
-            self._cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable, incarnation_id=self.candidate_id,
+            self.record_cell(c.id, "invalid", why, requests=c.done, comparable=c.comparable, incarnation_id=self.candidate_id,
                        identity_held=False if drifted else None)
             self.current = None
         if cause == "completed":
@@ -219,9 +227,9 @@ class WindowCore(Driver):
         conditional = {c.id: c.admission for c in self.plan.conditional} if self.plan else {}
         for pid in self.phase_order:
             if pid in conditional:
-                self._cell(pid, "deferred", f"later conditional stage, {conditional[pid]}", comparable=False)
+                self.record_cell(pid, "deferred", f"later conditional stage, {conditional[pid]}", comparable=False)
             elif pid not in self.ledger:
                 # contract 4 (amended 2026-12-03): a required cell an abort left unmeasured is `failed`,
                 # the abort named; `deferred` is for what time or the plan's order left out
                 aborted = cause not in ("completed", "stop_minute") and pid in self.required
-                self._cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))
+                self.record_cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))

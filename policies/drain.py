@@ -17,8 +17,8 @@ def drain(w: WindowCore, timeout_s: float, purpose: str, router: bool = False) -
     start = w.now
     polls = [0]
     settled = yield from _drain_polls(w, timeout_s, router, polls)
-    w._emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((w.now - start) / NS_PER_S, 3),
-                          polls=polls[0], minute=w._minute()))
+    w.emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((w.now - start) / NS_PER_S, 3),
+                          polls=polls[0], minute=w.minute()))
     return settled
 
 
@@ -29,7 +29,7 @@ def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]
     while True:
         polls[0] += 1
         calls: list[tuple[str, dict[str, Any]]] = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
-        res = yield from w._act_all(calls)
+        res = yield from w.act_all(calls)
         m = res[0]
         ok = m.ok and rules.drained(m.data.get("gauges", {}), w.plan.drain.accept_unobserved)
         if m.ok:

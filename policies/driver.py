@@ -50,7 +50,7 @@ class Driver:
         self.gen: Proc | None = None
         self._out: list[Decision] = []
 
-    def _emit(self, d: Decision) -> None:
+    def emit(self, d: Decision) -> None:
         self._out.append(d)
 
     def _start(self, gen: Proc, on_finish: Callable[[str | None], None]) -> None:
@@ -98,20 +98,20 @@ class Driver:
         """Window seconds an action may take; a subclass reads them from its plan."""
         return None
 
-    def _request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
+    def request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
         request = make(action, args)  # a misspelt action or a missing argument fails here, at once
         aid = self.next_id
         self.next_id += 1
         self.pending[aid] = (action, experimental)
-        self._emit(ActionRequested(action_id=aid, request=request, experimental=experimental,
+        self.emit(ActionRequested(action_id=aid, request=request, experimental=experimental,
                                    deadline_s=self._deadline_s(action)))
         return aid
 
-    def _act(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> Generator[Any, Any, Any]:
-        aid = self._request(action, args, experimental)
+    def act(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> Generator[Any, Any, Any]:
+        aid = self.request(action, args, experimental)
         res = yield Act([aid])
         return res[0]
 
-    def _act_all(self, calls: list[tuple[str, dict[str, Any]]], experimental: bool = False) -> Generator[Any, Any, Any]:
-        ids = [self._request(a, args, experimental) for a, args in calls]
+    def act_all(self, calls: list[tuple[str, dict[str, Any]]], experimental: bool = False) -> Generator[Any, Any, Any]:
+        ids = [self.request(a, args, experimental) for a, args in calls]
         return (yield Act(ids))

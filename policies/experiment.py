@@ -29,22 +29,22 @@ OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_
 
 def experiment(w: WindowCore) -> Proc:
     plan = w.plan
-    res = yield from w._act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
+    res = yield from w.act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
     if not res.ok:
-        w._fail_inside(res, "fixture validation failed")
+        w.fail_inside(res, "fixture validation failed")
     w.fixtures = res.data.get("fixtures", {})
     w.est = Estimator(plan, work_from(plan, w.fixtures), w.calibration)
     if plan.trace is not None:
-        w._emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
+        w.emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
     what = ("incumbent", "router", "monitoring", "gpu", "configuration")
-    snaps = yield from w._act_all([("snapshot", {"what": s}) for s in what])
+    snaps = yield from w.act_all([("snapshot", {"what": s}) for s in what])
     for s, r in zip(what, snaps):
         if r.ok:
             w.snapshots[s] = r.data
         elif r.error == "not_applicable":
             w.snapshots[s] = None
         else:
-            w._fail_inside(r, f"{s} snapshot failed")
+            w.fail_inside(r, f"{s} snapshot failed")
     inc = w.snapshots["incumbent"] or {}
     w.xids_known = len((w.snapshots.get("gpu") or {}).get("xid_events") or [])
     w.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
@@ -52,60 +52,60 @@ def experiment(w: WindowCore) -> Proc:
     if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
         mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
     if mism:
-        w._abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
+        w.abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
     # The window's incumbent is what the manager has loaded, so a candidate left loaded by an
     # earlier window that failed would be taken for it, and its restore would put the candidate back.
     if inc.get("recipe") and inc.get("recipe") == w.candidate_recipe:
-        w._abort_inside("preflight", f"the loaded recipe {inc.get('recipe')!r} is the plan's candidate, not an incumbent: "
+        w.abort_inside("preflight", f"the loaded recipe {inc.get('recipe')!r} is the plan's candidate, not an incumbent: "
                                      f"an earlier window may have left it loaded; restore the incumbent first")
     if w.expected_incumbent and inc.get("sha256") != w.expected_incumbent:
-        w._abort_inside("preflight", f"the loaded recipe (sha256 {str(inc.get('sha256'))[:12]}) is not the incumbent "
+        w.abort_inside("preflight", f"the loaded recipe (sha256 {str(inc.get('sha256'))[:12]}) is not the incumbent "
                                      f"{w.expected_incumbent[:12]} an earlier window that did not restore recorded; "
                                      f"restore it first")
     # The seed: retain exact recipe bytes before taking the incumbent down. Every load, unload
     # and the restore from here on name the hash of the bytes retained here (contract section 1
     # gives no other source of a recipe's hash).
-    kept = yield from w._act_all([
+    kept = yield from w.act_all([
         ("retain_recipe", {"recipe": inc.get("recipe"), "expect_sha256": inc.get("sha256"), "role": "incumbent"}),
         ("retain_recipe", {"recipe": w.candidate_recipe, "role": "candidate"}),
     ])
     for role, r in zip(("incumbent", "candidate"), kept):
         if not r.ok:
-            w._fail_inside(r, f"{role} recipe bytes could not be retained")
+            w.fail_inside(r, f"{role} recipe bytes could not be retained")
     w.candidate_sha = kept[1].data.get("sha256")
     # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
-    previews = yield from w._act_all([
+    previews = yield from w.act_all([
         ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
         ("preview", {"op": "load", "recipe": w.candidate_recipe, "sha256": w.candidate_sha, "role": "candidate"}),
         ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
     ])
     for r in previews:
         if not r.ok or r.data.get("ok") is not True:
-            w._fail_inside(r, "preview refused")
+            w.fail_inside(r, "preview refused")
     yield from steady_state_before(w)
     w.took_down = True  # from the quiesce's request on, the host may be changed (its reply may be lost)
-    res = yield from w._act("quiesce", {})
+    res = yield from w.act("quiesce", {})
     if not res.ok and res.error != "not_applicable":
-        w._fail_inside(res, "quiesce failed")
+        w.fail_inside(res, "quiesce failed")
     w.quiesced = True
     w.quiesced_at_ns = w.now
     w.t0 = w.now
-    w._emit(TimeMarked(mark="t0", minute=0.0))
+    w.emit(TimeMarked(mark="t0", minute=0.0))
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
                                router=w.snapshots.get("router") is not None)
     if not drained:
-        w._abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
-    res = yield from w._act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
+        w.abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
+    res = yield from w.act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
     if not res.ok:
         # the take-down itself failed: no candidate can load beside the incumbent, so restore
-        w._abort_inside(rules.abort_for_error(res.error) or "preflight",
+        w.abort_inside(rules.abort_for_error(res.error) or "preflight",
                         f"incumbent unload failed, nothing was taken down: {res.detail or res.error}")
     for arm in w.arms:
-        if w.now >= w._stop_ns():  # reached while a phase's closing drain ran on
-            w._mark_stop()
+        if w.now >= w.stop_ns():  # reached while a phase's closing drain ran on
+            w.mark_stop()
             raise Interrupt("stop_minute")
         yield from run_arm(w, arm)
-    w._close_open_cells("completed")
+    w.close_open_cells("completed")
 
 
 def steady_state_before(w: WindowCore) -> Proc:
@@ -114,13 +114,13 @@ def steady_state_before(w: WindowCore) -> Proc:
     not answer does not stop the window here; the guard watch's silence bound does, if it lasts."""
     if not w.steady_state or not w.plan.guards:
         return
-    res = yield from w._act("steady_state", {"when": "before", "queries": {g.name: g.query for g in w.plan.guards}})
+    res = yield from w.act("steady_state", {"when": "before", "queries": {g.name: g.query for g in w.plan.guards}})
     if not res.ok:
         return
     for g in w.enforced_guards("experiment"):
         value = steady.worst(g, (res.data.get("guards", {}).get(g.name) or {}).get("values") or [])
         if value is not None and steady.breached(g, value):
-            w._abort_inside("steady_state", f"before the quiesce the pool is already unhealthy: guard {g.name}: "
+            w.abort_inside("steady_state", f"before the quiesce the pool is already unhealthy: guard {g.name}: "
                                             f"{value:.6g} {g.breach_if} {g.threshold:g} ({g.query}); nothing was changed")
 
 
@@ -133,42 +133,42 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
         return
     if arm.trace_pair and w.trace_stopped:
         for p in arm.phases:
-            w._cell(p.id, "deferred", w.trace_stopped, comparable=p.comparable)
+            w.record_cell(p.id, "deferred", w.trace_stopped, comparable=p.comparable)
         return
     label = arm.incarnation
     if label in w.failed_incarnations or label in w.unverified_incarnations:
         for p in arm.phases:
             if label in w.failed_incarnations:
-                w._cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
             else:
-                w._cell(p.id, "invalid", w.unverified_incarnations[label], comparable=False)
+                w.record_cell(p.id, "invalid", w.unverified_incarnations[label], comparable=False)
         return
     if not arm.loads and label != w.candidate_loaded:
         why = f"not started: incarnation {label} is not loaded (its own arm did not run), and this arm does not verify one"
         for p in arm.phases:
-            w._cell(p.id, "deferred", why, comparable=p.comparable)
+            w.record_cell(p.id, "deferred", why, comparable=p.comparable)
         return
     need = w.est.arm_s(arm, w.candidate_loaded, done=set(w.ledger.cells))
     end = w.now + int(need * NS_PER_S)
-    limit = w._stop_ns() - int(t.arm_margin_min * 60 * NS_PER_S)
+    limit = w.stop_ns() - int(t.arm_margin_min * 60 * NS_PER_S)
     if end > limit:
         gating = [p.id for p in arm.gating if p.id not in w.ledger]
-        why = (f"not started: arm {arm.id} ({', '.join(gating)}) would end at minute {w._minute(end):.1f} by the "
+        why = (f"not started: arm {arm.id} ({', '.join(gating)}) would end at minute {w.minute(end):.1f} by the "
                f"current estimate, past the stop minute {t.stop_min:g} less the margin of {t.arm_margin_min:g} min")
         for p in arm.phases:
-            w._cell(p.id, "deferred", why, comparable=p.comparable)
+            w.record_cell(p.id, "deferred", why, comparable=p.comparable)
         if arm.trace_pair:
             w.trace_stopped = trace_order_stopped(arm)
         check_projection(w)
         return
-    w._emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w._minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
-                       estimated_end_minute=w._minute(end), limit_minute=w._minute(limit),  # type: ignore[arg-type]  # after the quiesce: minutes, never None
+    w.emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w.minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
+                       estimated_end_minute=w.minute(end), limit_minute=w.minute(limit),  # type: ignore[arg-type]  # after the quiesce: minutes, never None
                        pace=round(w.est.pace, 4), overhead_s=round(w.est.overhead_s, 3)))
     if label != w.candidate_loaded:
         ok = yield from fresh_incarnation(w, label)
         if not ok:
             for p in arm.phases:
-                w._cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
             return
     for ph in arm.phases:
         yield from run_phase(w, ph)
@@ -177,7 +177,7 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
 def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     cand = w.candidate_recipe
     if w.candidate_loaded is not None:
-        res = yield from w._act("unload", {"recipe": cand, "sha256": w.candidate_sha})
+        res = yield from w.act("unload", {"recipe": cand, "sha256": w.candidate_sha})
         if not res.ok:
             w.failed_incarnations[label] = f"unload of incarnation {w.candidate_loaded} failed: {res.detail}"
             return False
@@ -185,7 +185,7 @@ def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     w.ref_labels = None
     w.baseline.reset()
     started = w.now
-    res = yield from w._act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
+    res = yield from w.act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
     if res.ok:
         w.est.observe_load((w.now - started) / NS_PER_S)
     if not res.ok:
@@ -201,20 +201,20 @@ def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     if ph.id in w.ledger:
         return
     if ph.incarnation in w.unverified_incarnations:
-        w._cell(ph.id, "invalid", w.unverified_incarnations[ph.incarnation], comparable=False)
+        w.record_cell(ph.id, "invalid", w.unverified_incarnations[ph.incarnation], comparable=False)
         return
     for dep in ph.requires_measured:
         if w.ledger.status(dep) != "measured":
-            w._cell(ph.id, "deferred", f"not started: earlier result: {dep} was not measured", comparable=ph.comparable)
+            w.record_cell(ph.id, "deferred", f"not started: earlier result: {dep} was not measured", comparable=ph.comparable)
             return
     end = w.now + int(w.est.phase_s(ph) * NS_PER_S)
-    if end > w._stop_ns():
-        w._cell(ph.id, "deferred", f"not started: estimated end at minute {w._minute(end):.1f} passes the stop"
+    if end > w.stop_ns():
+        w.record_cell(ph.id, "deferred", f"not started: estimated end at minute {w.minute(end):.1f} passes the stop"
                 f" minute {t.stop_min:g}", comparable=ph.comparable)
         check_projection(w)
         return
-    w._emit(PhaseStarted(phase=ph.id, minute=w._minute(), estimated_end_minute=w._minute(end)))  # type: ignore[arg-type]  # a phase starts after the quiesce: a minute, never None
-    w.phase_marks[ph.id] = (w._minute(), w._minute(end))
+    w.emit(PhaseStarted(phase=ph.id, minute=w.minute(), estimated_end_minute=w.minute(end)))  # type: ignore[arg-type]  # a phase starts after the quiesce: a minute, never None
+    w.phase_marks[ph.id] = (w.minute(), w.minute(end))
     if ph.kind == "identity":
         yield from identity_phase(w, ph)
     else:
@@ -240,18 +240,18 @@ def check_projection(w: WindowCore, current: PhaseSpec | None = None, skip: int 
     if w.est.rounds < LEARN_ROUNDS:
         return  # a projection from the plan's guesses alone is no news to an operator
     end = projected_required_end_ns(w, current, skip)
-    late = end > w._stop_ns() and any(not p.optional and p.id not in w.ledger for p in w.all_phases)
+    late = end > w.stop_ns() and any(not p.optional and p.id not in w.ledger for p in w.all_phases)
     if late and not w.overrun_projected:
-        w._emit(Alarm(kind="projected_overrun",
-                      detail=f"the required cells' projected end is minute {w._minute(end):.1f}, past the stop minute "
+        w.emit(Alarm(kind="projected_overrun",
+                      detail=f"the required cells' projected end is minute {w.minute(end):.1f}, past the stop minute "
                              f"{w.plan.timing.stop_min:g} (pace x{w.est.pace:.2f} of the rate model + {w.est.overhead_s:.1f} s a request)"))
     w.overrun_projected = late
 
 
 def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
-    ident_res = yield from w._act("read_identity", {})
+    ident_res = yield from w.act("read_identity", {})
     if not ident_res.ok:
-        w._cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
+        w.record_cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
         return
     ident = ident_res.data
     mism = rules.identity_mismatches(expected_identity(w.plan), ident, trace=False)
@@ -264,15 +264,15 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         # the seed: "same two GPUs at 300 W" as the incumbent ran on
         mism += [f"against the incumbent's {m}" for m in rules.gpu_changes(inc_gpus, ident["gpus"])]
     if mism:
-        w._abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
+        w.abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
     w.ref_labels = {k: ident.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
     # what every later read of this incarnation's identity is held to, phase by phase
     w.verified_identity[ph.incarnation] = {k: v for k, v in ident.items() if k != "trace_enabled"}
     reason = "identity verified without generation"
     if ph.fresh:
-        m = yield from w._act("scrape_metrics", {})
+        m = yield from w.act("scrape_metrics", {})
         if not m.ok:
-            w._cell(ph.id, "failed", f"metrics could not be read: {m.detail}")
+            w.record_cell(ph.id, "failed", f"metrics could not be read: {m.detail}")
             return
         nonzero = rules.counters_reset(m.data.get("counters", {}))
         g = m.data.get("gauges", {})
@@ -282,11 +282,11 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
             why = (f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'});"
                    f" host cache occupied ({', '.join(occupied) or 'none'})")
             w.unverified_incarnations[ph.incarnation] = why
-            w._cell(ph.id, "invalid", why, comparable=False)
+            w.record_cell(ph.id, "invalid", why, comparable=False)
             return
         reason += ("; counters reset and empty host cache verified" if observable else
                    "; counters reset verified; host cache occupancy not observable on this target")
-    w._cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
+    w.record_cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
 
 
 def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: str) -> Proc:
@@ -300,12 +300,12 @@ def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: 
     if not changes:
         return
     if observed.get("incarnation") is None:
-        h = yield from w._act("health", {})
+        h = yield from w.act("health", {})
         if not (h.ok and h.data.get("status") == 200):
-            w._abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
+            w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
                                            f"answered {h.data.get('status') if h.ok else h.error}")
     w.drifted = True
-    w._abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
+    w.abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
                                       f"{ph.incarnation}: " + "; ".join(changes))
 
 
@@ -342,7 +342,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     prime = ph.prime or PRIMES.get(ph.id)
     if prime is not None and (why := _prime_not_measured(w, prime)) is not None:
         # a replay reads the state its own prime left: without it there is nothing to replay against
-        w._cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
+        w.record_cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
                 prime=prime, incarnation_id=w.candidate_id)
         return
     if ph.trace is not None and not (yield from _set_trace(w, ph)):
@@ -355,7 +355,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
     if not settled:
         w.current = None
-        w._cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
+        w.record_cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
                 comparable=ph.comparable)
         return
     before = dict(w.last_counters or {})
@@ -381,13 +381,13 @@ def _prime_not_measured(w: WindowCore, prime: str) -> str | None:
 
 def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     """The phase's trace switch, checked to have changed nothing else; False (its cell failed) if not set."""
-    res = yield from w._act("set_trace", {"enabled": ph.trace})
+    res = yield from w.act("set_trace", {"enabled": ph.trace})
     if not res.ok or res.data.get("trace_enabled") != ph.trace:
-        w._cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
+        w.record_cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
         return False
     mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
     if mism:
-        w._abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
+        w.abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
     return True
 
 
@@ -400,13 +400,13 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
     k = 0
     while k < len(reqs):
         batch = reqs[k:k + ph.concurrency]
-        if w.now >= w._stop_ns() or w.now + int(w.est.round_s(fixture, batch) * NS_PER_S) > w._stop_ns():
+        if w.now >= w.stop_ns() or w.now + int(w.est.round_s(fixture, batch) * NS_PER_S) > w.stop_ns():
             w.current = None
-            w._cell(ph.id, "invalid", f"stopped after {k} of {len(reqs)} requests: the next request's estimated"
+            w.record_cell(ph.id, "invalid", f"stopped after {k} of {len(reqs)} requests: the next request's estimated"
                     f" end passes the stop minute {w.plan.timing.stop_min:g}", requests=k, comparable=ph.comparable)
             return None
         sent = w.now
-        ids = [w._request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k + j, "body_index": bi,
+        ids = [w.request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k + j, "body_index": bi,
                                            "body_sha256": shas[bi] if bi < len(shas) else ""}, True)
                for j, bi in enumerate(batch)]
         results = yield Act(ids)
@@ -432,7 +432,7 @@ def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict[str, Any]
     """Between requests at C1: the counters, and the identity (a read, no generation), so that a drift
     is caught within one request; (this request's counter delta, the counters now)."""
     delta: dict[str, Any] = {}
-    m, ident = yield from w._act_all([("scrape_metrics", {}), ("read_identity", {})])
+    m, ident = yield from w.act_all([("scrape_metrics", {}), ("read_identity", {})])
     if m.ok:
         delta = rules.counter_delta(prev, m.data.get("counters", {}))
         prev = m.data.get("counters", {})
@@ -459,7 +459,7 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
         if ph.kind == "consistency":
             tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                     rd.cached_tokens, delta.get("host_reused_tokens")))
-        w._emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
+        w.emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
                                 body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
                                 delta=delta if ph.concurrency == 1 else {}))
 
@@ -470,9 +470,9 @@ def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Pro
     unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
     if not unavailable:
         return
-    h = yield from w._act("health", {})
+    h = yield from w.act("health", {})
     if not (h.ok and h.data.get("status") == 200):
-        w._abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
+        w.abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
                                        f"{unavailable[0].error} and /health answered "
                                        f"{h.data.get('status') if h.ok else h.error}")
 
@@ -484,7 +484,7 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
     w.draining_after = True
     settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
     after = w.last_counters if settled else prev
-    closing = yield from w._act("read_identity", {})
+    closing = yield from w.act("read_identity", {})
     w.draining_after = False
     held, changes = None, []
     if closing.ok and ph.incarnation in w.verified_identity:
@@ -515,29 +515,29 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
     plan = w.plan
     reqs, natural = common["requests"], common["natural_failures"]
     if changes:
-        w._cell(ph.id, "invalid", "its closing identity differs from the one verified for incarnation "
+        w.record_cell(ph.id, "invalid", "its closing identity differs from the one verified for incarnation "
                 f"{ph.incarnation}: " + "; ".join(changes), **common)
-        w._abort_inside("identity_drift", f"{ph.id}: identity after the closing drain: " + "; ".join(changes))
+        w.abort_inside("identity_drift", f"{ph.id}: identity after the closing drain: " + "; ".join(changes))
     if not closing.ok:
-        w._cell(ph.id, "invalid", f"its closing identity could not be read ({closing.detail or closing.error}), so the "
+        w.record_cell(ph.id, "invalid", f"its closing identity could not be read ({closing.detail or closing.error}), so the "
                 f"identity it was measured on is not known", **common)
     elif not settled:
-        w._cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
+        w.record_cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
     elif disagree:  # the figures every judgement below reads
-        w._cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
+        w.record_cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
                 f"{len(disagree)} of {reqs} requests ({', '.join(disagree[:3])}): its reuse figures cannot be trusted",
                 **common)
     elif failures:
-        w._cell(ph.id, "failed", f"{len(failures)} of {reqs} requests failed: {', '.join(failures[:3])}", **common)
+        w.record_cell(ph.id, "failed", f"{len(failures)} of {reqs} requests failed: {', '.join(failures[:3])}", **common)
     elif ph.kind == "consistency":
         half = len(answers) // 2
         result = consistency.judge(answers[:half], answers[half:])
         status, why = consistency.finding(result)
-        w._cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
+        w.record_cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
     else:
         why = f"{reqs} requests" + (f", {natural} natural output failures recorded" if natural else "")
         if w.stop_marked:
-            why += (f"; its closing drain settled at minute {w._minute():.2f}, after the stop minute "
+            why += (f"; its closing drain settled at minute {w.minute():.2f}, after the stop minute "
                     f"{plan.timing.stop_min:g} (all its requests had finished before it)")
         raised = w.drain_timeout_s(plan.timing.drain_timeout_s)
         if raised > plan.timing.drain_timeout_s:
@@ -546,4 +546,4 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
         if w.drain_unseen:
             why += (f"; drains judged without {', '.join(sorted(w.drain_unseen))} (not exposed by this host; the plan "
                     f"accepts the weaker drain)")
-        w._cell(ph.id, "measured", why + _phase_caveat(w, ph), **common)
+        w.record_cell(ph.id, "measured", why + _phase_caveat(w, ph), **common)

@@ -21,7 +21,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
     restore's first observation) and the identity (the incumbent's as read before the take-down).
     Each breach, as a sentence; any one keeps the primary out."""
     plan = w.plan
-    router, gpu, m, ident = yield from w._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"}),
+    router, gpu, m, ident = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"}),
                                                    ("scrape_metrics", {}), ("read_identity", {})])
     out = []
     before = "before readmit"
@@ -87,7 +87,7 @@ def steady_state_after(w: WindowCore) -> Proc:
     if w.t0 is not None:
         end = min(end, w.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
     while True:
-        res = yield from w._act("steady_state", {"when": "after", "queries": queries})
+        res = yield from w.act("steady_state", {"when": "after", "queries": queries})
         answers = res.data.get("guards", {}) if res.ok else {}
         broken = []
         for g in enforced:
@@ -97,7 +97,7 @@ def steady_state_after(w: WindowCore) -> Proc:
         if not broken:
             return
         if w.now + int(step * NS_PER_S) >= end:
-            w._emit(Alarm(kind="steady_state_after", detail=f"the pool's steady state did not hold within "
+            w.emit(Alarm(kind="steady_state_after", detail=f"the pool's steady state did not hold within "
                                                              f"{STEADY_AFTER_MAX_MIN:g} min of the readmission (or by the "
                                                              f"window end): " + "; ".join(
                 f"guard {g.name}: " + ("no number from Prometheus" if v is None else f"{v:.6g} {g.breach_if} {g.threshold:g}")
@@ -121,12 +121,12 @@ def restore(w: WindowCore) -> Proc:
     else:
         breaches = [f"engine_restart: the engine restarted under each of {RESTORE_PASSES} passes of the restore"]
     for breach in breaches:
-        w._restore_fault(breach)
+        w.restore_fault(breach)
     checks["no_fault_during_restore"] = not w.restore_faults
     yield from readmission(w, checks)
     if checks.get("readmitted"):
         # what the window may have changed, every field of it, against the identity before the take-down
-        after = yield from w._act("read_identity", {})
+        after = yield from w.act("read_identity", {})
         checks["identity_restored"] = restored_identity(w, identity, after)
         yield from steady_state_after(w)
     checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
@@ -135,16 +135,16 @@ def restore(w: WindowCore) -> Proc:
     end = w.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.t0 is not None else None
     checks["within_reservation"] = None if end is None else w.now <= end
     verified = all(v is not False for v in checks.values())
-    w._emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
-                                finished_minute=w._minute()))
+    w.emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
+                                finished_minute=w.minute()))
     cells = w.ledger.as_builtins()
     hyp, basis, nxt = verdict(cells, w.required, no_cause=w.abort.reason if w.abort and
                               w.abort.reason in rules.NO_CAUSE_ABORTS else None, tier=w.plan.verdict.tier)
-    w._emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
+    w.emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
     # `completed` only when every required cell was measured (contract 4, amended)
     complete = all(w.ledger.status(p) == "measured" for p in w.required)
     outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")
-    w._emit(WindowClosed(outcome=outcome, minute=w._minute()))
+    w.emit(WindowClosed(outcome=outcome, minute=w.minute()))
 
 
 def restored_identity(w: WindowCore, before: dict[str, Any], after: Any) -> bool | None:
@@ -156,7 +156,7 @@ def restored_identity(w: WindowCore, before: dict[str, Any], after: Any) -> bool
     if not after.ok:
         changes = [f"the identity could not be read after the readmit ({after.detail or after.error})"]
     if changes:
-        w._emit(Alarm(kind="identity_not_restored", detail="after the readmit the incumbent's identity differs from "
+        w.emit(Alarm(kind="identity_not_restored", detail="after the readmit the incumbent's identity differs from "
                                                             "before the take-down: " + "; ".join(changes)))
     return not changes
 
@@ -167,30 +167,30 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     checks: dict[str, Any] = {}
     inc = w.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
-    st = yield from w._act("manager_state", {})
+    st = yield from w.act("manager_state", {})
     loaded = (st.data.get("loaded") if st.ok else None) or None
     if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
         recipe, sha, identity = loaded.get("recipe"), loaded.get("sha256"), {}
     if sha and w.took_down:  # a window that changed nothing puts nothing back
         if loaded and loaded.get("sha256") != sha:
-            yield from w._act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
+            yield from w.act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
         w.restore_unloaded = True  # from here on the GPUs and the engine are the incumbent's to answer for
         if not loaded or loaded.get("sha256") != sha:
             for _attempt in range(2):
-                r = yield from w._act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
+                r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
                 if r.ok:
                     break
     w.incumbent_back = w.took_down  # a window that changed nothing has nothing of its own to judge
-    first = yield from w._act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
+    first = yield from w.act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
     w.restore_resident = ((first.data.get("gauges") or {}).get("resident_bytes") if first.ok else None)
-    ident = yield from w._act("read_identity", {})
+    ident = yield from w.act("read_identity", {})
     ident = yield from trace_back(w, identity, ident)
     checks["incumbent_sha256_match"] = bool(ident.ok and sha and ident.data.get("recipe_sha256") == sha)
     if checks["incumbent_sha256_match"] and identity:
         drift = rules.identity_mismatches({k: identity.get(k) for k in rules.IDENTITY_FIELDS if k in identity}, ident.data)
         checks["incumbent_sha256_match"] = not drift
     router_snap, gpu_snap = w.snapshots.get("router"), w.snapshots.get("gpu")
-    now_router, now_gpu = yield from w._act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
+    now_router, now_gpu = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
     contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
     if router_snap is not None:
         contained = now_router.ok and now_router.data.get("config_sha256") == router_snap.get("config_sha256")
@@ -201,14 +201,14 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
         new = (now_gpu.data.get("xid_events") or [])[w.xids_known:]
         if new:
             w.xids_known += len(new)
-            w._restore_fault(f"gpu_fault: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
-    mon = yield from w._act("snapshot", {"what": "monitoring"})
+            w.restore_fault(f"gpu_fault: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
+    mon = yield from w.act("snapshot", {"what": "monitoring"})
     if mon.error == "not_applicable":
         checks["monitoring_registered"] = None
     else:
         t = mon.data.get("target") or {}
         checks["monitoring_registered"] = bool(mon.ok and t.get("registered") and t.get("healthy"))
-    direct = yield from w._act("preflight", {"path": "direct"})
+    direct = yield from w.act("preflight", {"path": "direct"})
     checks["direct_preflight"] = bool(direct.ok)
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
     checks["no_fault_during_restore"] = not w.restore_faults
@@ -225,11 +225,11 @@ def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator
     want = identity.get("trace_enabled") if identity else None
     if not (ident.ok and isinstance(want, bool) and ident.data.get("trace_enabled") not in (None, want)):
         return ident
-    res = yield from w._act("set_trace", {"enabled": want})
+    res = yield from w.act("set_trace", {"enabled": want})
     if not res.ok:
-        w._restore_fault(f"identity_drift: the incumbent's trace could not be set back {'on' if want else 'off'} "
+        w.restore_fault(f"identity_drift: the incumbent's trace could not be set back {'on' if want else 'off'} "
                          f"({res.detail or res.error})")
-    return (yield from w._act("read_identity", {}))
+    return (yield from w.act("read_identity", {}))
 
 
 def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
@@ -241,7 +241,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         checks["routed_preflight"] = None
     elif not w.took_down:  # never quiesced: nothing to readmit, and nothing left quiesced
         checks["readmitted"] = None
-        routed = yield from w._act("preflight", {"path": "routed"})
+        routed = yield from w.act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
     elif unready:
         # Routing production traffic to a primary whose restore did not verify would turn a
@@ -249,12 +249,12 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         checks["readmitted"] = False
         checks["routed_preflight"] = False
         why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.restore_faults)})" if w.restore_faults else "")
-        w._emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
+        w.emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
     else:
         w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
-        re = yield from w._act("readmit", {})
+        re = yield from w.act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
-        routed = yield from w._act("preflight", {"path": "routed"})
+        routed = yield from w.act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
 
 

@@ -70,7 +70,7 @@ class WindowPolicy(WindowCore):
         elif isinstance(inp, OperatorAbort):
             self._abort_from_outside("operator", inp.reason or "operator abort")
         elif isinstance(inp, LogUnwritable):
-            self._emit(Alarm(kind="log_unwritable", detail=inp.detail))
+            self.emit(Alarm(kind="log_unwritable", detail=inp.detail))
             self._abort_from_outside("store_failure", f"the event log cannot be written ({inp.detail}); "
                                                       f"restoring from memory")
         elif isinstance(inp, DaemonRestarted):
@@ -80,20 +80,20 @@ class WindowPolicy(WindowCore):
                 if self.stage == "restore" and action in RE_ASKABLE and not experimental and args is not None:
                     # a read whose answer the restart lost is asked again: only a host change is never repeated
                     # keyed on the id the restore first waited on: a second restart re-asks a re-ask
-                    self.reasked[self._request(action, args)] = self.reasked.pop(aid, aid)
+                    self.reasked[self.request(action, args)] = self.reasked.pop(aid, aid)
                     continue
                 self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
                                                detail="the daemon restarted before its outcome was recorded; possibly done")
             if inp.mismatches:
                 # the replay cannot be trusted to have rebuilt the window's state exactly: restore
                 # from it anyway (the restore reads what is loaded), and say so
-                self._emit(Alarm(kind="resume_mismatch", detail="; ".join(inp.mismatches)))
+                self.emit(Alarm(kind="resume_mismatch", detail="; ".join(inp.mismatches)))
             self._abort_from_outside("daemon_restart", "the daemon restarted inside the window")
         elif not isinstance(inp, Tick):
             # an observation this decider has no rule for is never dropped: the state it would have
             # changed cannot be trusted, so the window restores and no cell names a cause
             name = type(inp).__name__
-            self._emit(Alarm(kind="unexpected_input", detail=f"{name} at window time {inp.at_ns} ns"))
+            self.emit(Alarm(kind="unexpected_input", detail=f"{name} at window time {inp.at_ns} ns"))
             self._abort_from_outside("unexpected_input", f"an input this decider has no rule for: {name}")
         self._check_time()
         self._advance()
@@ -110,7 +110,7 @@ class WindowPolicy(WindowCore):
             if self.stage == "experiment":
                 times += [t + 1 for t in self._watch_deadlines().values()]
             if self.stage == "experiment" and not self.stop_marked:
-                times.append(self._stop_ns())
+                times.append(self.stop_ns())
             elif self.stage == "experiment" and self.draining_after:
                 times.append(self._closing_drain_end_ns())
             elif not self.overrun_marked:
@@ -136,8 +136,8 @@ class WindowPolicy(WindowCore):
                                              f"for over {self.watch_lost_s():g} s"
                                              + (f" (last failure: {last})" if last else ""))
                     return
-        if self.stage == "experiment" and self.now >= self._stop_ns():
-            self._mark_stop()
+        if self.stage == "experiment" and self.now >= self.stop_ns():
+            self.mark_stop()
             # a phase whose requests have all finished is judged on them: its closing drain (bounded
             # by the drain timeout, no experimental request in it) runs on, then the window restores
             # (at most for the drain timeout: a hung scrape in it must not eat the reservation)
@@ -146,9 +146,9 @@ class WindowPolicy(WindowCore):
         end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
         if self.stage == "restore" and self.now >= end and not self.overrun_marked:
             self.overrun_marked = True
-            self._emit(TimeMarked(mark="window_end", minute=self._minute(end)))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
-            self._emit(Alarm(kind="restore_overrun",
-                             detail=f"restore still running at minute {self._minute()}, past the window end"))
+            self.emit(TimeMarked(mark="window_end", minute=self.minute(end)))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
+            self.emit(Alarm(kind="restore_overrun",
+                             detail=f"restore still running at minute {self.minute()}, past the window end"))
 
     # --- opening, guards and aborts ------------------------------------------------------------
 
@@ -169,7 +169,7 @@ class WindowPolicy(WindowCore):
         self.stage = advance(self.stage, Stage.EXPERIMENT)
         raised = scaled_bounds(self.plan.timing, self.time_scale)
         if raised:
-            self._emit(BoundsScaled(bounds=[msgspec.to_builtins(b) for b in raised]))
+            self.emit(BoundsScaled(bounds=[msgspec.to_builtins(b) for b in raised]))
         self._start(experiment(self), self._procedure_ended)
 
     def _procedure_ended(self, cause: str | None) -> None:
@@ -222,11 +222,11 @@ class WindowPolicy(WindowCore):
         """An outcome during the restore: a GPU fault at any moment, and once the window's candidate is
         unloaded (the incumbent loading, loaded, checked) any growth bound crossed, until the readmit."""
         if rules.abort_for_error(inp.error) == "gpu_fault":
-            self._restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
+            self.restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
         if isinstance(inp, ActionDone) and inp.ok and self.restore_unloaded and not self.readmit_requested:
             hit = guards.action_observation(inp.data, None, True, self.plan.growth, self.plan.identity.host_cache_bytes)
             if hit:
-                self._restore_fault(f"{hit[0]}: during the restore: {hit[1]}")
+                self.restore_fault(f"{hit[0]}: during the restore: {hit[1]}")
 
     def _refusal(self, rd: RequestDone) -> None:
         """Consecutive requests the host refused for what they are (a 4xx other than 401/403/429):
@@ -250,7 +250,7 @@ class WindowPolicy(WindowCore):
             self._abort_from_outside("engine_restart", detail)
         elif self.stage == "restore" and not self.readmit_requested:
             self.restore_restarts += 1
-            self._emit(Alarm(kind="engine_restart_during_restore", detail=detail + "; the restore starts over from its first check"))
+            self.emit(Alarm(kind="engine_restart_during_restore", detail=detail + "; the restore starts over from its first check"))
             if self.abort is None:
                 self._record_abort("engine_restart", detail + " (during the restore)")
 
@@ -261,7 +261,7 @@ class WindowPolicy(WindowCore):
         if why is None or why in self.rules_disabled:
             return
         self.rules_disabled.add(why)
-        self._emit(Alarm(kind="rule_disabled", detail=why))
+        self.emit(Alarm(kind="rule_disabled", detail=why))
         if self.plan.production and self.stage == "experiment":
             self._abort_from_outside("watch_lost", why)
 
@@ -309,7 +309,7 @@ class WindowPolicy(WindowCore):
         # memory here, everything at the last gate) once the incumbent is back and until its readmit
         elif hit[0] in ("gpu_fault", "containment") or (self.restore_unloaded or self.incumbent_back) \
                 and not self.readmit_requested:
-            self._restore_fault(f"{hit[0]}: {hit[1]}")
+            self.restore_fault(f"{hit[0]}: {hit[1]}")
 
     def _guard_evaluated(self, inp: WatchObserved) -> None:
         """One steady-state guard's evaluation by the runner's watch: `consecutive` breaches in a row
@@ -330,8 +330,8 @@ class WindowPolicy(WindowCore):
         if g.dry_run:
             if g.name not in self.guard_runs.dry_run_said:
                 self.guard_runs.dry_run_said.add(g.name)
-                m = self._minute()
-                self._emit(Alarm(kind="guard_dry_run", detail=f"dry run: would have {'aborted' if stage == 'experiment' else 'alarmed'} "
+                m = self.minute()
+                self.emit(Alarm(kind="guard_dry_run", detail=f"dry run: would have {'aborted' if stage == 'experiment' else 'alarmed'} "
                                                               + (f"at minute {m:.2f}" if m is not None else "before the quiesce")
                                                               + f": {what}"))
         elif stage == "experiment":
@@ -339,7 +339,7 @@ class WindowPolicy(WindowCore):
         elif g.name not in self.guard_runs.restore_said and not self.readmit_requested:
             # once per run of breaches; after the readmit the restore's own evaluation judges the pool
             self.guard_runs.restore_said.add(g.name)
-            self._emit(Alarm(kind="steady_state_during_restore", detail=what))
+            self.emit(Alarm(kind="steady_state_during_restore", detail=what))
 
     def _abort_from_outside(self, reason: str, detail: str) -> None:
         if self.stage != "experiment":
@@ -354,15 +354,15 @@ class WindowPolicy(WindowCore):
     def _begin_restore(self, cause: str) -> None:
         self.stage = advance(self.stage, Stage.RESTORE)
         self.restore_cause = cause
-        self._close_open_cells(cause)
+        self.close_open_cells(cause)
         # The restore waits only for what changes the host (a load, an unload, a quiesce...), each
         # bounded by its deadline; experimental requests and reads are cancelled, so a hung scrape
         # or request cannot hold the reservation.
         cancel = sorted(a for a, (n, e) in self.pending.items() if e or n in READS)
         if cancel:
-            self._emit(CancelRequested(action_ids=cancel, reason=cause))
-        self.restore_started = self._minute()
+            self.emit(CancelRequested(action_ids=cancel, reason=cause))
+        self.restore_started = self.minute()
         self.restore_end_ns = self.now + int(self.plan.timing.restore_budget() * NS_PER_MIN)
-        self._emit(RestoreStarted(cause=cause, minute=self.restore_started))
+        self.emit(RestoreStarted(cause=cause, minute=self.restore_started))
         self._start(restore(self), self._procedure_ended)
 

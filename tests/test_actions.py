@@ -30,7 +30,7 @@ def test_every_action_type_has_a_name_of_its_own():
 
 def test_a_misspelt_action_fails_when_the_policy_asks_for_it():
     with pytest.raises(UnknownAction, match="not one of"):
-        WindowPolicy()._request("scrape_metric", {})
+        WindowPolicy().request("scrape_metric", {})
 
 
 def test_an_action_without_the_arguments_it_takes_fails_when_the_policy_asks_for_it():

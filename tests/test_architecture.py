@@ -194,3 +194,13 @@ def test_no_code_outside_the_hosts_room_branches_on_which_engine_a_site_runs():
              for path in sorted((ROOT / layer).rglob("*.py")) if "hosts" not in path.relative_to(ROOT).parts
              for n, line in enumerate(path.read_text().splitlines(), 1) if kind.search(line)]
     assert found == []
+
+
+def test_the_procedures_change_the_window_only_through_its_public_operations():
+    # issue 50: the procedures reached into WindowCore through a hundred private accesses (`w._...`);
+    # what they may use is WindowCore's stated interface (its docstring names each operation)
+    import re
+    private = re.compile(r"\bw\._[a-z]")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "policies").glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert found == []

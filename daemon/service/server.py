@@ -616,7 +616,7 @@ class Service:
                      "needs": f"the event log cannot be written ({w.runner.write_error}); the window {what}; {held} "
                               f"events are not in the log yet (appended if it takes them again)"}
             state = "needs_attention"
-            window = {**(window or {}), "stage": pol.stage, "minute": pol._minute()}
+            window = {**(window or {}), "stage": pol.stage, "minute": pol.minute()}
         return {"state": state, "needs_attention": needs,
                 "window": window, "last_window": self.last,
                 "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid(),
