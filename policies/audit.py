@@ -1,4 +1,6 @@
-"""The decision-replay audit: feed a log's recorded inputs to fresh policies and compare decisions."""
+"""The one replayer of a log: a window's recorded inputs fed to a policy, each decision it makes held to
+the one the log holds. `log audit` and the reports replay every window into fresh policies (`audit`);
+a resume replays its window into the policy that carries it on (`WindowReplay(policy, follow=True)`)."""
 
 from __future__ import annotations
 
@@ -76,17 +78,72 @@ def difference(want: Event | None, found: Event | None) -> tuple[str, str]:
     return f"{tag} {', '.join(exp)}", f"{tag} {', '.join(got)}"
 
 
-class _Window:
-    """One window's replay: its fresh policy, the decisions it expects next, the version that decided it."""
+class WindowReplay:
+    """One window's events, in log order, fed to `policy`: every input is given to it, and every
+    recorded decision is held to the next one it made. `divergence` is the first that differs (None:
+    all equal so far). After one, an audit stops comparing and feeding (nothing after can be compared);
+    `follow` keeps feeding the inputs, so that the policy reaches the log's last state whatever it decided."""
 
-    __slots__ = ("policy", "expected", "recorded", "last_seq", "stopped")
+    __slots__ = ("policy", "expected", "follow", "divergence", "parted_after", "inputs", "decisions", "last_seq", "last_input")
 
-    def __init__(self, recorded: str) -> None:
-        self.policy = WindowPolicy()
+    def __init__(self, policy: WindowPolicy | None = None, follow: bool = False) -> None:
+        self.policy = policy if policy is not None else WindowPolicy()
         self.expected: deque[Decision] = deque()
-        self.recorded = recorded
+        self.follow = follow
+        self.divergence: Divergence | None = None
+        self.parted_after = (0, "")  # at the divergence: how many inputs had been fed, and the last one's tag
+        self.inputs = 0
+        self.decisions = 0
         self.last_seq = 0
-        self.stopped = False  # it has parted from the log: nothing after can be compared
+        self.last_input = ""  # the tag of the latest input fed
+
+    def feed(self, seq: int, window_id: str, ev: Event) -> None:
+        if isinstance(ev, Input):
+            self._input(seq, window_id, ev)
+        elif isinstance(ev, Decision):
+            self._decision(seq, window_id, ev)
+
+    def end(self, window_id: str) -> None:
+        """The log ends here: a decision the policy made that the log does not hold is a divergence."""
+        if self.expected and self.divergence is None:
+            self._part(self.last_seq + 1, window_id, _show(self.expected[0]), "end of log")
+
+    def _input(self, seq: int, window_id: str, ev: Input) -> None:
+        if self.divergence is not None and not self.follow:
+            return
+        if self.expected and self.divergence is None:
+            self._part(seq, window_id, _show(self.expected[0]), f"input {_tag(ev)}")
+            if not self.follow:
+                return
+        self.inputs += 1
+        self.last_input = _tag(ev)
+        try:
+            made = self.policy.receive(ev)
+        except Exception as exc:  # the recorded decisions were made without this: a damaged or forged input
+            if self.follow:
+                raise
+            self._part(seq, window_id, "the policy to take this input", f"it raised {type(exc).__name__}: {exc}")
+            return
+        self.last_seq = seq
+        if self.divergence is None:
+            self.expected.extend(made)
+
+    def _decision(self, seq: int, window_id: str, ev: Decision) -> None:
+        self.decisions += 1
+        if self.divergence is not None:
+            return
+        want = self.expected.popleft() if self.expected else None
+        if want != ev:
+            self._part(seq, window_id, *difference(want, ev))
+
+    def _part(self, seq: int, window_id: str, expected: str, found: str) -> None:
+        self.divergence = Divergence(seq, window_id, expected, found)
+        self.parted_after = (self.inputs, self.last_input)
+        self.expected.clear()
+
+
+def _tag(ev: Event) -> str:
+    return str(ev.__struct_config__.tag)
 
 
 def audit(records: Iterable[tuple[int, str, Event]], policy_version: str | None = None) -> AuditResult:
@@ -96,52 +153,28 @@ def audit(records: Iterable[tuple[int, str, Event]], policy_version: str | None 
     differs and whose decisions this build makes differently is `not_replayed`, not a divergence: an
     upgrade that changes a decision's wording must not make every older log look forged. Without it,
     every window counts as decided by this build."""
-    windows: dict[str, _Window] = {}
-    n_in = n_dec = 0
+    windows: dict[str, tuple[WindowReplay, str]] = {}  # window id -> its replay, the version that decided it
+    strays: list[Divergence] = []  # decisions of no window the log opened
+    for seq, wid, ev in records:
+        if isinstance(ev, WindowOpened) and wid not in windows:
+            windows[wid] = (WindowReplay(), ev.policy_sha256)
+        if wid in windows:
+            windows[wid][0].feed(seq, wid, ev)
+        elif isinstance(ev, Decision):
+            strays.append(Divergence(seq, wid, "nothing", _show(ev)))
+    # in the order the log shows them: divergences met in the log, then what windows left unmade at its end
+    met: list[tuple[Divergence, str | None]] = sorted([(d, None) for d in strays] + [(r.divergence, v) for r, v in windows.values() if r.divergence],
+                 key=lambda dv: dv[0].seq)
+    for wid, (r, _v) in windows.items():
+        r.end(wid)
+    unmade: list[tuple[Divergence, str | None]] = [(r.divergence, v) for r, v in windows.values() if r.divergence and r.divergence.found == "end of log"]
     first: Divergence | None = None
     others: list[NotReplayed] = []
-
-    def part(w: _Window, wid: str, seq: int, expected: str, found: str) -> None:
-        nonlocal first
-        w.stopped = True
-        d = Divergence(seq, wid, expected, found)
-        if policy_version is not None and w.recorded != policy_version:
-            others.append(NotReplayed(wid, w.recorded, d))
+    for d, recorded in met + unmade:
+        if recorded is not None and policy_version is not None and recorded != policy_version:
+            others.append(NotReplayed(d.window_id, recorded, d))
         elif first is None:
             first = d
-
-    for seq, wid, ev in records:
-        if isinstance(ev, Input):
-            w = windows.get(wid)
-            if w is None:
-                if not isinstance(ev, WindowOpened):
-                    continue
-                w = windows[wid] = _Window(ev.policy_sha256)
-            if w.stopped:
-                continue
-            if w.expected:
-                part(w, wid, seq, _show(w.expected[0]), f"input {ev.__struct_config__.tag}")
-                continue
-            n_in += 1
-            try:
-                w.expected.extend(w.policy.receive(ev))
-            except Exception as exc:  # the recorded decisions were made without this: a damaged or forged input
-                part(w, wid, seq, "the policy to take this input", f"it raised {type(exc).__name__}: {exc}")
-                continue
-            w.last_seq = seq
-        elif isinstance(ev, Decision):
-            n_dec += 1
-            w = windows.get(wid)
-            if w is not None and w.stopped:
-                continue
-            want = w.expected.popleft() if w is not None and w.expected else None
-            if want != ev:
-                if w is None:
-                    if first is None:
-                        first = Divergence(seq, wid, "nothing", _show(ev))
-                    continue
-                part(w, wid, seq, *difference(want, ev))
-    for wid, w in windows.items():
-        if w.expected and not w.stopped:
-            part(w, wid, w.last_seq + 1, _show(w.expected[0]), "end of log")
+    n_in = sum(r.inputs for r, _v in windows.values())
+    n_dec = len(strays) + sum(r.decisions for r, _v in windows.values())
     return AuditResult(first is None and not others, len(windows), n_in, n_dec, first, tuple(others))

@@ -204,3 +204,18 @@ def test_the_procedures_change_the_window_only_through_its_public_operations():
     found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "policies").glob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert found == []
+
+
+def test_a_recorded_log_is_replayed_into_a_policy_in_one_place():
+    # issue 50: log audit, a resume and a calibration each had a replay loop of their own; the one
+    # replayer is policies/audit.py's WindowReplay, and otherwise only the live runners (the daemon's
+    # and the virtual-time model's) hand a policy its inputs
+    import ast
+
+    def feeds_a_policy(tree: ast.AST) -> bool:
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "receive" and n.args
+                   and not (isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "_receive")  # a channel
+                   for n in ast.walk(tree))
+    found = sorted(str(path.relative_to(ROOT)) for layer in ("policies", "events", "daemon")
+                   for path in (ROOT / layer).rglob("*.py") if feeds_a_policy(ast.parse(path.read_text())))
+    assert found == ["daemon/rehearsal/modelrun.py", "daemon/window/runner.py", "policies/audit.py"]

@@ -11,11 +11,12 @@ from tests.policy_world import World, drive, plan_builtins
 
 
 def _recorded(n_inputs: int) -> list:
+    """(seq, event) as a log holds them."""
     history = drive(WindowPolicy(), World(plan_builtins()))
     out: list = []
     for inp, ds in history[:n_inputs]:
         out += [inp, *ds]
-    return out
+    return list(enumerate(out, 1))
 
 
 def test_replaying_an_unchanged_log_finds_no_divergence():
@@ -24,12 +25,13 @@ def test_replaying_an_unchanged_log_finds_no_divergence():
 
 def test_a_recorded_decision_the_policy_does_not_make_is_named_with_its_input():
     rec = _recorded(300)
-    i = next(k for k, ev in enumerate(rec) if type(ev).__name__ == "PhaseStarted")
-    rec[i] = msgspec.structs.replace(rec[i], phase="not-a-phase")
+    i = next(k for k, (_seq, ev) in enumerate(rec) if type(ev).__name__ == "PhaseStarted")
+    seq, started = rec[i]
+    rec[i] = (seq, msgspec.structs.replace(started, phase="not-a-phase"))
     why = replay(WindowPolicy(), rec)
     assert why is not None and "replayed decisions differ" in why
-    n_inputs = sum(isinstance(ev, Input) for ev in rec[:i])
-    assert f"after input {n_inputs}" in why
+    n_inputs = sum(isinstance(ev, Input) for _seq, ev in rec[:i])
+    assert f"at seq {seq}, after input {n_inputs}" in why and "not-a-phase" in why
 
 
 def test_a_restart_with_mismatches_raises_resume_mismatch_and_restores():

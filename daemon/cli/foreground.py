@@ -196,7 +196,7 @@ async def resume_window(out: Path, console: Console, events_out: TextIO | None =
                   + "".join(f"\n[yellow]mismatch:[/] {m}" for m in mismatches))
     target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=out / "recipes")
     return await _foreground(target, setup, u.window_id, out, console,
-                             lambda runner: runner.resume([ev for _s, ev in u.events], u.opened_wall_ns, mismatches),
+                             lambda runner: runner.resume(u.events, u.opened_wall_ns, mismatches),
                              events_out)
 
 

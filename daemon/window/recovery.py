@@ -10,6 +10,7 @@ import msgspec
 
 from flare_diag.daemon.hosts.site import SiteError, load_site, site_from_bytes
 from flare_diag.daemon.window.setup import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
+from flare_diag.events.base import Event
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import Input, WindowOpened
 from flare_diag.policies.plan import PlanError, plan_from_builtins
@@ -20,7 +21,7 @@ class Unfinished:
     window_id: str
     opened_wall_ns: int
     opened: WindowOpened
-    events: list[tuple[int, object]]  # (seq, event) of the window, inputs and decisions, in log order
+    events: list[tuple[int, Event]]  # (seq, event) of the window, inputs and decisions, in log order
 
     @property
     def inputs(self) -> list[Input]:

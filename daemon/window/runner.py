@@ -16,16 +16,18 @@ import anyio
 import msgspec
 import anyio.abc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.site import scrub
 from flare_diag.daemon.hosts.target import Target
+from flare_diag.events.base import Event
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
     RequestDone, Tick, WatchFailed, WatchObserved, WindowOpened,
 )
 from flare_diag.events.store import EventStore, StoreWriteError
+from flare_diag.policies.audit import WindowReplay
 from flare_diag.policies.window import WindowPolicy
 
 MIN_REAL_DEADLINE_S = 5.0  # no action or poll of a scaled (simulated) window gets less real time than this
@@ -70,7 +72,7 @@ class Runner:
     async def run(self, opened: WindowOpened) -> str:
         return await self._loop(opened)
 
-    async def resume(self, recorded: list[object], opened_wall_ns: int, mismatches: list[str] | None = None) -> str:
+    async def resume(self, recorded: list[tuple[int, Event]], opened_wall_ns: int, mismatches: list[str] | None = None) -> str:
         """Picks up a window the daemon left unfinished: replays its recorded inputs into a fresh
         policy (nothing is carried out again), compares each replayed decision with the one the log
         holds, then reports the restart, which sends the window to restore. What differs (here, or
@@ -356,35 +358,20 @@ class Runner:
                            detail=scrub(f.detail, self.target.site.tokens.values()))
 
 
-def replay(policy: WindowPolicy, recorded: list[object]) -> str | None:
-    """Feeds a window's recorded inputs to `policy`; the first replayed decision that is not the
-    recorded one, described, or None when every decision matched."""
-    expected: list[Decision] = []
-    replayed: list[Decision] = []
-    first: str | None = None
-
-    def compare() -> None:
-        nonlocal first
-        if first is None and replayed != expected:
-            n = next((i for i, (a, b) in enumerate(zip(replayed, expected)) if a != b), min(len(replayed), len(expected)))
-            got = type(replayed[n]).__name__ if n < len(replayed) else "nothing"
-            want = type(expected[n]).__name__ if n < len(expected) else "nothing"
-            first = (f"replayed decisions differ from the recorded ones after input {len(inputs)} "
-                     f"({type(inputs[-1]).__name__}): decision {n + 1} is {got}, the log has {want}")
-
-    inputs: list[Input] = []
-    for ev in recorded:
-        if isinstance(ev, Input):
-            if inputs:
-                compare()
-            inputs.append(ev)
-            expected = []
-            replayed = policy.receive(ev)
-        elif isinstance(ev, Decision):
-            expected.append(ev)
-    if inputs:
-        compare()
-    return first
+def replay(policy: WindowPolicy, recorded: Iterable[tuple[int, Event]]) -> str | None:
+    """Feeds a window's recorded (seq, event)s to `policy` (policies/audit.py's replayer, following the
+    log to its end whatever the policy decides); the first replayed decision that is not the recorded
+    one, described, or None when every decision matched."""
+    r = WindowReplay(policy, follow=True)
+    for seq, ev in recorded:
+        r.feed(seq, "", ev)
+    r.end("")
+    d = r.divergence
+    if d is None:
+        return None
+    inputs, tag = r.parted_after
+    return (f"replayed decisions differ from the recorded ones at seq {d.seq}, after input {inputs} ({tag}): "
+            f"this build decides {d.expected}, the log holds {d.found}")
 
 
 def _req_ids(args: dict) -> dict:
