@@ -16,6 +16,7 @@ import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
 from flare_diag.events.envelope import Envelope, ReadEvent
+from flare_diag.events.stages import Stage
 from flare_diag.events.schema import (
     ActionRequested,  # noqa: F401  (registers the types the views read)
     window_minute,
@@ -174,12 +175,12 @@ class _Projection:
             self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
                                                                "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
         elif action == "snapshot" and args.get("what") in SNAPSHOTS:
-            when = "after" if self.fold.stage == "restore" else "before"
+            when = "after" if self.fold.stage == Stage.RESTORE else "before"
             if when == "after" or args["what"] not in self.r["snapshots"]["before"]:
                 self.r["snapshots"][when][args["what"]] = {"minute": self.minute(ev.at_ns), "data": d}
         elif action == "read_identity":
             self._observed(self.load_label, env, d)
-            if self.fold.stage == "restore":
+            if self.fold.stage == Stage.RESTORE:
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
     def _occupy(self, gauges: tuple) -> None:

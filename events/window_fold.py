@@ -31,6 +31,7 @@ from flare_diag.events.schema import (
     WindowOpened,
     window_minute,
 )
+from flare_diag.events.stages import Stage
 
 
 class WindowFold:
@@ -51,7 +52,7 @@ class WindowFold:
         self.candidate_recipe: str | None = None
         self.expected_identity: dict[str, Any] = {}
         self.timing: dict[str, Any] | None = None
-        self.stage = "opening"  # opening | experiment | restore | closed
+        self.stage = Stage.OPENING  # a fold begins at the window's opening
         self.phase: str | None = None
         self.phase_requests = 0
         self.phase_estimated_end: float | None = None
@@ -150,7 +151,7 @@ class WindowFold:
         if ev.mark == "t0":
             self.t0_ns = self.last_at_ns
             self.t0_wall = wall
-            self.stage = "experiment"
+            self.stage = Stage.EXPERIMENT
         self._mark(ev.minute, ev.mark)
 
     def _phase_started(self, ev: PhaseStarted, _wall: int | None) -> None:
@@ -219,7 +220,7 @@ class WindowFold:
         self._mark(ev.minute, f"abort: {ev.reason}")
 
     def _restore_started(self, ev: RestoreStarted, _wall: int | None) -> None:
-        self.stage, self.phase = "restore", None
+        self.stage, self.phase = Stage.RESTORE, None
         self._mark(ev.minute, f"restore started ({ev.cause})")
 
     def saw_action(self, action: str) -> None:
@@ -273,7 +274,7 @@ class WindowFold:
         self.trace_order = ev.order
 
     def _closed(self, ev: WindowClosed, _wall: int | None) -> None:
-        self.stage, self.outcome = "closed", ev.outcome
+        self.stage, self.outcome = Stage.CLOSED, ev.outcome
         self._mark(ev.minute, f"window closed: {ev.outcome}")
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
+from flare_diag.events.stages import Stage, advance
 from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
 from flare_diag.policies.plan import PhaseSpec, Plan
 from flare_diag.policies.planner import Arm, Calibration, Estimator
 from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
-from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running, Stage
+from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
                    "retain_recipe", "health"})
@@ -33,7 +34,7 @@ class WindowCore(Driver):
     The procedures (policies/experiment.py, restore.py, drain.py) read its fields and change it only
     through these, never through an underscored name (tests/test_architecture.py holds that):
     `act` / `act_all` (ask the host and wait for the outcome), `request` (ask without waiting), `emit`
-    (a decision), `minute` / `stop_ns` / `mark_stop` (the window clock), `record_cell` /
+    (a decision), `minute` / `stop_ns` / `mark_t0` / `mark_stop` (the window clock), `record_cell` /
     `close_open_cells` (the ledger), `abort_inside` / `fail_inside` (abort from inside a procedure:
     they raise Interrupt) and `restore_fault`.
     """
@@ -160,6 +161,12 @@ class WindowCore(Driver):
         DRAIN_MIN_REAL_S of real time. At x100, the plan's 10 s would leave a tenth of a real second for
         the consecutive scrapes the drain rule needs, which a loaded machine cannot promise."""
         return effective_s(planned, DRAIN_MIN_REAL_S, self.time_scale)
+
+    def mark_t0(self) -> None:
+        """The host is taken down (the quiesce answered): the window's minute 0, and its experiment begins."""
+        self.t0 = self.now
+        self.stage = advance(self.stage, Stage.EXPERIMENT)
+        self.emit(TimeMarked(mark="t0", minute=0.0))
 
     def mark_stop(self) -> None:
         if not self.stop_marked:

@@ -12,7 +12,6 @@ from flare_diag.events.schema import (
     PhaseStarted,
     RequestDone,
     RequestMeasured,
-    TimeMarked,
     TraceOrderFrozen,
 )
 from flare_diag.policies import consistency, guards, rules, steady
@@ -89,8 +88,7 @@ def experiment(w: WindowCore) -> Proc:
         w.fail_inside(res, "quiesce failed")
     w.quiesced = True
     w.quiesced_at_ns = w.now
-    w.t0 = w.now
-    w.emit(TimeMarked(mark="t0", minute=0.0))
+    w.mark_t0()
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
                                router=w.snapshots.get("router") is not None)
     if not drained:

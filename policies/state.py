@@ -2,38 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import msgspec
 
 from flare_diag.events.schema import CellRecorded
-
-
-class Stage(enum.StrEnum):
-    """Where a window is: a string enum, so that it reads and compares as the stage's name."""
-
-    IDLE = "idle"
-    EXPERIMENT = "experiment"
-    RESTORE = "restore"
-    CLOSED = "closed"
-
-
-# the only moves a window makes: it opens into its experiment, leaves it for the restore (on its end,
-# an abort or the stop minute), and closes when the restore ends
-TRANSITIONS = {Stage.IDLE: {Stage.EXPERIMENT}, Stage.EXPERIMENT: {Stage.RESTORE}, Stage.RESTORE: {Stage.CLOSED},
-               Stage.CLOSED: set()}
-
-
-class StageError(RuntimeError):
-    """A move the table does not allow: a bug in the policy, raised rather than ignored."""
-
-
-def advance(current: Stage, new: Stage) -> Stage:
-    if new not in TRANSITIONS[current]:
-        raise StageError(f"a window in {current.value} cannot move to {new.value}")
-    return new
-
 
 # One phase's result (contract section 4) with where it sat on the window's timeline: the ledger
 # holds exactly the event that records it.

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from flare_diag.events.stages import BEFORE_RESTORE, Stage, advance
 from flare_diag.events.schema import (
     NS_PER_MIN,
     ActionDone,
@@ -40,7 +41,6 @@ from flare_diag.policies.plan import plan_from_builtins
 from flare_diag.policies.planner import Calibration, all_phases, arms
 from flare_diag.policies.restore import restore
 from flare_diag.policies.scaling import scaled_bounds
-from flare_diag.policies.state import Stage, advance
 
 
 class WindowPolicy(WindowCore):
@@ -51,13 +51,13 @@ class WindowPolicy(WindowCore):
     def receive(self, inp: Input) -> list[Any]:
         out: list[Any] = []
         self._out = out
-        if self.stage == "closed":
+        if self.stage == Stage.CLOSED:
             return out
         self.now = max(self.now, inp.at_ns)
         if isinstance(inp, WindowOpened):
-            if self.stage == "idle":
+            if self.stage == Stage.IDLE:
                 self._open(inp)
-        elif self.stage == "idle":
+        elif self.stage == Stage.IDLE:
             return out
         elif isinstance(inp, (ActionDone, RequestDone)):
             self._outcome(inp)
@@ -77,7 +77,7 @@ class WindowPolicy(WindowCore):
             for aid in sorted(self.pending):
                 action, experimental = self.pending.pop(aid)
                 args = self.read_args.pop(aid, None)
-                if self.stage == "restore" and action in RE_ASKABLE and not experimental and args is not None:
+                if self.stage == Stage.RESTORE and action in RE_ASKABLE and not experimental and args is not None:
                     # a read whose answer the restart lost is asked again: only a host change is never repeated
                     # keyed on the id the restore first waited on: a second restart re-asks a re-ask
                     self.reasked[self.request(action, args)] = self.reasked.pop(aid, aid)
@@ -101,17 +101,17 @@ class WindowPolicy(WindowCore):
 
     def next_wakeup_ns(self) -> int | None:
         """The earliest window time at which a Tick may change something, or None."""
-        if self.stage in ("idle", "closed"):
+        if self.stage in (Stage.IDLE, Stage.CLOSED):
             return None
         times = []
         if isinstance(self.wait, Sleep):
             times.append(self.wait.until_ns)
         if self.t0 is not None:
-            if self.stage == "experiment":
+            if self.stage in BEFORE_RESTORE:
                 times += [t + 1 for t in self._watch_deadlines().values()]
-            if self.stage == "experiment" and not self.stop_marked:
+            if self.stage in BEFORE_RESTORE and not self.stop_marked:
                 times.append(self.stop_ns())
-            elif self.stage == "experiment" and self.draining_after:
+            elif self.stage in BEFORE_RESTORE and self.draining_after:
                 times.append(self._closing_drain_end_ns())
             elif not self.overrun_marked:
                 times.append(self.t0 + int(self.plan.timing.window_min * NS_PER_MIN))
@@ -122,7 +122,7 @@ class WindowPolicy(WindowCore):
     def _check_time(self) -> None:
         if self.t0 is None or self.plan is None:
             return
-        if self.stage == "experiment":
+        if self.stage in BEFORE_RESTORE:
             for src, deadline in self._watch_deadlines().items():
                 if self.now > deadline:
                     if src.startswith("guard:"):
@@ -136,7 +136,7 @@ class WindowPolicy(WindowCore):
                                              f"for over {self.watch_lost_s():g} s"
                                              + (f" (last failure: {last})" if last else ""))
                     return
-        if self.stage == "experiment" and self.now >= self.stop_ns():
+        if self.stage in BEFORE_RESTORE and self.now >= self.stop_ns():
             self.mark_stop()
             # a phase whose requests have all finished is judged on them: its closing drain (bounded
             # by the drain timeout, no experimental request in it) runs on, then the window restores
@@ -144,7 +144,7 @@ class WindowPolicy(WindowCore):
             if not self.draining_after or self.now >= self._closing_drain_end_ns():
                 self._interrupt_outside("stop_minute")
         end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
-        if self.stage == "restore" and self.now >= end and not self.overrun_marked:
+        if self.stage == Stage.RESTORE and self.now >= end and not self.overrun_marked:
             self.overrun_marked = True
             self.emit(TimeMarked(mark="window_end", minute=self.minute(end)))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
             self.emit(Alarm(kind="restore_overrun",
@@ -166,14 +166,14 @@ class WindowPolicy(WindowCore):
         self.phase_order = [p.id for p in self.all_phases] + [c.id for c in self.plan.conditional]
         self.comparable = {p.id: p.comparable for p in self.all_phases}
         self.required = [p.id for p in self.all_phases if not p.optional]
-        self.stage = advance(self.stage, Stage.EXPERIMENT)
+        self.stage = advance(self.stage, Stage.OPENING)
         raised = scaled_bounds(self.plan.timing, self.time_scale)
         if raised:
             self.emit(BoundsScaled(bounds=[msgspec.to_builtins(b) for b in raised]))
         self._start(experiment(self), self._procedure_ended)
 
     def _procedure_ended(self, cause: str | None) -> None:
-        if self.stage == Stage.EXPERIMENT:
+        if self.stage in BEFORE_RESTORE:
             self._begin_restore(cause or "completed")
         else:
             self.stage = advance(self.stage, Stage.CLOSED)
@@ -193,10 +193,10 @@ class WindowPolicy(WindowCore):
             restarted = self.restart_watch.observe(inp.data.get("counters") or {}, inp.data.get("gauges") or {})
             if restarted:
                 self._engine_restarted(restarted)
-        if self.stage == "restore":
+        if self.stage == Stage.RESTORE:
             self._restore_outcome(inp)
             return
-        if self.stage != "experiment":
+        if self.stage not in BEFORE_RESTORE:
             return
         reason = rules.abort_for_error(inp.error)
         if reason:
@@ -246,9 +246,9 @@ class WindowPolicy(WindowCore):
 
     def _engine_restarted(self, detail: str) -> None:
         """An unseen restart: the experiment aborts (every phase spanning it invalid); a restore starts over."""
-        if self.stage == "experiment":
+        if self.stage in BEFORE_RESTORE:
             self._abort_from_outside("engine_restart", detail)
-        elif self.stage == "restore" and not self.readmit_requested:
+        elif self.stage == Stage.RESTORE and not self.readmit_requested:
             self.restore_restarts += 1
             self.emit(Alarm(kind="engine_restart_during_restore", detail=detail + "; the restore starts over from its first check"))
             if self.abort is None:
@@ -262,7 +262,7 @@ class WindowPolicy(WindowCore):
             return
         self.rules_disabled.add(why)
         self.emit(Alarm(kind="rule_disabled", detail=why))
-        if self.plan.production and self.stage == "experiment":
+        if self.plan.production and self.stage in BEFORE_RESTORE:
             self._abort_from_outside("watch_lost", why)
 
     def _watch(self, inp: WatchObserved) -> None:
@@ -272,7 +272,7 @@ class WindowPolicy(WindowCore):
         if inp.source == "gpu":
             self._gpu_rules_disabled(inp.data)
             self.xids_known += len(inp.data.get("xid_events") or [])
-        if self.stage not in ("experiment", "restore"):
+        if self.stage not in (*BEFORE_RESTORE, Stage.RESTORE):
             return
         if inp.source == "prometheus":
             self._guard_evaluated(inp)
@@ -284,24 +284,24 @@ class WindowPolicy(WindowCore):
             # a poll sent before the quiesce took effect says nothing of containment after it; after
             # the readmit an admitted backend is the readmission; a breach already aborted for is not news
             if not self.quiesced or polled < self.quiesced_at_ns or self.readmit_requested or \
-                    (self.stage == "restore" and self.abort is not None and self.abort.reason == "containment"):
+                    (self.stage == Stage.RESTORE and self.abort is not None and self.abort.reason == "containment"):
                 return
         elif inp.source == "identity":
             # between the phase's own reads (at C4 a round can last many seconds): held to the identity
             # verified for the incarnation the phase runs on; a poll sent before the phase began (it
             # may have crossed a load) says nothing about it
-            if self.stage != "experiment" or self.current is None or polled < self.current_since_ns:
+            if self.stage not in BEFORE_RESTORE or self.current is None or polled < self.current_since_ns:
                 return
             label = next((p.incarnation for p in self.all_phases if p.id == self.current.id), "")
             ctx = guards.Context(self.plan.growth, identity=self.verified_identity.get(label),
                                  where=f"{self.current.id}: identity watch")
-        elif inp.source == "gpu" and self.stage == "restore":
+        elif inp.source == "gpu" and self.stage == Stage.RESTORE:
             # the restore's GPUs are held to the snapshot only at its last gate, once the incumbent is back
             ctx = guards.Context(self.plan.growth)
         hit = guards.judge(inp.source, inp.data.get("identity") or {} if inp.source == "identity" else inp.data, ctx)
         if not hit:
             return
-        if self.stage == "experiment":
+        if self.stage in BEFORE_RESTORE:
             if inp.source == "identity":
                 self.drifted = True
             self._abort_from_outside(*hit)
@@ -323,7 +323,7 @@ class WindowPolicy(WindowCore):
         if value is not None:
             self.watch_last[f"guard:{g.name}"] = inp.at_ns
         run = self.guard_runs.observe(g, value)
-        stage = "experiment" if self.stage == "experiment" else "restore"
+        stage = "experiment" if self.stage in BEFORE_RESTORE else "restore"
         if value is None or run < g.consecutive or not steady.guards_stage(g, stage):
             return
         what = steady.breach_words(g, value, run)
@@ -342,7 +342,7 @@ class WindowPolicy(WindowCore):
             self.emit(Alarm(kind="steady_state_during_restore", detail=what))
 
     def _abort_from_outside(self, reason: str, detail: str) -> None:
-        if self.stage != "experiment":
+        if self.stage not in BEFORE_RESTORE:
             return
         self._record_abort(reason, detail)
         self._interrupt_outside("abort")

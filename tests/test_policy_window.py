@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from flare_diag.events.schema import (
     AbortDecided, ActionRequested, Alarm, CellRecorded, OperatorAbort, RequestDone, RestorationRecorded,
@@ -850,10 +851,34 @@ def test_a_cell_records_its_prime_its_incarnation_and_that_its_identity_held():
 def test_a_window_moves_only_as_its_transition_table_allows():
     import pytest
 
-    from flare_diag.policies.state import Stage, StageError, advance
-    assert advance(Stage.IDLE, Stage.EXPERIMENT) is Stage.EXPERIMENT
-    for bad in ((Stage.IDLE, Stage.RESTORE), (Stage.RESTORE, Stage.EXPERIMENT), (Stage.CLOSED, Stage.EXPERIMENT)):
+    from flare_diag.events.stages import Stage, StageError, advance
+    assert advance(Stage.IDLE, Stage.OPENING) is Stage.OPENING
+    assert advance(Stage.OPENING, Stage.RESTORE) is Stage.RESTORE  # an abort before the take-down restores too
+    for bad in ((Stage.IDLE, Stage.EXPERIMENT), (Stage.IDLE, Stage.RESTORE), (Stage.RESTORE, Stage.EXPERIMENT),
+                (Stage.EXPERIMENT, Stage.OPENING), (Stage.CLOSED, Stage.OPENING)):
         with pytest.raises(StageError):
             advance(*bad)
     _w, h = run()
-    assert closed(h).outcome == "completed"  # a whole window goes idle -> experiment -> restore -> closed
+    assert closed(h).outcome == "completed"  # a whole window goes idle -> opening -> experiment -> restore -> closed
+
+
+@pytest.mark.parametrize("fail", [None, "quiesce", "load"])
+def test_the_decider_and_the_logs_fold_name_the_same_stage_after_every_input(fail):
+    """One vocabulary (events/stages.py): after each input and its decisions, the stage the policy is
+    in is the stage the fold of the log so far shows (a window that completes; one whose quiesce fails,
+    before the take-down; one whose candidate load fails, after it)."""
+    from flare_diag.events.window_fold import WindowFold
+    world = World(plan_builtins())
+    if fail is not None:
+        world.fail[fail] = "unavailable"
+    history = drive(WindowPolicy(), world)
+    pol, fold, seq = WindowPolicy(), WindowFold(), 0
+    seen = []
+    for inp, ds in history:
+        pol.receive(inp)
+        for ev in (inp, *ds):
+            seq += 1
+            fold.apply(seq, ev)
+        assert fold.stage == pol.stage
+        seen.append(pol.stage.value)
+    assert seen[-1] == "closed" and ("experiment" in seen) == (fail != "quiesce")

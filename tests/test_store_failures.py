@@ -182,7 +182,7 @@ async def test_the_daemons_status_says_needs_attention_as_soon_as_the_log_stops_
     assert "events are not in the log yet" in st["needs_attention"]["needs"]
     # said while the window still runs from memory (its runner keeps trying the log for 20 s before it
     # gives up), not only once it has given up
-    assert st["window_still_running"] and st["window"]["stage"] in ("experiment", "restore", "closed")
+    assert st["window_still_running"] and st["window"]["stage"] in ("opening", "experiment", "restore", "closed")
 
 
 async def test_a_listener_that_raises_on_every_event_leaves_the_window_to_complete_and_its_report_published(

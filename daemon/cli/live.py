@@ -17,6 +17,7 @@ from rich.text import Text
 from flare_diag.daemon.reports.report_view import FORECASTS, VERDICT_WORDS, grouped
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
+from flare_diag.events.stages import BEFORE_RESTORE
 from flare_diag.events.window_fold import failed_checks
 from flare_diag.events.schema import (
     AbortDecided, Alarm, CellRecorded, PhaseStarted, RestorationRecorded, TimeMarked, VerdictReached, WindowClosed,
@@ -90,7 +91,7 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
                    else f"phase end at minute {projected:.1f} by its pace so far ({within(projected - m)})")
     elif p.phase and p.phase_estimated_end is not None:
         eta.append(f"phase end at minute {p.phase_estimated_end:.1f} ({within(p.phase_estimated_end - m)})")
-    if p.stop_min is not None and p.stage in ("opening", "experiment"):
+    if p.stop_min is not None and p.stage in BEFORE_RESTORE:
         eta.append(f"stop minute {p.stop_min:g} {within(p.stop_min - m)}")
     if p.window_min is not None:
         eta.append(f"window end {within(p.window_min - m)}")

@@ -13,8 +13,10 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from flare_diag.events.stages import Stage
+
 STATES = ("idle", "running", "stopping", "needs_attention")
-STAGES = ("opening", "experiment", "restore", "closed")
+STAGES = tuple(s.value for s in Stage if s != Stage.IDLE)  # a window's stages (events/stages.py)
 OUTCOMES = ("completed", "partial", "aborted", "restore_failed")
 
 

@@ -261,8 +261,7 @@ class Service:
             w = self._new_window(u.window_id, setup)
             for seq, ev in u.events:
                 w.progress.apply(seq, ev)
-            recorded = [ev for _seq, ev in u.events]
-            self._launch(w, functools.partial(w.runner.resume, recorded, u.opened_wall_ns, mismatches), retry)
+            self._launch(w, functools.partial(w.runner.resume, u.events, u.opened_wall_ns, mismatches), retry)
             return  # one window at a time: a second unfinished one would be a bug of an earlier build
 
     def _new_window(self, window_id: str, setup: WindowSetup, target: Target | None = None) -> ActiveWindow:
