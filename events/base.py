@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 import msgspec
 
@@ -74,9 +74,22 @@ def decode_payload(type_: str, schema_v: int, payload: bytes) -> Event:
         )
     try:
         if schema_v == cls.schema_v:
-            return _decoder().decode(payload)
-        raw = msgspec.json.decode(payload)
-        raw = upcast(type_, schema_v, cls.schema_v, raw)
-        return msgspec.convert(raw, cls)
+            ev = _decoder().decode(payload)
+        else:
+            raw = upcast(type_, schema_v, cls.schema_v, msgspec.json.decode(payload))
+            ev = msgspec.convert(raw, cls)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise BadEventError(f"a {type_!r} event whose stored bytes do not decode ({exc})") from None
+    if type(ev) is not cls:  # the union decodes by the payload's own tag, which must be the row's
+        raise BadEventError(f"a {type_!r} row whose stored bytes are a {ev.__struct_config__.tag!r} event")
+    return ev
+
+
+E = TypeVar("E", bound=Event)
+
+
+def decode_as(cls: type[E], schema_v: int, payload: bytes) -> E:
+    """decode_payload for rows of one type, selected by its tag: the event as that type."""
+    ev = decode_payload(str(cls.__struct_config__.tag), schema_v, payload)
+    assert isinstance(ev, cls)  # decode_payload returns exactly the tag's registered type
+    return ev

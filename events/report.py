@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -16,11 +16,11 @@ import msgspec.structs
 
 from flare_diag.events.base import BadEventError, event_type
 from flare_diag.events.envelope import Envelope, ReadEvent
-from flare_diag.events.stages import Stage
 from flare_diag.events.schema import (
     ActionRequested,  # noqa: F401  (registers the types the views read)
     window_minute,
 )
+from flare_diag.events.stages import Stage
 from flare_diag.events.window_fold import WindowFold
 
 SCHEMA = "flare-diag.report/1"
@@ -825,7 +825,7 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
 Segment = str | list
 
 
-def text_chunks(segments: list[Segment], sep: str = "\n") -> Iterator[bytes]:
+def text_chunks(segments: Sequence[Segment], sep: str = "\n") -> Iterator[bytes]:
     """`sep.join(segments)` (each list segment joined on "") as UTF-8, in pieces of a few thousand
     strings: the request tables of a long window are tens of MB that need never be one string."""
     batch: list[str] = []

@@ -267,3 +267,13 @@ async def test_the_stores_worker_thread_leaves_interrupts_to_the_main_thread_and
         assert not {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT} & worker
         # the main thread's own mask is as it was: it still takes every signal it took
         assert blocked_signals(os.getpid(), threading.main_thread().native_id) == before
+
+
+def test_a_row_whose_payload_is_another_types_event_does_not_decode_as_either():
+    """The union decodes a payload by its own tag; a row's type column must be that tag (a damaged or
+    forged row names one type and carries another)."""
+    from flare_diag.events.base import BadEventError, decode_payload, encode_payload
+    from flare_diag.events.schema import WindowClosed
+    payload = encode_payload(LogNote(text="x"))
+    with pytest.raises(BadEventError, match="'window_closed' row whose stored bytes are a 'log_note' event"):
+        decode_payload("window_closed", WindowClosed.schema_v, payload)

@@ -157,3 +157,18 @@ def test_reproduce_fit_on_a_rehearsals_log_picks_the_seeds_pools_at_the_windows_
     assert fitted["best"]["agreed"] == fitted["best"]["compared"] > 200
     assert all(f["agreed"] < fitted["best"]["agreed"] for f in fitted["runners_up"])
     assert set(fitted["policies"]) == set(POLICIES)
+
+
+def test_a_fitted_block_lru_compares_its_policy_on_each_bodys_block_chain_not_on_its_bytes():
+    """The block LRU's reuse at the fitted capacity is read over each body's chain of block keys; a body's
+    raw bytes read as blocks would be blocks of one byte each (what fit_window once passed it)."""
+    from flare_diag.daemon.reproducer.fit import Fit, _blocks, _policies_at
+    from flare_diag.daemon.reproducer.reproduce import Segment, Sent
+    from flare_diag.daemon.simulator import TokenSeq, load_scenario
+    sc = load_scenario("flare-47581cca")
+    tokens = list(range(4 * sc.block_tokens))
+    chains = {"a": TokenSeq(tokens, sc.block_tokens).chain}
+    bodies = {"a": b'{"messages": []}'}
+    segments = [Segment("i1", [Sent("p", k, "a", None, prompt_tokens=len(tokens)) for k in range(3)])]
+    policies, _note = _policies_at(Fit("block_lru", 8, 0, 0), segments, {}, bodies, chains, sc)
+    assert policies == {"block_lru": sum(_blocks(segments, chains, sc, 8))} == {"block_lru": 2 * 4 * sc.block_tokens}

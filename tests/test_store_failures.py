@@ -241,7 +241,7 @@ async def _serve_and_start(svc, start, tg, before_start=None) -> None:
     from tests.reviewtools import review_command
     tg.start_soon(svc.run)
     with anyio.fail_after(30):
-        while svc._tg is None or svc.store is None:
+        while svc._tg is None or svc._store is None:
             await anyio.sleep(0.05)
     review = review_command(start.plan_toml.encode())  # a production plan's, recorded before its start
     assert b'"ok":true' in (await svc._handle(review, 0, 0)).replace(b" ", b"")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO, cast
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -26,7 +27,8 @@ def make_console(stderr: bool = False, guarded: bool = False):
     from rich.console import Console
     if guarded:
         from flare_diag.daemon.cli.display import GuardedStream
-        c = Console(file=GuardedStream(sys.stderr if stderr else sys.stdout))
+        # a TextIOBase, which rich writes to and flushes like the IO[str] its signature names
+        c = Console(file=cast(TextIO, GuardedStream(sys.stderr if stderr else sys.stdout)))
     else:
         c = Console(stderr=stderr)
     if not c.is_terminal:

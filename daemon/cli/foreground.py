@@ -24,6 +24,7 @@ from flare_diag.daemon.window.sitecheck import checked_target
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup, load_fixtures, new_window_id
 from flare_diag.daemon.reports.publish import write_reports
+from flare_diag.events.envelope import Envelope
 from flare_diag.events.signals import quiet_default_executor
 from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies.plan import Plan
@@ -117,7 +118,10 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
             raise
     runner = Runner(store, target, window_id, setup.time_scale)
     view = LiveView(console, window_id, events_out)
-    store.subscribe(lambda envs: [view.on_event(e.seq, e.event(), e.window_id) for e in envs])
+    def show(envs: list[Envelope]) -> None:
+        for e in envs:
+            view.on_event(e.seq, e.event(), e.window_id)
+    store.subscribe(show)
     if faults is not None:
         store.subscribe(faults.on_commit)
     try:

@@ -171,18 +171,18 @@ def _anchor(spec: str):
     from pathlib import Path
 
     from flare_diag.events.checkpoint import Checkpoint
-    seq, h = None, None
+    given: object = None  # the seq as written (text) or as a report.json holds it
+    h: object = None
     if ":" in spec and not Path(spec).exists():
-        a, _, b = spec.partition(":")
-        seq, h = a, b
+        given, _, h = spec.partition(":")
     else:
         try:
             integ = json.loads(Path(spec).read_bytes())["integrity"]
-            seq, h = integ["head_seq"], integ["head_hash"]
+            given, h = integ["head_seq"], integ["head_hash"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--anchor {spec}: expected a report.json or SEQ:HASH ({type(exc).__name__})") from None
     try:
-        seq = int(seq)
+        seq = int(given)  # type: ignore[call-overload]  # whatever was given: int() refuses what is not a number
         if seq < 0 or len(bytes.fromhex(str(h))) != 32:
             raise ValueError
     except (TypeError, ValueError):

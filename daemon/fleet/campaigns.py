@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import psycopg
 
@@ -66,6 +67,7 @@ async def create(dsn: str, plan_toml: str, plan_name: str, site: str, hosts: lis
                 "RETURNING campaign",
                 (plan_name, plan_toml, sha, site, time_scale, accept_partial, repeats, caller,
                  candidate_site if order else None, retries, visibility_s))).fetchone()
+            assert row is not None  # an INSERT ... RETURNING returns its row
             campaign = row[0]
             n = 0
             for r in range(1, repeats + 1):
@@ -147,7 +149,8 @@ async def claim(conn: psycopg.AsyncConnection, host: str) -> Run | None:
             "lease_until = now() + make_interval(secs => c.visibility_s) FROM campaigns c "
             "WHERE c.campaign = r.campaign AND r.campaign = %s AND r.run = %s "
             f"RETURNING {_CLAIM_US}", (row[0], row[1]))).fetchone()
-    return Run(*row, claim_us=token[0])
+    assert token is not None  # the row was locked above: the UPDATE finds it
+    return replace(Run(*row), claim_us=token[0])
 
 
 async def mark(conn: psycopg.AsyncConnection, run: Run, state: str, window_id: str | None = None, detail: str = "") -> None:
@@ -198,7 +201,7 @@ async def acceptance(dsn: str, runs: list[dict], repeats: int, bar: dict[str, fl
     from flare_diag.daemon.fleet.views import reports
     from flare_diag.daemon.reports.compare import run_of
     from flare_diag.policies.acceptance import accept
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for host in sorted({r["host"] for r in runs}):
         mine = [r for r in runs if r["host"] == host]
         if any(r["state"] != "done" for r in mine):

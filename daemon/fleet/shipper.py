@@ -20,11 +20,11 @@ from pathlib import Path
 import anyio
 import psycopg
 
-from flare_diag.events.signals import quiet
 from flare_diag.daemon.fleet.config import FleetConfig, FleetError
 from flare_diag.daemon.fleet.db import connect, one_line
-import flare_diag.events.schema  # noqa: F401  (registers the event types a window row is read from)
 from flare_diag.events.base import decode_payload
+from flare_diag.events.schema import RestorationRecorded, VerdictReached, WindowClosed, WindowOpened
+from flare_diag.events.signals import quiet
 
 COLUMNS = ("seq", "mono_ns", "wall_ns", "type", "schema_v", "window_id", "causation_seq", "payload", "prev_hash", "hash")
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM events"
@@ -104,15 +104,15 @@ def _window_updates(rows: list[tuple]) -> dict[str, dict]:
             continue
         w = out[window_id]
         ev = decode_payload(type_, schema_v, payload)
-        if type_ == "window_opened":
+        if isinstance(ev, WindowOpened):
             w["plan"] = (ev.plan or {}).get("name")
             w["opened_at"] = wall_ns
-        elif type_ == "window_closed":
+        elif isinstance(ev, WindowClosed):
             w["closed_at"] = wall_ns
             w["outcome"] = ev.outcome
-        elif type_ == "verdict_reached":
+        elif isinstance(ev, VerdictReached):
             w["verdict"] = ev.hypothesis
-        elif type_ == "restoration_recorded":
+        elif isinstance(ev, RestorationRecorded):
             w["restoration_verified"] = ev.verified
     return out
 
@@ -173,7 +173,7 @@ async def _copy(conn: psycopg.AsyncConnection, host: str, db: Path, head_seq: in
                     out.extend(rows)
     except BaseExceptionGroup as group:
         # the copy and the reader fail together (a fork read, a connection lost): say the first cause
-        first = group.subgroup(_Broken) or group.subgroup(Exception) or group
+        first: BaseException = group.subgroup(_Broken) or group.subgroup(Exception) or group
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None
@@ -226,6 +226,7 @@ async def ship_once(conn: psycopg.AsyncConnection, host: str, pool: str, db: Pat
                                    (host, pool))
                 cur = await conn.execute("SELECT head_seq, head_hash FROM hosts WHERE host = %s FOR UPDATE", (host,))
                 found = await cur.fetchone()
+            assert found is not None  # the row exists: inserted above if it did not
             head_seq, head_hash = found
             head_hash = bytes(head_hash) if head_hash is not None else None
             # the head check and a short backlog in one visit to the local log (the steady state's case)

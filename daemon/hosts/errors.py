@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import httpx
 import msgspec
@@ -66,6 +67,17 @@ def answer_json(resp: httpx.Response, what: str) -> object:
         raise ActionFailed("malformed_transport", f"{what}: the answer is not JSON") from None
     except RecursionError:
         raise ActionFailed("malformed_transport", f"{what}: the answer's JSON is nested too deep to read") from None
+
+
+def answer_object(resp: httpx.Response, what: str) -> dict[str, Any]:
+    """A host's answer that must be a JSON object; any other JSON is the host's malformed answer."""
+    return json_object(answer_json(resp, what), what)
+
+
+def json_object(doc: object, what: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise ActionFailed("malformed_transport", f"{what}: the answer is a JSON {type(doc).__name__}, not an object")
+    return doc
 
 
 def classify_exception(exc: BaseException, what: str) -> ActionFailed:

@@ -28,11 +28,12 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 
-from flare_diag.daemon.hosts.errors import ActionFailed, answer_json
+from flare_diag.daemon.hosts.errors import ActionFailed, answer_object
 from flare_diag.daemon.hosts.httpclient import host_client
 
 STOP_GRACE_S = 10.0
@@ -122,8 +123,12 @@ class LocalEngine:
     async def _ready(self) -> None:
         """Every recipe's identity (its model's hash), computed once, off the event loop."""
         if not self._hashed:
-            await asyncio.to_thread(lambda: [r.hash() for r in self.recipes.values()])
+            await asyncio.to_thread(self._hash_recipes)
             self._hashed = True
+
+    def _hash_recipes(self) -> None:
+        for r in self.recipes.values():
+            r.hash()
 
     async def prepare(self) -> None:
         """The host as a window finds it: the incumbent running, started once, before anything else."""
@@ -288,40 +293,41 @@ class LocalEngine:
 
     async def identity(self, headers: dict) -> dict:
         await self._ready()
-        if self.loaded is None:
+        rec = self.loaded
+        if rec is None:
             raise ActionFailed("unavailable", "no engine loaded")
-        if self.loaded.kind == "vllm":
-            return await self._vllm_identity(headers)
+        if rec.kind == "vllm":
+            return await self._vllm_identity(rec, headers)
         r = await self._client.get(f"{self.url}/props", headers=headers)
         if r.status_code != 200:
             raise ActionFailed(f"http_{r.status_code}", f"engine /props: HTTP {r.status_code}")
-        props = answer_json(r, "engine /props")
-        rec = self.loaded
+        props = answer_object(r, "engine /props")
+        settings = props.get("default_generation_settings")
         return {"recipe": rec.name, "recipe_sha256": rec.sha256, "incarnation": str(self.incarnation),
                 "model": rec.model_sha256[:8], "model_sha256": rec.model_sha256,
                 "host_cache_bytes": rec.host_cache_bytes(), "build_info": props.get("build_info"),
                 "total_slots": props.get("total_slots"),
-                "n_ctx": (props.get("default_generation_settings") or {}).get("n_ctx")}
+                "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None}
 
-    async def _vllm_identity(self, headers: dict) -> dict:
+    async def _vllm_identity(self, rec: LocalRecipe, headers: dict) -> dict:
         """vLLM's own account: its version, the model it serves (and the context it allows), and the KV
         cache it was given, from `vllm:cache_config_info` (vllm/v1/metrics/loggers.py, whose labels are
         the engine's CacheConfig)."""
         version = await self._get_json("/version", headers)
-        models = (await self._get_json("/v1/models", headers)).get("data") or [{}]
+        models = (await self._get_json("/v1/models", headers)).get("data")
+        served = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
         cache = vllm_cache_config((await self._client.get(f"{self.url}/metrics", headers=headers)).text)
-        rec = self.loaded
         return {"recipe": rec.name, "recipe_sha256": rec.sha256, "incarnation": str(self.incarnation),
-                "model": models[0].get("id"), "model_sha256": rec.model_sha256, "max_model_len": models[0].get("max_model_len"),
+                "model": served.get("id"), "model_sha256": rec.model_sha256, "max_model_len": served.get("max_model_len"),
                 "host_cache_bytes": rec.host_cache_bytes(), "engine_version": version.get("version"),
                 **{f"kv_{k}": cache.get(k) for k in ("block_size", "num_gpu_blocks", "num_cpu_blocks",
                                                      "kv_offloading_size", "enable_prefix_caching")}}
 
-    async def _get_json(self, path: str, headers: dict) -> dict:
+    async def _get_json(self, path: str, headers: dict) -> dict[str, Any]:
         r = await self._client.get(f"{self.url}{path}", headers=headers)
         if r.status_code != 200:
             raise ActionFailed(f"http_{r.status_code}", f"engine {path}: HTTP {r.status_code}")
-        return answer_json(r, f"engine {path}")
+        return answer_object(r, f"engine {path}")
 
     async def close(self) -> None:
         await self._stop()

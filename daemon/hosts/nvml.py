@@ -89,6 +89,7 @@ class XidWatcher:
 
     def _run(self) -> None:
         nv = self._nv
+        assert nv is not None  # start() loaded NVML before it started this thread
         while not self._stop.is_set():
             try:
                 data = nv.nvmlEventSetWait_v2(self._set, WAIT_MS)

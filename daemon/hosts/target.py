@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -17,13 +18,17 @@ from httpx_sse import aconnect_sse
 from flare_diag.daemon.hosts import metrics
 from flare_diag.events import actions as act
 from flare_diag.daemon.hosts.prometheus import Prometheus
-from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, classify_response
+from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, answer_object, classify_response, json_object
 from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
-from flare_diag.daemon.hosts.site import Site, SiteProfile
+from flare_diag.daemon.hosts.site import Engine, Site, SiteProfile
 from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
 from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
+
+if TYPE_CHECKING:  # imported where first used: the local engine and NVML only on the sites that have them
+    from flare_diag.daemon.hosts.localengine import LocalEngine
+    from flare_diag.daemon.hosts.nvml import XidWatcher
 
 RESPONSE_CAP = 4096
 
@@ -35,6 +40,24 @@ def preflight_body(model: str | None) -> bytes:
     return json.dumps({"model": model, **body} if model is not None else body).encode()
 
 
+def finish_reason(answer: object, what: str) -> str | None:
+    """A chat completion's first choice's finish_reason; its absence or any other shape is malformed."""
+    choices = json_object(answer, what).get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(first, dict):
+        raise ActionFailed("malformed_transport", f"{what}: the answer has no choices")
+    reason = first.get("finish_reason")
+    return reason if isinstance(reason, str) else None
+
+
+def model_ids(answer: object) -> list[str]:
+    """`GET /v1/models`' ids (entries without a string id are left out); any other shape is malformed."""
+    data = json_object(answer, "models").get("data")
+    if not isinstance(data, list):
+        raise ActionFailed("malformed_transport", 'models: expected {"data": [{"id": ...}]}')
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
 def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
     """The model the fixtures' bodies name (the first body that names one), or None."""
     for name in sorted(fixtures):
@@ -43,9 +66,9 @@ def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
     return None
 
 
-def local_engine(site: Site):
+def local_engine(site: Site, e: Engine) -> LocalEngine:
+    """The engine a site's [engine] section describes, which the daemon runs itself."""
     from flare_diag.daemon.hosts.localengine import LocalEngine, LocalRecipe
-    e = site.profile.engine
     base = site.base_dir
     binary = Path(os.path.expandvars(e.binary))
     binary = binary if binary.is_absolute() else base / binary
@@ -72,7 +95,7 @@ class Target:
         # (their answers' chunks stamped as they are read off the transport, before any parsing)
         inner = site.transport or stamped_transport(_service_urls(site.profile))
         self.fresh = host_client(timeout=timeout, transport=StampingTransport(inner, _now_ns))
-        self._xids = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
+        self._xids: XidWatcher | None = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the site's Prometheus, which the plan's steady-state guards query (never through the
         # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)
         self.prometheus = Prometheus(site) if site.profile.steady_state is not None else None
@@ -84,11 +107,12 @@ class Target:
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
         self.engine = None  # the local engine the daemon runs itself, where the site has one
         if site.profile.engine is not None:
-            self.engine = engine = local_engine(site)
+            self.engine = engine = local_engine(site, site.profile.engine)
             self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
             if not engine.host_tier():  # no host tier configured: its reuse is not applicable, never 0
                 self._metric_names = {k: v for k, v in self._metric_names.items() if not k.startswith("flare_host_cache_")}
         else:
+            assert self.p.manager is not None  # a profile has exactly one of [engine] and [manager] (site.py)
             self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
         self._preflight_model: tuple[str | None] | None = None  # found once: (model,)
 
@@ -126,7 +150,7 @@ class Target:
         r = await self._retrying("GET", url, headers=self._h(svc))
         if r.status_code != 200:
             raise classify_response(r, what)
-        return answer_json(r, what)  # type: ignore[return-value]  # the port's reader checks its shape
+        return answer_object(r, what)
 
     async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
         """POST; `once`: it may change the host (load, unload), so it goes out once on its own connection."""
@@ -136,7 +160,7 @@ class Target:
             r = await self._retrying("POST", url, headers=self._h(svc), json=body or {})
         if r.status_code != 200:
             raise classify_response(r, what)
-        return answer_json(r, what)  # type: ignore[return-value]  # the port's reader checks its shape
+        return answer_object(r, what)
 
     # --- actions: each returns the outcome's data or raises ActionFailed
     async def validate_fixtures(self, args: dict) -> dict:
@@ -219,16 +243,17 @@ class Target:
             return await self.get_json("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
         # NVML blocks: both the reading and the Xid event wait stay off the event loop.
         from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
-        if self._xids is None:
-            watcher = XidWatcher()
-            await asyncio.to_thread(watcher.start)  # NvmlUnavailable on a machine without the driver
-            self._xids = watcher
+        xids = self._xids
+        if xids is None:
+            xids = XidWatcher()
+            await asyncio.to_thread(xids.start)  # NvmlUnavailable on a machine without the driver
+            self._xids = xids
         view = await asyncio.to_thread(read_gpus)
-        view["xid_events"] = self._xids.events()
-        if self._xids.error:
-            view["xid_watch_error"] = self._xids.error
-        if self._xids.unsupported:
-            view["unsupported"] = list(self._xids.unsupported)
+        view["xid_events"] = xids.events()
+        if xids.error:
+            view["xid_watch_error"] = xids.error
+        if xids.unsupported:
+            view["unsupported"] = list(xids.unsupported)
         return view
 
     async def health(self, args: dict) -> dict:
@@ -294,8 +319,8 @@ class Target:
         r = await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
         if r.status_code != 200:
             raise classify_response(r, f"{args['path']} preflight")
-        d = answer_json(r, f"{args['path']} preflight")
-        return {"finish_reason": d["choices"][0].get("finish_reason"), "request_id": r.headers.get("x-request-id")}
+        what = f"{args['path']} preflight"
+        return {"finish_reason": finish_reason(answer_json(r, what), what), "request_id": r.headers.get("x-request-id")}
 
     async def served_models(self) -> list[str] | None:
         """The engine's `GET /v1/models` ids; None when it does not answer that (not an error: a Flare
@@ -305,10 +330,7 @@ class Target:
             return None
         if r.status_code != 200:
             raise classify_response(r, "models")
-        try:
-            return [m["id"] for m in answer_json(r, "models")["data"] if isinstance(m.get("id"), str)]  # type: ignore[index]  # the models answer is a JSON object with a data list
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise ActionFailed("malformed_transport", "models: expected {\"data\": [{\"id\": ...}]}") from None
+        return model_ids(answer_json(r, "models"))
 
     async def openapi(self) -> dict | None:
         """The engine's `GET /openapi.json` (vLLM's and SGLang's servers publish theirs); None when it

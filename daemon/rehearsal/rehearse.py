@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 import re
 import subprocess
@@ -77,6 +77,7 @@ def _fault_params(spec: str, kind: str, at: str, params: list[str], out: dict) -
             known = sorted([*NUMERIC_PARAMS.get(kind, {}), *STRING_PARAMS.get(kind, ())])
             raise InputError(f"--fault {spec!r}: {k!r}: {kind} takes " + (f"the parameters {', '.join(known)}"
                              if known else "no parameter") + f" ({FAULT_SPEC})")
+        conv: Callable[[str], object]
         if k in ("request", "after_request", *LOADS):
             want, check, conv = "a whole number >= 0", lambda x: x >= 0, int
         elif k == "after_s":

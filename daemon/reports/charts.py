@@ -342,16 +342,16 @@ def hbars_grid(title: str, panels: list[tuple[str, list[tuple[str, float, str]]]
 
 def ranges(title: str, panels: list[tuple[str, list[tuple[str, float | None, float | None]]]], x_label: str) -> str:
     """Per panel, one row per label with its p50 (dot) and p90 (end of the line) on a shared axis."""
-    panels = [(n, [r for r in rs if r[1] is not None]) for n, rs in panels]
-    panels = [(n, rs) for n, rs in panels if rs]
-    if not panels:
+    shown = [(n, [(label, p50, p90) for label, p50, p90 in rs if p50 is not None]) for n, rs in panels]
+    shown = [(n, rs) for n, rs in shown if rs]
+    if not shown:
         return empty(title)
-    vmax = max(max((r[2] if r[2] is not None else r[1]) for r in rs) for _n, rs in panels)  # type: ignore[type-var]  # each row's value or its fallback is a number
-    pw, ml, row = (W - 10) / len(panels), 128, 14
-    nrows = max(len(rs) for _n, rs in panels)
+    vmax = max(max((p90 if p90 is not None else p50) for _label, p50, p90 in rs) for _n, rs in shown)
+    pw, ml, row = (W - 10) / len(shown), 128, 14
+    nrows = max(len(rs) for _n, rs in shown)
     h = 26 + 22 + row * nrows + 48
     body: list[str] = []
-    for i, (name, rs) in enumerate(panels):
+    for i, (name, rs) in enumerate(shown):
         ox, top = 10 + i * pw, 48
         sx = Scale(0, vmax, ox + ml, ox + pw - 14, target=4)
         body.append(f'<text x="{ox + 4}" y="{top - 12}" font-size="11" font-weight="bold">{escape(name)}</text>')

@@ -199,10 +199,11 @@ def compare(db: Path | None, windows: list[str], baseline: list[str], repeats: i
                      **features[order[0]]["acceptance"])
     # the statistics are of the figure the rule decides on: each side's mean of its windows' own figures
     per_window: dict[str, dict[str, list[list[float]]]] = {"candidate": {}, "baseline": {}}
-    for side, ws in (("candidate", windows), ("baseline", baseline)):
+    sides: list[tuple[str, list[str]]] = [("candidate", windows), ("baseline", baseline)]
+    for label, ws in sides:
         for w in ws:
             for metric, xs in _samples(reports[w]).items():
-                per_window[side].setdefault(metric, []).append(xs)
+                per_window[label].setdefault(metric, []).append(xs)
     stats = []
     for metric, stat in (("median_ttft_ms", statistics.median), ("p95_end_to_end_ms", p95),
                          ("decode_ms_per_token", statistics.median)):

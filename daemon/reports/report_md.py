@@ -6,6 +6,8 @@ its caveats and the next step; the cells; the evidence; the per-request detail l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flare_diag.daemon.reports.report_view import (
     COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
@@ -16,24 +18,26 @@ from flare_diag.daemon.reports.report_view import (
     GUARD_HEAD, STEADY_WORDS, guard_rows,
     VERDICT_WORDS, abort_words, audit_words, grouped, identity_lines, n, natural_failures_line,
 )
+from flare_diag.events.report import Segment, join_segments
 
 STATUS_MARK = {"measured": "MEASURED", "failed": "FAILED ✗", "invalid": "INVALID ⚠", "deferred": "DEFERRED ⏸"}
 
 
 def render_md(r: dict) -> str:
-    return "\n".join(md_lines(r))
+    return join_segments(md_lines(r))
 
 
-def md_table(head: list[str] | tuple[str, ...], rows: list[list[str]]) -> list[str]:
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [md_row(head), "|" + "---|" * len(head)] + [md_row(x) for x in rows]
 
 
-def md_row(cells: list[str] | tuple[str, ...]) -> str:
+def md_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[str]:
-    """report.md as its lines (joined with newlines), so a writer can take them a batch at a time."""
+def md_lines(r: dict, request_cells: list[tuple[str, ...]] | None = None) -> list[Segment]:
+    """report.md as its lines (joined with newlines), so a writer can take them a batch at a time; the
+    request table of a spooled report is one segment of pieces (events/report.py's text_chunks)."""
     return _head(r) + _verdict(r) + _cells(r) + _evidence(r) + _detail(r, request_cells)
 
 
@@ -171,9 +175,9 @@ def _evidence(r: dict) -> list[str]:
     return out
 
 
-def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[str]:
+def _detail(r: dict, request_cells: list[tuple[str, ...]] | None) -> list[Segment]:
     nf = natural_failure_rows(r)
-    out = ["", "## Per-request detail", "", "### Natural output failures (kept apart from aborts), per phase", ""]
+    out: list[Segment] = ["", "## Per-request detail", "", "### Natural output failures (kept apart from aborts), per phase", ""]
     out += md_table(["phase", "failures (requests)", "kinds"], nf) if nf else ["- none"]
     out += ["", "### Requests", ""]
     spool = getattr(r, "spool", None)

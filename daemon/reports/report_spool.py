@@ -85,7 +85,8 @@ class _JsonList:
     """A JSON array written to a temporary file a batch of items at a time; read back with its brackets."""
 
     def __init__(self) -> None:
-        self.out, self.batch, self.n = Spooled(), [], 0
+        self.out, self.n = Spooled(), 0
+        self.batch: list[object] = []
 
     def add(self, item: object) -> None:
         self.batch.append(item)
@@ -208,8 +209,9 @@ class ReportSpool:
         yield b"}"
 
     def close(self) -> None:
-        for s in (self.requests, self.md, self.html, self.failures, self.failures_html,
-                  *self.counters.values()):
+        spools: list[Spooled | _JsonList] = [self.requests, self.md, self.html, self.failures, self.failures_html,
+                                             *self.counters.values()]
+        for s in spools:
             s.close()
 
     def __enter__(self) -> ReportSpool:

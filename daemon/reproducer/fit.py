@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable, Set
 from pathlib import Path
 
 import msgspec
@@ -140,8 +141,8 @@ def _best_two_tier(segments: list[Segment], size: dict[str, int], distinct: int,
     return Fit("gpu_then_records", n, seen[(g, n)][0], seen[(g, n)][1], lower_bound=n >= distinct, front=g)
 
 
-def _blocks(segments: list[Segment], chains: dict[str, list], sc: Scenario, n: int) -> list[int]:
-    out = []
+def _blocks(segments: list[Segment], chains: dict[str, list[bytes]], sc: Scenario, n: int) -> list[int]:
+    out: list[int] = []
     for seg in segments:
         cache = BlockLRU(n)
         for s in seg.requests:
@@ -172,11 +173,11 @@ def _vllm_blocks(segments: list[Segment], block: int, n: int) -> list[int]:
     for seg in segments:  # each incarnation starts empty
         free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(max(0, n - 1)))
         cached: dict[tuple, int] = {}
-        held: dict[int, tuple] = {}
+        held: dict[int, tuple[object, ...]] = {}
         for s in seg.requests:
             prompt = s.prompt_tokens or 0
             kv = prompt + max(0, (s.completion_tokens or 1) - 1)  # every token but the last one generated
-            chain = [(s.body_sha256, i) for i in range(kv // block)]  # past the prompt: never matched again
+            chain: list[tuple[object, ...]] = [(s.body_sha256, i) for i in range(kv // block)]  # past the prompt: never matched again
             chain[prompt // block:] = [(s.body_sha256, s.order_index, s.phase, i) for i in range(prompt // block, kv // block)]
             hits = 0
             while hits < min(prompt // block, (prompt - 1) // block) and chain[hits] in cached:
@@ -263,14 +264,14 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
     missing = {s.body_sha256 for s in sent} - set(bodies)
     if missing:
         raise ReproduceError(f"{len(missing)} body hash(es) the window sent are in none of its fixtures")
-    size = {}
+    size: dict[str, int] = {}
     for s in sent:
         if s.prompt_tokens is not None:
             size.setdefault(s.body_sha256, s.prompt_tokens)
     distinct = len({s.body_sha256 for s in sent})
     fits: list[Fit] = []
 
-    def best_of(family: str, top: int, predict, named: set[int] = frozenset()) -> Fit:
+    def best_of(family: str, top: int, predict: Callable[[int], list[int]], named: Set[int] = frozenset()) -> Fit:
         """The capacity that agrees best: a capacity the window's own gauges name first (it stands when it
         agrees on every request), else a coarse search refined around its best."""
         seen: dict[int, tuple[int, int]] = {}
@@ -300,7 +301,8 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
     named = {int(gauges["rows_capacity"])} if gauges.get("rows_capacity") is not None else set()
 
     def pools(n: int) -> list[int]:
-        pages = gauges.get("pages_capacity") if gauges.get("rows_capacity") == n and gauges.get("pages_capacity") else n * ratio
+        named_pages = gauges.get("pages_capacity") if gauges.get("rows_capacity") == n else None
+        pages = named_pages if named_pages else n * ratio
         return _replay(segments, bodies, sc, n, max(1, int(pages)))[0]
 
     fits.append(best_of("seed_pools", max(distinct * 4, *named, 1), pools, named))
@@ -311,22 +313,27 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
     fits.append(_best_two_tier(segments, size, distinct, tolerance))
     order = sorted(fits, key=lambda f: (-f.agreed, FAMILIES.index(f.family), f.capacity))
     best = order[0]
-    if best.family == "lru_records":
-        policies = {p: sum(_records(segments, size, best.capacity, p)) for p in RECORD_POLICIES}
-        note = "policies compared on the fitted records cache"
-    elif best.family == "seed_pools":
-        policies = {}
-        for ev in ("lru_leaf", "marconi", "protect_full_prompt"):
-            sc_p = msgspec.structs.replace(sc, eviction=ev)
-            policies[ev] = sum(_replay(segments, bodies, sc_p, best.capacity, max(1, int(best.capacity * ratio)))[0])
-        note = "policies compared on the seed's pools at the fitted rows"
-    elif best.family == "gpu_then_records":
-        policies = {"lru": sum(_two_tier(segments, size, best.front, best.capacity))}
-        note = "the fitted two tiers (a records LRU behind the GPU's) have no other policy compared"
-    else:
-        policies = {"block_lru": sum(_blocks(segments, bodies, sc, best.capacity))}
-        note = "a block LRU has no policy of its own to compare"
+    policies, note = _policies_at(best, segments, size, bodies, chains, sc)
     return FitReport(opened.window_id, best.compared, best, order[1:], policies, note)
+
+
+def _policies_at(best: Fit, segments: list[Segment], size: dict[str, int], bodies: dict[str, bytes],
+                 chains: dict[str, list[bytes]], sc: Scenario) -> tuple[dict[str, int], str]:
+    """Host tokens each eviction policy of the fitted family reuses on the window's requests at the
+    fitted capacity, and a note saying what was compared."""
+    if best.family == "lru_records":
+        return ({p: sum(_records(segments, size, best.capacity, p)) for p in RECORD_POLICIES},
+                "policies compared on the fitted records cache")
+    if best.family == "seed_pools":
+        pages = max(1, int(best.capacity * sc.pages_capacity / max(1, sc.rows_capacity)))
+        return ({ev: sum(_replay(segments, bodies, msgspec.structs.replace(sc, eviction=ev), best.capacity, pages)[0])
+                 for ev in ("lru_leaf", "marconi", "protect_full_prompt")},
+                "policies compared on the seed's pools at the fitted rows")
+    if best.family == "gpu_then_records":
+        return ({"lru": sum(_two_tier(segments, size, best.front, best.capacity))},
+                "the fitted two tiers (a records LRU behind the GPU's) have no other policy compared")
+    # each body's block chain: its raw bytes would be read as blocks of one byte each
+    return {"block_lru": sum(_blocks(segments, chains, sc, best.capacity))}, "a block LRU has no policy of its own to compare"
 
 
 def render_fit(rep: FitReport) -> list[str]:

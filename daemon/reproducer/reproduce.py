@@ -101,7 +101,8 @@ def window_sequence(db: Path, window_id: str | None) -> tuple[WindowOpened, list
     the hypothesis its verdict named (None: no verdict yet)."""
     with LogReader(db) as r:
         wid = choose_window(r, db, window_id)
-        opened, segments, gauges, hypothesis = None, [], {}, None
+        opened, segments, hypothesis = None, [], None
+        gauges: dict[str, typing.Any] = {}  # the host-cache gauges of the first scrape that had them
         loads: dict[int, str] = {}
         scrapes: set[int] = set()
         prompts: dict[tuple[str, int], tuple[int | None, int | None]] = {}

@@ -7,7 +7,9 @@ scrape never walks a structure the loop is changing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,16 +35,17 @@ class ServiceMetrics(Collector):
         self.snapshot: dict = {"state": "idle", "window": None, "last_window": None, "aborts": {}, "stuck": False}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server = None
-        self.fleet = None  # () -> the fleet link's status (shipping lag, lease), read at each scrape
+        self._server: WSGIServer | None = None
+        self.fleet: Callable[[], dict[str, Any]] | None = None  # the fleet link's status (shipping lag, lease), read at each scrape
 
     def publish(self, snapshot: dict) -> None:
         """From the loop: the state the next scrape shows (replaced whole, never changed in place)."""
         self.snapshot = snapshot
 
     def serve(self, host: str, port: int) -> tuple[str, int]:
-        self._server, _thread = start_http_server(port, host, self.registry)
-        return host, self._server.server_port
+        server, _thread = start_http_server(port, host, self.registry)
+        self._server = server
+        return host, server.server_port
 
     def close(self) -> None:
         if self._server is not None:

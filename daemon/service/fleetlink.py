@@ -11,6 +11,8 @@ that lost the database at the wrong moment, releases its lease once its own log 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
 from pathlib import Path
 
 import anyio
@@ -39,7 +41,7 @@ def _logged(db: Path, types: tuple[str, ...], window_id: str | None = None) -> l
 
 def window_end(db: Path, window_id: str) -> dict:
     """What a window's local log records of its end: opened, closed, outcome, verdict, restoration verified."""
-    end = {"opened": False, "closed": False, "outcome": None, "verdict": None, "verified": False}
+    end: dict[str, object] = {"opened": False, "closed": False, "outcome": None, "verdict": None, "verified": False}
     for _wid, ev in _logged(db, ("window_opened", "window_closed", "restoration_recorded", "verdict_reached"), window_id):
         if isinstance(ev, WindowOpened):
             end["opened"] = True
@@ -72,7 +74,7 @@ class FleetLink:
         self.lease: dict | None = None  # as the database last said
         self.lease_error: str | None = None
         self.pending: str | None = None  # a window between its lease and its launch: running, for the release
-        self.starter = None  # set by the service: async (campaigns.Run) -> the start's reply as a dict
+        self.starter: Callable[[campaigns.Run], Awaitable[dict[str, Any]]] | None = None  # set by the service
         self.idle = lambda: False  # set by the service: whether a new window may start now
         self.campaigns = False  # the database has campaigns (and this link is listening for runs)
         self.claiming: tuple[int, int] | None = None  # the run between its claim and its "running" mark
@@ -244,6 +246,7 @@ class FleetLink:
         if hashlib.sha256(run.plan_toml.encode()).hexdigest() != run.plan_sha256:
             await campaigns.mark(conn, run, "refused", detail="the plan's content does not match its sha256")
             return False
+        assert self.starter is not None  # _claim_and_start claims nothing without one
         reply = await self.starter(run)
         if reply.get("ok"):
             await campaigns.mark(conn, run, "running", reply["window_id"])

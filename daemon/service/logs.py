@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
@@ -17,7 +18,8 @@ import structlog
 PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
 
-def _priority_prefix(_logger, method: str, rendered: str) -> str:
+def _priority_prefix(_logger: object, method: str, rendered: Any) -> str:
+    """The last processor: the JSON line the renderer made, behind its journald priority."""
     return f"<{PRIORITY.get(method if method != 'exception' else 'error', 6)}>{rendered}"
 
 

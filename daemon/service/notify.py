@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 import socket
 import time
 
@@ -15,8 +16,8 @@ STATUS_MIN_INTERVAL_S = 1.0
 class Notifier:
     """Sends sd_notify datagrams. Outside systemd (no NOTIFY_SOCKET) every call is a no-op."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
+    def __init__(self, given: Mapping[str, str] | None = None) -> None:
+        env = os.environ if given is None else given
         addr = env.get("NOTIFY_SOCKET", "")
         if addr.startswith("@"):  # abstract namespace
             addr = "\0" + addr[1:]

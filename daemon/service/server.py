@@ -104,7 +104,7 @@ class Service:
         self.db = state_dir / "log.db"
         self.log = log
         self.notify = notifier
-        self.store: EventStore | None = None
+        self._store: EventStore | None = None  # opened by start(), before anything else runs
         self.window: ActiveWindow | None = None
         self.last: dict | None = None  # progress of the last window that closed
         self.stopping = False
@@ -138,7 +138,7 @@ class Service:
                                       "only if it is known good")
                 self.notify.stopping(f"refusing the event log: {problem}")
                 return 1
-        self.store = await EventStore.open(self.db)
+        self._store = await EventStore.open(self.db)
         self.store.checkpoint_key = key
         self.store.subscribe(self._on_commit)
         if self.fleet is not None:
@@ -184,7 +184,7 @@ class Service:
             self.log.info("stopped")
         return exit_code
 
-    async def _listen(self) -> anyio.abc.Listener:
+    async def _listen(self) -> anyio.abc.SocketListener:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.socket_path.exists() or self.socket_path.is_symlink():
             self.socket_path.unlink()  # a stale socket of a previous run; the log is the state, not the socket
@@ -376,13 +376,13 @@ class Service:
         if self.metrics is None:
             return
         w = self.window
-        st = self._status() if self.store is not None else {"state": "idle"}
+        st = self._status() if self._store is not None else {"state": "idle"}
         self.metrics.publish({"state": st["state"], "window": w.progress.as_dict() if w else None,
                               "last_window": self.last, "aborts": dict(self._aborts), "stuck": self.stuck is not None})
 
     # --- the control socket --------------------------------------------------------------
 
-    async def _serve(self, listener: anyio.abc.Listener) -> None:
+    async def _serve(self, listener: anyio.abc.SocketListener) -> None:
         """Accepts control connections, at most `max_connections` served at once, and `priority_slots`
         more read for a `status` or `abort` alone (both fewer under a low RLIMIT_NOFILE). A failed
         accept (out of file descriptors, buffers) is logged and retried after a pause that doubles up
@@ -600,6 +600,17 @@ class Service:
         self.log.info("log archived", archive=done.archive, windows=done.windows, last_seq=done.last_seq, uid=uid, pid=pid)
         return control.reply(**msgspec.to_builtins(done))
 
+    @property
+    def store(self) -> EventStore:
+        """The service's log: open from start() on, before any request, recovery or window."""
+        if self._store is None:
+            raise RuntimeError("flare-diagd's event log is not open yet")
+        return self._store
+
+    @store.setter
+    def store(self, store: EventStore) -> None:
+        self._store = store
+
     def _status(self) -> dict:
         w = self.window
         state = ("stopping" if self.stopping else "running") if w else "needs_attention" if self.stuck else "idle"
@@ -756,6 +767,7 @@ class Service:
         to send (exit 4 for a full pool, naming who holds it; exit 2 for a database that cannot say)."""
         from flare_diag.daemon.fleet.config import FleetError
         from flare_diag.daemon.fleet.lease import HeldByAnotherWindow, PoolFull
+        code: str | None  # the refusal's class, where a caller acts on it
         try:
             with anyio.fail_after(self.fleet.cfg.lease_timeout_s):
                 await call
@@ -861,7 +873,7 @@ def _earlier_window(db: Path, site: str) -> str | None:
     with LogReader(db) as r:
         closed = {env.window_id for env in r.iter(types=["window_closed"])}
         opened = [env for env in r.iter(types=["window_opened"]) if env.window_id in closed]
-    mine = [env.window_id for env in opened if env.event().site == site]
+    mine = [env.window_id for env in opened if getattr(env.event(), "site", None) == site]
     return mine[-1] if mine else None
 
 
@@ -1035,6 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flare-diagd: error: --state-dir {state_dir}: {why}", file=sys.stderr)
         return 2
     fleet = None
+    svc: Service  # the fleet link's window reader below asks it once it exists
     if fleet_cfg is not None:
         from flare_diag.daemon.service.fleetlink import FleetLink
         fleet = FleetLink(fleet_cfg, dsn, state_dir / "log.db", log, lambda: svc.window.window_id if svc.window else None)

@@ -12,7 +12,7 @@ from flare_diag.daemon.hosts.site import SiteError, load_site, site_from_bytes
 from flare_diag.daemon.window.setup import InputError, WindowSetup, fixture_digest, load_fixtures, policy_version
 from flare_diag.events.base import Event
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import Input, WindowOpened
+from flare_diag.events.schema import ActionRequested, Input, WindowClosed, WindowOpened
 from flare_diag.policies.plan import PlanError, plan_from_builtins
 from flare_diag.policies.planner import Calibration
 
@@ -100,10 +100,11 @@ def unrestored_incumbent(db: Path) -> str:
     (a person has to put it back, and nothing else may be taken for the incumbent); else ""."""
     with LogReader(db) as r:
         closed = list(r.iter(types=["window_closed"]))
-        if not closed or closed[-1].event().outcome != "restore_failed":
+        last = closed[-1].event() if closed else None
+        if not isinstance(last, WindowClosed) or last.outcome != "restore_failed":
             return ""
         for env in r.iter(window_id=closed[-1].window_id, types=["action_requested"]):
             ev = env.event()
-            if ev.action == "retain_recipe" and ev.args.get("role") == "incumbent":
+            if isinstance(ev, ActionRequested) and ev.action == "retain_recipe" and ev.args.get("role") == "incumbent":
                 return str(ev.args.get("expect_sha256") or "")
     return ""

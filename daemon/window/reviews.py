@@ -15,7 +15,8 @@ import sqlite3
 from pathlib import Path
 
 from flare_diag.daemon.hosts.fixture import Fixture
-from flare_diag.events.base import decode_payload
+from flare_diag.events.base import decode_as
+from flare_diag.events.schema import ReviewSigned
 from flare_diag.policies.review import Review, accepting
 
 
@@ -43,7 +44,7 @@ def reviews_in(db: Path) -> list[Review]:
         raise ReviewError(f"{db}: cannot read reviews ({exc})") from None
     out = []
     for seq, h, v, payload in rows:
-        ev = decode_payload("review_signed", v, payload)
+        ev = decode_as(ReviewSigned, v, payload)
         out.append(Review(ev.plan_sha256, dict(ev.fixtures), ev.by, ev.note, seq, bytes(h).hex(), ev.subject,
                           ev.source_window, ev.policy))
     return out

@@ -8,15 +8,17 @@ cancel scope with its deadline; nothing the window started outlives it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
 from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import anyio
-import msgspec
 import anyio.abc
-import time
-from collections.abc import Callable, Iterable
+import msgspec
 
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.site import scrub
@@ -24,7 +26,7 @@ from flare_diag.daemon.hosts.target import Target
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
-    RequestDone, Tick, WatchFailed, WatchObserved, WindowOpened,
+    RequestDone, Tick, WatchFailed, WatchObserved, WindowClosed, WindowOpened,
 )
 from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies.audit import WindowReplay
@@ -58,7 +60,7 @@ class Runner:
         self.write_error: BaseException | None = None
         # what the store has not acknowledged, in submission order; on a failed commit it becomes
         # `unlogged` and the window goes on from memory (`degraded`) until the log takes it again
-        self._unacked: deque[tuple[object, list]] = deque()
+        self._unacked: deque[tuple[asyncio.Future[Any], list[Event]]] = deque()  # a commit's future, its events
         self.unlogged: list[list] = []
         self.degraded = False
         self._catching_up = False
@@ -125,7 +127,7 @@ class Runner:
                     await self._catch_up()
                     if self.degraded:
                         await anyio.sleep(CATCH_UP_EVERY_S)
-        closed = [d for d in self._last if getattr(d, "outcome", None)]
+        closed = [d for d in self._last if isinstance(d, WindowClosed)]
         if failure is None and self.policy.closed:
             self.outcome = closed[-1].outcome if closed else "aborted"
         if failure is None and self.degraded:
