@@ -53,3 +53,39 @@ def test_any_answer_body_is_json_or_the_hosts_malformed_answer(raw):
 def test_any_stream_delta_reads_as_content_and_reasoning_text(delta):
     said, thought = delta_text(delta)
     assert isinstance(said, str) and isinstance(thought, str)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(json_text)
+def test_any_preflight_answer_reads_as_its_finish_reason_or_is_malformed_transport(answer):
+    from flare_diag.daemon.hosts.target import finish_reason
+    try:
+        reason = finish_reason(answer, "direct preflight")
+    except ActionFailed as exc:
+        assert exc.error == "malformed_transport"
+        return
+    assert reason is None or isinstance(reason, str)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(json_text)
+def test_any_models_answer_reads_as_model_ids_or_is_malformed_transport(answer):
+    from flare_diag.daemon.hosts.target import model_ids
+    try:
+        ids = model_ids(answer)
+    except ActionFailed as exc:
+        assert exc.error == "malformed_transport"
+        return
+    assert all(isinstance(i, str) for i in ids)
+
+
+def test_a_preflight_answer_without_choices_is_the_hosts_malformed_answer_not_ours():
+    from flare_diag.daemon.hosts.target import finish_reason
+    for answer in ({"choices": []}, {"choices": ["x"]}, [1], {"id": "x"}):
+        try:
+            finish_reason(answer, "direct preflight")
+        except ActionFailed as exc:
+            assert exc.error == "malformed_transport"
+        else:
+            raise AssertionError(f"{answer!r} read as a finish reason")
+    assert finish_reason({"choices": [{"finish_reason": "length"}]}, "direct preflight") == "length"
