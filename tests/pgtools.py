@@ -124,6 +124,10 @@ def role_dsn(dsn: str, role: str, group: str = "flare_diag_host") -> str:
     from psycopg import sql
     # roles are the server's, not a database's: made through its `postgres` database (the DSN's own may not exist)
     with psycopg.connect(re.sub(r"dbname=\S+", "dbname=postgres", dsn), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (group,)).fetchone() is None:
+            # as the migrations make it: a test whose fleet database was never migrated (an unreachable
+            # one) may be the first on this server to need a host's role
+            conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
         if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(role)))

@@ -219,3 +219,15 @@ def test_a_recorded_log_is_replayed_into_a_policy_in_one_place():
     found = sorted(str(path.relative_to(ROOT)) for layer in ("policies", "events", "daemon")
                    for path in (ROOT / layer).rglob("*.py") if feeds_a_policy(ast.parse(path.read_text())))
     assert found == ["daemon/rehearsal/modelrun.py", "daemon/window/runner.py", "policies/audit.py"]
+
+
+def test_no_code_outside_the_hosts_room_asks_which_kind_of_router_monitoring_or_gpus_a_site_has():
+    # issue 50: the host's roles are ports (daemon/hosts/host.py's build_host); elsewhere a window asks
+    # a port whether it is present, or the site what it is (Site.simulated), never the profile's sections
+    import re
+    kind = re.compile(r"\.gpu\.source\s*(==|!=)|\.p\.(router|monitoring|gpu|engine|manager)\b(?!\.(url|target|backend)\b)"
+                      r"|profile\.(router|monitoring|engine|manager)\s+is\b")
+    found = [f"{path.relative_to(ROOT)}:{n}" for layer in ("policies", "events", "daemon")
+             for path in sorted((ROOT / layer).rglob("*.py")) if "hosts" not in path.relative_to(ROOT).parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if kind.search(line)]
+    assert found == []

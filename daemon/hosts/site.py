@@ -92,6 +92,20 @@ class Site(msgspec.Struct):
         return Path(p) if p else None
 
     @property
+    def simulated(self) -> bool:
+        """A simulated host (flaresim's GPUs): the only kind a window may run on a scaled clock."""
+        return self.profile.gpu.source == "sim"
+
+    @property
+    def gpus_watched(self) -> bool:
+        """Whether the site's GPUs can be watched at all (gpu.source is not "none")."""
+        return self.profile.gpu.source != "none"
+
+    @property
+    def gpus_through_nvml(self) -> bool:
+        return self.profile.gpu.source == "nvml"
+
+    @property
     def candidate_recipe(self) -> str:
         p = self.profile
         return (p.engine.candidate_recipe if p.engine else p.manager.candidate_recipe) or ""  # type: ignore[union-attr]  # a profile without an engine section has a manager section

@@ -9,7 +9,6 @@ import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -21,14 +20,10 @@ from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, answer_object, classify_response, json_object
 from flare_diag.daemon.hosts.stream_errors import stream_error
 from flare_diag.daemon.hosts.fixture import Fixture
-from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, LocalServing, Manager, Serving
-from flare_diag.daemon.hosts.site import Engine, Site, SiteProfile
+from flare_diag.daemon.hosts.host import build_host
+from flare_diag.daemon.hosts.site import Site, SiteProfile
 from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
 from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
-
-if TYPE_CHECKING:  # imported where first used: the local engine and NVML only on the sites that have them
-    from flare_diag.daemon.hosts.localengine import LocalEngine
-    from flare_diag.daemon.hosts.nvml import XidWatcher
 
 RESPONSE_CAP = 4096
 
@@ -66,19 +61,6 @@ def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
     return None
 
 
-def local_engine(site: Site, e: Engine) -> LocalEngine:
-    """The engine a site's [engine] section describes, which the daemon runs itself."""
-    from flare_diag.daemon.hosts.localengine import LocalEngine, LocalRecipe
-    base = site.base_dir
-    binary = Path(os.path.expandvars(e.binary))
-    binary = binary if binary.is_absolute() else base / binary
-    recipes = {n: LocalRecipe(n, r.args, base / r.model, r.env, e.kind) for n, r in e.recipes.items()}
-    tf = site.profile.serving.token_file
-    key_file = site.token_path("serving") if tf else None
-    return LocalEngine(binary, recipes, e.incumbent, site.profile.serving.url, key_file, base / e.log_dir,
-                       e.load_timeout_s)
-
-
 class Target:
     def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str,
                  recipe_dir: Path | None = None) -> None:
@@ -95,25 +77,16 @@ class Target:
         # (their answers' chunks stamped as they are read off the transport, before any parsing)
         inner = site.transport or stamped_transport(_service_urls(site.profile))
         self.fresh = host_client(timeout=timeout, transport=StampingTransport(inner, _now_ns))
-        self._xids: XidWatcher | None = None  # the NVML Xid watcher, started on the first GPU read of an NVML site
         # the site's Prometheus, which the plan's steady-state guards query (never through the
         # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)
         self.prometheus = Prometheus(site) if site.profile.steady_state is not None else None
-        # the host's ports: a manager service and the engine's endpoints over HTTP, or a local engine
-        # the daemon runs itself, which is both (daemon/hosts/ports.py)
-        self.manager: Manager
-        self.serving: Serving
+        # the host's five roles behind their ports, chosen from the profile (daemon/hosts/host.py)
+        self.host = build_host(site, self, self._h("serving"))
+        self.manager, self.serving, self.engine = self.host.manager, self.host.serving, self.host.engine
         from flare_diag.daemon.hosts.engine_profiles import metric_names
         self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
-        self.engine = None  # the local engine the daemon runs itself, where the site has one
-        if site.profile.engine is not None:
-            self.engine = engine = local_engine(site, site.profile.engine)
-            self.manager, self.serving = engine, LocalServing(engine, self._h("serving"))
-            if not engine.host_tier():  # no host tier configured: its reuse is not applicable, never 0
-                self._metric_names = {k: v for k, v in self._metric_names.items() if not k.startswith("flare_host_cache_")}
-        else:
-            assert self.p.manager is not None  # a profile has exactly one of [engine] and [manager] (site.py)
-            self.manager, self.serving = HttpManager(self, self.p.manager.url), HttpServing(self, self.p.serving.url)
+        if self.engine is not None and not self.engine.host_tier():  # no host tier: its reuse is not applicable, never 0
+            self._metric_names = {k: v for k, v in self._metric_names.items() if not k.startswith("flare_host_cache_")}
         self._preflight_model: tuple[str | None] | None = None  # found once: (model,)
 
     def handlers(self) -> dict[type[act.Action], Callable[[dict], Awaitable[dict]]]:
@@ -132,8 +105,7 @@ class Target:
         if self.prometheus is not None:
             await self.prometheus.close()
         await self.manager.close()
-        if self._xids is not None:
-            await asyncio.to_thread(self._xids.stop)  # joins the NVML event thread: not on the loop
+        await self.host.gpu.close()
 
     def _h(self, svc: str) -> dict:
         tok = self.site.tokens.get(svc)
@@ -168,7 +140,6 @@ class Target:
 
     async def snapshot(self, args: dict) -> dict:
         what = args["what"]
-        p = self.p
         if what == "incumbent":
             st = await self.manager_state({})
             loaded = st.get("loaded")
@@ -177,23 +148,13 @@ class Target:
             ident = await self.read_identity({})
             return {**loaded, "identity": ident}
         if what == "router":
-            if p.router is None:
-                raise ActionFailed("not_applicable", "the site has no router")
-            d = await self.get_json("router", f"{p.router.url}/router/v1/backends", "router backends")
-            b = next((x for x in d.get("backends", []) if x.get("id") == p.router.backend), None)
-            if b is None:
-                raise ActionFailed("containment", f"router has no backend {p.router.backend!r}")
-            return {"config_sha256": d.get("config_sha256"), "backend": b}
+            return await self.host.router.snapshot()
         if what == "monitoring":
-            if p.monitoring is None:
-                raise ActionFailed("not_applicable", "the site has no monitoring")
-            d = await self.get_json("monitoring", f"{p.monitoring.url}/monitoring/v1/targets", "monitoring targets")
-            t = next((x for x in d.get("targets", []) if x.get("id") == p.monitoring.target), None)
-            return {"target": t}
+            return await self.host.monitoring.snapshot()
         if what == "gpu":
-            if p.gpu.source == "none":
+            if not self.host.gpu.present:
                 raise ActionFailed("not_applicable", "the site has no GPU (gpu.source = \"none\")")
-            return await self.gpu_view()
+            return await self.host.gpu.view()
         if what == "configuration":
             return {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": self.plan_sha256}
         raise ActionFailed("internal", f"unknown snapshot {what!r}")
@@ -236,25 +197,7 @@ class Target:
         return {"when": args["when"], "guards": out}
 
     async def gpu_view(self) -> dict:
-        g = self.p.gpu
-        if g.source == "none":
-            return {"gpus": [], "xid_events": []}
-        if g.source == "sim":
-            return await self.get_json("gpu", f"{g.url}/sim/v1/gpu", "GPU view")
-        # NVML blocks: both the reading and the Xid event wait stay off the event loop.
-        from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
-        xids = self._xids
-        if xids is None:
-            xids = XidWatcher()
-            await asyncio.to_thread(xids.start)  # NvmlUnavailable on a machine without the driver
-            self._xids = xids
-        view = await asyncio.to_thread(read_gpus)
-        view["xid_events"] = xids.events()
-        if xids.error:
-            view["xid_watch_error"] = xids.error
-        if xids.unsupported:
-            view["unsupported"] = list(xids.unsupported)
-        return view
+        return await self.host.gpu.view()
 
     async def health(self, args: dict) -> dict:
         """`GET /health`: 200 when an incarnation is loaded and ready, 503 otherwise (a refused token raises)."""
@@ -267,14 +210,10 @@ class Target:
         return await self.manager.preview(args["op"], args["recipe"], args.get("sha256"))
 
     async def quiesce(self, args: dict) -> dict:
-        if self.p.router is None:
-            raise ActionFailed("not_applicable", "the site has no router")
-        return await self.post_json("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/quiesce", "quiesce")
+        return await self.host.router.quiesce()
 
     async def readmit(self, args: dict) -> dict:
-        if self.p.router is None:
-            raise ActionFailed("not_applicable", "the site has no router")
-        return await self.post_json("router", f"{self.p.router.url}/router/v1/backends/{self.p.router.backend}/readmit", "readmit")
+        return await self.host.router.readmit()
 
     async def scrape_metrics(self, args: dict) -> dict:
         r = await self._retrying("GET", f"{self.p.serving.url}/metrics", headers=self._h("serving"))
@@ -310,9 +249,10 @@ class Target:
 
     async def preflight(self, args: dict) -> dict:
         if args["path"] == "routed":
-            if self.p.router is None:
+            routed = self.host.router.generation_url
+            if routed is None:
                 raise ActionFailed("not_applicable", "the site has no router")
-            url, svc = f"{self.p.router.url}/v1/chat/completions", "router"
+            url, svc = routed, "router"
         else:
             url, svc = f"{self.p.serving.url}/v1/chat/completions", "serving"
         body = preflight_body(await self.preflight_model())

@@ -269,9 +269,9 @@ class Runner:
         each), and so is every poll that got none: the policy aborts with `watch_lost` when a watch
         it depends on stays silent."""
         async with anyio.create_task_group() as tg:
-            if self.target.p.gpu.source != "none":
+            if self.target.host.gpu.present:
                 tg.start_soon(self._watch_gpu)
-            if self.target.p.router is not None:
+            if self.target.host.router.present:
                 tg.start_soon(self._watch_router)
             tg.start_soon(self._watch_identity)
 

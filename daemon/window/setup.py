@@ -252,18 +252,18 @@ def _setup(plan_raw: bytes, plan: Plan, site_path: Path, dirs: list[Path], time_
         site = load_site(site_path)
     except SiteError as exc:
         raise InputError(str(exc)) from None
-    if time_scale != 1 and site.profile.gpu.source != "sim":
+    if time_scale != 1 and not site.simulated:
         # the clock belongs to the site: a scaled clock shrinks (or stretches) every deadline, the
         # watch-lost bound and the window itself, which only a simulated host may be run under
         raise InputError(f"time_scale {time_scale:g}: only a simulated site (gpu.source = \"sim\") runs on a scaled "
                          f"clock; site {site.name} is not one, so its window runs on the wall clock (time scale 1)")
-    if plan.production and site.profile.gpu.source == "none":
+    if plan.production and not site.gpus_watched:
         # Xid and OOM are abort rules of every production window: a site that cannot watch its
         # GPUs cannot enforce them, so it does not get to run one
         raise InputError(f"{site_path}: gpu.source = \"none\": a production plan needs its GPUs watched "
                          f"(\"nvml\", or \"sim\" in rehearsal)")
-    if plan.production and site.profile.gpu.source == "nvml" and (why := nvml_unavailable()):
+    if plan.production and site.gpus_through_nvml and (why := nvml_unavailable()):
         raise InputError(f"{plan_label}: a production plan needs NVML: {why}")
     return WindowSetup(plan_raw, plan, site, load_fixtures(plan, dirs), time_scale,
-                       rehearsal=site.profile.gpu.source == "sim", site_profile=str(site_path.resolve()),
+                       rehearsal=site.simulated, site_profile=str(site_path.resolve()),
                        fixture_dirs=[str(d) for d in dirs])

@@ -310,7 +310,7 @@ class _Probe:
     # --- router, monitoring, GPU -------------------------------------------------------------
 
     async def router(self) -> None:
-        if self.t.p.router is None:
+        if not self.t.host.router.present:
             self.add("router.backend", NOT_APPLICABLE, "the site has no router: quiesce, readmission and the routed "
                                                        "preflight are not applicable")
             return
@@ -327,7 +327,7 @@ class _Probe:
             self.add("router.backend", NOT_OBSERVABLE, exc.detail, required=True)
 
     async def monitoring(self) -> None:
-        if self.t.p.monitoring is None:
+        if not self.t.host.monitoring.present:
             self.add("monitoring.target", NOT_APPLICABLE, "the site has no monitoring")
             return
         try:
@@ -335,14 +335,14 @@ class _Probe:
             tgt = m.get("target")
             self.add("monitoring.target", OBSERVABLE if tgt else NOT_OBSERVABLE,
                      f"{tgt.get('id')}: registered={tgt.get('registered')}, healthy={tgt.get('healthy')}" if tgt
-                     else f"no target {self.t.p.monitoring.target!r}", required=True)
+                     else f"no target {self.t.host.monitoring.target!r}", required=True)
         except ActionFailed as exc:
             self.add("monitoring.target", NOT_OBSERVABLE, exc.detail, required=True)
 
     async def gpu(self) -> None:
-        g = self.t.p.gpu
+        g = self.t.host.gpu
         production = self.plan is not None and self.plan.production
-        if g.source == "none":
+        if not self.t.host.gpu.present:
             self.add("gpu.watch", NOT_OBSERVABLE if production else NOT_APPLICABLE,
                      "gpu.source = \"none\": Xid, OOM and GPU memory rules cannot be enforced", required=production)
             return

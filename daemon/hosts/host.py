@@ -1,0 +1,209 @@
+"""The host a window acts on, as ports: `build_host(site)` picks an adapter for each of the five roles
+(recipe manager, serving engine, router, monitoring, GPUs) from the site profile. Nothing outside
+daemon/hosts/ asks which kind of site it has; it asks a port (`present`, its calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, JsonCalls, LocalServing, Manager, Serving
+from flare_diag.daemon.hosts.site import Engine, Site
+
+if TYPE_CHECKING:  # imported where first used: the local engine and NVML only on the sites that have them
+    from flare_diag.daemon.hosts.localengine import LocalEngine
+    from flare_diag.daemon.hosts.nvml import XidWatcher
+
+
+class Router(Protocol):
+    """The pool's router (contract section 1): the primary's backend, its quiesce and readmission, and
+    where routed generations go."""
+
+    present: bool
+    generation_url: str | None  # the routed path's chat completions; None without a router
+
+    async def snapshot(self) -> dict[str, Any]: ...
+    async def quiesce(self) -> dict[str, Any]: ...
+    async def readmit(self) -> dict[str, Any]: ...
+
+
+class Monitoring(Protocol):
+    """The site's monitoring: the primary's target (registered, healthy)."""
+
+    present: bool
+    target: str  # the primary's target id ("" without monitoring)
+
+    async def snapshot(self) -> dict[str, Any]: ...
+
+
+class Gpu(Protocol):
+    """The GPUs' view (memory, power limits, Xid events): NVML on the host, a simulator's, or none."""
+
+    present: bool  # False: a CPU engine; its view is empty and its rules are not enforced
+    source: str  # how the view is read, as the profile names it: "nvml", "sim" or "none"
+
+    async def view(self) -> dict[str, Any]: ...
+    async def close(self) -> None: ...
+
+
+class HttpRouter:
+    def __init__(self, calls: JsonCalls, url: str, backend: str) -> None:
+        self.t, self.url, self.backend = calls, url, backend
+        self.present = True
+        self.generation_url: str | None = f"{url}/v1/chat/completions"
+
+    async def snapshot(self) -> dict[str, Any]:
+        d = await self.t.get_json("router", f"{self.url}/router/v1/backends", "router backends")
+        backends = d.get("backends")
+        if not isinstance(backends, list):
+            raise ActionFailed("malformed_transport", 'router backends: expected {"backends": [...]}')
+        b = next((x for x in backends if isinstance(x, dict) and x.get("id") == self.backend), None)
+        if b is None:
+            raise ActionFailed("containment", f"router has no backend {self.backend!r}")
+        return {"config_sha256": d.get("config_sha256"), "backend": b}
+
+    async def quiesce(self) -> dict[str, Any]:
+        return await self.t.post_json("router", f"{self.url}/router/v1/backends/{self.backend}/quiesce", "quiesce")
+
+    async def readmit(self) -> dict[str, Any]:
+        return await self.t.post_json("router", f"{self.url}/router/v1/backends/{self.backend}/readmit", "readmit")
+
+
+class NoRouter:
+    present = False
+    generation_url: str | None = None
+
+    async def snapshot(self) -> dict[str, Any]:
+        raise ActionFailed("not_applicable", "the site has no router")
+
+    async def quiesce(self) -> dict[str, Any]:
+        raise ActionFailed("not_applicable", "the site has no router")
+
+    async def readmit(self) -> dict[str, Any]:
+        raise ActionFailed("not_applicable", "the site has no router")
+
+
+class HttpMonitoring:
+    def __init__(self, calls: JsonCalls, url: str, target: str) -> None:
+        self.t, self.url, self.target = calls, url, target
+        self.present = True
+
+    async def snapshot(self) -> dict[str, Any]:
+        d = await self.t.get_json("monitoring", f"{self.url}/monitoring/v1/targets", "monitoring targets")
+        targets = d.get("targets")
+        if not isinstance(targets, list):
+            raise ActionFailed("malformed_transport", 'monitoring targets: expected {"targets": [...]}')
+        return {"target": next((x for x in targets if isinstance(x, dict) and x.get("id") == self.target), None)}
+
+
+class NoMonitoring:
+    present = False
+    target = ""
+
+    async def snapshot(self) -> dict[str, Any]:
+        raise ActionFailed("not_applicable", "the site has no monitoring")
+
+
+class NoGpu:
+    present = False
+    source = "none"
+
+    async def view(self) -> dict[str, Any]:
+        return {"gpus": [], "xid_events": []}
+
+    async def close(self) -> None:
+        return None
+
+
+class SimGpu:
+    """A simulator's GPU view (`/sim/v1/gpu`)."""
+
+    present = True
+    source = "sim"
+
+    def __init__(self, calls: JsonCalls, url: str) -> None:
+        self.t, self.url = calls, url
+
+    async def view(self) -> dict[str, Any]:
+        return await self.t.get_json("gpu", f"{self.url}/sim/v1/gpu", "GPU view")
+
+    async def close(self) -> None:
+        return None
+
+
+class NvmlGpu:
+    """The host's GPUs through NVML. NVML blocks: the reads and the Xid event wait stay off the event
+    loop, the watcher on a thread of its own, started at the first read."""
+
+    present = True
+    source = "nvml"
+
+    def __init__(self) -> None:
+        self._xids: XidWatcher | None = None
+
+    async def view(self) -> dict[str, Any]:
+        from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
+        xids = self._xids
+        if xids is None:
+            xids = XidWatcher()
+            await asyncio.to_thread(xids.start)  # NvmlUnavailable on a machine without the driver
+            self._xids = xids
+        view = await asyncio.to_thread(read_gpus)
+        view["xid_events"] = xids.events()
+        if xids.error:
+            view["xid_watch_error"] = xids.error
+        if xids.unsupported:
+            view["unsupported"] = list(xids.unsupported)
+        return view
+
+    async def close(self) -> None:
+        if self._xids is not None:
+            await asyncio.to_thread(self._xids.stop)  # joins the NVML event thread: not on the loop
+
+
+@dataclass
+class Host:
+    """A site's five roles, each behind its port."""
+
+    manager: Manager
+    serving: Serving
+    router: Router
+    monitoring: Monitoring
+    gpu: Gpu
+    engine: LocalEngine | None = None  # the engine the daemon runs itself, where the site has one
+
+
+def build_host(site: Site, calls: JsonCalls, serving_headers: dict[str, str]) -> Host:
+    """The adapters the site profile names: a manager service or a local engine, a router, monitoring
+    and GPUs where it has them."""
+    p = site.profile
+    engine: LocalEngine | None = None
+    manager: Manager
+    serving: Serving
+    if p.engine is not None:
+        engine = local_engine(site, p.engine)
+        manager, serving = engine, LocalServing(engine, serving_headers)
+    else:
+        assert p.manager is not None  # a profile has exactly one of [engine] and [manager] (site.py)
+        manager, serving = HttpManager(calls, p.manager.url), HttpServing(calls, p.serving.url)
+    router: Router = HttpRouter(calls, p.router.url, p.router.backend or "") if p.router is not None else NoRouter()
+    monitoring: Monitoring = (HttpMonitoring(calls, p.monitoring.url, p.monitoring.target or "")
+                              if p.monitoring is not None else NoMonitoring())
+    gpu: Gpu = NoGpu() if p.gpu.source == "none" else SimGpu(calls, p.gpu.url or "") if p.gpu.source == "sim" else NvmlGpu()
+    return Host(manager, serving, router, monitoring, gpu, engine)
+
+
+def local_engine(site: Site, e: Engine) -> LocalEngine:
+    """The engine a site's [engine] section describes, which the daemon runs itself."""
+    from flare_diag.daemon.hosts.localengine import LocalEngine, LocalRecipe
+    base = site.base_dir
+    binary = Path(os.path.expandvars(e.binary))
+    binary = binary if binary.is_absolute() else base / binary
+    recipes = {n: LocalRecipe(n, r.args, base / r.model, r.env, e.kind) for n, r in e.recipes.items()}
+    key_file = site.token_path("serving") if site.profile.serving.token_file else None
+    return LocalEngine(binary, recipes, e.incumbent, site.profile.serving.url, key_file, base / e.log_dir,
+                       e.load_timeout_s)
