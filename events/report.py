@@ -37,7 +37,7 @@ OCCUPANCY_GAUGES = ("rows_used", "rows_capacity", "pages_used", "pages_capacity"
                     "host_cache_tokens_capacity")
 
 
-class Report(dict):
+class Report(dict[str, Any]):
     """report.json's dict, and beside it (never serialized) what a renderer needs from the
     per-request parts when the report was projected without them (into a spool): the host reuse of
     each replayed request, the counter chart's points and the natural failures per phase."""
@@ -60,7 +60,7 @@ class _Projection:
     """One pass over a window's events: the shared window fold, plus what only the report shows
     (request rows, counter series, identity observations, recipes, drains)."""
 
-    def __init__(self, window_id: str, integrity: dict, spool=None) -> None:
+    def __init__(self, window_id: str, integrity: dict[str, Any], spool: Any = None) -> None:
         """`spool` (daemon/reports/report_spool.py): takes each request row, scrape and natural failure as it
         is made, in place of the report's lists, which then stay empty."""
         self.spool = spool
@@ -71,7 +71,7 @@ class _Projection:
         self.engine_times: dict[str, tuple[list[float], list[float]]] = {}
         self.fold = WindowFold(window_id)
         self.integrity = integrity
-        self.r: dict = {"identity": {"observed": [], "incumbent_sha256_before": None, "incumbent_sha256_after": None},
+        self.r: dict[str, Any] = {"identity": {"observed": [], "incumbent_sha256_before": None, "incumbent_sha256_after": None},
                         # exact recipe bytes retained before take-down (role -> name, sha256, size, where)
                         "recipes": {},
                         "requests": [], "natural_failures": [], "drains": [],
@@ -79,18 +79,18 @@ class _Projection:
                         # the router, monitoring, GPU and configuration as first seen, and as seen in the restore
                         "snapshots": {"before": {}, "after": {}},
                         "occupancy": []}
-        self.occupied: dict | None = None  # the open phase's peak gauges, from the scrapes taken during it
-        self.actions: dict[int, tuple[str, dict]] = {}
-        self.responses: dict[tuple[str, int], dict] = {}
+        self.occupied: dict[str, Any] | None = None  # the open phase's peak gauges, from the scrapes taken during it
+        self.actions: dict[int, tuple[str, dict[str, Any]]] = {}
+        self.responses: dict[tuple[str, int], Any] = {}  # a request_done or its narrow view, by (phase, order)
         self.load_label = "incumbent before take-down"
-        self.steady: dict = {"guards": {}}  # guard name -> its declaration and its evaluations
+        self.steady: dict[str, Any] = {"guards": {}}  # guard name -> its declaration and its evaluations
         self.readmitted_at: int | None = None
-        self.operator: dict | None = None  # who sent the operator abort (uid, pid), as the control socket saw
+        self.operator: dict[str, Any] | None = None  # who sent the operator abort (uid, pid), as the control socket saw
 
     def minute(self, at_ns: int) -> float | None:
         return self.fold.minute_at(at_ns)
 
-    def apply(self, env: Read, entry: tuple) -> None:
+    def apply(self, env: Read, entry: tuple[Any, ...]) -> None:
         """`env` through its type's entry of _DISPATCH (its handler, narrow view, input flag, view version)."""
         handler, light, is_input, version = entry
         # The events a long window is made of are read through narrow views (only the fields this
@@ -109,7 +109,7 @@ class _Projection:
         else:
             handler(self, env, ev)
 
-    def _engine_times(self, phase: str, timing: tuple) -> None:
+    def _engine_times(self, phase: str, timing: tuple[Any, ...]) -> None:
         """One request's queue and prefill seconds from the changes of the engine's histograms around it:
         only where each count moved by exactly one (this request's own observation, and no other's)."""
         queue_sum, queue_n, prefill_sum, prefill_n = timing
@@ -121,7 +121,7 @@ class _Projection:
 
     # --- inputs ---------------------------------------------------------------------------
 
-    def action_done(self, env: Read, ev) -> None:
+    def action_done(self, env: Read, ev: Any) -> None:
         # a decision not seen is a scrape's: a reader may leave those out (UNREAD_ACTIONS), and every
         # other decision but a send's (answered by its request_done) is recorded when it is read
         action, args = self.actions.pop(ev.action_id, _SCRAPE)
@@ -153,7 +153,7 @@ class _Projection:
                 g = ev.data.get("gauges") or {}
                 gauges = tuple(g.get(k) for k in OCCUPANCY_GAUGES)
             if self.occupied is not None:
-                self._occupy(gauges)
+                self._occupy(self.occupied, gauges)
             m = window_minute(ev.at_ns, self.fold.t0_ns)
             if self.spool is not None:
                 self.spool.scrape(m, values)
@@ -183,9 +183,8 @@ class _Projection:
             if self.fold.stage == Stage.RESTORE:
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
 
-    def _occupy(self, gauges: tuple) -> None:
-        """The open phase's occupancy from one scrape's gauges (OCCUPANCY_GAUGES order)."""
-        occ = self.occupied
+    def _occupy(self, occ: dict[str, Any], gauges: tuple[Any, ...]) -> None:
+        """The open phase's occupancy (`occ`) from one scrape's gauges (OCCUPANCY_GAUGES order)."""
         occ["scrapes"] += 1
         if gauges == _NO_GAUGES:
             return
@@ -198,18 +197,18 @@ class _Projection:
                 occ[f"{k}_peak"] = max(occ.get(f"{k}_peak") or 0, v)
                 occ[f"{k}_last"] = v  # the latest reading: after the closing drain, what the phase left
 
-    def window_opened(self, env: Read, ev) -> None:
+    def window_opened(self, env: Read, ev: Any) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         self.steady["guards"] = {g["name"]: {**{k: g.get(k) for k in ("name", "query", "breach_if", "threshold",
                                                                        "consecutive", "interval_s", "during", "dry_run")},
                                              "series": []}
                                  for g in self.fold.guards if isinstance(g.get("name"), str)}
 
-    def phase_started(self, env: Read, ev) -> None:
+    def phase_started(self, env: Read, ev: Any) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         self.occupied = {"phase": ev.phase, "scrapes": 0}
 
-    def cell_recorded(self, env: Read, ev) -> None:
+    def cell_recorded(self, env: Read, ev: Any) -> None:
         self.fold.apply(env.seq, ev, env.wall_ns)
         if self.occupied is None or self.occupied["phase"] != ev.phase:
             return
@@ -222,7 +221,7 @@ class _Projection:
         occ["compactions"] = c.get("compactions")
         self.r["occupancy"].append(occ)
 
-    def _observed(self, label: str, env: Read, ident: dict) -> None:
+    def _observed(self, label: str, env: Read, ident: dict[str, Any]) -> None:
         gpus = ident.get("gpus")
         if isinstance(gpus, list) and gpus and all(isinstance(g, dict) for g in gpus):
             # the plan names a GPU count and power limit; the identity carries the GPUs themselves
@@ -233,17 +232,18 @@ class _Projection:
         self.r["identity"]["observed"].append({"label": label, "minute": self.minute(self.fold.last_at_ns),
                                                "identity": ident, "mismatches": mism})
 
-    def request_done(self, env: Read, ev) -> None:
+    def request_done(self, env: Read, ev: Any) -> None:
         self.responses[(ev.phase, ev.order_index)] = ev  # joined to its measurement when that comes
 
     # --- decisions ------------------------------------------------------------------------
 
-    def action_requested(self, env: Read, ev) -> None:
+    def action_requested(self, env: Read, ev: Any) -> None:
         action = ev.request.action if isinstance(ev, _ActionView) else ev.action
         if action == "send_request":  # answered by its request_done
             return
         if action in _ARGS_READ:  # the few whose arguments the report shows, decoded in full
-            args = (env.event() if isinstance(ev, _ActionView) else ev).args
+            full: Any = env.event() if isinstance(ev, _ActionView) else ev
+            args = full.args
         else:
             args = {}
         self.actions[ev.action_id] = (action, args)
@@ -252,11 +252,13 @@ class _Projection:
             self.load_label = "incumbent after restore" if args.get("label") == "incumbent" \
                 else f"incarnation {args.get('label')}"
 
-    def request_measured(self, env: Read, ev) -> None:
+    def request_measured(self, env: Read, ev: Any) -> None:
         self.fold.count_request()
         # the narrow view's struct encodes as the dict of its keys would (every key, in order), so an
         # answered request's row keeps it; a row that is a dict, or a report held whole, gets the dict
         full = ev.delta
+        d: Any  # the counter deltas: the narrow view's struct, or a dict
+        req: dict[str, Any] | RequestRow
         if isinstance(full, _MeasuredDelta):
             values = msgspec.structs.astuple(full)
             d = _DeltaView(*values[:len(SERIES_KEYS)])
@@ -287,7 +289,7 @@ class _Projection:
             if v is not None:
                 self.reuse.setdefault(ev.phase, []).append((ev.order_index, v))
         if self.spool is None:
-            self.r["requests"].append(req if rd is None else {**msgspec.structs.asdict(req), "delta": _delta_dict(d)})
+            self.r["requests"].append(req if isinstance(req, dict) else {**msgspec.structs.asdict(req), "delta": _delta_dict(d)})
         else:
             self.spool.request(req, self.fold.clock)
         if ev.natural_failure:
@@ -299,18 +301,18 @@ class _Projection:
             else:
                 self.spool.natural_failure(f)
 
-    def operator_abort(self, env: Read, ev) -> None:
+    def operator_abort(self, env: Read, ev: Any) -> None:
         if self.operator is None:  # the first one aborted; a later one found the window restoring
             self.operator = {"uid": ev.uid, "pid": ev.pid}
 
-    def watch_observed(self, env: Read, ev) -> None:
+    def watch_observed(self, env: Read, ev: Any) -> None:
         if ev.source != "prometheus":
             return
         d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
         after = self.readmitted_at is not None and ev.at_ns >= self.readmitted_at
         self._guard_values(ev.at_ns, "after" if after else "during", {d.get("guard"): d})
 
-    def _guard_values(self, at_ns: int, when: str, answers: dict) -> None:
+    def _guard_values(self, at_ns: int, when: str, answers: dict[str, Any]) -> None:
         """Each guard's evaluations: minute, value (the one it is judged on), when (before the quiesce,
         during the window, after the readmission), and whether it breached."""
         guards = self.steady["guards"]
@@ -325,11 +327,11 @@ class _Projection:
             g["series"].append({"minute": self.minute(at_ns), "when": when, "value": value, "breach": breach,
                                 **({"error": a["error"]} if a.get("error") else {})})
 
-    def drain_observed(self, env: Read, ev) -> None:
+    def drain_observed(self, env: Read, ev: Any) -> None:
         self.r["drains"].append({"purpose": ev.purpose, "settled": ev.settled, "waited_s": ev.waited_s,
                                  "polls": ev.polls, "minute": ev.minute})
 
-    def finish(self) -> dict:
+    def finish(self) -> Report:
         f = self.fold
         r = Report({"schema": SCHEMA, "window_id": f.window_id, "plan": f.plan or None, "t0_wall": f.t0_wall,
              "outcome": f.outcome, "abort": f.abort, "cells": list(f.cells.values()), "verdict": f.verdict,
@@ -366,7 +368,7 @@ def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    return s[max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))]  # type: ignore[call-overload]  # q is an int percentile, so the index is an int
+    return s[max(0, min(len(s) - 1, int(-(-len(s) * q // 100)) - 1))]
 
 
 TRACE_STATS = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
@@ -421,7 +423,7 @@ class _Samples:
     def __init__(self) -> None:
         self.col = array("q")
 
-    def add(self, rd) -> None:
+    def add(self, rd: Any) -> None:
         """One answered request's times and tokens (its request_done; None when it has none)."""
         if rd is None:
             self.col.extend(_NO_SAMPLE)
@@ -433,11 +435,11 @@ class _Samples:
     def __len__(self) -> int:
         return len(self.col) // self.WIDTH
 
-    def column(self, name: str) -> array:
+    def column(self, name: str) -> array[Any]:
         """One of FIELDS (first byte, first token, last token, end, output tokens) for every request, in order."""
         return self.col[self.FIELDS.index(name)::self.WIDTH]
 
-    def seconds(self, col: array, scale: float) -> list[float | None]:
+    def seconds(self, col: array[Any], scale: float) -> list[float | None]:
         """A request's time from its send, in window seconds (the loop's clock times the window's scale)."""
         return [None if v == _NONE else v * scale / 1e9 for v in col]
 
@@ -450,14 +452,14 @@ def _p4(xs: list[float], q: float) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def _stats(smp: _Samples | None, scale: float) -> dict:
+def _stats(smp: _Samples | None, scale: float) -> dict[str, Any]:
     ttft = [t for t in smp.seconds(smp.column("ft"), scale) if t is not None] if smp is not None else []
     lat = [t for t in smp.seconds(smp.column("end"), scale) if t is not None] if smp is not None else []
     return {"ttft_p50_s": _p4(ttft, 50), "ttft_p90_s": _p4(ttft, 90), "latency_p50_s": _p4(lat, 50),
             "latency_p90_s": _p4(lat, 90)}
 
 
-def phase_latency(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict]:
+def phase_latency(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict[str, Any]]:
     """Per phase that answered: time to first token and total latency (p50, p90, window seconds
     from each request's send; nearest rank). Descriptive."""
     return [{"phase": ph, "requests": len(smp), **_stats(smp, scale)} for ph, smp in samples.items()]
@@ -483,14 +485,14 @@ def _phase_request_costs(smp: _Samples, scale: float) -> dict[str, list[float]]:
 
 
 def phase_costs(samples: dict[str, _Samples], scale: float = 1.0,
-                engine_times: dict[str, tuple[list[float], list[float]]] | None = None) -> list[dict]:
+                engine_times: dict[str, tuple[list[float], list[float]]] | None = None) -> list[dict[str, Any]]:
     """Per phase (trace arms included): first byte, TTFT, decode ms per output token and output tokens
     per second, p50 and p90 (nearest rank) of the requests that answered. Host-to-GPU transfer time
     is not part of the contract's metrics, so it is reported as not exposed. Descriptive."""
     out = []
     for ph, smp in samples.items():
         per = _phase_request_costs(smp, scale)
-        row: dict = {"phase": ph, "requests": len(smp)}
+        row: dict[str, Any] = {"phase": ph, "requests": len(smp)}
         for k in COST_KEYS:
             for pct in (50, 90):
                 row[f"{k}_p{pct}"] = _p4(per[k], pct)
@@ -506,7 +508,7 @@ def phase_costs(samples: dict[str, _Samples], scale: float = 1.0,
 STARTING_FIELDS = ("stores_per_request", "records", "bytes_used", "bytes_capacity", "restored_tokens")
 
 
-def starting_observation(so: dict, cells: dict, occupancy: list[dict]) -> dict:
+def starting_observation(so: dict[str, Any], cells: dict[str, Any], occupancy: list[dict[str, Any]]) -> dict[str, Any]:
     """The plan's starting observation against what its phase measured, line by line: reproduced only
     when every stated line was observed and matches (counts exactly, bytes and rates within the
     plan's tolerance)."""
@@ -547,7 +549,7 @@ def starting_observation(so: dict, cells: dict, occupancy: list[dict]) -> dict:
     return {"phase": phase, "status": status, "lines": lines}
 
 
-def trace_evidence(cells: list[dict], samples: dict[str, _Samples], scale: float = 1.0) -> dict:
+def trace_evidence(cells: list[dict[str, Any]], samples: dict[str, _Samples], scale: float = 1.0) -> dict[str, Any]:
     """Per trace arm, time to first token and total latency (p50, p90, window seconds from the
     send); per off/on pair, on minus off. Descriptive: a handful of requests per arm, no test."""
     arms = []
@@ -576,7 +578,7 @@ def trace_evidence(cells: list[dict], samples: dict[str, _Samples], scale: float
             "note": "descriptive: window seconds from each request's send, a few requests per arm, no significance test"}
 
 
-def trace_overhead(arms: list[dict], pairs: list[dict], rule: dict) -> dict:
+def trace_overhead(arms: list[dict[str, Any]], pairs: list[dict[str, Any]], rule: dict[str, Any]) -> dict[str, Any]:
     """Per concurrency, across the off/on pairs: the median TTFT overhead (on minus off), relative to the
     off arms' median, its spread and a bootstrap interval over the pairs; understood when the plan's
     bounds hold (`[trace] overhead_max`, `overhead_interval_max`) on every concurrency."""
@@ -629,7 +631,7 @@ _HANDLERS = {  # None: the window fold alone reads it
 # the actions whose answers (action_done) the report reads
 _ANSWERS_READ = frozenset({"snapshot", "read_identity", "scrape_metrics", "retain_recipe", "preview", "steady_state",
                            "readmit"})
-_SCRAPE = ("scrape_metrics", {})
+_SCRAPE: tuple[str, dict[str, Any]] = ("scrape_metrics", {})
 _ARGS_READ = frozenset({"snapshot", "load", "retain_recipe", "preview", "steady_state"})
 
 
@@ -682,10 +684,11 @@ _MeasuredDelta = _numbers("_MeasuredDelta", SERIES_KEYS + ENGINE_TIMING_KEYS)
 
 
 class _MeasuredView(_RequestKeys, gc=False):
-    delta: _MeasuredDelta
+    delta: _MeasuredDelta  # type: ignore[valid-type]  # a struct made at run time (msgspec.defstruct), which msgspec decodes into
 
 
-def _delta_dict(d) -> dict:
+def _delta_dict(d: Any) -> dict[str, Any]:
+    """A request's counter deltas as a dict: as read (a dict), or its narrow view's fields."""
     return d if type(d) is dict else msgspec.structs.asdict(d)
 
 
@@ -694,8 +697,8 @@ _OccupancyView = _numbers("_OccupancyView", OCCUPANCY_GAUGES)
 
 
 class _ScrapeView(msgspec.Struct, frozen=True, gc=False):
-    counters: _DeltaView = _DeltaView()
-    gauges: _OccupancyView = _OccupancyView()
+    counters: _DeltaView = _DeltaView()  # type: ignore[valid-type]  # a struct made at run time (msgspec.defstruct), which msgspec decodes into
+    gauges: _OccupancyView = _OccupancyView()  # type: ignore[valid-type]  # the same
 
 
 class _WatchView(msgspec.Struct, gc=False):
@@ -724,11 +727,17 @@ class _DoneDecoder:
     (the handler decodes again the few answers that fit a scrape's shape but are another action's)."""
 
     @staticmethod
-    def decode(payload: bytes):
+    def decode(payload: bytes) -> _ScrapeDoneView | _DoneView:
         try:
             return _scrape_done.decode(payload)
         except msgspec.ValidationError:
             return _done.decode(payload)
+
+
+def _schema_v(tag: str) -> int:
+    cls = event_type(tag)
+    assert cls is not None, tag  # the views are of registered types
+    return cls.schema_v
 
 
 _NO_GAUGES = (None,) * len(OCCUPANCY_GAUGES)
@@ -740,7 +749,7 @@ _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": 
 # (a watch's answer is an input too, but the fold's clock stays with the ones above: the report's
 # minutes were always read from them, and a watch read only for the guards must not move them)
 _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
-_VERSION = {t: event_type(t).schema_v for t in _LIGHT}  # a view reads its type's current version only
+_VERSION = {t: _schema_v(t) for t in _LIGHT}  # a view reads its type's current version only
 _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS, _VERSION.get(t)) for t, h in _HANDLERS.items()}
 
 
@@ -753,11 +762,11 @@ if not set(UNREAD_ACTIONS) <= {"send_request", _SCRAPE[0]}:
     raise RuntimeError("only a send's and a scrape's decisions may be left out: another's answer would be read as a scrape's")
 
 
-def project(envelopes: Iterable[Read], window_id: str, integrity: dict) -> dict:
+def project(envelopes: Iterable[Read], window_id: str, integrity: dict[str, Any]) -> dict[str, Any]:
     return project_window(envelopes, window_id, integrity)
 
 
-def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict, spool=None) -> Report:
+def project_window(envelopes: Iterable[Read], window_id: str, integrity: dict[str, Any], spool: Any = None) -> Report:
     """The report of one window. With a `spool` (daemon/reports/report_spool.py) its request rows, counter
     series and natural failures go there as they are made, and the report keeps empty lists in
     their place (the renderers assemble the files from both), so a long window's report never holds them."""
@@ -777,7 +786,7 @@ _PART_MARK = b"\x00"  # msgspec escapes every control character it encodes, so t
 ROWS_PER_CHUNK = 4096
 
 
-def json_chunks(report: dict) -> Iterator[bytes]:
+def json_chunks(report: dict[str, Any]) -> Iterator[bytes]:
     """report.json in pieces, for writing straight to a file: the request rows (10^5 on a long
     window) go out a few thousand at a time, so no buffer the size of the whole report is built.
     A report projected into a spool has its rows, counter series and natural failures there (and
@@ -799,7 +808,7 @@ def json_chunks(report: dict) -> Iterator[bytes]:
     yield b"\n"
 
 
-def _list_chunks(items: list) -> Iterator[bytes]:
+def _list_chunks(items: list[Any]) -> Iterator[bytes]:
     yield b"["
     first = True
     for batch in _batches(items, ROWS_PER_CHUNK):
@@ -809,8 +818,8 @@ def _list_chunks(items: list) -> Iterator[bytes]:
     yield b"]"
 
 
-def _batches(items: Iterable, n: int) -> Iterator[list]:
-    batch: list = []
+def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
     for x in items:
         batch.append(x)
         if len(batch) >= n:
@@ -822,7 +831,7 @@ def _batches(items: Iterable, n: int) -> Iterator[list]:
 
 # a list is one segment whose pieces join with nothing between them; a piece that is not a str is
 # bytes already written (a spool's, read with `blocks()`)
-Segment = str | list
+Segment = str | list[Any]
 
 
 def text_chunks(segments: Sequence[Segment], sep: str = "\n") -> Iterator[bytes]:
@@ -852,6 +861,6 @@ def join_segments(segments: list[Segment], sep: str = "\n") -> str:
     return b"".join(text_chunks(segments, sep)).decode()
 
 
-def render_json(report: dict) -> bytes:
+def render_json(report: dict[str, Any]) -> bytes:
     """Compact, one line: report.json is for machines (`jq` indents it); people read report.md or .html."""
     return b"".join(json_chunks(report))
