@@ -34,6 +34,11 @@ def event_type(tag: str) -> type[Event] | None:
     return _REGISTRY.get(tag)
 
 
+def registered_type(tag: str) -> type[Event]:
+    """The type registered under `tag`, which the caller knows is registered (a KeyError otherwise)."""
+    return _REGISTRY[tag]
+
+
 def known_tags() -> dict[str, int]:
     return {tag: cls.schema_v for tag, cls in _REGISTRY.items()}
 

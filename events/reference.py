@@ -15,7 +15,7 @@ import msgspec
 
 from flare_diag.events import schema
 from flare_diag.events.actions import ACTION_TYPES, action_tag
-from flare_diag.events.base import Event, event_type, known_tags
+from flare_diag.events.base import Event, known_tags, registered_type
 from flare_diag.events.schema import Decision, Input
 
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:\s*[^=#]+?(?:=\s*[^#]+?)?\s*(?:#\s*(.*))?$")
@@ -114,7 +114,7 @@ def render() -> str:
     """docs/events.md as this build's schema makes it."""
     kinds: dict[str, list[tuple[str, type[Event], int]]] = {"Inputs": [], "Decisions": [], "Records": []}
     for tag, version in _schema_tags().items():
-        cls = _registered(tag)
+        cls = registered_type(tag)
         kind = "Inputs" if issubclass(cls, Input) else "Decisions" if issubclass(cls, Decision) else "Records"
         kinds[kind].append((tag, cls, version))
     out = [HEAD]
@@ -132,18 +132,13 @@ def render() -> str:
 
 def _schema_tags() -> dict[str, int]:
     """The tags events/schema.py registers, with their versions (a test may register types of its own)."""
-    return {tag: v for tag, v in known_tags().items() if _registered(tag).__module__ == schema.__name__}
+    return {tag: v for tag, v in known_tags().items() if registered_type(tag).__module__ == schema.__name__}
 
-
-def _registered(tag: str) -> type[Event]:
-    cls = event_type(tag)
-    assert cls is not None, tag  # known_tags() names only registered types
-    return cls
 
 
 def undocumented() -> list[str]:
     """Event and action types without a docstring of their own: the reference would say nothing of them."""
-    types_: list[type] = [_registered(t) for t in _schema_tags()] + list(ACTION_TYPES)
+    types_: list[type] = [registered_type(t) for t in _schema_tags()] + list(ACTION_TYPES)
     return [cls.__name__ for cls in types_ if not _doc(cls)]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import msgspec.structs
 
-from flare_diag.events.base import BadEventError, event_type
+from flare_diag.events.base import BadEventError, registered_type
 from flare_diag.events.envelope import Envelope, ReadEvent
 from flare_diag.events.schema import (
     ActionRequested,  # noqa: F401  (registers the types the views read)
@@ -734,12 +734,6 @@ class _DoneDecoder:
             return _done.decode(payload)
 
 
-def _schema_v(tag: str) -> int:
-    cls = event_type(tag)
-    assert cls is not None, tag  # the views are of registered types
-    return cls.schema_v
-
-
 _NO_GAUGES = (None,) * len(OCCUPANCY_GAUGES)
 _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": _DoneDecoder(),
           "request_done": msgspec.json.Decoder(_RequestView), "request_measured": msgspec.json.Decoder(_MeasuredView),
@@ -749,7 +743,7 @@ _LIGHT = {"action_requested": msgspec.json.Decoder(_ActionView), "action_done": 
 # (a watch's answer is an input too, but the fold's clock stays with the ones above: the report's
 # minutes were always read from them, and a watch read only for the guards must not move them)
 _INPUTS = frozenset({"window_opened", "action_done", "request_done"})
-_VERSION = {t: _schema_v(t) for t in _LIGHT}  # a view reads its type's current version only
+_VERSION = {t: registered_type(t).schema_v for t in _LIGHT}  # a view reads its type's current version only
 _DISPATCH = {t: (h, _LIGHT.get(t), t in _INPUTS, _VERSION.get(t)) for t, h in _HANDLERS.items()}
 
 

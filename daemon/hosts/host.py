@@ -51,9 +51,10 @@ class Gpu(Protocol):
 
 
 class HttpRouter:
+    present = True
+
     def __init__(self, calls: JsonCalls, url: str, backend: str) -> None:
         self.t, self.url, self.backend = calls, url, backend
-        self.present = True
         self.generation_url: str | None = f"{url}/v1/chat/completions"
 
     async def snapshot(self) -> dict[str, Any]:
@@ -88,9 +89,10 @@ class NoRouter:
 
 
 class HttpMonitoring:
+    present = True
+
     def __init__(self, calls: JsonCalls, url: str, target: str) -> None:
         self.t, self.url, self.target = calls, url, target
-        self.present = True
 
     async def snapshot(self) -> dict[str, Any]:
         d = await self.t.get_json("monitoring", f"{self.url}/monitoring/v1/targets", "monitoring targets")
@@ -193,7 +195,7 @@ def build_host(site: Site, calls: JsonCalls, serving_headers: dict[str, str]) ->
     router: Router = HttpRouter(calls, p.router.url, p.router.backend or "") if p.router is not None else NoRouter()
     monitoring: Monitoring = (HttpMonitoring(calls, p.monitoring.url, p.monitoring.target or "")
                               if p.monitoring is not None else NoMonitoring())
-    gpu: Gpu = NoGpu() if p.gpu.source == "none" else SimGpu(calls, p.gpu.url or "") if p.gpu.source == "sim" else NvmlGpu()
+    gpu: Gpu = NoGpu() if not site.gpus_watched else SimGpu(calls, p.gpu.url or "") if site.simulated else NvmlGpu()
     return Host(manager, serving, router, monitoring, gpu, engine)
 
 

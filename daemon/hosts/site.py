@@ -103,6 +103,7 @@ class Site(msgspec.Struct):
 
     @property
     def gpus_through_nvml(self) -> bool:
+        """The host's own GPUs, read through NVML (the driver must be there)."""
         return self.profile.gpu.source == "nvml"
 
     @property
