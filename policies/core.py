@@ -1,6 +1,6 @@
 """The window's state and the primitives its procedures share: the clock, cells, aborts.
 
-`WindowCore` is what the experiment (`policies.experiment`) and the restore (`policies.restore`) are
+`WindowCore` is what the experiment (`policies.takedown`, the methods) and the restore (`policies.restore`) are
 given: the typed state of one window and the few operations that change it in the ways the contract
 allows (a cell recorded once, an abort recorded with its minute, a fault during the restore said).
 `WindowPolicy` (`policies.window`) adds the routing of inputs, the guards and the clock's deadlines on
@@ -9,7 +9,7 @@ top; nothing here starts or replaces a procedure, so the procedures never depend
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
 from flare_diag.events.stages import Stage, advance
@@ -21,6 +21,9 @@ from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
 
+if TYPE_CHECKING:
+    from flare_diag.policies.method import Method
+
 READS = frozenset({"scrape_metrics", "snapshot", "read_identity", "manager_state", "validate_fixtures", "preview",
                    "retain_recipe", "health"})
 # what a restore may ask again after the daemon restarted without its answer: reads, and the restore's own
@@ -31,7 +34,7 @@ RE_ASKABLE = READS | {"preflight", "steady_state"}
 class WindowCore(Driver):
     """One window's typed state and the operations its procedures may use to change it.
 
-    The procedures (policies/experiment.py, restore.py, drain.py) read its fields and change it only
+    The procedures (policies/takedown.py, phases.py, methods/, restore.py, drain.py) read its fields and change it only
     through these, never through an underscored name (tests/test_architecture.py holds that):
     `act` / `act_all` (ask the host and wait for the outcome), `request` (ask without waiting), `emit`
     (a decision), `minute` / `stop_ns` / `mark_t0` / `mark_stop` (the window clock), `record_cell` /
@@ -47,6 +50,7 @@ class WindowCore(Driver):
         self.stage = Stage.IDLE  # moves only as state.TRANSITIONS allows
         self.t0: int | None = None
         self.ledger = Ledger()
+        self.method: Method = None  # type: ignore[assignment]  # the plan's, set by WindowOpened
         self.arms: list[Arm] = []
         self.all_phases: list[PhaseSpec] = []
         self.phase_order: list[str] = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flare_diag.policies.verdicts import judged
+
 NEXT_EXPERIMENT = {
     "not_reproduced": (
         "Fresh-incarnation forward/forward restored host tokens, so the 52-prompt zero-restore observation "
@@ -110,37 +112,19 @@ RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward r
              "that does not reproduce.")
 
 
-NO_CAUSE = {
-    "engine_restart": ("the engine restarted unseen during the window, so its counters and caches may have been "
-                       "emptied under any phase", "Find why the engine restarted (the supervisor's journal, the engine's "
-                       "own log, OOM kills) and repeat the window once it stays up; nothing measured here names a cause."),
-    "rejected": ("the host refused the plan's bodies", "Make the bodies acceptable to this engine (its request schema, "
-                 "the plan's [sampling]) or the engine's version the bodies were written for, then repeat the window."),
-    "unexpected_input": ("the decider received an observation it has no rule for, so the state its cells were "
-                         "judged from cannot be trusted", "Find what produced the input (the alarm names its type: a "
-                         "daemon newer than this policy, or a bug) and repeat the window on a matching build."),
-}
-
-
 def verdict(cells: Mapping[str, Mapping[str, Any]], required: Sequence[str] = (), no_cause: str | None = None,
             tier: str = "host") -> tuple[str, str, str]:
-    """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order.
+    """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order: the
+    seed's rule over the cells (`hypothesis`) under the rules every method's verdict keeps
+    (policies/verdicts.py: no cause after `no_cause`, every unmeasured required cell named).
 
-    `no_cause`: an abort after which no cause may be named (contract 4, amended 2026-12-03). `tier`: the
-    cache the order probe reads (the plan's `[verdict] tier`). The basis always names every required cell
-    that was not measured."""
-    unmeasured = [p for p in required if (cells.get(p) or {}).get("status") != "measured"]
-    if no_cause in NO_CAUSE:
-        why, nxt = NO_CAUSE[no_cause]
-        hyp, basis = "inconclusive", f"no cause is named: {why} (abort {no_cause})"
-    else:
-        hyp, basis, nxt = _rule(cells) if tier == "host" else _prefix_rule(cells)
-    if unmeasured:
-        why = "; ".join(f"{p} {(cells.get(p) or {}).get('status') or 'not run'}"
-                        + (f" ({cells[p].get('reason')})" if cells.get(p) and cells[p].get("reason") else "")
-                        for p in unmeasured)
-        basis += f". Required cells not measured: {why}"
-    return hyp, basis, nxt
+    `tier`: the cache the order probe reads (the plan's `[verdict] tier`)."""
+    return judged(lambda c: hypothesis(c, tier), cells, required, no_cause)
+
+
+def hypothesis(cells: Mapping[str, Mapping[str, Any]], tier: str = "host") -> tuple[str, str, str]:
+    """The seed's rule alone: the order probe over the host tier, or the GPU prefix cache."""
+    return _rule(cells) if tier == "host" else _prefix_rule(cells)
 
 
 def _rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]:

@@ -250,6 +250,8 @@ class Plan(msgspec.Struct, forbid_unknown_fields=True):
     # the routed pool's steady state, watched on the site's Prometheus (policies/steady.py)
     guards: list[Guard] = []
     verdict: VerdictSpec = msgspec.field(default_factory=VerdictSpec)
+    # what runs between the take-down and the restore (policies/methods): the seed's unless named
+    method: str = "cache_diagnostics"
 
 
 FORBIDDEN_KINDS = {
@@ -319,11 +321,21 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 def check_plan(plan: Plan, source: str = "plan") -> None:
     """Every rule that relates a plan's keys to one another (each key's own range is policies/ranges),
     in a fixed order: the first bad field is named."""
+    _check_method(plan, source)
     _check_identity(plan, source)
     _check_timing(plan, source)
     _check_names(plan, source)
     seen = _check_phases(plan, source)
     _check_observation_trace_and_guards(plan, source, seen)
+
+
+# the methods a plan may name: policies.methods.register adds each (the methods import plans, not the reverse)
+METHOD_NAMES: set[str] = {"cache_diagnostics"}
+
+
+def _check_method(plan: Plan, source: str) -> None:
+    if plan.method not in METHOD_NAMES:
+        raise PlanError(f"{source}: method = {plan.method!r}: expected one of {', '.join(sorted(METHOD_NAMES))}")
 
 
 def _check_identity(plan: Plan, source: str) -> None:

@@ -10,7 +10,6 @@ from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Proc, Quiet, Sleep
-from flare_diag.policies.interpret import findings, verdict
 
 
 def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
@@ -138,9 +137,9 @@ def restore(w: WindowCore) -> Proc:
     w.emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
                                 finished_minute=w.minute()))
     cells = w.ledger.as_builtins()
-    hyp, basis, nxt = verdict(cells, w.required, no_cause=w.abort.reason if w.abort and
-                              w.abort.reason in rules.NO_CAUSE_ABORTS else None, tier=w.plan.verdict.tier)
-    w.emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=findings(cells)))
+    no_cause = w.abort.reason if w.abort and w.abort.reason in rules.NO_CAUSE_ABORTS else None
+    hyp, basis, nxt = w.method.verdict(w.plan, cells, w.required, no_cause)
+    w.emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=w.method.findings(cells)))
     # `completed` only when every required cell was measured (contract 4, amended)
     complete = all(w.ledger.status(p) == "measured" for p in w.required)
     outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")

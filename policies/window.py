@@ -3,7 +3,8 @@
 `WindowPolicy.receive(input) -> decisions` is the whole interface (the sans-I/O shape of h11):
 the runner appends each input to the log, feeds it here, appends the decisions, and carries
 them out. Time is only what inputs carry (`at_ns`, the window clock). The procedures (the
-experiment in `policies.experiment`, the restore in `policies.restore`) are generators run by
+experiment in `policies.takedown`, then the plan's method from `policies.methods`, the restore in
+`policies.restore`) are generators run by
 `policies.driver`; this module routes inputs, applies the guards and the clock, keeps the cells
 ledger, and replaces the experiment with the restore on an abort or at the stop minute.
 """
@@ -36,11 +37,12 @@ from flare_diag.events.schema import (
 from flare_diag.policies import guards, restarts, rules, steady
 from flare_diag.policies.core import RE_ASKABLE, READS, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
 from flare_diag.policies.driver import Sleep
-from flare_diag.policies.experiment import experiment
-from flare_diag.policies.plan import plan_from_builtins
+from flare_diag.policies.methods import method_named
+from flare_diag.policies.plan import PlanError, plan_from_builtins
 from flare_diag.policies.planner import Calibration, all_phases, arms
 from flare_diag.policies.restore import restore
 from flare_diag.policies.scaling import scaled_bounds
+from flare_diag.policies.takedown import experiment
 
 
 class WindowPolicy(WindowCore):
@@ -161,6 +163,10 @@ class WindowPolicy(WindowCore):
         self.reuse_identity = list(inp.reuse_identity)
         self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None
+        method = method_named(self.plan.method)
+        if method is None:  # a log recorded by a build that had this method, read by one that has not
+            raise PlanError(f"window plan: method = {self.plan.method!r}: not a method this build has")
+        self.method = method
         self.arms = arms(self.plan)
         self.all_phases = all_phases(self.plan)
         self.phase_order = [p.id for p in self.all_phases] + [c.id for c in self.plan.conditional]

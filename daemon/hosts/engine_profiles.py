@@ -83,7 +83,7 @@ PROFILES: dict[str, dict[str, str]] = {
 # cached_tokens` must equal: vLLM's PromptTokenStats (vllm/v1/metrics/stats.py) keeps local_cache_hit +
 # external_kv_transfer = the request's cached tokens; llama-server's prompt_tokens_cached counts the
 # tokens its slot or prompt cache supplied, which its `cached_tokens` reports (tests/test_peer_llamacpp.py
-# shows them equal). A phase in which they disagree is invalid (policies/experiment.py). Flare's
+# shows them equal). A phase in which they disagree is invalid (policies/phases.py). Flare's
 # contract and SGLang's docs state no such identity: nothing is checked there.
 REUSE_IDENTITY: dict[str, list[str]] = {
     # external_kv_transfer is part of cached_tokens but unmapped (above): the identity holds only on an

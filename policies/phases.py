@@ -1,4 +1,5 @@
-"""The experimental procedure: preflight and take-down, then the plan's arms, their phases, drains and replays."""
+"""The phases a method runs, built from the window's operations: a fresh incarnation, an identity phase, a
+replay (prime, drains, requests, its closing identity and cell), and the projection of what is left."""
 
 from __future__ import annotations
 
@@ -8,168 +9,20 @@ from typing import Any
 from flare_diag.events.schema import (
     NS_PER_S,
     Alarm,
-    ArmStarted,
     PhaseStarted,
     RequestDone,
     RequestMeasured,
-    TraceOrderFrozen,
 )
-from flare_diag.policies import consistency, guards, rules, steady
+from flare_diag.policies import consistency, guards, rules
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
-from flare_diag.policies.driver import Act, Interrupt, Proc
+from flare_diag.policies.driver import Act, Proc
 from flare_diag.policies.interpret import PRIMES
-from flare_diag.policies.plan import PhaseSpec, expected_identity, trace_arm_order
-from flare_diag.policies.planner import LEARN_ROUNDS, TRACE_WARMUP, Arm, Estimator, phase_requests, trace_order_stopped, work_from
-from flare_diag.policies.state import Incumbent, Running
+from flare_diag.policies.plan import PhaseSpec, expected_identity
+from flare_diag.policies.planner import LEARN_ROUNDS, TRACE_WARMUP, phase_requests
+from flare_diag.policies.state import Running
 
 OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_used", "host_cache_tokens_used")
-
-
-def experiment(w: WindowCore) -> Proc:
-    plan = w.plan
-    res = yield from w.act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
-    if not res.ok:
-        w.fail_inside(res, "fixture validation failed")
-    w.fixtures = res.data.get("fixtures", {})
-    w.est = Estimator(plan, work_from(plan, w.fixtures), w.calibration)
-    if plan.trace is not None:
-        w.emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
-    what = ("incumbent", "router", "monitoring", "gpu", "configuration")
-    snaps = yield from w.act_all([("snapshot", {"what": s}) for s in what])
-    for s, r in zip(what, snaps):
-        if r.ok:
-            w.snapshots[s] = r.data
-        elif r.error == "not_applicable":
-            w.snapshots[s] = None
-        else:
-            w.fail_inside(r, f"{s} snapshot failed")
-    inc = w.snapshots["incumbent"] or {}
-    w.xids_known = len((w.snapshots.get("gpu") or {}).get("xid_events") or [])
-    w.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
-    mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
-    if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
-        mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
-    if mism:
-        w.abort_inside("identity_drift", "incumbent identity before take-down: " + "; ".join(mism))
-    # The window's incumbent is what the manager has loaded, so a candidate left loaded by an
-    # earlier window that failed would be taken for it, and its restore would put the candidate back.
-    if inc.get("recipe") and inc.get("recipe") == w.candidate_recipe:
-        w.abort_inside("preflight", f"the loaded recipe {inc.get('recipe')!r} is the plan's candidate, not an incumbent: "
-                                     f"an earlier window may have left it loaded; restore the incumbent first")
-    if w.expected_incumbent and inc.get("sha256") != w.expected_incumbent:
-        w.abort_inside("preflight", f"the loaded recipe (sha256 {str(inc.get('sha256'))[:12]}) is not the incumbent "
-                                     f"{w.expected_incumbent[:12]} an earlier window that did not restore recorded; "
-                                     f"restore it first")
-    # The seed: retain exact recipe bytes before taking the incumbent down. Every load, unload
-    # and the restore from here on name the hash of the bytes retained here (contract section 1
-    # gives no other source of a recipe's hash).
-    kept = yield from w.act_all([
-        ("retain_recipe", {"recipe": inc.get("recipe"), "expect_sha256": inc.get("sha256"), "role": "incumbent"}),
-        ("retain_recipe", {"recipe": w.candidate_recipe, "role": "candidate"}),
-    ])
-    for role, r in zip(("incumbent", "candidate"), kept):
-        if not r.ok:
-            w.fail_inside(r, f"{role} recipe bytes could not be retained")
-    w.candidate_sha = kept[1].data.get("sha256")
-    # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
-    previews = yield from w.act_all([
-        ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
-        ("preview", {"op": "load", "recipe": w.candidate_recipe, "sha256": w.candidate_sha, "role": "candidate"}),
-        ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
-    ])
-    for r in previews:
-        if not r.ok or r.data.get("ok") is not True:
-            w.fail_inside(r, "preview refused")
-    yield from steady_state_before(w)
-    w.took_down = True  # from the quiesce's request on, the host may be changed (its reply may be lost)
-    res = yield from w.act("quiesce", {})
-    if not res.ok and res.error != "not_applicable":
-        w.fail_inside(res, "quiesce failed")
-    w.quiesced = True
-    w.quiesced_at_ns = w.now
-    w.mark_t0()
-    drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
-                               router=w.snapshots.get("router") is not None)
-    if not drained:
-        w.abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
-    res = yield from w.act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
-    if not res.ok:
-        # the take-down itself failed: no candidate can load beside the incumbent, so restore
-        w.abort_inside(rules.abort_for_error(res.error) or "preflight",
-                        f"incumbent unload failed, nothing was taken down: {res.detail or res.error}")
-    for arm in w.arms:
-        if w.now >= w.stop_ns():  # reached while a phase's closing drain ran on
-            w.mark_stop()
-            raise Interrupt("stop_minute")
-        yield from run_arm(w, arm)
-    w.close_open_cells("completed")
-
-
-def steady_state_before(w: WindowCore) -> Proc:
-    """The steady-state guards once, before anything changes: a pool already unhealthy is not one to
-    take a primary out of (Chaos Toolkit's hypothesis before the method). A guard the evaluation could
-    not answer does not stop the window here; the guard watch's silence bound does, if it lasts."""
-    if not w.steady_state or not w.plan.guards:
-        return
-    res = yield from w.act("steady_state", {"when": "before", "queries": {g.name: g.query for g in w.plan.guards}})
-    if not res.ok:
-        return
-    for g in w.enforced_guards("experiment"):
-        value = steady.worst(g, (res.data.get("guards", {}).get(g.name) or {}).get("values") or [])
-        if value is not None and steady.breached(g, value):
-            w.abort_inside("steady_state", f"before the quiesce the pool is already unhealthy: guard {g.name}: "
-                                            f"{value:.6g} {g.breach_if} {g.threshold:g} ({g.query}); nothing was changed")
-
-
-def run_arm(w: WindowCore, arm: Arm) -> Proc:
-    """An arm starts only when its gating phases fit before the stop minute less the plan's margin, by
-    the estimate now; otherwise every phase of it is deferred, and no primary downtime is spent
-    priming an arm whose replay could not run."""
-    t = w.plan.timing
-    if all(p.id in w.ledger for p in arm.phases):
-        return
-    if arm.trace_pair and w.trace_stopped:
-        for p in arm.phases:
-            w.record_cell(p.id, "deferred", w.trace_stopped, comparable=p.comparable)
-        return
-    label = arm.incarnation
-    if label in w.failed_incarnations or label in w.unverified_incarnations:
-        for p in arm.phases:
-            if label in w.failed_incarnations:
-                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
-            else:
-                w.record_cell(p.id, "invalid", w.unverified_incarnations[label], comparable=False)
-        return
-    if not arm.loads and label != w.candidate_loaded:
-        why = f"not started: incarnation {label} is not loaded (its own arm did not run), and this arm does not verify one"
-        for p in arm.phases:
-            w.record_cell(p.id, "deferred", why, comparable=p.comparable)
-        return
-    need = w.est.arm_s(arm, w.candidate_loaded, done=set(w.ledger.cells))
-    end = w.now + int(need * NS_PER_S)
-    limit = w.stop_ns() - int(t.arm_margin_min * 60 * NS_PER_S)
-    if end > limit:
-        gating = [p.id for p in arm.gating if p.id not in w.ledger]
-        why = (f"not started: arm {arm.id} ({', '.join(gating)}) would end at minute {w.minute(end):.1f} by the "
-               f"current estimate, past the stop minute {t.stop_min:g} less the margin of {t.arm_margin_min:g} min")
-        for p in arm.phases:
-            w.record_cell(p.id, "deferred", why, comparable=p.comparable)
-        if arm.trace_pair:
-            w.trace_stopped = trace_order_stopped(arm)
-        check_projection(w)
-        return
-    w.emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w.minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
-                       estimated_end_minute=w.minute(end), limit_minute=w.minute(limit),  # type: ignore[arg-type]  # after the quiesce: minutes, never None
-                       pace=round(w.est.pace, 4), overhead_s=round(w.est.overhead_s, 3)))
-    if label != w.candidate_loaded:
-        ok = yield from fresh_incarnation(w, label)
-        if not ok:
-            for p in arm.phases:
-                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
-            return
-    for ph in arm.phases:
-        yield from run_phase(w, ph)
 
 
 def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
