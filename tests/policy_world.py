@@ -174,6 +174,13 @@ Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]
 WATCH_EVERY = 5 * S  # as the runner's watchers poll
 
 
+def opened_input(plan: dict, window_id: str = "w-test") -> WindowOpened:
+    """The window's first input, decided by this build as the runner records it (an audit replays it)."""
+    from flare_diag.daemon.window.setup import policy_version
+    return WindowOpened(at_ns=0, window_id=window_id, plan=plan, plan_sha256="p", site="test", gpu_source="sim",
+                        rehearsal=True, candidate_recipe="glm-candidate", policy_sha256=policy_version())
+
+
 def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_steps: int = 20_000,
           window_id: str = "w-test", opened: Callable[[WindowOpened], WindowOpened] | None = None,
           ) -> list[tuple[Input, list[Decision]]]:
@@ -214,10 +221,7 @@ def drive(policy: WindowPolicy, world: World, hook: Hook | None = None, max_step
                              if q.action == "send_request" else
                              ActionDone(at_ns=world.now, action_id=q.action_id, ok=False, error="cancelled"))
 
-    from flare_diag.daemon.window.setup import policy_version
-    # decided by this build, as the runner records it: an audit replays such a window's decisions
-    first = WindowOpened(at_ns=0, window_id=window_id, plan=world.plan, plan_sha256="p", site="test", gpu_source="sim",
-                         rehearsal=True, candidate_recipe="glm-candidate", policy_sha256=policy_version())
+    first = opened_input(world.plan, window_id)
     feed(opened(first) if opened else first)
     for _ in range(max_steps):
         if policy.closed:

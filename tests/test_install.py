@@ -187,3 +187,17 @@ def test_the_shipped_units_security_exposure_is_at_most_2_5(tmp_path):
     m = re.search(r"Overall exposure level for flare-diagd.service: ([\d.]+)", p.stdout + p.stderr)
     assert m, p.stdout[-2000:] + p.stderr[-2000:]
     assert float(m.group(1)) <= 2.5
+
+
+def test_every_package_folder_of_the_layers_is_listed_for_the_wheel():
+    # setuptools ships only the packages pyproject.toml lists: a new folder left out imports in the checkout
+    # (an editable install) and is missing from every real install
+    import tomllib
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    folders = {"daemon": "flare_diag.daemon", "events": "flare_diag.events", "policies": "flare_diag.policies",
+               "fixtures": "flare_diag.fixtures"}
+    missing = sorted(f"{pkg}{'.' + '.'.join(init.parent.relative_to(ROOT / top).parts) if init.parent != ROOT / top else ''}"
+                     for top, pkg in folders.items() for init in (ROOT / top).rglob("__init__.py")
+                     if "__pycache__" not in init.parts)
+    assert [m for m in missing if m not in listed] == []
