@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from flare_diag.resources import resource
 from flare_diag.daemon.cli.common import (
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # one line, not the usage block
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
@@ -90,7 +90,7 @@ def _add_rehearse(sub, scenarios: str, fault_kinds) -> argparse.ArgumentParser: 
     """`flare-diag rehearse`'s own flags (the forecast's and --json are shared with `run`)."""
     rh = sub.add_parser("rehearse", help="run a whole window against the embedded simulator")
     if isinstance(rh, _Skipped):  # another command's call: not even the shipped plan's path is looked up
-        return rh
+        return rh  # type: ignore[return-value]  # _Skipped stands in for a parser: it takes every call one would
     rh.add_argument("--plan", type=Path, default=resource("flare_diag.fixtures", "plans", "2026-10-22-cache-diagnosis.toml"),
                     help="the window's plan (TOML); default: the shipped 2026-10-22 plan")
     rh.add_argument("--scenario", default="flare-47581cca", help=f"the simulated host: {scenarios}")
@@ -327,13 +327,13 @@ def _add_plan_commands(sub, scenarios: str) -> None:  # noqa: ANN001 - argparse'
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with `only`, just that command's parser (`only_found` says if it is one)."""
-    scenarios, FAULT_KINDS = "", ()
+    scenarios, FAULT_KINDS = "", cast(tuple[str, ...], ())
     if only is None or only in _SCENARIO_COMMANDS:
         from flare_diag.daemon.simulator import FAULT_KINDS, list_scenarios  # the simulator's own lists: named in help, checked by it
         scenarios = f"one of {', '.join(list_scenarios())}, or a scenario TOML file"
     p = _Parser(prog="flare-diag", description=__doc__, epilog=EXIT_CODES)
     p.add_argument("--version", action=_Version, nargs=0, help="show the program's version number and exit")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub: Any = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)  # or _Only, duck-typed
     if only is not None:
         sub = _Only(sub, only)
 
@@ -446,7 +446,7 @@ def _plan_forecast(args: argparse.Namespace) -> int:
         if args.site is not None:
             setup = setup_for_site(args.plan, args.site)
         else:
-            setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))
+            setup = WindowSetup(plan_raw, plan, None, load_fixtures(plan, [args.plan.parent.resolve()]))  # type: ignore[arg-type]  # a forecast without --site reads the plan and its fixtures only
     except InputError as exc:
         raise UsageError(str(exc)) from None
     if args.simulate is not None:
@@ -748,9 +748,10 @@ def _window(args: argparse.Namespace) -> int:
 def _first_input_error(group: BaseExceptionGroup) -> BaseException | None:
     """The refusal a task group wrapped (a rehearsal's forecast or fixture check), if that is what ended it."""
     from flare_diag.daemon.window.setup import InputError
-    only, rest = group.split(InputError)
-    if only is None or rest is not None:
+    found, rest = group.split(InputError)
+    if found is None or rest is not None:
         return None
+    only: BaseException = found
     while isinstance(only, BaseExceptionGroup):
         only = only.exceptions[0]
     return only
@@ -794,12 +795,12 @@ def _reported(report: dict, out: Path, console, as_json: bool = False) -> int:
                                      "reports": {f: str(out / f"report.{f}") for f in ("json", "md", "html")},
                                      "exit_code": code}) + "\n")
         out_stream.flush()
-    lost = [s for s in (getattr(console, "file", None), out_stream) if getattr(s, "lost", None) is not None]
+    lost = [e for s in (getattr(console, "file", None), out_stream) if (e := getattr(s, "lost", None)) is not None]
     if lost:
         # the window was not stopped by its display; the operator learns that the output was cut, on
         # whatever stream still takes a line
         code = max(code, EXIT_FAILED)
-        line = (f"flare-diag: the output stream closed during the window ({lost[0].lost.__class__.__name__}); the window "
+        line = (f"flare-diag: the output stream closed during the window ({lost[0].__class__.__name__}); the window "
                 f"went on and closed {report.get('outcome')}; reports in {out}\n")
         for stream in (sys.stderr, sys.stdout):
             try:

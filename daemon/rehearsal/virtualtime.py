@@ -85,17 +85,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         with self._lock:
             self._announced += 1
 
-    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]  # typeshed's TypeVarTuple signature; this takes what it takes
                              context: Any = None) -> asyncio.Handle:
-        if threading.get_ident() == self._thread_id:  # the loop's own thread (an async generator's finalizer)
+        if threading.get_ident() == self._thread_id:  # type: ignore[attr-defined]  # BaseEventLoop's own thread id, private  # the loop's own thread (an async generator's finalizer)
             return super().call_soon_threadsafe(callback, *args, context=context)
-        self._check_closed()
+        self._check_closed()  # type: ignore[attr-defined]  # BaseEventLoop's private check, as its own call_soon_threadsafe makes
         handle = asyncio.Handle(callback, args, self, context)
         with self._answer:
             self._inbox.append(handle)
             self._answered += 1
             self._answer.notify()
-        self._write_to_self()
+        self._write_to_self()  # type: ignore[attr-defined]  # the selector loop's self-pipe wake-up, private
         return handle
 
     def _await_threads(self) -> None:
@@ -122,9 +122,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._ready.extend(held)  # type: ignore[attr-defined]  # asyncio's loop keeps its ready queue private
         return bool(held)
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:  # type: ignore[override]  # typeshed's TypeVarTuple signature
         """Inline: the function blocks the loop for real seconds and no virtual ones."""
-        self._check_closed()
+        self._check_closed()  # type: ignore[attr-defined]  # BaseEventLoop's private check
         fut: asyncio.Future[T] = self.create_future()
         try:
             fut.set_result(func(*args))
