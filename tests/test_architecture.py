@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("events", "policies", "daemon", "fixtures")
 
 # daemon's rooms, lowest first: a module may import its own room and the rooms below it
-ROOMS = ("simulator", "hosts", "window", "reports", "fleet", "reproducer", "rehearsal", "service", "cli")
+ROOMS = ("simulator", "hosts", "window", "reports", "fleet", "reproducer", "rehearsal", "session", "service", "cli")
 MAY_IMPORT = {
     "events": {"events"},
     "policies": {"events", "policies"},

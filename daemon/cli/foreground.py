@@ -14,14 +14,12 @@ import msgspec
 from rich.console import Console
 
 from flare_diag.daemon.rehearsal import virtualtime
-from flare_diag.daemon.rehearsal.harness import after_publishing, default_cache, preconditions
-from flare_diag.daemon.window.forecast import planned
+from flare_diag.daemon.rehearsal.harness import default_cache
+from flare_diag.daemon.session import Places, WindowSession
 from flare_diag.daemon.cli.live import LiveView
 from flare_diag.daemon.rehearsal.faults import FaultSchedule
 from flare_diag.daemon.rehearsal.rehearse import SIM_TOKEN_BYTES, served_flaresim
 from flare_diag.daemon.window.runner import Runner
-from flare_diag.daemon.window.sitecheck import checked_target
-from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup, load_fixtures, new_window_id
 from flare_diag.daemon.reports.publish import write_reports
 from flare_diag.events.envelope import Envelope
@@ -57,19 +55,12 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
     `faults` (a rehearsal's): set on the simulated host once the site check and the forecast have passed,
     so that the forecast's probe requests do not count towards a fault's request number."""
     quiet_default_executor()  # the operator's Ctrl-C is the loop's, never a worker's
-    target = await checked_target(setup, out / "recipes")  # reads only: the site check and the incumbent's bounds
+    session = WindowSession(setup)
+    places = Places(recipes=out / "recipes", harness=out / "harness", outputs=[out], harness_cache=default_cache(),
+                    plan_dir=Path(setup.plan_path).parent.resolve() if setup.plan_path else None, earlier=setup.earlier)
+    probe_log = _ProbeLog(out / "log.db", durable=not setup.rehearsal)
     try:
-        await preconditions(setup, out / "harness", [out], Path(setup.plan_path).parent.resolve() if setup.plan_path else None,
-                            default_cache(), setup.earlier)
-    except BaseException:
-        await target.close()
-        raise
-    probe_log = setup.probe_log = _ProbeLog(out / "log.db", durable=not setup.rehearsal)
-    try:
-        sched = await planned(setup, target)
-    except BaseException:
-        await target.close()
-        raise
+        sched = await session.prepare(places, probe_log)
     finally:
         await probe_log.close()
     for w in setup.site.warnings:
@@ -79,44 +70,40 @@ async def run_window(setup: WindowSetup, out: Path, console: Console,
         try:
             faults.set_unbound()
         except BaseException:
-            await target.close()
+            await session.close()
             raise
         setup.preconditions = [*setup.preconditions, *faults.scheduled()]
     out.mkdir(parents=True, exist_ok=True)
     # the schedule the window starts from, for the operator; the log keeps what it was computed from
     # (the plan and the calibration in window_opened), so an auditor can recompute it
     (out / "forecast.json").write_bytes(msgspec.json.encode(sched) + b"\n")
-    window_id = new_window_id(setup.plan)
-    return await _foreground(target, setup, window_id, out, console,
-                             lambda runner: runner.run(setup.opened(window_id)), events_out, faults)
+    return await _foreground(session, new_window_id(setup.plan), out, console, WindowSession.run, events_out, faults)
 
 
-async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: Path, console: Console,
-                      drive: Callable[[Runner], Awaitable[str]], events_out: TextIO | None = None,
+async def _foreground(session: WindowSession, window_id: str, out: Path, console: Console,
+                      drive: Callable[[WindowSession], Awaitable[str]], events_out: TextIO | None = None,
                       faults: FaultSchedule | None = None) -> dict:
     """One window driven in this process with its log in `out`, shown live (or as JSON lines on
     `events_out`) and interruptible; its reports written there once it closes."""
-    db = out / "log.db"
+    db, setup = out / "log.db", session.setup
     try:
         # a rehearsal's host is simulated in this process: no effect of its decisions outlives a crash
         # that could lose the log's last commits, so its commits need not wait for the disk (the log
         # stays consistent, WAL); a window on a real site waits for every one
         store = await EventStore.open(db, durable=not setup.rehearsal)
     except BaseException as exc:
-        await target.close()
+        await session.close()
         if isinstance(exc, Exception) and not isinstance(exc, InputError):
             # a disk that is full, or a folder that takes no writes, before the window opened: nothing changed
             raise InputError(f"{db}: the event log cannot be opened ({str(exc)[:200]}); nothing on the host "
                              f"was changed") from None
         raise
-    if setup.preconditions:  # what was done before the window opened: in its log, before it
-        try:
-            await store.append_many(setup.preconditions, window_id=window_id)
-        except BaseException:
-            await target.close()
-            await store.close()
-            raise
-    runner = Runner(store, target, window_id, setup.time_scale)
+    try:
+        runner = await session.open(store, window_id)
+    except BaseException:
+        await session.close()
+        await store.close()
+        raise
     view = LiveView(console, window_id, events_out)
     def show(envs: list[Envelope]) -> None:
         for e in envs:
@@ -126,15 +113,15 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
         store.subscribe(faults.on_commit)
     try:
         with view, Interrupts(runner, console, out):
-            await drive(runner)
+            await drive(session)
         if faults is not None:  # whether each fault fired, in the log before the reports are written
             await store.append(faults.accounted(), window_id=window_id)
     except StoreWriteError as exc:  # the host restored from memory; the log's folder took no more writes
-        await target.close()
+        await session.close()
         await store.close()
         return await _published_elsewhere(db, runner, window_id, exc, console, durable=not setup.rehearsal)
     finally:
-        await target.close()
+        await session.close()
         await store.close()
     report = write_reports(db, window_id, out)
 
@@ -144,7 +131,7 @@ async def _foreground(target: Target, setup: WindowSetup, window_id: str, out: P
             await log.append(ev, window_id=window_id)
         finally:
             await log.close()
-    if await after_publishing(setup, append):  # the check that publishing left the history as it was
+    if await session.after_publishing(append):  # the check that publishing left the history as it was
         report = write_reports(db, window_id, out)
     return report
 
@@ -198,10 +185,9 @@ async def resume_window(out: Path, console: Console, events_out: TextIO | None =
     setup, mismatches = await asyncio.to_thread(setup_for_recovery, u.opened)
     console.print(f"resuming window {u.window_id} in its restore path ({len(u.inputs)} recorded inputs)"
                   + "".join(f"\n[yellow]mismatch:[/] {m}" for m in mismatches))
-    target = Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=out / "recipes")
-    return await _foreground(target, setup, u.window_id, out, console,
-                             lambda runner: runner.resume(u.events, u.opened_wall_ns, mismatches),
-                             events_out)
+    session = WindowSession.resuming(setup, out / "recipes")
+    return await _foreground(session, u.window_id, out, console,
+                             lambda s: s.resume(u.events, u.opened_wall_ns, mismatches), events_out)
 
 
 class Interrupts:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from collections.abc import Sequence
 
 import anyio
 import anyio.abc
@@ -23,18 +24,17 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from flare_diag.daemon.service import control
 from flare_diag.daemon.service.control import Abort, Archive, BadCommand, Report, Start, Status, Watch
-from flare_diag.daemon.window.forecast import planned
 from flare_diag.daemon.service.logs import configure
 from flare_diag.daemon.service.paths import default_sites_dir, default_socket, default_state_dir
 from flare_diag.daemon.service.notify import STATUS_MIN_INTERVAL_S, Notifier
 from flare_diag.daemon.reports.publish import FORMATS, build_report, publish_window, render
 from flare_diag.daemon.window.recovery import Unfinished, open_window_ids, setup_for_recovery, unfinished_windows, unrestored_incumbent
 from flare_diag.daemon.window.runner import Runner
-from flare_diag.daemon.window.sitecheck import checked_target
-from flare_diag.daemon.hosts.target import Target
-from flare_diag.daemon.rehearsal.harness import after_publishing, harness_cache, preconditions
+from flare_diag.daemon.rehearsal.harness import harness_cache
+from flare_diag.daemon.session import Places, WindowSession
 from flare_diag.daemon.window.reviews import reviews_in
-from flare_diag.daemon.window.setup import InputError, WindowSetup, check_review, new_window_id, setup_for_start
+from flare_diag.daemon.window.setup import InputError, check_review, new_window_id, setup_for_start
+from flare_diag.events.base import Event
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
 from flare_diag.events.reader import LogReader
@@ -79,12 +79,14 @@ async def _thread(fn, *args):
 
 
 class ActiveWindow:
-    def __init__(self, window_id: str, setup: WindowSetup, runner: Runner, target: Target) -> None:
-        self.window_id = window_id
-        self.setup = setup
+    """The daemon's one running window: its session (the lifecycle), its progress, and when it is done."""
+
+    def __init__(self, session: WindowSession, runner: Runner) -> None:
+        self.window_id = session.window_id
+        self.session = session
+        self.setup = session.setup
         self.runner = runner
-        self.target = target
-        self.progress = WindowProgress(window_id)
+        self.progress = WindowProgress(session.window_id)
         self.done = anyio.Event()
 
 
@@ -94,7 +96,6 @@ class Service:
                  archive_keep_days: int = ARCHIVE_KEEP_DAYS, fleet=None) -> None:
         self.archive_keep_days = archive_keep_days
         self.fleet = fleet  # FleetLink (service/fleetlink.py) when the daemon has fleet settings
-        self.preserving: dict[str, WindowSetup] = {}  # window -> its setup, until its preserved history is checked
         self.metrics = metrics  # daemon.exporter.ServiceMetrics when --metrics-address is given
         self._aborts: dict[str, int] = {}  # windows aborted since the daemon started, by reason
         self.trust_log = trust_log  # the operator vouches for the log as it is (skips the start checks once)
@@ -258,16 +259,20 @@ class Service:
             self.stuck = None
             self.log.warning("resuming an unfinished window in its restore path", window_id=u.window_id,
                              inputs=len(u.inputs), mismatches=mismatches)
-            w = self._new_window(u.window_id, setup)
+            w = await self._new_window(u.window_id, WindowSession.resuming(setup, self.state_dir / "recipes"))
             for seq, ev in u.events:
                 w.progress.apply(seq, ev)
-            self._launch(w, functools.partial(w.runner.resume, u.events, u.opened_wall_ns, mismatches), retry)
+            self._launch(w, functools.partial(w.session.resume, u.events, u.opened_wall_ns, mismatches), retry)
             return  # one window at a time: a second unfinished one would be a bug of an earlier build
 
-    def _new_window(self, window_id: str, setup: WindowSetup, target: Target | None = None) -> ActiveWindow:
-        target = target or Target(setup.site, setup.fixtures, setup.plan_sha256, recipe_dir=self.state_dir / "recipes")
-        runner = Runner(self.store, target, window_id, setup.time_scale)
-        self.window = ActiveWindow(window_id, setup, runner, target)
+    async def _new_window(self, window_id: str, session: WindowSession, before: Sequence[Event] = ()) -> ActiveWindow:
+        try:
+            runner = await session.open(self.store, window_id, before)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+            raise
+        self.window = ActiveWindow(session, runner)
         return self.window
 
     def _launch(self, w: ActiveWindow, run, retry: bool = True) -> None:
@@ -315,7 +320,7 @@ class Service:
                                                               "to resume it in its restore path"}
         finally:
             with anyio.CancelScope(shield=True):
-                await w.target.close()
+                await w.session.close()
                 await self.store.flush()
             self.last = w.progress.as_dict()
             self.window = None
@@ -327,9 +332,8 @@ class Service:
             self.stuck = None
         if (w.progress.outcome or outcome) is not None and self.stuck is None:
             await self._publish(w.window_id)
-            setup = self.preserving.pop(w.window_id, None)
-            if setup is not None:  # the preserved history checked once the report is out, into the log
-                await after_publishing(setup, lambda ev: self.store.append(ev, window_id=w.window_id))
+            # the preserved history checked once the report is out, into the log
+            await w.session.after_publishing(lambda ev: self.store.append(ev, window_id=w.window_id))
         elif outcome is None and retry and not self.stopping:
             self.store.resume_writes()  # the retry is the recovery path's own attempt to write
             await self._recover(retry=False)
@@ -691,45 +695,37 @@ class Service:
             if refused is not None:
                 return refused
             grant = self.fleet.granted[window_id]
-        # the forecast's probe requests go to the log as they are sent (intent, then answer): outside any
-        # window, since none has opened yet (and it may be refused after its probe)
-        setup.probe_log = self.store.append
+        session = WindowSession(setup)
         try:
-            # the same read-only site check as `site check`: a site that lacks what the plan needs is
-            # refused before anything on it changes; then the forecast
-            target = await checked_target(setup, self.state_dir / "recipes")
-            try:
-                # the preserved history hashed and the offline harness rehearsed: the host only read so far
-                earlier = await _thread(_earlier_window, self.db, setup.site.name)
-                await preconditions(setup, self.state_dir / "harness" / window_id, [self.state_dir], None,
-                                    harness_cache(self.state_dir), (self.db, earlier) if earlier else None)
-                await planned(setup, target)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await target.close()
-                raise
+            # the same read-only site check as `site check` (a site that lacks what the plan needs is refused
+            # before anything on it changes), the preserved history hashed and the offline harness rehearsed,
+            # then the forecast, whose probe requests go to the log as they are sent (intent, then answer):
+            # outside any window, since none has opened yet (and it may be refused after its probe)
+            earlier = await _thread(_earlier_window, self.db, setup.site.name)
+            await session.prepare(Places(recipes=self.state_dir / "recipes", harness=self.state_dir / "harness" / window_id,
+                                         outputs=[self.state_dir], harness_cache=harness_cache(self.state_dir),
+                                         earlier=(self.db, earlier) if earlier else None), self.store.append)
         except BaseException as exc:
             self._lease_unused()
             if isinstance(exc, InputError):
                 return self._refused(exc, uid, pid)
             raise
         if self.window is not None or self.stopping:  # a stop (or a resumed window) came while the host was read
-            await target.close()
+            await session.close()
             self._lease_unused()
             return control.error("another window runs, or the daemon is stopping; no window starts")
-        if setup.preconditions:  # what was done before the window opened, in its log before it
-            await self.store.append_many(setup.preconditions, window_id=window_id)
-        self.preserving[window_id] = setup
-        w = self._new_window(window_id, setup, target)
-        if self.fleet is not None:  # the lease's fencing epoch, in the chain before any host change
-            await self.store.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant,
-                                                 how="taken"), window_id=window_id)
-        if campaign_run is not None:  # the run is this window's in the host's own log, whatever the database heard
-            await self.store.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]),
-                                    window_id=window_id)
-        await self.store.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
-                                               detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"), window_id=window_id)
-        self._launch(w, functools.partial(w.runner.run, setup.opened(window_id)))
+        # what was done before the window opened, in its log before it: the preconditions, the lease's
+        # fencing epoch (in the chain before any host change), the campaign run this window is (in the
+        # host's own log, whatever the database heard), and the command that started it
+        before: list[Event] = []
+        if self.fleet is not None:
+            before.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant, how="taken"))
+        if campaign_run is not None:
+            before.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]))
+        before.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
+                                     detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"))
+        w = await self._new_window(window_id, session, before)
+        self._launch(w, w.session.run)
         if self.fleet is not None:
             self.fleet.launched()
         for warning in setup.site.warnings:
