@@ -61,3 +61,25 @@ async def test_an_answers_chunk_is_stamped_when_it_is_read_not_when_it_is_parsed
 def test_a_response_that_was_not_stamped_reads_the_clock_now():
     r = httpx.Response(200, content=b"")
     assert read_ns(r, lambda: 42) == 42
+
+
+@pytest.mark.asyncio
+async def test_a_chunk_read_later_is_never_stamped_before_one_read_earlier():
+    # the first read has no kernel stamp (the clock at its read, 1,000), the second is stamped as received
+    # 300 ns before its read at 1,100: 800 would put the later chunk before the earlier one
+    from flare_diag.daemon.hosts.stamping import StampedStream
+
+    class Inner(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b"a"
+            yield b"b"
+
+    class Network:
+        ages = iter([None, 300])
+
+        def received_age_ns(self) -> int | None:
+            return next(self.ages)
+    clock = iter([1_000, 1_100])
+    stream = StampedStream(Inner(), lambda: next(clock), Network())
+    stamps = [stream.last_read_ns async for _chunk in stream]
+    assert stamps == [1_000, 1_000]

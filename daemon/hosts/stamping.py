@@ -28,7 +28,11 @@ class StampedStream(httpx.AsyncByteStream):
         async for chunk in self._inner:
             now = self._clock()
             age = self._age() if self._age is not None else None
-            self.last_read_ns = now - age if age is not None else now
+            read = now - age if age is not None else now
+            # TCP delivers in order, so a chunk read later was never received earlier: a read the kernel
+            # did not stamp takes the clock at its read (later than its bytes came), and the next, stamped,
+            # read must not then seem to come before it (a first token after the last, on a real vLLM)
+            self.last_read_ns = read if self.last_read_ns is None else max(read, self.last_read_ns)
             yield chunk
 
     async def aclose(self) -> None:
