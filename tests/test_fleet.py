@@ -456,3 +456,26 @@ def test_a_hosts_dsn_line_keeps_every_server_and_setting_and_drops_the_callers_c
                    "target_session_attrs": "read-write"}
     assert "secret" not in host_dsn(given, "gpu17", "flare")
     assert conninfo_to_dict(host_dsn("host=/run/pg", "gpu18", "fleet"))["dbname"] == "fleet"  # the database connected to
+
+
+async def test_a_claimed_run_is_committed_as_claimed_before_its_window_starts(fleet, tmp_path):
+    """The claim is in the database before the start it leads to: a failover during the start cannot lose it
+    (the drill in docs/fleet.md ran a run twice when the claim waited, uncommitted, for the start's mark)."""
+    import structlog
+
+    from flare_diag.daemon.fleet.config import FleetConfig
+    from flare_diag.daemon.service.fleetlink import FleetLink
+    from flare_diag.events.store import EventStore
+    cid = await _campaign(fleet, visibility_s=60.0)
+    db = tmp_path / "log.db"
+    await (await EventStore.open(db)).close()
+    dsn = role_dsn(fleet, "h1")
+    link = FleetLink(FleetConfig(dsn=dsn, host="h1", pool="p"), dsn, db, structlog.get_logger(), lambda: None)
+    seen: list[tuple] = []
+
+    async def starter(run) -> dict:  # noqa: ANN001 - a claimed run
+        seen.append(await _state(fleet, cid))  # read by another connection, as a promoted standby would have it
+        return {"ok": True, "window_id": "w-1"}
+    link.starter, link.idle = starter, lambda: True
+    assert await link._claim_and_start() is False
+    assert [s[:2] for s in seen] == [("claimed", 1)]

@@ -230,7 +230,10 @@ class FleetLink:
         """Starts this host's next queued run if the daemon is idle; True when the pool was full."""
         if self.starter is None or not self.idle() or self.pending is not None:
             return False
-        async with await connect(self.dsn) as conn:
+        # autocommit: each step (an adoption, the claim, the mark) commits as it is made. In one implicit
+        # transaction the claim waited, uncommitted, for the start's mark; a failover between them lost it
+        # and the run was claimed and run again
+        async with await connect(self.dsn, autocommit=True) as conn:
             await self._adopt_runs(conn)  # a run the log says started is never claimed again
             run = await campaigns.claim(conn, self.cfg.host)
             if run is None:
