@@ -84,7 +84,7 @@ class FleetLink:
 
     async def check_room(self) -> None:
         """PoolFull or NeedsPerson now, before the start's preflight; takes nothing."""
-        async with await connect(self.dsn) as conn:
+        async with await connect(self.dsn, autocommit=True) as conn:
             await lease.check_room(conn, self.cfg.pool, self.cfg.host)
 
     async def take_lease(self, window_id: str, caller: str) -> lease.Grant:
@@ -93,7 +93,7 @@ class FleetLink:
         lets go is released first, from that log, never on the word of memory."""
         await self.reconcile()
         self.pending = window_id
-        async with await connect(self.dsn) as conn:
+        async with await connect(self.dsn, autocommit=True) as conn:  # the grant commits before it is read back
             got = await lease.take(conn, self.cfg.pool, self.cfg.host, window_id, f"{CALLER} for {caller}")
             self.lease = await lease.held(conn, self.cfg.host)
         self.granted[window_id] = got.epoch
@@ -133,8 +133,9 @@ class FleetLink:
 
     async def reconcile(self) -> None:
         """Releases this host's lease once its window's log records a verified restoration, or marks it
-        for a person when the window closed without one; leaves it alone while the window runs."""
-        async with await connect(self.dsn) as conn:
+        for a person when the window closed without one; leaves it alone while the window runs. Each change
+        commits as it is made (autocommit), so a release the journal says happened did."""
+        async with await connect(self.dsn, autocommit=True) as conn:
             held = await lease.held(conn, self.cfg.host)
             await self._reassert(conn, held)
             if held is not None and held["state"] == "held" and held["window_id"] not in (self.running(), self.pending):
