@@ -161,3 +161,13 @@ def test_adding_the_method_edited_no_generic_rule():
     for name in generic:
         text = (ROOT / "policies" / name).read_text()
         assert "cache_diagnostics" not in text and "interpret" not in text, name
+
+
+def test_plan_check_names_the_method_a_plan_runs(tmp_path, capsys):
+    from flare_diag.daemon.cli.commands import main
+    plan = tmp_path / "two-pass.toml"
+    plan.write_text(_plan_text("two_pass"))
+    assert main(["plan", "check", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "two_pass"
+    assert main(["plan", "check", str(SEED_PLAN)]) == 0
+    assert "method cache_diagnostics" in capsys.readouterr().out

@@ -631,11 +631,11 @@ def _plan_check(path: Path, as_json: bool = False, site: Path | None = None) -> 
     sizes = {name: len(f.bodies) for name, f in fixtures.items()}
     if as_json:
         import json
-        print(json.dumps({"ok": True, "plan": plan.name, "phases": [p.id for p in phases],
+        print(json.dumps({"ok": True, "plan": plan.name, "method": plan.method, "phases": [p.id for p in phases],
                           "stop_min": plan.timing.stop_min, "window_min": plan.timing.window_min, "fixtures": sizes}))
     else:
         checked = ", ".join(f"{n} ({k} bodies)" for n, k in sizes.items()) or "none"
-        print(f"ok: {plan.name}: {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of "
+        print(f"ok: {plan.name}: method {plan.method}, {len(phases)} phases, stop at minute {plan.timing.stop_min:g} of "
               f"{plan.timing.window_min:g}; fixtures with the plan's sampling: {checked}")
     return EXIT_OK
 
