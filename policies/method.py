@@ -4,7 +4,7 @@ The generic rules (policies/window.py, core.py, takedown.py, restore.py: the abo
 watches, the stop minute, the restore reservation, the cells ledger) hold for every method. The
 plan declares the phases (grouped into arms by incarnation, policies/planner.arms: the cells a
 window owes, forecast and report); a method says how they run and what its cells mean. A new
-method is a new module in policies/methods/ (docs/extending.md walks through one).
+method is a new module in policies/methods/ (docs/adapters.md, "A method", walks through one).
 """
 
 from __future__ import annotations

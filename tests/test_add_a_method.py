@@ -1,4 +1,4 @@
-"""A second method, added the way docs/extending.md says (a new module, registered; no generic rule
+"""A second method, added the way docs/adapters.md says (a new module, registered; no generic rule
 edited), runs through the real runner on the simulator: the generic rules hold for it, its verdict is
 its own, and a plan naming a method this build does not have is refused."""
 
@@ -156,7 +156,7 @@ def test_a_plan_that_names_no_method_runs_the_seeds():
 
 
 def test_adding_the_method_edited_no_generic_rule():
-    # what docs/extending.md promises: the generic modules name no method; only the registry knows the seed's
+    # what docs/adapters.md promises: the generic modules name no method; only the registry knows the seed's
     generic = ["window.py", "core.py", "takedown.py", "restore.py", "rules.py", "guards.py", "verdicts.py", "method.py"]
     for name in generic:
         text = (ROOT / "policies" / name).read_text()

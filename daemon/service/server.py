@@ -724,7 +724,11 @@ class Service:
             before.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]))
         before.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
                                      detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"))
-        w = await self._new_window(window_id, session, before)
+        try:
+            w = await self._new_window(window_id, session, before)
+        except BaseException:
+            self._lease_unused()  # the log took none of it: the window never opened, and its lease follows that
+            raise
         self._launch(w, w.session.run)
         if self.fleet is not None:
             self.fleet.launched()
