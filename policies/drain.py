@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from flare_diag.events.answers import MetricsSample, RouterView, read
 from flare_diag.events.schema import NS_PER_S, DrainObserved
 from flare_diag.policies import rules
 from flare_diag.policies.core import WindowCore
@@ -31,13 +32,14 @@ def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]
         calls: list[tuple[str, dict[str, Any]]] = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
         res = yield from w.act_all(calls)
         m = res[0]
-        ok = m.ok and rules.drained(m.data.get("gauges", {}), w.plan.drain.accept_unobserved)
+        sample = read(MetricsSample, m) if m.ok else MetricsSample()
+        ok = m.ok and rules.drained(sample.gauges, w.plan.drain.accept_unobserved)
         if m.ok:
-            w.drain_unseen.update(rules.unseen_drain_gauges(m.data.get("gauges", {})))
+            w.drain_unseen.update(rules.unseen_drain_gauges(sample.gauges))
         if router and len(res) > 1 and res[1].ok:
-            ok = ok and not (res[1].data.get("backend") or {}).get("inflight")
+            ok = ok and not read(RouterView, res[1]).backend.inflight
         if ok:
-            counters = m.data.get("counters", {})
+            counters = sample.counters
             stable = stable + 1 if last is not None and counters == last else 1
             last = counters
             if stable >= timing.stable_observations:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from flare_diag.events.actions import make
+from flare_diag.events.answers import Answer, answer_type
 from flare_diag.events.schema import ActionRequested, Decision, Input
 
 Proc = Generator[Any, Any, None]
@@ -45,6 +46,7 @@ class Driver:
         self.now = 0
         self.next_id = 1
         self.pending: dict[int, tuple[str, bool]] = {}  # id -> (action, experimental)
+        self.expects: dict[int, type[Answer] | None] = {}  # id -> the struct its answer decodes into
         self.results: dict[int, Input] = {}
         self.wait: object = None
         self.gen: Proc | None = None
@@ -103,6 +105,7 @@ class Driver:
         aid = self.next_id
         self.next_id += 1
         self.pending[aid] = (action, experimental)
+        self.expects[aid] = answer_type(request)
         self.emit(ActionRequested(action_id=aid, request=request, experimental=experimental,
                                    deadline_s=self._deadline_s(action)))
         return aid

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
+from flare_diag.events.answers import Health, Identity, Incarnation, MetricsSample, read
 from flare_diag.events.schema import (
     NS_PER_S,
     Alarm,
@@ -43,7 +44,7 @@ def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
         w.failed_incarnations[label] = f"candidate incarnation {label} did not load: {res.detail or res.error}"
         return False
     w.candidate_loaded = label
-    w.candidate_id = res.data.get("incarnation")
+    w.candidate_id = read(Incarnation, res).incarnation
     return True
 
 
@@ -104,12 +105,12 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     if not ident_res.ok:
         w.record_cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
         return
-    ident = ident_res.data
+    ident, said = ident_res.data, read(Identity, ident_res)  # the whole answer is what later reads are held to
     mism = rules.identity_mismatches(expected_identity(w.plan), ident, trace=False)
-    if w.candidate_sha and ident.get("recipe_sha256") != w.candidate_sha:
-        mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {ident.get('recipe_sha256')}")
-    if w.candidate_id is not None and ident.get("incarnation") != w.candidate_id:
-        mism.append(f"incarnation: expected {w.candidate_id}, found {ident.get('incarnation')}")
+    if w.candidate_sha and said.recipe_sha256 != w.candidate_sha:
+        mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {said.recipe_sha256}")
+    if w.candidate_id is not None and said.incarnation != w.candidate_id:
+        mism.append(f"incarnation: expected {w.candidate_id}, found {said.incarnation}")
     inc_gpus = (w.incumbent.identity if w.incumbent else {}).get("gpus")
     if inc_gpus is not None and ident.get("gpus") is not None:
         # the seed: "same two GPUs at 300 W" as the incumbent ran on
@@ -125,8 +126,9 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         if not m.ok:
             w.record_cell(ph.id, "failed", f"metrics could not be read: {m.detail}")
             return
-        nonzero = rules.counters_reset(m.data.get("counters", {}))
-        g = m.data.get("gauges", {})
+        sample = read(MetricsSample, m)
+        nonzero = rules.counters_reset(sample.counters)
+        g = sample.gauges
         occupied = [k for k in OCCUPANCY if g.get(k)]
         observable = any(g.get(k) is not None for k in OCCUPANCY)
         if nonzero or occupied:
@@ -152,9 +154,9 @@ def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: 
         return
     if observed.get("incarnation") is None:
         h = yield from w.act("health", {})
-        if not (h.ok and h.data.get("status") == 200):
+        if not (h.ok and read(Health, h).status == 200):
             w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
-                                           f"answered {h.data.get('status') if h.ok else h.error}")
+                                           f"answered {read(Health, h).status if h.ok else h.error}")
     w.drifted = True
     w.abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
                                       f"{ph.incarnation}: " + "; ".join(changes))
@@ -233,7 +235,7 @@ def _prime_not_measured(w: WindowCore, prime: str) -> str | None:
 def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     """The phase's trace switch, checked to have changed nothing else; False (its cell failed) if not set."""
     res = yield from w.act("set_trace", {"enabled": ph.trace})
-    if not res.ok or res.data.get("trace_enabled") != ph.trace:
+    if not res.ok or read(Identity, res).trace_enabled != ph.trace:
         w.record_cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
         return False
     mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
@@ -285,8 +287,9 @@ def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict[str, Any]
     delta: dict[str, Any] = {}
     m, ident = yield from w.act_all([("scrape_metrics", {}), ("read_identity", {})])
     if m.ok:
-        delta = rules.counter_delta(prev, m.data.get("counters", {}))
-        prev = m.data.get("counters", {})
+        counters = read(MetricsSample, m).counters
+        delta = rules.counter_delta(prev, counters)
+        prev = counters
         if delta.get("host_hits"):
             tally.hit_requests.append(k)
     if ident.ok:
@@ -322,10 +325,10 @@ def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Pro
     if not unavailable:
         return
     h = yield from w.act("health", {})
-    if not (h.ok and h.data.get("status") == 200):
+    if not (h.ok and read(Health, h).status == 200):
         w.abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
                                        f"{unavailable[0].error} and /health answered "
-                                       f"{h.data.get('status') if h.ok else h.error}")
+                                       f"{read(Health, h).status if h.ok else h.error}")
 
 
 def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, Any], prev: dict[str, Any], prime: str | None,

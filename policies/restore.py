@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
+from flare_diag.events.answers import GpuView, Identity, LoadedRecipe, ManagerState, MetricsSample, MonitoringView, RouterView, read
+from flare_diag.events.answers import SteadyState as SteadyStateAnswer
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
@@ -41,7 +43,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
     if not m.ok:
         out.append(f"uncontrolled_growth: the engine's metrics could not be read before readmit ({m.detail or m.error})")
     else:
-        gauges = m.data.get("gauges") or {}
+        gauges = read(MetricsSample, m).gauges
         hit = guards.action_observation(m.data, None, True, plan.growth, plan.identity.host_cache_bytes)
         if hit:
             out.append(f"{hit[0]}: before readmit: {hit[1]}")
@@ -54,7 +56,8 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
     # of the window in flight (a scheduler queue that grows by itself never settles)
     settled = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
     if not settled:
-        busy = {g: v for g, v in ((g, (m.data.get("gauges") or {}).get(g) if m.ok else None) for g in rules.DRAIN_GAUGES) if v}
+        idle = read(MetricsSample, m).gauges if m.ok else {}
+        busy = {g: v for g in rules.DRAIN_GAUGES if (v := idle.get(g))}
         out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s "
                    f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})")
     if not ident.ok:
@@ -87,10 +90,10 @@ def steady_state_after(w: WindowCore) -> Proc:
         end = min(end, w.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
     while True:
         res = yield from w.act("steady_state", {"when": "after", "queries": queries})
-        answers = res.data.get("guards", {}) if res.ok else {}
+        said = read(SteadyStateAnswer, res).guards if res.ok else {}
         broken = []
         for g in enforced:
-            value = steady.worst(g, (answers.get(g.name) or {}).get("values") or [])
+            value = steady.worst(g, said[g.name].values if g.name in said else [])
             if value is None or steady.breached(g, value):
                 broken.append((g, value))
         if not broken:
@@ -167,24 +170,24 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     inc = w.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
     st = yield from w.act("manager_state", {})
-    loaded = (st.data.get("loaded") if st.ok else None) or None
+    loaded = _loaded(st)
     if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
-        recipe, sha, identity = loaded.get("recipe"), loaded.get("sha256"), {}
+        recipe, sha, identity = loaded.recipe, loaded.sha256, {}
     if sha and w.took_down:  # a window that changed nothing puts nothing back
-        if loaded and loaded.get("sha256") != sha:
-            yield from w.act("unload", {"recipe": loaded.get("recipe"), "sha256": loaded.get("sha256")})
+        if loaded and loaded.sha256 != sha:
+            yield from w.act("unload", {"recipe": loaded.recipe, "sha256": loaded.sha256})
         w.restore_unloaded = True  # from here on the GPUs and the engine are the incumbent's to answer for
-        if not loaded or loaded.get("sha256") != sha:
+        if not loaded or loaded.sha256 != sha:
             for _attempt in range(2):
                 r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
                 if r.ok:
                     break
     w.incumbent_back = w.took_down  # a window that changed nothing has nothing of its own to judge
     first = yield from w.act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
-    w.restore_resident = ((first.data.get("gauges") or {}).get("resident_bytes") if first.ok else None)
+    w.restore_resident = read(MetricsSample, first).gauges.get("resident_bytes") if first.ok else None
     ident = yield from w.act("read_identity", {})
     ident = yield from trace_back(w, identity, ident)
-    checks["incumbent_sha256_match"] = bool(ident.ok and sha and ident.data.get("recipe_sha256") == sha)
+    checks["incumbent_sha256_match"] = bool(ident.ok and sha and read(Identity, ident).recipe_sha256 == sha)
     if checks["incumbent_sha256_match"] and identity:
         drift = rules.identity_mismatches({k: identity.get(k) for k in rules.IDENTITY_FIELDS if k in identity}, ident.data)
         checks["incumbent_sha256_match"] = not drift
@@ -192,21 +195,21 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     now_router, now_gpu = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
     contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
     if router_snap is not None:
-        contained = now_router.ok and now_router.data.get("config_sha256") == router_snap.get("config_sha256")
+        contained = now_router.ok and read(RouterView, now_router).config_sha256 == router_snap.get("config_sha256")
     if gpu_snap is not None:
         contained = contained and now_gpu.ok and _gpu_fields(now_gpu.data) == _gpu_fields(gpu_snap)
     checks["containment"] = None if contained is None else bool(contained)
     if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
-        new = (now_gpu.data.get("xid_events") or [])[w.xids_known:]
+        new = read(GpuView, now_gpu).xid_events[w.xids_known:]
         if new:
             w.xids_known += len(new)
-            w.restore_fault(f"gpu_fault: Xid {new[0].get('xid')} on GPU {new[0].get('gpu')}")
+            w.restore_fault(f"gpu_fault: Xid {new[0].xid} on GPU {new[0].gpu}")
     mon = yield from w.act("snapshot", {"what": "monitoring"})
     if mon.error == "not_applicable":
         checks["monitoring_registered"] = None
     else:
-        t = mon.data.get("target") or {}
-        checks["monitoring_registered"] = bool(mon.ok and t.get("registered") and t.get("healthy"))
+        t = read(MonitoringView, mon).target if mon.ok else None
+        checks["monitoring_registered"] = bool(t and t.registered and t.healthy)
     direct = yield from w.act("preflight", {"path": "direct"})
     checks["direct_preflight"] = bool(direct.ok)
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
@@ -222,7 +225,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
 def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator[Any, Any, Any]:
     """The one identity field a window sets itself: put back as it was before the take-down, and read again."""
     want = identity.get("trace_enabled") if identity else None
-    if not (ident.ok and isinstance(want, bool) and ident.data.get("trace_enabled") not in (None, want)):
+    if not (ident.ok and isinstance(want, bool) and read(Identity, ident).trace_enabled not in (None, want)):
         return ident
     res = yield from w.act("set_trace", {"enabled": want})
     if not res.ok:
@@ -255,6 +258,12 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
         routed = yield from w.act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+
+
+def _loaded(st: Any) -> LoadedRecipe | None:
+    """What the manager says is loaded; None when it could not say, or names no recipe."""
+    loaded = read(ManagerState, st).loaded if st.ok else None
+    return loaded if loaded != LoadedRecipe() else None  # `"loaded": {}` names nothing either
 
 
 def _gpu_fields(snapshot: Mapping[str, Any]) -> list[tuple[Any, Any]]:

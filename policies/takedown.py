@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flare_diag.events.answers import FixturesWork, Preview, RecipeKept, SteadyState, read
 from flare_diag.events.schema import TraceOrderFrozen
 from flare_diag.policies import rules, steady
 from flare_diag.policies.core import WindowCore
@@ -31,7 +32,7 @@ def preflight(w: WindowCore) -> Proc:
     res = yield from w.act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
     if not res.ok:
         w.fail_inside(res, "fixture validation failed")
-    w.fixtures = res.data.get("fixtures", {})
+    w.fixtures = read(FixturesWork, res).fixtures
     w.est = Estimator(plan, work_from(plan, w.fixtures), w.calibration)
     if plan.trace is not None:
         w.emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
@@ -76,7 +77,7 @@ def retain_and_preview(w: WindowCore, inc: dict[str, Any]) -> Proc:
     for role, r in zip(("incumbent", "candidate"), kept):
         if not r.ok:
             w.fail_inside(r, f"{role} recipe bytes could not be retained")
-    w.candidate_sha = kept[1].data.get("sha256")
+    w.candidate_sha = read(RecipeKept, kept[1]).sha256
     # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
     previews = yield from w.act_all([
         ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
@@ -84,7 +85,7 @@ def retain_and_preview(w: WindowCore, inc: dict[str, Any]) -> Proc:
         ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
     ])
     for r in previews:
-        if not r.ok or r.data.get("ok") is not True:
+        if not r.ok or read(Preview, r).ok is not True:
             w.fail_inside(r, "preview refused")
 
 
@@ -120,8 +121,9 @@ def steady_state_before(w: WindowCore) -> Proc:
     res = yield from w.act("steady_state", {"when": "before", "queries": {g.name: g.query for g in w.plan.guards}})
     if not res.ok:
         return
+    said = read(SteadyState, res).guards
     for g in w.enforced_guards("experiment"):
-        value = steady.worst(g, (res.data.get("guards", {}).get(g.name) or {}).get("values") or [])
+        value = steady.worst(g, said[g.name].values if g.name in said else [])
         if value is not None and steady.breached(g, value):
             w.abort_inside("steady_state", f"before the quiesce the pool is already unhealthy: guard {g.name}: "
                                             f"{value:.6g} {g.breach_if} {g.threshold:g} ({g.query}); nothing was changed")

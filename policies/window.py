@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from flare_diag.events.answers import WATCHES, Answer, GpuView, MetricsSample, UnexpectedAnswer, convert, read
 from flare_diag.events.stages import BEFORE_RESTORE, Stage, advance
 from flare_diag.events.schema import (
     NS_PER_MIN,
@@ -63,6 +64,8 @@ class WindowPolicy(WindowCore):
             return out
         elif isinstance(inp, (ActionDone, RequestDone)):
             self._outcome(inp)
+        elif isinstance(inp, WatchObserved) and (why := _malformed_watch(inp)):
+            self.watch_failure[inp.source] = f"malformed_transport: {why}"  # silent, as a watch that failed
         elif isinstance(inp, WatchObserved):
             if inp.source != "prometheus":
                 self.watch_last[inp.source] = inp.at_ns
@@ -79,6 +82,7 @@ class WindowPolicy(WindowCore):
             for aid in sorted(self.pending):
                 action, experimental = self.pending.pop(aid)
                 args = self.read_args.pop(aid, None)
+                self.expects.pop(aid, None)
                 if self.stage == Stage.RESTORE and action in RE_ASKABLE and not experimental and args is not None:
                     # a read whose answer the restart lost is asked again: only a host change is never repeated
                     # keyed on the id the restore first waited on: a second restart re-asks a re-ask
@@ -189,6 +193,7 @@ class WindowPolicy(WindowCore):
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
         action, _experimental = self.pending.pop(inp.action_id)
         self.read_args.pop(inp.action_id, None)
+        inp = self._decoded(inp, self.expects.pop(inp.action_id, None))
         if action == "quiesce" and isinstance(inp, ActionDone) and inp.error == "not_carried_out":
             # never sent (its decision was not in the log): the primary was never taken out of rotation,
             # so the restore has nothing to readmit and an admitted backend is no breach
@@ -196,7 +201,8 @@ class WindowPolicy(WindowCore):
         # an answer to a read asked again after a restart is the answer the restore waits for under the first id
         self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
-            restarted = self.restart_watch.observe(inp.data.get("counters") or {}, inp.data.get("gauges") or {})
+            sample = read(MetricsSample, inp)
+            restarted = self.restart_watch.observe(sample.counters, sample.gauges)
             if restarted:
                 self._engine_restarted(restarted)
         if self.stage == Stage.RESTORE:
@@ -223,6 +229,19 @@ class WindowPolicy(WindowCore):
                 hit = self.baseline.check(gauges, in_flight, self.plan.growth)
             if hit:
                 self._abort_from_outside(*hit)
+
+    @staticmethod
+    def _decoded(inp: ActionDone | RequestDone, kind: type[Answer] | None) -> ActionDone | RequestDone:
+        """An answer that is not its action's shape is never read in part: it is the host's malformed
+        answer, a failed action (the runner checks at the host's edge; this holds any other executor to it)."""
+        if kind is None or not isinstance(inp, ActionDone) or not inp.ok:
+            return inp
+        try:
+            convert(kind, inp.data, f"action {inp.action_id}")
+        except UnexpectedAnswer as exc:
+            return ActionDone(at_ns=inp.at_ns, action_id=inp.action_id, ok=False, error="malformed_transport",
+                              detail=str(exc), data=inp.data)
+        return inp
 
     def _restore_outcome(self, inp: ActionDone | RequestDone) -> None:
         """An outcome during the restore: a GPU fault at any moment, and once the window's candidate is
@@ -277,7 +296,7 @@ class WindowPolicy(WindowCore):
         is held to."""
         if inp.source == "gpu":
             self._gpu_rules_disabled(inp.data)
-            self.xids_known += len(inp.data.get("xid_events") or [])
+            self.xids_known += len(convert(GpuView, inp.data, "gpu watch").xid_events)
         if self.stage not in (*BEFORE_RESTORE, Stage.RESTORE):
             return
         if inp.source == "prometheus":
@@ -372,3 +391,15 @@ class WindowPolicy(WindowCore):
         self.emit(RestoreStarted(cause=cause, minute=self.restore_started))
         self._start(restore(self), self._procedure_ended)
 
+
+def _malformed_watch(inp: WatchObserved) -> str | None:
+    """Why a watch's answer is not its source's shape (events/answers.py), or None."""
+    kind = WATCHES.get(inp.source)
+    data = (inp.data.get("identity") or {}) if inp.source == "identity" else inp.data
+    if kind is None:
+        return None
+    try:
+        convert(kind, data, f"{inp.source} watch")
+    except UnexpectedAnswer as exc:
+        return str(exc)
+    return None
