@@ -19,9 +19,22 @@ def test_the_runners_target_carries_out_exactly_the_catalogues_actions(tmp_path)
     assert all(callable(h) for h in target.handlers().values())
 
 
-def test_the_model_run_answers_exactly_the_catalogues_actions():
+def test_the_model_run_carries_actions_out_through_the_runners_own_handlers_on_the_host_models_ports():
+    from pathlib import Path
+
+    from flare_diag.daemon.hosts.actions import Actions
+    from flare_diag.daemon.hosts.model import ModelManager, ModelServing
     from flare_diag.daemon.rehearsal.modelrun import ModelRun
-    assert set(ModelRun.handlers(ModelRun.__new__(ModelRun))) == set(ACTION_TYPES)
+    from flare_diag.daemon.simulator import load_scenario
+    from flare_diag.daemon.window.setup import load_fixtures
+    from flare_diag.policies.plan import decode_plan
+    raw = (Path(__file__).resolve().parent.parent / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_bytes()
+    plan = decode_plan(raw)
+    run = ModelRun(raw, plan, load_scenario("flare-47581cca"), load_fixtures(plan, []), 0)
+    assert set(run.handlers()) == set(ACTION_TYPES)
+    assert all(isinstance(getattr(h, "__self__", None), Actions) and h.__func__ is getattr(Actions, h.__name__)
+               for h in run.handlers().values())  # the very methods the runner's Target inherits
+    assert isinstance(run.actions.host.manager, ModelManager) and isinstance(run.actions.host.serving, ModelServing)
 
 
 def test_every_action_type_has_a_name_of_its_own():

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from flare_diag.daemon.hosts.fixture import Fixture
-from flare_diag.daemon.hosts.target import delta_text, fixture_model, preflight_body
+from flare_diag.daemon.hosts.actions import fixture_model, preflight_body
+from flare_diag.daemon.hosts.target import delta_text
 
 REAL_VLLM = Path(__file__).resolve().parent / "data" / "metrics" / "vllm-0.32.0"
 

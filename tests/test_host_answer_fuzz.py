@@ -58,7 +58,7 @@ def test_any_stream_delta_reads_as_content_and_reasoning_text(delta):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(json_text)
 def test_any_preflight_answer_reads_as_its_finish_reason_or_is_malformed_transport(answer):
-    from flare_diag.daemon.hosts.target import finish_reason
+    from flare_diag.daemon.hosts.ports import finish_reason
     try:
         reason = finish_reason(answer, "direct preflight")
     except ActionFailed as exc:
@@ -70,7 +70,7 @@ def test_any_preflight_answer_reads_as_its_finish_reason_or_is_malformed_transpo
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(json_text)
 def test_any_models_answer_reads_as_model_ids_or_is_malformed_transport(answer):
-    from flare_diag.daemon.hosts.target import model_ids
+    from flare_diag.daemon.hosts.ports import model_ids
     try:
         ids = model_ids(answer)
     except ActionFailed as exc:
@@ -80,7 +80,7 @@ def test_any_models_answer_reads_as_model_ids_or_is_malformed_transport(answer):
 
 
 def test_a_preflight_answer_without_choices_is_the_hosts_malformed_answer_not_ours():
-    from flare_diag.daemon.hosts.target import finish_reason
+    from flare_diag.daemon.hosts.ports import finish_reason
     for answer in ({"choices": []}, {"choices": ["x"]}, [1], {"id": "x"}):
         try:
             finish_reason(answer, "direct preflight")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flare_diag.daemon.hosts.errors import ActionFailed
-from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, JsonCalls, LocalServing, Manager, Serving
+from flare_diag.daemon.hosts.ports import HttpManager, HttpServing, JsonCalls, LocalServing, Manager, Serving, complete_at
 from flare_diag.daemon.hosts.site import Engine, Site
 
 if TYPE_CHECKING:  # imported where first used: the local engine and NVML only on the sites that have them
@@ -24,11 +24,11 @@ class Router(Protocol):
     where routed generations go."""
 
     present: bool
-    generation_url: str | None  # the routed path's chat completions; None without a router
 
     async def snapshot(self) -> dict[str, Any]: ...
     async def quiesce(self) -> dict[str, Any]: ...
     async def readmit(self) -> dict[str, Any]: ...
+    async def complete(self, body: bytes, what: str) -> dict[str, Any]: ...  # one generation on the routed path
 
 
 class Monitoring(Protocol):
@@ -55,7 +55,6 @@ class HttpRouter:
 
     def __init__(self, calls: JsonCalls, url: str, backend: str) -> None:
         self.t, self.url, self.backend = calls, url, backend
-        self.generation_url: str | None = f"{url}/v1/chat/completions"
 
     async def snapshot(self) -> dict[str, Any]:
         d = await self.t.get_json("router", f"{self.url}/router/v1/backends", "router backends")
@@ -73,10 +72,12 @@ class HttpRouter:
     async def readmit(self) -> dict[str, Any]:
         return await self.t.post_json("router", f"{self.url}/router/v1/backends/{self.backend}/readmit", "readmit")
 
+    async def complete(self, body: bytes, what: str) -> dict[str, Any]:
+        return await complete_at(self.t, "router", f"{self.url}/v1/chat/completions", body, what)
+
 
 class NoRouter:
     present = False
-    generation_url: str | None = None
 
     async def snapshot(self) -> dict[str, Any]:
         raise ActionFailed("not_applicable", "the site has no router")
@@ -85,6 +86,9 @@ class NoRouter:
         raise ActionFailed("not_applicable", "the site has no router")
 
     async def readmit(self) -> dict[str, Any]:
+        raise ActionFailed("not_applicable", "the site has no router")
+
+    async def complete(self, body: bytes, what: str) -> dict[str, Any]:
         raise ActionFailed("not_applicable", "the site has no router")
 
 
@@ -169,7 +173,7 @@ class NvmlGpu:
 
 @dataclass
 class Host:
-    """A site's five roles, each behind its port."""
+    """A site's five roles, each behind its port (HTTP, a local engine, or the host model's)."""
 
     manager: Manager
     serving: Serving
@@ -182,16 +186,20 @@ class Host:
 def build_host(site: Site, calls: JsonCalls, serving_headers: dict[str, str]) -> Host:
     """The adapters the site profile names: a manager service or a local engine, a router, monitoring
     and GPUs where it has them."""
+    from flare_diag.daemon.hosts.engine_profiles import metric_names
     p = site.profile
     engine: LocalEngine | None = None
     manager: Manager
     serving: Serving
+    names = metric_names(p.metrics_profile, p.metrics)
     if p.engine is not None:
         engine = local_engine(site, p.engine)
-        manager, serving = engine, LocalServing(engine, serving_headers)
+        if not engine.host_tier():  # no host tier: its reuse is not applicable, never 0
+            names = {k: v for k, v in names.items() if not k.startswith("flare_host_cache_")}
+        manager, serving = engine, LocalServing(engine, serving_headers, HttpServing(calls, p.serving.url, names))
     else:
         assert p.manager is not None  # a profile has exactly one of [engine] and [manager] (site.py)
-        manager, serving = HttpManager(calls, p.manager.url), HttpServing(calls, p.serving.url)
+        manager, serving = HttpManager(calls, p.manager.url), HttpServing(calls, p.serving.url, names)
     router: Router = HttpRouter(calls, p.router.url, p.router.backend or "") if p.router is not None else NoRouter()
     monitoring: Monitoring = (HttpMonitoring(calls, p.monitoring.url, p.monitoring.target or "")
                               if p.monitoring is not None else NoMonitoring())

@@ -1,74 +1,36 @@
-"""Carries out the policy's actions against a site's services over HTTP (httpx, httpx-sse)."""
+"""The HTTP host: the window's actions (daemon/hosts/actions.py) carried out over the site's services with
+httpx and httpx-sse, its clients and the stamped generation stream."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import hashlib
 import json
-import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
-from flare_diag.daemon.hosts import metrics
-from flare_diag.events import actions as act
-from flare_diag.daemon.hosts.prometheus import Prometheus
-from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, answer_object, classify_response, json_object
-from flare_diag.daemon.hosts.stream_errors import stream_error
+from flare_diag.daemon.hosts.actions import Actions
+from flare_diag.daemon.hosts.errors import ActionFailed, answer_object, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.host import build_host
-from flare_diag.daemon.hosts.site import Site, SiteProfile
 from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
+from flare_diag.daemon.hosts.prometheus import Prometheus
+from flare_diag.daemon.hosts.site import Site, SiteProfile
 from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
+from flare_diag.daemon.hosts.stream_errors import stream_error
 
 RESPONSE_CAP = 4096
 
 
-def preflight_body(model: str | None) -> bytes:
-    """The restore's preflight generation, naming the model the window's own bodies name (an engine
-    refuses a model it does not serve: vLLM answers 404 for any other name); None: no model field."""
-    body: dict = {"messages": [{"role": "user", "content": "preflight"}], "max_tokens": 8, "stream": False}
-    return json.dumps({"model": model, **body} if model is not None else body).encode()
+class Target(Actions):
+    """A site's host over HTTP: the adapters `build_host` picks from its profile, given this target's
+    calls (its clients, the site's tokens, its retries)."""
 
-
-def finish_reason(answer: object, what: str) -> str | None:
-    """A chat completion's first choice's finish_reason; its absence or any other shape is malformed."""
-    choices = json_object(answer, what).get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(first, dict):
-        raise ActionFailed("malformed_transport", f"{what}: the answer has no choices")
-    reason = first.get("finish_reason")
-    return reason if isinstance(reason, str) else None
-
-
-def model_ids(answer: object) -> list[str]:
-    """`GET /v1/models`' ids (entries without a string id are left out); any other shape is malformed."""
-    data = json_object(answer, "models").get("data")
-    if not isinstance(data, list):
-        raise ActionFailed("malformed_transport", 'models: expected {"data": [{"id": ...}]}')
-    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-
-
-def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
-    """The model the fixtures' bodies name (the first body that names one), or None."""
-    for name in sorted(fixtures):
-        for m in fixtures[name].models():
-            return m
-    return None
-
-
-class Target:
     def __init__(self, site: Site, fixtures: dict[str, Fixture], plan_sha256: str,
                  recipe_dir: Path | None = None) -> None:
-        self.site = site
         self.p = site.profile
-        self.fixtures = fixtures
-        self.plan_sha256 = plan_sha256
-        self.recipe_dir = recipe_dir  # retained recipe bytes, content-addressed, beside the log
         timeout = httpx.Timeout(600.0, connect=10.0)
         # reads and state-setting calls share a pool (they may be retried once on a fresh connection)
         self.client = host_client(timeout=timeout, transport=site.transport)
@@ -77,27 +39,12 @@ class Target:
         # (their answers' chunks stamped as they are read off the transport, before any parsing)
         inner = site.transport or stamped_transport(_service_urls(site.profile))
         self.fresh = host_client(timeout=timeout, transport=StampingTransport(inner, _now_ns))
+        self.tokens = site.tokens
         # the site's Prometheus, which the plan's steady-state guards query (never through the
         # site's transport: a rehearsal's in-process simulator is not where Prometheus lives)
-        self.prometheus = Prometheus(site) if site.profile.steady_state is not None else None
+        prometheus = Prometheus(site) if site.profile.steady_state is not None else None
         # the host's five roles behind their ports, chosen from the profile (daemon/hosts/host.py)
-        self.host = build_host(site, self, self._h("serving"))
-        self.manager, self.serving, self.engine = self.host.manager, self.host.serving, self.host.engine
-        from flare_diag.daemon.hosts.engine_profiles import metric_names
-        self._metric_names = metric_names(site.profile.metrics_profile, site.profile.metrics)
-        if self.engine is not None and not self.engine.host_tier():  # no host tier: its reuse is not applicable, never 0
-            self._metric_names = {k: v for k, v in self._metric_names.items() if not k.startswith("flare_host_cache_")}
-        self._preflight_model: tuple[str | None] | None = None  # found once: (model,)
-
-    def handlers(self) -> dict[type[act.Action], Callable[[dict], Awaitable[dict]]]:
-        """Each action type (events/actions.py) to the method that carries it out."""
-        return {act.ValidateFixtures: self.validate_fixtures, act.Snapshot: self.snapshot,
-                act.RetainRecipe: self.retain_recipe, act.Preview: self.preview, act.Quiesce: self.quiesce,
-                act.Readmit: self.readmit, act.Unload: self.unload, act.Load: self.load,
-                act.ReadIdentity: self.read_identity, act.ScrapeMetrics: self.scrape_metrics,
-                act.SetTrace: self.set_trace, act.ManagerState: self.manager_state, act.Health: self.health,
-                act.SteadyState: self.steady_state,
-                act.Preflight: self.preflight, act.SendRequest: self.send_request}
+        super().__init__(build_host(site, self, self._h("serving")), site, fixtures, plan_sha256, recipe_dir, prometheus)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -108,7 +55,7 @@ class Target:
         await self.host.gpu.close()
 
     def _h(self, svc: str) -> dict:
-        tok = self.site.tokens.get(svc)
+        tok = self.tokens.get(svc)
         return {"Authorization": f"Bearer {tok}"} if tok else {}
 
     async def _retrying(self, method: str, url: str, **kw) -> httpx.Response:
@@ -118,8 +65,11 @@ class Target:
         except STALE_CONNECTION:
             return await self.fresh.request(method, url, **kw)
 
+    async def get(self, svc: str, url: str) -> httpx.Response:
+        return await self._retrying("GET", url, headers=self._h(svc))
+
     async def get_json(self, svc: str, url: str, what: str) -> dict:
-        r = await self._retrying("GET", url, headers=self._h(svc))
+        r = await self.get(svc, url)
         if r.status_code != 200:
             raise classify_response(r, what)
         return answer_object(r, what)
@@ -134,169 +84,13 @@ class Target:
             raise classify_response(r, what)
         return answer_object(r, what)
 
-    # --- actions: each returns the outcome's data or raises ActionFailed
-    async def validate_fixtures(self, args: dict) -> dict:
-        return {"fixtures": {n: f.work() for n, f in self.fixtures.items() if n in args.get("fixtures", [])}}
+    async def post_once(self, svc: str, url: str, body: bytes) -> httpx.Response:
+        """A generation's exact bytes, sent once on a connection of its own."""
+        return await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
 
-    async def snapshot(self, args: dict) -> dict:
-        what = args["what"]
-        if what == "incumbent":
-            st = await self.manager_state({})
-            loaded = st.get("loaded")
-            if not loaded:
-                raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
-            ident = await self.read_identity({})
-            return {**loaded, "identity": ident}
-        if what == "router":
-            return await self.host.router.snapshot()
-        if what == "monitoring":
-            return await self.host.monitoring.snapshot()
-        if what == "gpu":
-            if not self.host.gpu.present:
-                raise ActionFailed("not_applicable", "the site has no GPU (gpu.source = \"none\")")
-            return await self.host.gpu.view()
-        if what == "configuration":
-            return {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": self.plan_sha256}
-        raise ActionFailed("internal", f"unknown snapshot {what!r}")
-
-    async def retain_recipe(self, args: dict) -> dict:
-        """Fetches a recipe's exact bytes, checks them against their sha256, and keeps them.
-
-        The bytes are written once under `recipe_dir/<sha256>` (content-addressed, so the same
-        recipe retained by two windows is one file); every later load, unload and the restore name
-        this hash. `expect_sha256`, when given, is what the manager says is loaded."""
-        name = args["recipe"]
-        rec = await self.manager.recipe(name)
-        try:
-            content = base64.b64decode(rec["content_b64"], validate=True)
-            claimed = rec["sha256"]
-        except (KeyError, TypeError, ValueError):
-            raise ActionFailed("malformed_transport", f"recipe {name}: expected name, sha256 and base64 content_b64") from None
-        sha = hashlib.sha256(content).hexdigest()
-        if sha != claimed:
-            raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the manager says {str(claimed)[:12]}")
-        expect = args.get("expect_sha256")
-        if expect is not None and sha != expect:
-            raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the loaded recipe is {str(expect)[:12]}")
-        out = {"recipe": name, "sha256": sha, "bytes": len(content)}
-        if self.recipe_dir is not None and args.get("keep", True):  # a site check reads, never writes
-            out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
-        return out
-
-    async def steady_state(self, args: dict) -> dict:
-        """Every guard's query once: {"when", "guards": {name: {"values", "series"} | {"error"}}}; a
-        guard whose query failed says why, the others still answer."""
-        if self.prometheus is None:
-            raise ActionFailed("not_applicable", "the site has no [steady_state] prometheus_url")
-        out: dict = {}
-        for name, query in args["queries"].items():
-            try:
-                out[name] = await self.prometheus.query(query)
-            except ActionFailed as exc:
-                out[name] = {"error": exc.detail}
-        return {"when": args["when"], "guards": out}
-
-    async def gpu_view(self) -> dict:
-        return await self.host.gpu.view()
-
-    async def health(self, args: dict) -> dict:
-        """`GET /health`: 200 when an incarnation is loaded and ready, 503 otherwise (a refused token raises)."""
-        r = await self._retrying("GET", f"{self.p.serving.url}/health", headers=self._h("serving"))
-        if r.status_code == 401:
-            raise classify_response(r, "health")
-        return {"status": r.status_code}
-
-    async def preview(self, args: dict) -> dict:
-        return await self.manager.preview(args["op"], args["recipe"], args.get("sha256"))
-
-    async def quiesce(self, args: dict) -> dict:
-        return await self.host.router.quiesce()
-
-    async def readmit(self, args: dict) -> dict:
-        return await self.host.router.readmit()
-
-    async def scrape_metrics(self, args: dict) -> dict:
-        r = await self._retrying("GET", f"{self.p.serving.url}/metrics", headers=self._h("serving"))
-        if r.status_code != 200:
-            raise classify_response(r, "metrics")
-        try:
-            m = metrics.parse(r.text, self._metric_names)
-        except metrics.MetricsError as exc:
-            raise ActionFailed("malformed_transport", str(exc)) from None
-        if self.engine is not None and m["gauges"].get("resident_bytes") is None:
-            m["gauges"]["resident_bytes"] = self.engine.resident_bytes()  # the engine's whole process group
-        return m
-
-    def host_tier(self) -> bool | None:
-        """Whether the host has a tier behind the engine's own cache: known for an engine the daemon
-        runs itself (its recipes' configuration), None (unknown) otherwise."""
-        return None if self.engine is None else self.engine.host_tier()
-
-    async def unload(self, args: dict) -> dict:
-        return await self.manager.unload(args["recipe"], args["sha256"])
-
-    async def load(self, args: dict) -> dict:
-        return await self.manager.load(args["recipe"], args["sha256"])
-
-    async def read_identity(self, args: dict) -> dict:
-        return await self.serving.identity()
-
-    async def set_trace(self, args: dict) -> dict:
-        return await self.serving.trace(args["enabled"])
-
-    async def manager_state(self, args: dict) -> dict:
-        return await self.manager.state()
-
-    async def preflight(self, args: dict) -> dict:
-        if args["path"] == "routed":
-            routed = self.host.router.generation_url
-            if routed is None:
-                raise ActionFailed("not_applicable", "the site has no router")
-            url, svc = routed, "router"
-        else:
-            url, svc = f"{self.p.serving.url}/v1/chat/completions", "serving"
-        body = preflight_body(await self.preflight_model())
-        r = await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
-        if r.status_code != 200:
-            raise classify_response(r, f"{args['path']} preflight")
-        what = f"{args['path']} preflight"
-        return {"finish_reason": finish_reason(answer_json(r, what), what), "request_id": r.headers.get("x-request-id")}
-
-    async def served_models(self) -> list[str] | None:
-        """The engine's `GET /v1/models` ids; None when it does not answer that (not an error: a Flare
-        host need not serve it)."""
-        r = await self._retrying("GET", f"{self.p.serving.url}/v1/models", headers=self._h("serving"))
-        if r.status_code in (404, 405):
-            return None
-        if r.status_code != 200:
-            raise classify_response(r, "models")
-        return model_ids(answer_json(r, "models"))
-
-    async def openapi(self) -> dict | None:
-        """The engine's `GET /openapi.json` (vLLM's and SGLang's servers publish theirs); None when it
-        does not answer that (a Flare host need not)."""
-        r = await self._retrying("GET", f"{self.p.serving.url}/openapi.json", headers=self._h("serving"))
-        if r.status_code in (404, 405):
-            return None
-        if r.status_code != 200:
-            raise classify_response(r, "openapi")
-        doc = answer_json(r, "openapi")
-        return doc if isinstance(doc, dict) else None
-
-    async def preflight_model(self) -> str | None:
-        """The model the preflight names: the fixtures', else the first the engine lists, else none."""
-        if self._preflight_model is None:
-            model = fixture_model(self.fixtures)
-            if model is None:
-                served = await self.served_models()
-                model = served[0] if served else None
-            self._preflight_model = (model,)
-        return self._preflight_model[0]
-
-    async def send_request(self, args: dict) -> dict:
-        """Sends the exact body bytes and returns the RequestDone fields (raises on abort-class errors)."""
-        fx = self.fixtures[args["fixture"]]
-        body = fx.bodies[args["body_index"]]
+    async def stream_chat(self, svc: str, url: str, body: bytes) -> dict:
+        """Streams one chat completion of the exact body bytes and returns the RequestDone fields (raises
+        on abort-class errors): its times from the kernel's read stamps of its bytes."""
         clock = SendClock(_now_ns)
         out: dict = {"outcome": "ok"}
         first_byte = first_token = last_token = None
@@ -310,9 +104,9 @@ class Target:
         head = bytearray()
         total = 0
         done = False
-        headers = {**self._h("serving"), "content-type": "application/json"}
-        async with aconnect_sse(self.fresh, "POST", f"{self.p.serving.url}/v1/chat/completions",
-                                content=body, headers=headers, extensions=clock.extensions()) as es:
+        headers = {**self._h(svc), "content-type": "application/json"}
+        async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
+                                extensions=clock.extensions()) as es:
             t0 = clock.t0  # its headers went out on an open connection: the connect is not in its times
             resp = es.response
             if resp.status_code != 200:
@@ -386,18 +180,3 @@ def _service_urls(profile: SiteProfile) -> list[str]:
 def _now_ns() -> int:
     """The loop's clock in nanoseconds: the monotonic clock, or a rehearsal's virtual time."""
     return int(anyio.current_time() * 1e9)
-
-
-def _keep(folder: Path, sha256: str, content: bytes) -> Path:
-    """Writes `content` to folder/sha256 once (write to a temporary name, fsync, rename)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / sha256
-    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
-        return path
-    tmp = folder / f".{sha256}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path

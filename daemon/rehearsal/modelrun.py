@@ -4,8 +4,9 @@ A rehearsal serves flaresim over HTTP in this process and keeps a hash-chained l
 CPU a window, which is right for evidence and far too slow for `plan forecast --simulate 200`. A model
 run drives the same `WindowPolicy` against the same host model (flaresim's `Host`, incarnations, host
 cache and keyed service-time noise, so a seed gives a request the same service time here as in a
-rehearsal) through a discrete-event loop in virtual time, answering each action with the data the
-`Target` would read from the simulator's API. No HTTP, no log, no report: a model run is a forecast's
+rehearsal) through a discrete-event loop in virtual time, carrying each action out through the runner's
+own handlers (`Actions`, daemon/hosts/actions.py) over the host model's ports (daemon/hosts/model.py):
+one more adapter set, whose waits are moments on this loop. No HTTP, no log, no report: a model run is a forecast's
 sample, never evidence. What it does not model: response bytes and answers' text (a consistency phase
 sees one stand-in answer per body, as from a sound build) and faults. `tests/test_model_run.py` holds
 it to a full rehearsal of the same plan and seed.
@@ -16,19 +17,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
-import httpx
-from prometheus_client.samples import Sample
-
-from flare_diag.daemon.hosts import metrics
-from flare_diag.daemon.hosts.errors import ActionFailed, classify_response
+from flare_diag.daemon.hosts.actions import Actions
+from flare_diag.daemon.hosts.errors import ActionFailed
 from flare_diag.daemon.hosts.fixture import Fixture
-from flare_diag.daemon.window.runner import WATCH_EVERY_S
+from flare_diag.daemon.hosts.model import At, model_host, scraped
 from flare_diag.daemon.hosts.site import sim_site
-from flare_diag.daemon.hosts.target import fixture_model, preflight_body
+from flare_diag.daemon.window.runner import WATCH_EVERY_S
 from flare_diag.events import actions as act
 from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, Input, RequestDone, Tick, WatchObserved
 from flare_diag.events.window_fold import WindowFold
@@ -37,7 +35,7 @@ from flare_diag.policies.planner import Calibration
 from flare_diag.policies.window import WindowPolicy
 
 S = 1_000_000_000
-_PARSED: dict[bytes, dict] = {}
+__all__ = ["ModelResult", "ModelRun", "scraped"]
 
 
 @dataclass
@@ -54,6 +52,7 @@ class ModelResult:
 @dataclass
 class _Action:
     d: ActionRequested
+    step: Coroutine[At, None, Input]
     done: bool = False
 
 
@@ -63,12 +62,15 @@ class ModelRun:
     def __init__(self, plan_raw: bytes, plan: Plan, scenario, fixtures: dict[str, Fixture], seed: int,
                  calibration: Calibration | None = None) -> None:
         from flare_diag.daemon.simulator import Host, chunk_tokens  # the simulator, as a rehearsal serves it
-        self._chunk = chunk_tokens()
         self.plan_raw, self.plan, self.fixtures, self.seed = plan_raw, plan, fixtures, seed
         self.calibration = calibration
         self.now = 0  # ns on the window clock (the window opens at 0, as a rehearsal's does)
-        self.host = Host(scenario, token="", clock=lambda: self.now / S, seed=seed)
+        self.sim = Host(scenario, token="", clock=lambda: self.now / S, seed=seed)
         self.site = sim_site("http://flaresim.model", "")
+        # the same actions a rehearsal's runner carries out, on the host model's ports
+        self.actions = Actions(model_host(self.sim, lambda: self.now, chunk_tokens()), self.site, fixtures,
+                               hashlib.sha256(plan_raw).hexdigest())
+        self._handlers = self.actions.handlers()
         self.policy = WindowPolicy()
         self.fold = WindowFold()
         self._heap: list[tuple[int, int, Callable[[], None]]] = []
@@ -76,6 +78,10 @@ class ModelRun:
         self._seq = itertools.count(1)
         self._actions: dict[int, _Action] = {}
         self._seen_xids: int | None = None
+
+    def handlers(self) -> dict[type[act.Action], Callable[[dict], Any]]:
+        """Each action type (events/actions.py) to what carries it out: the runner's own (`Actions`)."""
+        return self._handlers
 
     # --- the loop
     def _at(self, t_ns: int, fn: Callable[[], None]) -> None:
@@ -92,7 +98,7 @@ class ModelRun:
                 for aid in d.action_ids:
                     a = self._actions.get(aid)
                     if a is not None and not a.done:
-                        self._answer(a, self._failed(a.d, "cancelled", "cancelled by the policy", cancelled=True))
+                        self._answer(a, _failed(a.d, self.now, "cancelled", "cancelled by the policy", cancelled=True))
 
     def run(self) -> ModelResult:
         from flare_diag.daemon.window.setup import WindowSetup
@@ -115,43 +121,43 @@ class ModelRun:
         return ModelResult(self.seed, f.outcome, f.cells, f.restoration, f.minute)
 
     def _watch(self) -> None:
-        """The GPU and router watches, as the runner polls them every WATCH_EVERY_S."""
-        xids = self.host.xid_events
+        """The GPU and router watches, as the runner polls them every WATCH_EVERY_S (their ports answer at once)."""
+        host = self.actions.host
+        g = _at_once(host.gpu.view())
+        xids = g["xid_events"]
         new = xids[self._seen_xids:] if self._seen_xids is not None else []
         self._seen_xids = len(xids)
-        self._feed(WatchObserved(at_ns=self.now, source="gpu", data={"xid_events": new, "gpus": self.host.gpu_list()}))
+        self._feed(WatchObserved(at_ns=self.now, source="gpu", data={"xid_events": new, "gpus": g["gpus"]}))
         if not self.policy.closed:
-            self._feed(WatchObserved(at_ns=self.now, source="router", data=self._router()))
+            self._feed(WatchObserved(at_ns=self.now, source="router", data=_at_once(host.router.snapshot())))
         self._at(self.now + int(WATCH_EVERY_S * S), self._watch)
 
-    # --- actions
-    def handlers(self) -> dict[type[act.Action], Callable[[_Action], None]]:
-        """Each action type (events/actions.py) to the model's answer to it."""
-        return {act.ValidateFixtures: self._validate_fixtures, act.Snapshot: self._snapshot,
-                act.RetainRecipe: self._retain_recipe, act.Preview: self._preview, act.Quiesce: self._quiesce,
-                act.Readmit: self._readmit, act.Unload: self._unload, act.Load: self._load,
-                act.ReadIdentity: self._read_identity, act.ScrapeMetrics: self._scrape_metrics,
-                act.SetTrace: self._set_trace, act.ManagerState: self._manager_state, act.Health: self._health,
-                act.Preflight: self._preflight, act.SendRequest: self._send_request,
-                act.SteadyState: self._steady_state}
-
-    def _steady_state(self, a: _Action) -> None:
-        # a model run has no Prometheus: its windows open without the guards (WindowOpened.steady_state)
-        raise ActionFailed("not_applicable", "a model run has no Prometheus to evaluate guards on")
-
+    # --- actions: each a coroutine of the shared handlers, stepped at the moments its ports wait for
     def _start(self, d: ActionRequested) -> None:
-        a = self._actions[d.action_id] = _Action(d)
+        a = self._actions[d.action_id] = _Action(d, self._carry_out(d))
         if d.deadline_s:
-            self._at(self.now + int(d.deadline_s * S), lambda: self._answer(a, self._failed(
-                d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")))
-        handler = self.handlers().get(type(d.request))
-        if handler is None:
-            self._answer(a, self._failed(d, "internal_error", f"{d.action}: not modelled"))
-            return
+            self._at(self.now + int(d.deadline_s * S), lambda: self._answer(a, _failed(
+                d, self.now, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")))
+        self._step(a)
+
+    async def _carry_out(self, d: ActionRequested) -> Input:
         try:
-            handler(a)
+            data = await self._handlers[type(d.request)](d.args)
         except ActionFailed as f:
-            self._answer(a, self._failed(d, f.error, f.detail))
+            return _failed(d, self.now, f.error, f.detail)
+        if d.action == "send_request":
+            return RequestDone(at_ns=self.now, action_id=d.action_id, **_req_ids(d.args), **data)
+        return ActionDone(at_ns=self.now, action_id=d.action_id, ok=True, data=data)
+
+    def _step(self, a: _Action) -> None:
+        """Runs the action's coroutine to its next wait; an action answered already (its deadline, a
+        cancel) still runs to its end, as the host's work goes on after nobody waits for it."""
+        try:
+            wait = a.step.send(None)
+        except StopIteration as end:
+            self._answer(a, end.value)
+            return
+        self._at(wait.ns, lambda: self._step(a))
 
     def _answer(self, a: _Action, inp: Input) -> None:
         if a.done:
@@ -160,235 +166,22 @@ class ModelRun:
         self._actions.pop(a.d.action_id, None)
         self._feed(inp)
 
-    def _ok(self, a: _Action, data: dict, after_s: float = 0.0, then: Callable[[], None] | None = None) -> None:
-        def finish() -> None:
-            if then is not None:
-                then()
-            self._answer(a, ActionDone(at_ns=self.now, action_id=a.d.action_id, ok=True, data=data))
-        if after_s <= 0 and then is None:
-            finish()
-        else:
-            self._at(self.now + int(after_s * S), finish)
 
-    def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False) -> Input:
-        if d.action == "send_request":
-            return RequestDone(at_ns=self.now, action_id=d.action_id, **_req_ids(d.args),
-                               outcome="cancelled" if cancelled else "error", error=None if cancelled else error, detail=detail)
-        return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error=error, detail=detail)
-
-    @staticmethod
-    def _http(status: int, etype: str, message: str, what: str) -> ActionFailed:
-        return classify_response(httpx.Response(status, json={"error": {"type": etype, "message": message}}), what)
-
-    def _validate_fixtures(self, a: _Action) -> None:
-        self._ok(a, {"fixtures": {n: f.work() for n, f in self.fixtures.items() if n in a.d.args.get("fixtures", [])}})
-
-    def _loaded(self) -> dict | None:
-        e = self.host.engine
-        return {"recipe": e.recipe, "sha256": e.recipe_sha256, "incarnation": e.incarnation} if e else None
-
-    def _router(self) -> dict:
-        return {"config_sha256": self.host.router_config_sha, "backend": self.host.backend}
-
-    def _snapshot(self, a: _Action) -> None:
-        what = a.d.args["what"]
-        if what == "incumbent":
-            loaded = self._loaded()
-            if not loaded:
-                raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
-            self._ok(a, {**loaded, "identity": self.host.identity()})
-        elif what == "router":
-            self._ok(a, self._router())
-        elif what == "monitoring":
-            self._ok(a, {"target": {**self.host.monitoring, "healthy": bool(self.host.engine)}})
-        elif what == "gpu":
-            self._ok(a, {"gpus": self.host.gpu_list(), "xid_events": self.host.xid_events})
-        elif what == "configuration":
-            self._ok(a, {"site": self.site.name, "site_sha256": self.site.sha256, "plan_sha256": _sha(self.plan_raw)})
-        else:
-            raise ActionFailed("internal", f"unknown snapshot {what!r}")
-
-    def _retain_recipe(self, a: _Action) -> None:
-        name = a.d.args["recipe"]
-        if name not in self.host.recipes:
-            raise self._http(404, "not_found", f"no recipe {name!r}", f"recipe {name}")
-        content = self.host.recipes[name]
-        sha = hashlib.sha256(content).hexdigest()
-        expect = a.d.args.get("expect_sha256")
-        if expect is not None and sha != expect:
-            raise ActionFailed("identity_drift", f"recipe {name}: its bytes hash to {sha[:12]}, the loaded recipe is {str(expect)[:12]}")
-        self._ok(a, {"recipe": name, "sha256": sha, "bytes": len(content)})
-
-    def _health(self, a: _Action) -> None:
-        self._ok(a, {"status": 200 if self.host.engine else 503})
-
-    def _preview(self, a: _Action) -> None:
-        args = a.d.args
-        name = args["recipe"]
-        if name not in self.host.recipes:
-            raise self._http(404, "not_found", f"no recipe {name!r}", "preview")
-        if args.get("sha256") not in (None, self.host.sha(name)):
-            raise self._http(409, "conflict", "sha256 does not match the stored bytes", "preview")
-        steps = ["drain", "stop engine", "release GPUs"] if args["op"] == "unload" else \
-            ["verify recipe bytes", "start engine", "warm up", "ready"]
-        self._ok(a, {"ok": True, "steps": steps})
-
-    def _backend_op(self, a: _Action, admitted: bool) -> None:
-        self.host.backend = {**self.host.backend, "admitted": admitted, "inflight": 0}
-        self._ok(a, dict(self.host.backend))
-
-    def _quiesce(self, a: _Action) -> None:
-        self._backend_op(a, False)
-
-    def _readmit(self, a: _Action) -> None:
-        self._backend_op(a, True)
-
-    def _scrape_metrics(self, a: _Action) -> None:
-        self._ok(a, scraped(self.host))
-
-    def _recipe_checked(self, a: _Action, what: str) -> str:
-        name, sha = a.d.args.get("recipe"), a.d.args.get("sha256")
-        if name not in self.host.recipes:
-            raise self._http(404, "not_found", f"no recipe {name!r}", what)
-        if sha != self.host.sha(name):
-            raise self._http(409, "conflict", f"sha256 does not match the stored bytes of {name!r}", what)
-        return name
-
-    def _unload(self, a: _Action) -> None:
-        self._recipe_checked(a, "unload")
-        e = self.host.engine
-        if e is not None and e.recipe_sha256 != a.d.args["sha256"]:
-            raise self._http(409, "conflict", "that recipe is not the one loaded", "unload")
-        self.host.busy = True
-
-        def done() -> None:
-            self.host.unload()
-            self.host.busy = False
-        self._ok(a, {"ok": True}, 5 * self.host.unload_noise(), done)
-
-    def _load(self, a: _Action) -> None:
-        name = self._recipe_checked(a, "load")
-        self.host.busy = True
-        data: dict = {}
-
-        def done() -> None:
-            data["incarnation"] = self.host.load(name).incarnation
-            self.host.busy = False
-        self._ok(a, data, self.host.sc.load_s * self.host.load_noise(), done)
-
-    def _read_identity(self, a: _Action) -> None:
-        self._ok(a, self.host.identity())
-
-    def _set_trace(self, a: _Action) -> None:
-        if self.host.engine is None:
-            raise self._http(503, "unavailable", "no incarnation loaded", "trace")
-        self.host.engine.trace_enabled = bool(a.d.args["enabled"])
-        self._ok(a, self.host.identity())
-
-    def _manager_state(self, a: _Action) -> None:
-        self._ok(a, {"loaded": self._loaded(), "busy": self.host.busy})
-
-    # --- generations, as flaresim's chat handler paces them
-    def _generation(self, a: _Action, raw: bytes, what: str, routed: bool,
-                    answer: Callable[[object, int], Input]) -> None:
-        h = self.host
-        h.requests_seen += 1
-        if routed and not h.backend["admitted"]:
-            raise self._http(503, "unavailable", "no admitted backend", what)
-        e = h.engine
-        if e is None or h.crashed:
-            raise self._http(503, "unavailable", "no incarnation loaded", what)
-        parsed = _PARSED.get(raw)
-        if parsed is None:
-            if len(_PARSED) > 4096:
-                _PARSED.clear()
-            parsed = _PARSED[raw] = json.loads(raw)  # the same bodies, run after run
-        p = e.plan(raw, parsed)
-        k = h.request_noise(e, p.seed)
-        p.restore_s, p.prefill_s, p.decode_s = p.restore_s * k, p.prefill_s * k, p.decode_s * k
-        e.active += 1
-        if p.restore_s:
-            e.transfers_inflight += 1
-        t0 = self.now
-        restored_at = t0 + int(p.restore_s * S)
-        prefilled_at = restored_at + int(p.prefill_s * S)
-        state: dict = {}
-
-        def restored() -> None:
-            if p.restore_s:
-                e.transfers_inflight -= 1
-
-        def prefilled() -> None:
-            state["pinned"] = e.after_prefill(p)
-
-        def finished() -> None:
-            if e is h.engine:
-                e.finish(p, state["pinned"])
-                e.resident_bytes += h.creep_bytes
-            e.active -= 1
-            h.requests_done += 1
-            self._answer(a, answer(p, t0))
-
-        self._at(restored_at, restored)
-        self._at(prefilled_at, prefilled)
-        self._at(prefilled_at + _ns_sum(p.decode_s, p.gen.total, self._chunk), finished)
-
-    def _send_request(self, a: _Action) -> None:
-        args = a.d.args
-        fx = self.fixtures[args["fixture"]]
-        raw = fx.bodies[args["body_index"]]
-
-        def answer(p, t0: int) -> Input:
-            restore_prefill = int(p.restore_s * S) + int(p.prefill_s * S)
-            first = restore_prefill + int(p.decode_s / max(p.gen.total, 1) * min(self._chunk, p.gen.total) * S)
-            end = self.now - t0
-            return RequestDone(
-                at_ns=self.now, action_id=a.d.action_id, **_req_ids(args), outcome="ok",
-                request_id=None, status_code=200,  # the policy reads neither the id nor the bytes of an answer
-                finish_reason=p.gen.finish_reason, visible_output=p.gen.content_tokens > 0,
-                reasoning_only=p.gen.reasoning_tokens > 0 and p.gen.content_tokens == 0,
-                prompt_tokens=p.prompt_len, completion_tokens=p.gen.total,
-                cached_tokens=max(p.lookup.reused, p.lookup.gpu_hit_tokens),
-                first_byte_ns=first, first_token_ns=first if p.gen.total else None, last_token_ns=end, end_ns=end,
-                # the model holds no answers' text: a sound build's stand-in, one per body, so that a
-                # consistency phase is forecast as it runs on a sound host (consistent)
-                output_sha256=_sha(raw))
-        self._generation(a, raw, "chat completion", False, answer)
-
-    def _preflight(self, a: _Action) -> None:
-        routed = a.d.args["path"] == "routed"
-
-        def answer(p, _t0: int) -> Input:
-            return ActionDone(at_ns=self.now, action_id=a.d.action_id, ok=True,
-                              data={"finish_reason": p.gen.finish_reason, "request_id": None})
-        self._generation(a, preflight_body(fixture_model(self.fixtures)), f"{a.d.args['path']} preflight", routed, answer)
+def _at_once(coro: Coroutine[At, None, Any]) -> Any:
+    """A port call that takes no time (a read), run to its answer."""
+    try:
+        coro.send(None)
+    except StopIteration as end:
+        return end.value
+    coro.close()
+    raise RuntimeError("model run: a read of the host model waited for time")
 
 
-def scraped(host) -> dict:
-    """What `Target.scrape_metrics` reads from flaresim's /metrics, taken from the families the
-    exposition is written from (daemon.metrics.shape on both paths; only the text is skipped)."""
-    from flare_diag.daemon.simulator import families
-    fams = families(host)
-    parsed: dict[str, list] = {}
-    for name, kind, _help, samples in fams or ():  # a host with nothing loaded exposes no family
-        if kind == "histogram":  # (sum, count), as the exposition writes them
-            parsed[name] = [Sample(f"{name}_{part}", {}, float(v)) for part, (_l, v) in zip(("sum", "count"), samples)]
-            continue
-        sample = f"{name}_total" if kind == "counter" else name
-        parsed[name] = [Sample(sample, {k: str(v) for k, v in labels.items()}, float(v)) for labels, v in samples]
-    return metrics.shape(parsed)
-
-
-def _ns_sum(decode_s: float, tokens: int, chunk: int) -> int:
-    """A streamed answer's decode time as flaresim sleeps it: chunk by chunk, each rounded as a sleep is."""
-    if tokens <= 0:
-        return 0
-    per_tok = decode_s / tokens
-    return sum(int(per_tok * min(chunk, tokens - i) * S) for i in range(0, tokens, chunk))
-
-
-def _sha(raw: bytes) -> str:
-    return hashlib.sha256(raw).hexdigest()
+def _failed(d: ActionRequested, now: int, error: str, detail: str, cancelled: bool = False) -> Input:
+    if d.action == "send_request":
+        return RequestDone(at_ns=now, action_id=d.action_id, **_req_ids(d.args),
+                           outcome="cancelled" if cancelled else "error", error=None if cancelled else error, detail=detail)
+    return ActionDone(at_ns=now, action_id=d.action_id, ok=False, error=error, detail=detail)
 
 
 def _req_ids(args: dict) -> dict:
