@@ -240,7 +240,7 @@ class WindowPolicy(WindowCore):
             convert(kind, inp.data, f"action {inp.action_id}")
         except UnexpectedAnswer as exc:
             return ActionDone(at_ns=inp.at_ns, action_id=inp.action_id, ok=False, error="malformed_transport",
-                              detail=str(exc), data=inp.data)
+                              detail=str(exc))
         return inp
 
     def _restore_outcome(self, inp: ActionDone | RequestDone) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from flare_diag.events import actions as act
 from flare_diag.events import answers
 from flare_diag.events.reader import LogReader
-from flare_diag.events.schema import AbortDecided, ActionDone, ActionRequested, WatchObserved
+from flare_diag.events.schema import AbortDecided, ActionDone, ActionRequested, RestorationRecorded, WatchObserved
 from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import World, decisions, drive, plan_builtins
 
@@ -110,3 +110,44 @@ def test_every_answer_a_rehearsal_logged_is_its_actions_struct(default_rehearsal
                 seen.add(type(typed))
     assert {answers.IncumbentSnapshot, answers.RouterView, answers.GpuView, answers.Identity, answers.MetricsSample,
             answers.ManagerState, answers.Incarnation, answers.RecipeKept, answers.Preview, answers.Preflight} <= seen
+
+
+async def _window_on_a_host_whose_identity_says(drift: dict, tmp_path, plan_path) -> tuple[str, list, str | None]:
+    from flare_diag.daemon.hosts.target import Target
+    from flare_diag.daemon.window.runner import Runner
+    from flare_diag.daemon.window.setup import WindowSetup, load_fixtures
+    from flare_diag.events.store import EventStore
+    from flare_diag.policies.plan import decode_plan
+    from tests.simtools import served
+    raw = plan_path.read_bytes()
+    plan = decode_plan(raw)
+    async with served() as (host, site):
+        host.drift = dict(drift)  # what its identity endpoint answers besides the contract's fields
+        setup = WindowSetup(raw, plan, site, load_fixtures(plan, []), rehearsal=True, accept_partial=True, clock="virtual")
+        target = Target(setup.site, setup.fixtures, setup.plan_sha256)
+        store = await EventStore.open(tmp_path / "log.db")
+        outcome = await Runner(store, target, "w-typed").run(setup.opened("w-typed"))
+        await target.close()
+        await store.close()
+        with LogReader(tmp_path / "log.db") as reader:
+            events = [e.event() for e in reader.iter()]
+        return outcome, events, host.engine.recipe if host.engine else None
+
+
+def test_the_runner_logs_a_hosts_answer_of_the_wrong_shape_as_a_failed_action_and_changes_nothing(tmp_path, small_plan):
+    from flare_diag.daemon.rehearsal import virtualtime
+    outcome, events, loaded = virtualtime.run(_window_on_a_host_whose_identity_says({"tensor_parallel": "two"},
+                                                                                     tmp_path, small_plan))
+    asked = {e.action_id: e.request for e in events if isinstance(e, ActionRequested)}
+    snap = next(e for e in events if isinstance(e, ActionDone) and isinstance(asked[e.action_id], act.Snapshot)
+                and asked[e.action_id].what == "incumbent")
+    assert (snap.ok, snap.error) == (False, "malformed_transport") and "tensor_parallel" in snap.detail, snap
+    assert snap.data == {}  # nothing of the malformed answer is read, nor logged as an answer
+    abort = next(e for e in events if isinstance(e, AbortDecided))
+    assert abort.reason == "preflight" and "$.identity.tensor_parallel" in abort.detail
+    assert not {"quiesce", "unload", "load"} & {r.name for r in asked.values()} and loaded == "glm-incumbent"
+    # an identity that never reads as one cannot verify the incumbent: a person must look, and says so;
+    # the primary was never taken out of rotation
+    rest = next(e for e in events if isinstance(e, RestorationRecorded))
+    assert rest.checks["incumbent_sha256_match"] is False and rest.checks["readmitted"] is None
+    assert outcome == "restore_failed"
