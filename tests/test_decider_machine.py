@@ -51,6 +51,8 @@ class DeciderMachine(RuleBasedStateMachine):
         self.last_watch = 0
         self.silent: set[str] = set()  # watches that have stopped answering
         self.hang_s = 0.0  # the next request's answer comes this much later
+        self.slows: tuple[float, float] | None = None  # (window minute, seconds a request) the host slows down at
+        self._slows_drawn: tuple[float, float] | None = None
 
     # --- feeding ---------------------------------------------------------------------------------
 
@@ -115,6 +117,8 @@ class DeciderMachine(RuleBasedStateMachine):
     def _answer(self, d: ActionRequested) -> None:
         """The host's answer to `d`, after the cost of it; meanwhile the watches answer and, as the runner
         sleeps no later than the decider's next wake-up, a Tick comes at each wake-up before it."""
+        if self.slows is not None and self.t0 is not None and self.world.now - self.t0 >= self.slows[0] * NS_PER_MIN:
+            self.world.request_s, self.slows = self.slows[1], None
         res = self.world.answer(d)
         if d.action == "send_request" and self.hang_s:
             # the request hangs: its answer comes this much later
@@ -145,9 +149,10 @@ class DeciderMachine(RuleBasedStateMachine):
                     "config_sha256": "router-1", "backend": {"id": "primary", "admitted": self.world.admitted, "inflight": 0}}))
 
     @initialize(stop_min=st.sampled_from([20, 45, 70]), until_min=st.floats(0, 95), request_s=st.floats(2, 40),
-                reuse_on=st.sampled_from([frozenset(), frozenset({"A.reverse_replay"}), frozenset({"B.forward_replay"})]))
+                reuse_on=st.sampled_from([frozenset(), frozenset({"A.reverse_replay"}), frozenset({"B.forward_replay"})]),
+                slows=st.one_of(st.none(), st.tuples(st.floats(0.1, 0.9), st.floats(60, 600))))
     def a_window_opens_and_runs_for_a_while(self, stop_min: int, until_min: float, request_s: float,
-                                            reuse_on: frozenset[str]) -> None:
+                                            reuse_on: frozenset[str], slows: tuple[float, float] | None) -> None:
         # a stop minute near or far, a host as fast or as slow as Hypothesis likes (the plan's rate model
         # says about 7 s a request), whose cache reuses where it likes; the window then runs on a healthy
         # host to a minute Hypothesis picks, so that the rules below meet it anywhere: before the
@@ -155,6 +160,12 @@ class DeciderMachine(RuleBasedStateMachine):
         plan = plan_builtins(stop_min=stop_min, window_min=stop_min + RESERVE_MIN, restore_reserve_min=RESERVE_MIN)
         self.stop_ns, self.window_ns = int(stop_min * NS_PER_MIN), int((stop_min + RESERVE_MIN) * NS_PER_MIN)
         self.world = World(plan, request_s=request_s, reuse_on=set(reuse_on))
+        # half the windows meet a host that slows down once the experiment is under way (at this fraction
+        # of the stop minute, to this many seconds a request): the phase it began at the old pace then runs
+        # into the stop minute, where the invariants must hold (a healthy host's window defers what will
+        # not fit, and so ends before it)
+        self.slows = None if slows is None else (slows[0] * stop_min, slows[1])
+        self._slows_drawn = slows
         self.feed(opened_input(plan))
         self._run_on(100_000, until_ns=int(until_min * NS_PER_MIN))
 
@@ -241,6 +252,7 @@ class DeciderMachine(RuleBasedStateMachine):
             event(f"abort {self.policy.abort.reason}")
         if self.policy.stop_marked:
             event("the stop minute reached")
+        event(f"slows {'none' if self._slows_drawn is None else 'drawn'}; t0 {'set' if self.t0 is not None else 'unset'}")
         verdicts = [d for _i, ds in self.history for d in ds if isinstance(d, VerdictReached)]
         if verdicts:
             event(f"verdict {verdicts[0].hypothesis}")
@@ -250,6 +262,6 @@ class DeciderMachine(RuleBasedStateMachine):
             assert replay.receive(inp) == ds
 
 
-DeciderMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+DeciderMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
                                             suppress_health_check=[HealthCheck.too_slow])
 test_the_decider_keeps_its_invariants_under_any_order_of_observations = DeciderMachine.TestCase
