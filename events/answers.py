@@ -109,7 +109,7 @@ class Backend(Answer, frozen=True):
     id: str | None = None
     url: str | None = None
     admitted: bool | None = None
-    inflight: Number | None = None
+    inflight: int | None = None  # the routed requests in flight: a count (docs/host-api.md)
 
 
 class RouterView(Answer, frozen=True):
@@ -209,10 +209,15 @@ class UnexpectedAnswer(ValueError):
     """An answer that is not the shape its action answers with: the host's, and malformed."""
 
 
+def snapshot_type(what: str) -> type[Answer]:
+    """The struct a snapshot of `what` answers with."""
+    return _SNAPSHOTS[what]
+
+
 def answer_type(request: act.Action) -> type[Answer] | None:
     """The struct `request`'s answer decodes into; None for send_request (its outcome is a request_done)."""
     if isinstance(request, act.Snapshot):
-        return _SNAPSHOTS[request.what]
+        return snapshot_type(request.what)
     return _BY_ACTION.get(type(request))
 
 

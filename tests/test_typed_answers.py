@@ -144,10 +144,34 @@ def test_the_runner_logs_a_hosts_answer_of_the_wrong_shape_as_a_failed_action_an
     assert (snap.ok, snap.error) == (False, "malformed_transport") and "tensor_parallel" in snap.detail, snap
     assert snap.data == {}  # nothing of the malformed answer is read, nor logged as an answer
     abort = next(e for e in events if isinstance(e, AbortDecided))
-    assert abort.reason == "preflight" and "$.identity.tensor_parallel" in abort.detail
+    assert abort.reason == "preflight" and "tensor_parallel" in abort.detail
     assert not {"quiesce", "unload", "load"} & {r.name for r in asked.values()} and loaded == "glm-incumbent"
     # an identity that never reads as one cannot verify the incumbent: a person must look, and says so;
     # the primary was never taken out of rotation
     rest = next(e for e in events if isinstance(e, RestorationRecorded))
     assert rest.checks["incumbent_sha256_match"] is False and rest.checks["readmitted"] is None
     assert outcome == "restore_failed"
+
+
+async def _site_check_of_a_host_whose_identity_says(drift: dict, plan_path):
+    from flare_diag.daemon.hosts.target import Target
+    from flare_diag.daemon.window.setup import load_fixtures
+    from flare_diag.daemon.window.sitecheck import check_site
+    from flare_diag.policies.plan import decode_plan
+    from tests.simtools import served
+    plan = decode_plan(plan_path.read_bytes())
+    async with served() as (host, site):
+        host.drift = dict(drift)
+        target = Target(site, load_fixtures(plan, []), "0" * 64)
+        try:
+            return await check_site(target, plan)
+        finally:
+            await target.close()
+
+
+def test_site_check_refuses_an_identity_of_the_wrong_shape_as_the_window_would(small_plan):
+    from flare_diag.daemon.rehearsal import virtualtime
+    check = virtualtime.run(_site_check_of_a_host_whose_identity_says({"trace_enabled": "off"}, small_plan))
+    ident = next(c for c in check.capabilities if c.name == "serving.identity")
+    assert "identity: the answer is not Identity" in ident.reason and "$.trace_enabled" in ident.reason, ident
+    assert "serving.identity" in check.missing

@@ -19,6 +19,7 @@ from flare_diag.daemon.hosts.host import Host
 from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.site import Site
 from flare_diag.events import actions as act
+from flare_diag.events import answers
 
 
 def preflight_body(model: str | None) -> bytes:
@@ -36,9 +37,19 @@ def fixture_model(fixtures: dict[str, Fixture]) -> str | None:
     return None
 
 
+def shaped(kind: type[answers.Answer], data: dict, what: str) -> dict:
+    """`data` when it reads as `kind` (events/answers.py); the host's malformed answer otherwise, naming
+    the field: whoever asked (a window, a site check, a forecast's probe) meets it where the host answered."""
+    try:
+        answers.convert(kind, data, what)
+    except answers.UnexpectedAnswer as exc:
+        raise ActionFailed("malformed_transport", str(exc)) from None
+    return data
+
+
 class Actions:
     """The window's actions on one host: `handlers()` is the table an executor (the runner, the model run)
-    carries decisions out through."""
+    carries decisions out through. Every answer is checked against its struct before it is returned."""
 
     def __init__(self, host: Host, site: Site, fixtures: dict[str, Fixture], plan_sha256: str,
                  recipe_dir: Path | None = None, prometheus: Prometheus | None = None) -> None:
@@ -62,10 +73,14 @@ class Actions:
                 act.Preflight: self.preflight, act.SendRequest: self.send_request}
 
     async def validate_fixtures(self, args: dict) -> dict:
-        return {"fixtures": {n: f.work() for n, f in self.fixtures.items() if n in args.get("fixtures", [])}}
+        return shaped(answers.FixturesWork, {"fixtures": {n: f.work() for n, f in self.fixtures.items()
+                                                         if n in args.get("fixtures", [])}}, "validate_fixtures")
 
     async def snapshot(self, args: dict) -> dict:
-        what = args["what"]
+        data = await self._snapshot(args["what"])
+        return shaped(answers.snapshot_type(args["what"]), data, f"{args['what']} snapshot")
+
+    async def _snapshot(self, what: str) -> dict:
         if what == "incumbent":
             st = await self.manager_state({})
             loaded = st.get("loaded")
@@ -107,7 +122,7 @@ class Actions:
         out: dict[str, Any] = {"recipe": name, "sha256": sha, "bytes": len(content)}
         if self.recipe_dir is not None and args.get("keep", True):  # a site check reads, never writes
             out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
-        return out
+        return shaped(answers.RecipeKept, out, f"recipe {name}")
 
     async def steady_state(self, args: dict) -> dict:
         """Every guard's query once: {"when", "guards": {name: {"values", "series"} | {"error"}}}; a
@@ -120,25 +135,25 @@ class Actions:
                 out[name] = await self.prometheus.query(query)
             except ActionFailed as exc:
                 out[name] = {"error": exc.detail}
-        return {"when": args["when"], "guards": out}
+        return shaped(answers.SteadyState, {"when": args["when"], "guards": out}, "steady state")
 
     async def gpu_view(self) -> dict:
-        return await self.host.gpu.view()
+        return shaped(answers.GpuView, await self.host.gpu.view(), "GPU view")
 
     async def health(self, args: dict) -> dict:
-        return await self.serving.health()
+        return shaped(answers.Health, await self.serving.health(), "health")
 
     async def preview(self, args: dict) -> dict:
-        return await self.manager.preview(args["op"], args["recipe"], args.get("sha256"))
+        return shaped(answers.Preview, await self.manager.preview(args["op"], args["recipe"], args.get("sha256")), "preview")
 
     async def quiesce(self, args: dict) -> dict:
-        return await self.host.router.quiesce()
+        return shaped(answers.Backend, await self.host.router.quiesce(), "quiesce")
 
     async def readmit(self, args: dict) -> dict:
-        return await self.host.router.readmit()
+        return shaped(answers.Backend, await self.host.router.readmit(), "readmit")
 
     async def scrape_metrics(self, args: dict) -> dict:
-        return await self.serving.metrics()
+        return shaped(answers.MetricsSample, await self.serving.metrics(), "metrics")
 
     def host_tier(self) -> bool | None:
         """Whether the host has a tier behind the engine's own cache: known for an engine the daemon
@@ -146,26 +161,25 @@ class Actions:
         return None if self.engine is None else self.engine.host_tier()
 
     async def unload(self, args: dict) -> dict:
-        return await self.manager.unload(args["recipe"], args["sha256"])
+        return shaped(answers.Incarnation, await self.manager.unload(args["recipe"], args["sha256"]), "unload")
 
     async def load(self, args: dict) -> dict:
-        return await self.manager.load(args["recipe"], args["sha256"])
+        return shaped(answers.Incarnation, await self.manager.load(args["recipe"], args["sha256"]), "load")
 
     async def read_identity(self, args: dict) -> dict:
-        return await self.serving.identity()
+        return shaped(answers.Identity, await self.serving.identity(), "identity")
 
     async def set_trace(self, args: dict) -> dict:
-        return await self.serving.trace(args["enabled"])
+        return shaped(answers.Identity, await self.serving.trace(args["enabled"]), "trace")
 
     async def manager_state(self, args: dict) -> dict:
-        return await self.manager.state()
+        return shaped(answers.ManagerState, await self.manager.state(), "manager state")
 
     async def preflight(self, args: dict) -> dict:
         body = preflight_body(await self.preflight_model())
         what = f"{args['path']} preflight"
-        if args["path"] == "routed":
-            return await self.host.router.complete(body, what)
-        return await self.serving.complete(body, what)
+        path = self.host.router if args["path"] == "routed" else self.serving
+        return shaped(answers.Preflight, await path.complete(body, what), what)
 
     async def served_models(self) -> list[str] | None:
         """The engine's `GET /v1/models` ids; None when it does not answer that."""

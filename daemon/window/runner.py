@@ -23,7 +23,6 @@ import msgspec
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.site import scrub
 from flare_diag.daemon.hosts.target import Target
-from flare_diag.events import answers
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
@@ -243,7 +242,6 @@ class Runner:
                         data["response_head"] = scrub(data["response_head"], self.target.site.tokens.values())
                     res = RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args), **data)
                 else:
-                    _decoded(d.request, data)  # the answer's shape checked here, where it meets the window
                     res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
             except TimeoutError:
                 res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
@@ -295,7 +293,6 @@ class Runner:
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
                     g = await self.target.gpu_view()
-                _watched("gpu", g)
                 xids = g.get("xid_events") or []
                 new = xids[seen_xids:] if seen_xids is not None else []
                 seen_xids = len(xids)
@@ -314,7 +311,6 @@ class Runner:
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
                     r = await self.target.snapshot({"what": "router"})
-                _watched("router", r)
                 # when the poll was sent: an answer to a poll sent before the quiesce took effect says
                 # nothing about containment after it
                 self._send.send_nowait(WatchObserved(at_ns=self.now(), source="router", data={**r, "polled_at_ns": polled}))
@@ -330,7 +326,6 @@ class Runner:
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
                     ident = await self.target.read_identity({})
-                _watched("identity", ident)
                 self._send.send_nowait(WatchObserved(at_ns=self.now(), source="identity",
                                                      data={"identity": ident, "polled_at_ns": polled}))
             except Exception as exc:
@@ -379,22 +374,6 @@ def replay(policy: WindowPolicy, recorded: Iterable[tuple[int, Event]]) -> str |
     inputs, tag = r.parted_after
     return (f"replayed decisions differ from the recorded ones at seq {d.seq}, after input {inputs} ({tag}): "
             f"this build decides {d.expected}, the log holds {d.found}")
-
-
-def _decoded(request: Any, data: Any) -> None:
-    """Raises the host's malformed answer as a failed action (events/answers.py: one struct per answer)."""
-    try:
-        answers.decode(request, data)
-    except answers.UnexpectedAnswer as exc:
-        raise ActionFailed("malformed_transport", str(exc)) from None
-
-
-def _watched(source: str, data: Any) -> None:
-    """A watch's answer checked as its action's would be: a malformed one is the watch failing."""
-    try:
-        answers.convert(answers.WATCHES[source], data, f"{source} watch")
-    except answers.UnexpectedAnswer as exc:
-        raise ActionFailed("malformed_transport", str(exc)) from None
 
 
 def _req_ids(args: dict) -> dict:
