@@ -75,9 +75,9 @@ class GpuIdentity(Answer, frozen=True):
     power_limit_w: Number | None = None
 
 
-class Identity(Answer, frozen=True):
-    """`GET /flare/v1/identity` (and `POST /flare/v1/trace`'s answer): the contract's fields; an
-    engine's own (a vLLM's version, its KV cache's geometry) ride along in the log."""
+class BuildIdentity(Answer, frozen=True):
+    """The identity's build and configuration fields (contract section 1): what a plan's `[identity]`
+    holds a host to (policies/plan.py's ExpectedIdentity) and what every identity read is compared on."""
 
     image: str | None = None
     flare_commit: str | None = None
@@ -88,6 +88,12 @@ class Identity(Answer, frozen=True):
     host_cache_bytes: int | None = None
     disk_cache_enabled: bool | None = None
     capture_enabled: bool | None = None
+
+
+class Identity(BuildIdentity, frozen=True):
+    """`GET /flare/v1/identity` (and `POST /flare/v1/trace`'s answer): the contract's fields; an
+    engine's own (a vLLM's version, its KV cache's geometry) ride along in the log."""
+
     trace_enabled: bool | None = None
     gpus: list[GpuIdentity] = []
     recipe: str | None = None

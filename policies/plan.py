@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from flare_diag.events.answers import BuildIdentity
 from flare_diag.policies.acceptance import MAX_REGRESSION, MIN_BENEFIT, percent
 from flare_diag.policies.ranges import out_of_range
 from flare_diag.policies.steady import Guard, GuardError, check_guards
@@ -16,19 +17,11 @@ class PlanError(ValueError):
     """A plan that cannot run; the message names the first bad field."""
 
 
-class ExpectedIdentity(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """What the serving identity must be. A field left out is not checked: only a non-production
-    plan may leave fields out (a peer engine has no Flare commit or tensor parallelism to report)."""
+class ExpectedIdentity(BuildIdentity, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What the serving identity must be: the identity's build fields (events/answers.py) and the GPUs'
+    count and power limit. A field left out is not checked: only a non-production plan may leave
+    fields out (a peer engine has no Flare commit or tensor parallelism to report)."""
 
-    image: str | None = None
-    flare_commit: str | None = None
-    package: str | None = None
-    model: str | None = None
-    tensor_parallel: int | None = None
-    draft_tokens: int | None = None
-    host_cache_bytes: int | None = None
-    disk_cache_enabled: bool | None = None
-    capture_enabled: bool | None = None
     gpu_count: int | None = None
     gpu_power_limit_w: int | None = None
 

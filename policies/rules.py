@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from flare_diag.events.answers import BuildIdentity
+
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                  "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
@@ -38,8 +40,7 @@ HOST_KEYS = ("lookups", "hits", "fetched_tokens", "reused_tokens")
 GPU_KEYS = ("hits", "reused_tokens")
 DRAIN_GAUGES = ("requests_active", "requests_pending", "requests_retiring",
                 "host_transfers_inflight", "host_transfers_waiting")
-IDENTITY_FIELDS = ("image", "flare_commit", "package", "model", "tensor_parallel", "draft_tokens",
-                   "host_cache_bytes", "disk_cache_enabled", "capture_enabled")
+IDENTITY_FIELDS: tuple[str, ...] = BuildIdentity.__struct_fields__  # the build fields every identity read is held to
 
 
 def abort_for_error(error: str | None) -> str | None:

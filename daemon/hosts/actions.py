@@ -49,7 +49,8 @@ def shaped(kind: type[answers.Answer], data: dict, what: str) -> dict:
 
 class Actions:
     """The window's actions on one host: `handlers()` is the table an executor (the runner, the model run)
-    carries decisions out through. Every answer is checked against its struct before it is returned."""
+    carries decisions out through. Every answer from the host is checked against its struct before it is
+returned (what this class builds itself, the fixtures' work and a kept recipe's digest, is already so)."""
 
     def __init__(self, host: Host, site: Site, fixtures: dict[str, Fixture], plan_sha256: str,
                  recipe_dir: Path | None = None, prometheus: Prometheus | None = None) -> None:
@@ -73,8 +74,7 @@ class Actions:
                 act.Preflight: self.preflight, act.SendRequest: self.send_request}
 
     async def validate_fixtures(self, args: dict) -> dict:
-        return shaped(answers.FixturesWork, {"fixtures": {n: f.work() for n, f in self.fixtures.items()
-                                                         if n in args.get("fixtures", [])}}, "validate_fixtures")
+        return {"fixtures": {n: f.work() for n, f in self.fixtures.items() if n in args.get("fixtures", [])}}
 
     async def snapshot(self, args: dict) -> dict:
         data = await self._snapshot(args["what"])
@@ -122,7 +122,7 @@ class Actions:
         out: dict[str, Any] = {"recipe": name, "sha256": sha, "bytes": len(content)}
         if self.recipe_dir is not None and args.get("keep", True):  # a site check reads, never writes
             out["path"] = str(await asyncio.to_thread(_keep, self.recipe_dir, sha, content))
-        return shaped(answers.RecipeKept, out, f"recipe {name}")
+        return out
 
     async def steady_state(self, args: dict) -> dict:
         """Every guard's query once: {"when", "guards": {name: {"values", "series"} | {"error"}}}; a
