@@ -77,7 +77,7 @@ class _Projection:
                         "requests": [], "natural_failures": [], "drains": [],
                         "counters": {"minute": [], **{k: [] for k in SERIES_KEYS}},
                         # the router, monitoring, GPU and configuration as first seen, and as seen in the restore
-                        "snapshots": {"before": {}, "after": {}},
+                        "snapshots": {"before": {}, "after": {}, "readmitted": {}},
                         "occupancy": []}
         self.occupied: dict[str, Any] | None = None  # the open phase's peak gauges, from the scrapes taken during it
         self.actions: dict[int, tuple[str, dict[str, Any]]] = {}
@@ -175,8 +175,9 @@ class _Projection:
             self._observed("incumbent before take-down", env, {**(d.get("identity") or {}),
                                                                "recipe_sha256": d.get("sha256"), "recipe": d.get("recipe")})
         elif action == "snapshot" and args.get("what") in SNAPSHOTS:
-            when = "after" if self.fold.stage == Stage.RESTORE else "before"
-            if when == "after" or args["what"] not in self.r["snapshots"]["before"]:
+            # the restore's checks before the readmit, and the router's own view after it (the readmission verified)
+            when = "before" if self.fold.stage != Stage.RESTORE else "after" if self.readmitted_at is None else "readmitted"
+            if when != "before" or args["what"] not in self.r["snapshots"]["before"]:
                 self.r["snapshots"][when][args["what"]] = {"minute": self.minute(ev.at_ns), "data": d}
         elif action == "read_identity":
             self._observed(self.load_label, env, d)

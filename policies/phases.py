@@ -119,7 +119,8 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w.abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
     w.ref_labels = {k: ident.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
     # what every later read of this incarnation's identity is held to, phase by phase
-    w.verified_identity[ph.incarnation] = {k: v for k, v in ident.items() if k != "trace_enabled"}
+    # (the trace switch too, where the engine reports one: contract 4 holds every field of the identity)
+    w.verified_identity[ph.incarnation] = {k: v for k, v in ident.items() if k != "trace_enabled" or v is not None}
     reason = "identity verified without generation"
     if ph.fresh:
         m = yield from w.act("scrape_metrics", {})
@@ -241,6 +242,9 @@ def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
     if mism:
         w.abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
+    verified = w.verified_identity.get(ph.incarnation)
+    if verified is not None and "trace_enabled" in verified:
+        verified["trace_enabled"] = ph.trace  # from here on the phase's reads are held to the switch as set
     return True
 
 
@@ -377,6 +381,14 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
                 f"identity it was measured on is not known", **common)
     elif not settled:
         w.record_cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
+    elif stray := rules.traffic_from_elsewhere(common["counters"], reqs):
+        w.record_cell(ph.id, "invalid", f"requests from outside the window reached the quiesced engine: it {stray}, so "
+                f"the phase's counters are not its own", **common)
+        w.abort_inside("containment", f"{ph.id}: requests from outside the window reached the quiesced engine around the "
+                                       f"router: it {stray}")
+    elif contradict := rules.counters_contradict(common["host"], common["gpu"]):
+        w.record_cell(ph.id, "invalid", f"the engine's counters contradict each other ({'; '.join(contradict)}): its "
+                f"reuse figures cannot be trusted", **common)
     elif disagree:  # the figures every judgement below reads
         w.record_cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
                 f"{len(disagree)} of {reqs} requests ({', '.join(disagree[:3])}): its reuse figures cannot be trusted",

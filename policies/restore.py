@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from flare_diag.events.answers import GpuView, Identity, LoadedRecipe, ManagerState, MetricsSample, MonitoringView, RouterView, read
+from flare_diag.events.answers import (
+    Backend,
+    GpuView,
+    Identity,
+    LoadedRecipe,
+    ManagerState,
+    MetricsSample,
+    MonitoringView,
+    RouterView,
+    read,
+)
 from flare_diag.events.answers import SteadyState as SteadyStateAnswer
 from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, Alarm, RestorationRecorded, VerdictReached, WindowClosed
 from flare_diag.policies import guards, rules, steady
@@ -255,9 +265,26 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
     else:
         w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
         re = yield from w.act("readmit", {})
-        checks["readmitted"] = None if re.error == "not_applicable" else bool(re.ok and (re.data.get("admitted", True)))
+        checks["readmitted"] = None if re.error == "not_applicable" else (yield from readmitted(w, re))
         routed = yield from w.act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+
+
+def readmitted(w: WindowCore, re: Any) -> Generator[Any, Any, bool]:
+    """The backend admitted as the router itself shows it after the readmit: the window changed it, so its
+    reply alone (which may omit `admitted`, or say it before the router acts on it) verifies nothing."""
+    if not re.ok or read(Backend, re).admitted is False:
+        w.emit(Alarm(kind="readmit_not_verified", detail="the readmit " + (
+            f"failed: {re.detail or re.error}" if not re.ok else "answered that the backend is not admitted")))
+        return False
+    view = yield from w.act("snapshot", {"what": "router"})
+    if view.ok and read(RouterView, view).backend.admitted is True:
+        return True
+    w.emit(Alarm(kind="readmit_not_verified", detail="after the readmit the router " + (
+        f"could not be read ({view.detail or view.error})" if not view.ok else
+        f"shows backend {read(RouterView, view).backend.id} admitted {read(RouterView, view).backend.admitted}")
+        + ": the primary may still be out of rotation; check the router before anything else"))
+    return False
 
 
 def _loaded(st: Any) -> LoadedRecipe | None:

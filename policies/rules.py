@@ -85,10 +85,11 @@ def drained(gauges: Mapping[str, float | None], accept_unobserved: Collection[st
 
 def identity_changes(verified: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
     """Every identity field (GPU UUIDs and power limits included) that differs from the identity
-    verified for the incarnation, as 'field: was X, now Y'. The trace switch is the one field a
-    window changes itself, so it is not compared here."""
+    verified for the incarnation, as 'field: was X, now Y'. The trace switch is the one field a window
+    changes itself: it is held to where the window last put it (the verified identity carries it only
+    when the engine reports one; a trace toggle the host confirmed moves it: phases._set_trace)."""
     out = []
-    for f in (*IDENTITY_FIELDS, "recipe_sha256", "incarnation"):
+    for f in (*IDENTITY_FIELDS, "recipe_sha256", "incarnation", "trace_enabled"):
         if f in verified and observed.get(f) != verified[f]:
             out.append(f"{f}: was {verified[f]!r}, now {observed.get(f)!r}")
     if "gpus" in verified:
@@ -166,6 +167,32 @@ def host_gpu(delta: Mapping[str, float | None]) -> tuple[dict[str, Any], dict[st
     host = {k: g(f"host_{k}") for k in HOST_KEYS}
     gpu = {"hits": g("gpu_hits"), "reused_tokens": g("gpu_reused_tokens")}
     return host, gpu
+
+
+# (tier, part, whole): under the contract's meanings a part is never larger than its whole (a hit is a
+# lookup that found a checkpoint; reused tokens are restored tokens that prefill skipped; the GPU's reused
+# tokens are tokens its prefix cache found)
+COUNTER_PARTS = (("host", "hits", "lookups"), ("host", "reused_tokens", "fetched_tokens"), ("GPU prefix-cache", "reused_tokens", "hits"))
+
+
+def counters_contradict(host: Mapping[str, int | None], gpu: Mapping[str, int | None]) -> list[str]:
+    """A phase's counter deltas that cannot both be true (COUNTER_PARTS): an engine, or a metric mapping,
+    whose numbers mean something else than the contract's."""
+    out = []
+    for tier, part, whole in COUNTER_PARTS:
+        d = host if tier == "host" else gpu
+        a, b = d.get(part), d.get(whole)
+        if a is not None and b is not None and a > b:
+            out.append(f"{tier} {part} {a:,} > {whole} {b:,}")
+    return out
+
+
+def traffic_from_elsewhere(delta: Mapping[str, float | None], sent: int) -> str | None:
+    """What a phase's counters show beyond the requests the window sent it: the quiesced engine finished,
+    or looked up, more requests than that (someone reaching it around the router), or None."""
+    seen = [f"{verb} {int(v):,}" for k, verb in (("finished", "finished"), ("host_lookups", "looked up"))
+            if (v := delta.get(k)) is not None and v > sent]
+    return f"{' and '.join(seen)} requests while the window sent {sent:,}" if seen else None
 
 
 def counters_reset(counters: Mapping[str, float | None]) -> list[str]:

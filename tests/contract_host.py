@@ -305,7 +305,7 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         reused = on_gpu = 0
         if st.cfg.get("gpu_entries") and key in st.gpu:  # served from the GPU tier: the host tier is not asked
             st.gpu.move_to_end(key)
-            c["gpu_hits"] += 1
+            c["gpu_hits"] += prompt  # "of those, tokens found": tokens, as queries and reused are
             c["gpu_reused"] += prompt
             on_gpu = prompt
         elif key in st.cache:

@@ -150,7 +150,7 @@ class World:
             self.counters["host_hits"] += 1
             self.counters["host_fetched_tokens"] += 1000
             self.counters["host_reused_tokens"] += 1000
-        self.counters["gpu_hits"] += 1
+        self.counters["gpu_hits"] += 256  # tokens found (contract section 1), all of them skipped
         self.counters["gpu_reused_tokens"] += 256
         reused = 256 + (1000 if args["phase"] in self.reuse_on else 0)
         cached = reused if self.cached_tokens == "true" else self.cached_tokens

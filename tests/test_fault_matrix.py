@@ -161,7 +161,8 @@ def test_an_action_hung_at_the_stop_minute_is_cancelled_and_the_restore_finishes
     assert set(cancels) & set(hung), "the hung action was not cancelled by the restore"
 
 
-DRIFT_FIELDS = ("tensor_parallel", "draft_tokens", "host_cache_bytes", "capture_enabled", "gpu_uuid", "gpu_power_limit_w")
+DRIFT_FIELDS = ("tensor_parallel", "draft_tokens", "host_cache_bytes", "capture_enabled", "gpu_uuid", "gpu_power_limit_w",
+                "trace_enabled")
 
 
 @pytest.mark.parametrize("field", DRIFT_FIELDS)
@@ -175,3 +176,35 @@ def test_each_identity_field_drifted_mid_phase_aborts_within_one_request_and_nam
     prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
     assert prime["status"] == "invalid" and prime["identity_held"] is False
     assert r["verdict"]["hypothesis"] == "inconclusive"
+
+
+def test_a_trace_switch_turned_off_by_someone_else_inside_a_trace_on_arm_aborts_identity_drift(small_plan, tmp_path):
+    # the arm set trace on; the host's switch goes off under it: its timings would be an off arm's
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "identity_drift@trace.C1.r1.on#2,field=trace_enabled,value=false")
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
+    assert r["abort"]["reason"] == "identity_drift" and "trace_enabled: was True, now False" in r["abort"]["detail"], r["abort"]
+    on = next(c for c in r["cells"] if c["phase"] == "trace.C1.r1.on")
+    assert on["status"] == "invalid", on
+
+
+def test_requests_reaching_the_quiesced_engine_around_the_router_invalidate_the_phase_and_abort_containment(small_plan, tmp_path):
+    # the router's view stays clean (admitted no, nothing in flight); only the engine's own counters show
+    # requests the window did not send, which would have filled its host cache with someone else's state
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "stray_traffic@A.reverse_replay#2,count=3")
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
+    assert r["abort"]["reason"] == "containment" and "finished 11 and looked up 11 requests while the window sent 8" \
+        in r["abort"]["detail"], r["abort"]
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["status"] == "invalid" and "from outside the window" in rev["reason"], rev
+    assert r["verdict"]["hypothesis"] == "inconclusive"
+
+
+def test_an_engine_that_counts_reuse_its_failed_loads_never_gave_names_no_cause(small_plan, tmp_path):
+    # a KV connector whose loads fail while the engine counts what its lookups matched as reused (vLLM's
+    # external_kv_transfer counts so): reused tokens above fetched ones; taken at its word, the host tier
+    # would show reuse on the reverse replay and none on the forward one, and churn would be named
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"  # 52 bodies: the host tier has hits
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "reuse_miscounted", "--accept-partial")
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["status"] == "invalid" and "counters contradict each other (host reused_tokens" in rev["reason"], rev
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"], r["verdict"]

@@ -8,6 +8,8 @@ from pathlib import Path
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flare_diag.policies import rules
 from flare_diag.policies.acceptance import Run, accept
@@ -312,3 +314,27 @@ def test_a_plan_nested_thousands_deep_is_refused_in_one_line():
     deep = PLAN_PATH.read_bytes() + b"\nx = " + b"[" * 100_000 + b"]" * 100_000 + b"\n"
     with pytest.raises(PlanError, match="nested too deeply|not valid TOML"):
         decode_plan(deep)
+
+
+_count = st.one_of(st.none(), st.integers(min_value=0, max_value=10**9))
+
+
+@given(host=st.fixed_dictionaries({k: _count for k in rules.HOST_KEYS}),
+       gpu=st.fixed_dictionaries({"hits": _count, "reused_tokens": _count}))
+def test_counters_contradict_exactly_when_a_part_exceeds_its_whole(host, gpu):
+    said = rules.counters_contradict(host, gpu)
+    tiers = {"host": host, "GPU prefix-cache": gpu}
+    over = [(t, p, w) for t, p, w in rules.COUNTER_PARTS
+            if tiers[t][p] is not None and tiers[t][w] is not None and tiers[t][p] > tiers[t][w]]
+    assert len(said) == len(over)
+    for (t, p, w), line in zip(over, said):
+        assert line == f"{t} {p} {tiers[t][p]:,} > {w} {tiers[t][w]:,}"
+
+
+@given(sent=st.integers(min_value=0, max_value=10**6), finished=_count, lookups=_count)
+def test_traffic_from_elsewhere_is_named_only_when_the_engine_saw_more_requests_than_the_window_sent(sent, finished, lookups):
+    said = rules.traffic_from_elsewhere({"finished": finished, "host_lookups": lookups}, sent)
+    more = [v for v in (finished, lookups) if v is not None and v > sent]
+    assert (said is None) == (not more)
+    if said:
+        assert said.endswith(f"requests while the window sent {sent:,}") and all(f"{v:,}" in said for v in more)

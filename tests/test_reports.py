@@ -665,6 +665,15 @@ def test_an_identity_that_matched_is_one_line_per_run_of_reads_and_no_table(defa
     assert len(section.splitlines()) < 30  # one line a run of reads, never a column per read
 
 
+def test_the_trace_arms_switching_trace_do_not_split_an_incarnations_identity_line(default_rehearsal):
+    _rc, r, out = default_rehearsal
+    md = (out / "report.md").read_text()
+    section = md.split("### Identity", 1)[1].split("###", 1)[0]
+    b_lines = [line for line in section.splitlines() if line.startswith("- incarnation B")]
+    assert len(b_lines) == 1, b_lines
+    assert "trace_enabled changed" in b_lines[0] and "as expected" in b_lines[0]
+
+
 def test_an_identity_that_differs_names_only_the_fields_that_differ_with_both_values(small_plan, tmp_path):
     from tests.test_fault_matrix import rehearse
     rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "identity_drift")

@@ -135,6 +135,25 @@ def test_a_router_that_hangs_is_the_router_watch_lost_and_the_primary_stays_out(
     assert not [e for e in evs[abort_at:] if type(e).__name__ == "ActionRequested" and e.experimental]
 
 
+def test_a_readmit_the_router_acknowledges_but_does_not_apply_is_not_called_verified(small_plan, tmp_path):
+    # the readmit's reply says admitted; the router's own view after it says otherwise: the window changed
+    # the backend's admission, so only the router's view can say it is back
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "readmit_ignored")
+    assert rc == 3 and r["outcome"] == "restore_failed" and r["restoration"]["readmitted"] is False, r["restoration"]
+    alarm = next(a for a in r["alarms"] if a["kind"] == "readmit_not_verified")
+    assert "shows backend primary admitted False" in alarm["detail"], alarm
+    assert r["snapshots"]["readmitted"]["router"]["data"]["backend"]["admitted"] is False
+
+
+def test_a_verified_readmission_shows_the_routers_own_view_after_the_readmit(default_rehearsal):
+    _rc, r, out = default_rehearsal
+    after = r["snapshots"]["readmitted"]["router"]
+    assert after["data"]["backend"]["admitted"] is True and r["restoration"]["readmitted"] is True
+    assert after["minute"] >= r["snapshots"]["after"]["router"]["minute"]
+    assert "| router | after readmission |" in (out / "report.md").read_text()
+
+
 # --- the last gate before readmission (issue 26) ----------------------------------------------
 
 # fault fired as the restore's load of the incumbent completes (the candidate's load is the first)

@@ -21,24 +21,30 @@ class Crash(Exception):
 
 
 def _restore_answers() -> list[int]:
-    """The history positions of every answer the restore of a healthy window waits for."""
+    """Every answer the restore of a healthy window waits for, by its ordinal among the window's answers
+    (not its history position: the watches' inputs fed with an answer would step over a position)."""
     h = drive(WindowPolicy(), World(plan_builtins()))
     start = next(i for i, (_inp, ds) in enumerate(h) if any(isinstance(d, RestoreStarted) for d in ds))
-    return [i for i, (inp, _ds) in enumerate(h) if i > start and isinstance(inp, (ActionDone, RequestDone))]
+    answers = [i for i, (inp, _ds) in enumerate(h) if isinstance(inp, (ActionDone, RequestDone))]
+    return [k for k, i in enumerate(answers) if i > start]
 
 
 ANSWERS = _restore_answers()
 
 
 def _crash_and_resume(at: int, performed: bool) -> tuple[list, str]:
-    """Runs the window until history position `at`, where the daemon dies before the answer reaches the
+    """Runs the window until its answer number `at`, where the daemon dies before that answer reaches the
     log (`performed`: the host had carried the action out); then the recovery and the rest of the restore.
     Returns (every decision after the restart, the action whose answer was lost)."""
     world = World(plan_builtins())
     lost = [""]
+    counted = [0, 0]  # history entries read, answers among them
 
     def hook(w: World, history):
-        if len(history) >= at:
+        for inp, _ds in history[counted[0]:]:
+            counted[1] += isinstance(inp, (ActionDone, RequestDone))
+        counted[0] = len(history)
+        if counted[1] >= at:
             raise Crash
         return None
     policy = WindowPolicy()

@@ -430,10 +430,12 @@ def drain_summary(r: dict) -> str:
 
 
 def snapshot_rows(r: dict) -> list[list[str]]:
-    """The router, monitoring, GPU and configuration as first seen and as the restore saw them."""
+    """The router, monitoring, GPU and configuration as first seen, as the restore saw them, and the router
+    after the readmit (what verified the readmission)."""
     snaps = r.get("snapshots") or {}
     rows = []
-    for when, label in (("before", "before take-down"), ("after", "in the restore, before readmission")):
+    for when, label in (("before", "before take-down"), ("after", "in the restore, before readmission"),
+                        ("readmitted", "after readmission")):
         for what, s in (snaps.get(when) or {}).items():
             rows.append([what, label, val(s.get("minute")), snapshot_words(what, s.get("data") or {})])
     return rows
@@ -741,23 +743,32 @@ def identity_lines(r: dict) -> list[tuple[str, str, bool]]:
 
 
 def identity_columns(r: dict) -> list[tuple[str, dict]]:
-    """The identity observations as table columns: a run of reads that saw the same identity under
-    one label is one column ("incarnation A (52 reads, minutes 1.1-15.0)"), so a window that reads its
-    identity between every request does not grow a column per request."""
-    cols: list[tuple[list[dict], dict]] = []
+    """The identity observations as runs: reads that saw the same identity under one label are one run
+    ("incarnation A (52 reads, minutes 1.1-15.0)"), so a window that reads its identity between every
+    request does not grow a line per request. The trace switch alone does not end a run (the trace arms turn
+    it on and off on one incarnation): the run's label counts its changes instead."""
+    runs: list[tuple[list[dict], dict]] = []
     for o in (r.get("identity") or {}).get("observed", []):
-        last = cols[-1][1] if cols else None
-        if last is not None and last["label"] == o["label"] and last["identity"] == o["identity"] \
-                and last["mismatches"] == o["mismatches"]:
-            cols[-1][0].append(o)
+        last = runs[-1][1] if runs else None
+        if last is not None and last["label"] == o["label"] and last["mismatches"] == o["mismatches"] \
+                and _sans_trace(last["identity"]) == _sans_trace(o["identity"]):
+            runs[-1][0].append(o)
         else:
-            cols.append(([o], o))
-    out = []
-    for run, o in cols:
-        if len(run) == 1:
-            out.append((o["label"], o))
-            continue
-        ms = [x["minute"] for x in run if x.get("minute") is not None]
-        span = f", minutes {num(min(ms))}-{num(max(ms))}" if ms else ""
-        out.append((f"{o['label']} ({len(run):,} reads{span})", o))
-    return out
+            runs.append(([o], o))
+    return [(_run_label(run, o), o) for run, o in runs]
+
+
+def _sans_trace(identity: dict) -> dict:
+    return {k: v for k, v in identity.items() if k != "trace_enabled"}
+
+
+def _run_label(run: list[dict], o: dict) -> str:
+    """A run's label: how many reads, over which minutes, and how often the trace switch changed in it."""
+    switches = sum(1 for a, b in zip(run, run[1:]) if a["identity"].get("trace_enabled") != b["identity"].get("trace_enabled"))
+    if len(run) == 1:
+        return o["label"]
+    ms = [x["minute"] for x in run if x.get("minute") is not None]
+    lo, hi = (num(min(ms)), num(max(ms))) if ms else ("", "")
+    span = "" if not ms else f", minute {lo}" if lo == hi else f", minutes {lo}-{hi}"
+    trace = f"; trace_enabled changed {switches} time{'s' * (switches != 1)}" if switches else ""
+    return f"{o['label']} ({len(run):,} reads{span}{trace})"
