@@ -501,7 +501,10 @@ def backend(st: State) -> dict:
 
 
 def r_backends(h, _raw) -> None:
-    h.send_json({"config_sha256": hashlib.sha256(b"primary").hexdigest(), "backends": [backend(h.server.state)]})
+    live = backend(h.server.state)
+    # `stale_backend`: a second entry under the same id, admitted (a router whose view kept an old one)
+    stale = [{**live, "admitted": True}] if h.server.state.cfg.get("stale_backend") else []
+    h.send_json({"config_sha256": hashlib.sha256(b"primary").hexdigest(), "backends": [live, *stale]})
 
 
 def r_backend_op(h, _raw, rest: str) -> None:

@@ -205,6 +205,19 @@ def test_site_check_refuses_a_router_whose_inflight_is_not_a_count_of_routed_req
     assert "$.backend.inflight" in {c["name"]: c for c in check["capabilities"]}["router.backend"]["reason"]
 
 
+def test_site_check_refuses_a_router_that_lists_the_primary_twice(tmp_path):
+    # a stale entry beside the live one: which of the two is the primary's state cannot be told
+    host = ContractHost(tmp_path / "host", stale_backend=True)
+    try:
+        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+    finally:
+        host.stop()
+    assert p.returncode == 1, p.stdout
+    check = json.loads(p.stdout)
+    assert "router.backend" in check["missing"], check["missing"]
+    assert "'primary' is listed 2 times" in {c["name"]: c for c in check["capabilities"]}["router.backend"]["reason"]
+
+
 def test_site_check_passes_on_flaresim(tmp_path):
     from tests.daemontools import Sim
     sim = Sim(tmp_path)

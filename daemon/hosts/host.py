@@ -61,7 +61,7 @@ class HttpRouter:
         backends = d.get("backends")
         if not isinstance(backends, list):
             raise ActionFailed("malformed_transport", 'router backends: expected {"backends": [...]}')
-        b = next((x for x in backends if isinstance(x, dict) and x.get("id") == self.backend), None)
+        b = _the_one("router backends", backends, self.backend)
         if b is None:
             raise ActionFailed("containment", f"router has no backend {self.backend!r}")
         return {"config_sha256": d.get("config_sha256"), "backend": b}
@@ -92,6 +92,15 @@ class NoRouter:
         raise ActionFailed("not_applicable", "the site has no router")
 
 
+def _the_one(what: str, entries: list[Any], id_: str) -> dict[str, Any] | None:
+    """The entry with this id, or None; listed more than once, the host's answer says two things about
+    one backend (a stale entry beside the live one), so neither is taken for it."""
+    found = [x for x in entries if isinstance(x, dict) and x.get("id") == id_]
+    if len(found) > 1:
+        raise ActionFailed("malformed_transport", f"{what}: {id_!r} is listed {len(found)} times")
+    return found[0] if found else None
+
+
 class HttpMonitoring:
     present = True
 
@@ -103,7 +112,7 @@ class HttpMonitoring:
         targets = d.get("targets")
         if not isinstance(targets, list):
             raise ActionFailed("malformed_transport", 'monitoring targets: expected {"targets": [...]}')
-        return {"target": next((x for x in targets if isinstance(x, dict) and x.get("id") == self.target), None)}
+        return {"target": _the_one("monitoring targets", targets, self.target)}
 
 
 class NoMonitoring:
