@@ -50,6 +50,7 @@ class World:
         self.request_error: dict[int, str] = {}  # nth request (1-based) -> error class
         self.request_status: dict[int, int] = {}  # nth request (1-based) -> the HTTP status its error answered
         self.requests_sent = 0
+        self.miscounts = False  # restores fail and are counted as reused anyway (a KV connector's failed loads)
         self.drain_stuck = False
         self.identity_override: dict = {}
         self.admitted = True
@@ -148,7 +149,7 @@ class World:
         self.counters["host_lookups"] += 1
         if args["phase"] in self.reuse_on:
             self.counters["host_hits"] += 1
-            self.counters["host_fetched_tokens"] += 1000
+            self.counters["host_fetched_tokens"] += 0 if self.miscounts else 1000
             self.counters["host_reused_tokens"] += 1000
         self.counters["gpu_hits"] += 256  # tokens found (contract section 1), all of them skipped
         self.counters["gpu_reused_tokens"] += 256

@@ -1,7 +1,8 @@
 """A Hypothesis rule-based state machine over the decider: observations, faults, restarts and clocks in
 any order Hypothesis finds, with the seed's invariants checked after every step: no experimental request
 and no experiment host change at or after the stop minute, the restore begun with its reservation left,
-no cause named from a cell that was not measured (or after an abort that forbids one), nothing decided
+no cause named from a cell that was not measured (or after an abort that forbids one), no cell measured
+on counters that cannot be (a part above its whole, more lookups than its requests), nothing decided
 once closed, and the same inputs giving the same decisions."""
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from flare_diag.events.schema import (
-    NS_PER_MIN, ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, OperatorAbort,
+    NS_PER_MIN, ActionDone, ActionRequested, CancelRequested, CellRecorded, DaemonRestarted, Decision, Input, OperatorAbort,
     RequestDone, RestoreStarted, Tick, TimeMarked, VerdictReached, WatchObserved,
 )
 from flare_diag.events.stages import BEFORE_RESTORE
-from flare_diag.policies.rules import NO_CAUSE_ABORTS
+from flare_diag.policies.rules import NO_CAUSE_ABORTS, counters_contradict
 from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import WATCH_EVERY, S, World, opened_input, plan_builtins
 from tests.test_policy_properties import FAULTS
@@ -85,6 +86,10 @@ class DeciderMachine(RuleBasedStateMachine):
                 left = self.t0 + self.window_ns - inp.at_ns
                 assert left >= RESERVE_MIN * NS_PER_MIN - self._closing_drain_ns(), \
                     f"restore began with {left / S:.0f} s of the window left"
+            if isinstance(d, CellRecorded) and d.status == "measured" and d.host is not None:
+                # a measured cell's counters are possible ones, and the window's own requests' alone
+                assert not counters_contradict(d.host, d.gpu or {}), (d.phase, d.host, d.gpu)
+                assert d.host.get("lookups") is None or d.host["lookups"] <= d.requests, (d.phase, d.host, d.requests)
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
                 abort = self.policy.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
@@ -196,7 +201,8 @@ class DeciderMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def the_host_changes_how_it_behaves(self, data: st.DataObject) -> None:
         """Quietly: nothing arrives now; the window meets it in what the host answers next."""
-        change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "silences"]), label="change")
+        change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "miscounts", "serves_others",
+                                            "silences"]), label="change")
         world = self.world
         if change == "fails":  # the next such action fails with this class
             world.fail[data.draw(st.sampled_from(ACTIONS), label="action")] = data.draw(st.sampled_from(FAULT_CLASSES))
@@ -210,6 +216,10 @@ class DeciderMachine(RuleBasedStateMachine):
                 world.request_error[k], world.request_status[k] = "http_error", status
         elif change == "restarts":  # a supervisor restarted the engine under the same incarnation: counters from zero
             world.counters = world._zero()
+        elif change == "miscounts":  # its restores fail from now on, and it counts them as reused anyway
+            world.miscounts = True
+        elif change == "serves_others":  # requests from someone else reach the engine around the router
+            world.counters["host_lookups"] += data.draw(st.integers(1, 60), label="requests")
         else:
             self.silent.add(data.draw(st.sampled_from(["gpu", "router"]), label="watch"))
 
