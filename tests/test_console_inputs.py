@@ -94,6 +94,23 @@ def test_a_fixture_body_nested_deeper_than_a_decoder_reads_is_refused_naming_it(
         load_fixture(fx)
 
 
+def test_a_fixture_body_asking_for_several_completions_is_refused_naming_it(tmp_path):
+    # one body, one completion: the window reads one answer a body, and holds the engine's finished count
+    # to the requests it sent (n completions are n requests to an engine's scheduler)
+    import hashlib
+    import json
+    bodies = [b'{"messages": [{"role": "user", "content": "hi"}], "n": 1}',
+              b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}']
+    fx = tmp_path / "several"
+    fx.mkdir()
+    (fx / "bodies.jsonl").write_bytes(b"\n".join(bodies) + b"\n")
+    (fx / "manifest.json").write_text(json.dumps({"name": "several", "count": 2,
+                                                  "sha256": [hashlib.sha256(b).hexdigest() for b in bodies]}))
+    from flare_diag.daemon.hosts.fixture import FixtureError, load_fixture
+    with pytest.raises(FixtureError, match=r"body 1 \(sha256 .*\): n = 3: a window replays one completion a body"):
+        load_fixture(fx)
+
+
 @pytest.mark.parametrize("state_dir,words", [("/etc/hostname", "not a folder"),
                                              ("/etc/hostname/sub", "/etc/hostname is a file, not a folder")])
 def test_a_daemon_state_dir_that_cannot_be_a_folder_is_one_line_and_exit_2(tmp_path, state_dir, words):

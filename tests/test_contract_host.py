@@ -493,14 +493,14 @@ def test_a_body_the_engines_request_schema_refuses_is_refused_before_quiesce_nam
     host = ContractHost(tmp_path / "host", openapi=str(VLLM_OPENAPI))
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN.read_text())
-    _fixture_with(tmp_path, "c1-52", {"n": "two"})  # vLLM's schema: n is an integer
+    _fixture_with(tmp_path, "c1-52", {"top_k": "many"})  # vLLM's schema: top_k is an integer
     try:
         p = flare_diag("run", "--plan", str(plan), "--site", str(host.site), "--out", str(tmp_path / "out"))
         seen = host.requests()
     finally:
         host.stop()
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    assert "serving.request_schema" in p.stderr and "fixture c1-52: body 7 (sha256" in p.stderr and ": n: 'two'" in p.stderr
+    assert "serving.request_schema" in p.stderr and "fixture c1-52: body 7 (sha256" in p.stderr and ": top_k: 'many'" in p.stderr
     assert not host_changes(seen)
     assert not (tmp_path / "out" / "log.db").exists()
 

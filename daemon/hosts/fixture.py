@@ -160,7 +160,13 @@ def _not_an_object(raw: bytes) -> str | None:
         return "its JSON is nested deeper than a decoder reads"
     except msgspec.DecodeError:
         return "not valid JSON"
-    return None if isinstance(body, dict) else "not a JSON object"
+    if not isinstance(body, dict):
+        return "not a JSON object"
+    if body.get("n", 1) != 1:
+        # one body, one completion: the stream is read as one answer, and the engine's counters are held to
+        # the requests the window sent (a body asking n completions is n requests to vLLM's scheduler)
+        return f"n = {body['n']!r}: a window replays one completion a body (n = 1 or no n)"
+    return None
 
 
 def greedy_variant(fx: Fixture, name: str, max_tokens: int) -> Fixture:
