@@ -3,7 +3,7 @@ replay (prime, drains, requests, its closing identity and cell), and the project
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from typing import Any
 
 from flare_diag.events.answers import Health, Identity, Incarnation, MetricsSample, read
@@ -186,6 +186,7 @@ class _Tally:
         self.hit_requests: list[int] = []
         self.failures: list[str] = []
         self.disagree: list[str] = []  # requests whose counters and own cached_tokens differ (reuse_disagreement)
+        self.overlong: list[str] = []  # requests answered with more tokens than their body's max_tokens
         self.natural = 0
 
 
@@ -314,12 +315,23 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
             nf = rules.natural_failure(rd.finish_reason, rd.visible_output)
             tally.natural += nf is not None
             tally.disagree += reuse_disagreement(w.reuse_identity, delta, rd)
+            tally.overlong += _beyond_max_tokens(w, ph, rd)
         if ph.kind == "consistency":
             tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                     rd.cached_tokens, delta.get("host_reused_tokens")))
         w.emit(RequestMeasured(phase=ph.id, order_index=rd.order_index, body_index=rd.body_index,
                                 body_sha256=rd.body_sha256, outcome=rd.outcome, natural_failure=nf,
                                 delta=delta if ph.concurrency == 1 else {}))
+
+
+def _beyond_max_tokens(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
+    """[a line] when the engine answered with more tokens than the body's max_tokens allows (a gateway that
+    rewrote it, an engine that reads another field): it did not serve the body as sent; else []."""
+    work = w.est.work.get(ph.fixture or "", [])
+    limit = work[rd.body_index].max_tokens if rd.body_index < len(work) else None
+    if not limit or rd.completion_tokens is None or rd.completion_tokens <= limit:
+        return []
+    return [f"#{rd.order_index}: {rd.completion_tokens:,} > {limit:,}"]
 
 
 def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Proc:
@@ -354,7 +366,7 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
     common = dict(requests=requests, host=host, gpu=gpu, comparable=ph.comparable, counters=delta,
                   natural_failures=tally.natural, prime=prime, incarnation_id=w.candidate_id, identity_held=held,
                   hit_requests=tally.hit_requests, drain_unseen=sorted(w.drain_unseen))
-    phase_cell(w, ph, common, closing, settled, changes, tally.failures, tally.answers, tally.disagree)
+    phase_cell(w, ph, common, closing, settled, changes, tally)
 
 
 def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDone) -> list[str]:
@@ -366,7 +378,7 @@ def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDo
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
 def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: Any, settled: bool, changes: list[str],
-               failures: list[str], answers: list[consistency.Answer], disagree: Sequence[str] = ()) -> None:
+               tally: _Tally) -> None:
     """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
     identity, a drain that did not settle), failed (requests failed), or measured (with what it was
     measured under); a drifted identity also aborts the window."""
@@ -389,15 +401,20 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
     elif contradict := rules.counters_contradict(common["host"], common["gpu"]):
         w.record_cell(ph.id, "invalid", f"the engine's counters contradict each other ({'; '.join(contradict)}): its "
                 f"reuse figures cannot be trusted", **common)
-    elif disagree:  # the figures every judgement below reads
+    elif tally.overlong:
+        w.record_cell(ph.id, "invalid", f"the engine answered {len(tally.overlong)} of {reqs} requests with more tokens "
+                f"than their body's max_tokens ({', '.join(tally.overlong[:3])}): it did not serve the bodies as sent, "
+                f"so what it generated and stored is not what they ask", **common)
+    elif tally.disagree:  # the figures every judgement below reads
         w.record_cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
-                f"{len(disagree)} of {reqs} requests ({', '.join(disagree[:3])}): its reuse figures cannot be trusted",
-                **common)
-    elif failures:
-        w.record_cell(ph.id, "failed", f"{len(failures)} of {reqs} requests failed: {', '.join(failures[:3])}", **common)
+                f"{len(tally.disagree)} of {reqs} requests ({', '.join(tally.disagree[:3])}): its reuse figures cannot be "
+                f"trusted", **common)
+    elif tally.failures:
+        w.record_cell(ph.id, "failed", f"{len(tally.failures)} of {reqs} requests failed: {', '.join(tally.failures[:3])}",
+                      **common)
     elif ph.kind == "consistency":
-        half = len(answers) // 2
-        result = consistency.judge(answers[:half], answers[half:])
+        half = len(tally.answers) // 2
+        result = consistency.judge(tally.answers[:half], tally.answers[half:])
         status, why = consistency.finding(result)
         w.record_cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
     else:

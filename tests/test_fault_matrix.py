@@ -208,3 +208,13 @@ def test_an_engine_that_counts_reuse_its_failed_loads_never_gave_names_no_cause(
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
     assert rev["status"] == "invalid" and "counters contradict each other (host reused_tokens" in rev["reason"], rev
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"], r["verdict"]
+
+
+def test_an_engine_that_answers_beyond_the_bodys_max_tokens_did_not_serve_the_body_and_names_no_cause(tmp_path):
+    # a gateway that rewrote max_tokens, or an engine that reads another field: the bodies that would have
+    # stopped at their max_tokens generate (and store) four times as much
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"  # its bodies reach their max_tokens
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "max_tokens_ignored", "--accept-partial")
+    prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert prime["status"] == "invalid" and "more tokens than their body's max_tokens (#" in prime["reason"], prime
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["verdict"]
