@@ -3,7 +3,7 @@ prefix cache smaller than the replay (churn), what the window reads from it, the
 size, and a KV connector whose every load fails. The daemon runs the engine itself (site profile
 `[engine] kind = "vllm"`); with no KV connector the engine has no host tier, so the plan's verdict reads
 the GPU prefix cache, sized in 128-token blocks. Then a cache that holds the replay, site check and
-init-site against the real server, and its reasoning stream. One file: two modules' servers side by side
+init-site against the real server, its reasoning stream, and a request that reaches it around the window. One file: two modules' servers side by side
 on two cores made the suite slower (1,094 s against 962 s), not faster."""
 
 from __future__ import annotations
@@ -203,3 +203,43 @@ def test_init_site_vllm_gives_a_profile_that_site_check_accepts_against_a_real_v
     by_name = {c["name"]: c for c in check["capabilities"]}
     assert by_name["serving.model"]["status"] == "observable"
     assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
+
+
+def test_a_request_that_reaches_the_real_vllm_around_the_window_aborts_containment(tmp_path, vllm_python, model):
+    # a client that kept the engine's own address sends one request while A's reverse replay runs: vLLM's
+    # request_success counts it beside the window's own, and nothing the router could show says so
+    import sqlite3
+    import threading
+    import time
+
+    import httpx
+    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
+    url = tomllib.loads(site.read_text())["serving"]["url"]
+    token = (site.parent / "serving.token").read_text().strip()
+    out, sent = tmp_path / "out", threading.Event()
+
+    def stray() -> None:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline and not sent.is_set():
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(f"file:{out / 'log.db'}?mode=ro", uri=True) as db:
+                    seen = db.execute("SELECT 1 FROM events WHERE type = 'action_requested' AND "
+                                      "instr(payload, ?) > 0 LIMIT 1", (b'"phase":"A.reverse_replay"',)).fetchone()
+            except sqlite3.Error:
+                continue  # not written yet
+            if seen:
+                httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"}, timeout=120,
+                           json={"model": "glm", "messages": [{"role": "user", "content": "hello from elsewhere"}],
+                                 "max_tokens": 4})
+                sent.set()
+    thread = threading.Thread(target=stray, daemon=True)
+    thread.start()
+    p = cli("run", "--plan", str(plan), "--site", str(site), "--out", str(out))
+    thread.join(timeout=5)
+    assert sent.is_set(), "the stray request was never sent: the test shows nothing"
+    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    assert r["abort"]["reason"] == "containment" and "requests from outside the window" in r["abort"]["detail"], r["abort"]
+    assert cell(r, "A.reverse_replay")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
+    assert r["verdict"]["hypothesis"] == "inconclusive"
