@@ -2,8 +2,8 @@
 any order Hypothesis finds, with the seed's invariants checked after every step: no experimental request
 and no experiment host change at or after the stop minute, the restore begun with its reservation left,
 no cause named from a cell that was not measured (or after an abort that forbids one), no cell measured
-on counters that cannot be (a part above its whole, more lookups than its requests), nothing decided
-once closed, and the same inputs giving the same decisions."""
+on counters that cannot be (a part above its whole, more lookups than its requests) or on answers beyond
+their bodies' max_tokens, nothing decided once closed, and the same inputs giving the same decisions."""
 
 from __future__ import annotations
 
@@ -52,12 +52,15 @@ class DeciderMachine(RuleBasedStateMachine):
         self.last_watch = 0
         self.silent: set[str] = set()  # watches that have stopped answering
         self.hang_s = 0.0  # the next request's answer comes this much later
+        self.overlong_phases: set[str] = set()  # phases with an answer beyond its body's max_tokens
         self.slows: tuple[float, float] | None = None  # (window minute, seconds a request) the host slows down at
         self._slows_drawn: tuple[float, float] | None = None
 
     # --- feeding ---------------------------------------------------------------------------------
 
     def feed(self, inp: Input) -> None:
+        if isinstance(inp, RequestDone) and self._beyond_max_tokens(inp):
+            self.overlong_phases.add(inp.phase)
         ds = self.policy.receive(inp)
         self.history.append((inp, ds))
         for d in ds:
@@ -70,6 +73,13 @@ class DeciderMachine(RuleBasedStateMachine):
             elif isinstance(d, RestoreStarted):
                 self.restore_at = inp.at_ns
         self.check_decisions(inp, ds)
+
+    def _beyond_max_tokens(self, rd: RequestDone) -> bool:
+        """The answer carries more tokens than its body's max_tokens (as the decider's plan and fixtures say)."""
+        ph = next((p for p in self.policy.all_phases if p.id == rd.phase), None)
+        work = self.policy.est.work.get(ph.fixture or "", []) if ph is not None and self.policy.est is not None else []
+        return rd.outcome == "ok" and rd.completion_tokens is not None and rd.body_index < len(work) \
+            and rd.completion_tokens > work[rd.body_index].max_tokens
 
     def check_decisions(self, inp: Input, ds: list[Decision]) -> None:
         """The invariants of one step's decisions, read against the window's clock."""
@@ -90,6 +100,8 @@ class DeciderMachine(RuleBasedStateMachine):
                 # a measured cell's counters are possible ones, and the window's own requests' alone
                 assert not counters_contradict(d.host, d.gpu or {}), (d.phase, d.host, d.gpu)
                 assert d.host.get("lookups") is None or d.host["lookups"] <= d.requests, (d.phase, d.host, d.requests)
+            if isinstance(d, CellRecorded) and d.status == "measured":
+                assert d.phase not in self.overlong_phases, f"{d.phase} measured on answers beyond their max_tokens"
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
                 abort = self.policy.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
@@ -202,7 +214,7 @@ class DeciderMachine(RuleBasedStateMachine):
     def the_host_changes_how_it_behaves(self, data: st.DataObject) -> None:
         """Quietly: nothing arrives now; the window meets it in what the host answers next."""
         change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "miscounts", "serves_others",
-                                            "silences"]), label="change")
+                                            "overgenerates", "silences"]), label="change")
         world = self.world
         if change == "fails":  # the next such action fails with this class
             world.fail[data.draw(st.sampled_from(ACTIONS), label="action")] = data.draw(st.sampled_from(FAULT_CLASSES))
@@ -220,6 +232,8 @@ class DeciderMachine(RuleBasedStateMachine):
             world.miscounts = True
         elif change == "serves_others":  # requests from someone else reach the engine around the router
             world.counters["host_lookups"] += data.draw(st.integers(1, 60), label="requests")
+        elif change == "overgenerates":  # the bodies' max_tokens is no longer applied
+            world.completion_tokens = data.draw(st.integers(2049, 100_000), label="completion_tokens")
         else:
             self.silent.add(data.draw(st.sampled_from(["gpu", "router"]), label="watch"))
 
