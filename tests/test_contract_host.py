@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,23 +182,24 @@ def test_site_check_passes_on_the_contract_host(churning_host):
     assert [x for x in seen if "trace_set" in x] and not host_changes(seen)
 
 
-def test_site_check_calls_a_trace_switch_that_answers_404_not_observable(tmp_path):
-    host = ContractHost(tmp_path / "host", no_trace_route=True)
+def _site_check(tmp_path: Path, **cfg: Any) -> subprocess.CompletedProcess:
+    """`site check --json` with the shipped plan on a contract host set up with `cfg`, the host stopped after."""
+    host = ContractHost(tmp_path / "host", **cfg)
     try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
+        return flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
     finally:
         host.stop()
+
+
+def test_site_check_calls_a_trace_switch_that_answers_404_not_observable(tmp_path):
+    p = _site_check(tmp_path, no_trace_route=True)
     by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
     assert by_name["serving.trace_switch"]["status"] == "not observable"
     assert "HTTP 404" in by_name["serving.trace_switch"]["reason"]
 
 
 def test_site_check_refuses_a_router_whose_inflight_is_not_a_count_of_routed_requests(tmp_path):
-    host = ContractHost(tmp_path / "host", inflight="unknown")
-    try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
-    finally:
-        host.stop()
+    p = _site_check(tmp_path, inflight="unknown")
     assert p.returncode == 1, p.stdout
     check = json.loads(p.stdout)
     assert check["missing"] == ["router.backend"], check["missing"]
@@ -207,11 +209,7 @@ def test_site_check_refuses_a_router_whose_inflight_is_not_a_count_of_routed_req
 
 def test_site_check_refuses_a_router_that_lists_the_primary_twice(tmp_path):
     # a stale entry beside the live one: which of the two is the primary's state cannot be told
-    host = ContractHost(tmp_path / "host", stale_backend=True)
-    try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
-    finally:
-        host.stop()
+    p = _site_check(tmp_path, stale_backend=True)
     assert p.returncode == 1, p.stdout
     check = json.loads(p.stdout)
     assert "router.backend" in check["missing"], check["missing"]
@@ -231,11 +229,7 @@ def test_site_check_passes_on_flaresim(tmp_path):
 
 
 def test_site_check_reports_a_host_without_drain_gauges_and_exits_1(tmp_path):
-    host = ContractHost(tmp_path / "host", omit_metrics=["flare_requests_active", "flare_requests_pending"])
-    try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
-    finally:
-        host.stop()
+    p = _site_check(tmp_path, omit_metrics=["flare_requests_active", "flare_requests_pending"])
     assert p.returncode == 1
     check = json.loads(p.stdout)
     assert set(check["missing"]) == {"drain.requests_active", "drain.requests_pending"}
@@ -506,22 +500,14 @@ def test_a_body_the_engines_request_schema_refuses_is_refused_before_quiesce_nam
 
 
 def test_site_check_finds_every_body_of_the_seeds_fixtures_inside_a_real_vllms_request_schema(tmp_path):
-    host = ContractHost(tmp_path / "host", openapi=str(VLLM_OPENAPI))
-    try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
-    finally:
-        host.stop()
+    p = _site_check(tmp_path, openapi=str(VLLM_OPENAPI))
     by_name = {c["name"]: c for c in json.loads(p.stdout)["capabilities"]}
     assert by_name["serving.request_schema"]["status"] == "observable"
     assert by_name["serving.request_schema"]["reason"] == "the engine's schema accepts all 60 bodies"  # c1-52 and tok1024
 
 
 def test_a_host_whose_identity_is_json_nested_too_deep_is_malformed_not_an_internal_error(tmp_path):
-    host = ContractHost(tmp_path / "host", deep_identity=200_000)
-    try:
-        p = flare_diag("site", "check", str(host.site), "--plan", str(PLAN), "--json")
-    finally:
-        host.stop()
+    p = _site_check(tmp_path, deep_identity=200_000)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert "the answer's JSON is nested too deep to read" in p.stdout
     assert "internal error" not in p.stdout
