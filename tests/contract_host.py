@@ -512,6 +512,8 @@ def r_backend_op(h, _raw, rest: str) -> None:
     bid, _, op = rest.partition("/")
     if bid != "primary" or op not in ("quiesce", "readmit"):
         return h.error(404, "not_found", rest)
+    if op == "readmit" and st.cfg.get("readmit_ignored"):  # acknowledged as done, the backend left out
+        return h.send_json({**backend(st), "admitted": True})
     st.admitted = op == "readmit"
     h.send_json(backend(st))
 

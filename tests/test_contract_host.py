@@ -422,6 +422,19 @@ def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is
     assert not [x for x in seen if "/readmit" in x.get("path", "")]
 
 
+def test_a_contract_host_whose_router_acknowledges_a_readmit_it_does_not_apply_is_not_called_restored(tmp_path, small_plan):
+    # the readmit's answer says admitted; the backends read after it say otherwise
+    host = ContractHost(tmp_path / "host", cache_entries=4, readmit_ignored=True)
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+        seen = host.requests()
+    finally:
+        host.stop()
+    assert (rc, r["outcome"]) == (3, "restore_failed"), (r["abort"], r["restoration"], r["alarms"])
+    assert r["restoration"]["readmitted"] is False and [x for x in seen if "/readmit" in x.get("path", "")]
+    assert any(a["kind"] == "readmit_not_verified" for a in r["alarms"]), r["alarms"]
+
+
 def test_reproduce_fit_on_a_contract_hosts_lru_of_records_recovers_its_capacity_and_agrees_on_every_request(churn_window):
     _rc, _r, out, _seen = churn_window
     p = flare_diag("reproduce", str(out / "log.db"), "--fit", "--json")
