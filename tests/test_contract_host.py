@@ -76,12 +76,19 @@ def test_a_churning_contract_host_gives_row_checkpoint_churn(churn_window):
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
 
 
-def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(tmp_path, small_plan):
-    host = ContractHost(tmp_path / "host", cache_entries=500)
+def _window_without_trace(tmp_path: Path, small_plan: Path, **cfg: Any) -> tuple[int, dict, list[dict]]:
+    """`run` of the small plan without its trace arms on a contract host set up with `cfg`: (exit code, report,
+    the requests the host saw), the host stopped after."""
+    host = ContractHost(tmp_path / "host", **cfg)
     try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))  # quicker
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+        return rc, r, host.requests()
     finally:
         host.stop()
+
+
+def test_a_contract_host_whose_cache_holds_the_working_set_gives_not_reproduced(tmp_path, small_plan):
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=500)
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"], r["alarms"])
     assert set(required_cells(r).values()) == {"measured"}
     assert r["verdict"]["hypothesis"] == "not_reproduced"
@@ -270,11 +277,8 @@ DRIFTS = {"tensor_parallel": 1, "draft_tokens": 3, "host_cache_bytes": 16 << 30,
 
 @pytest.mark.parametrize("field", list(DRIFTS))
 def test_each_identity_field_drifted_mid_phase_on_a_contract_host_aborts_within_one_request(tmp_path, small_plan, field):
-    host = ContractHost(tmp_path / "host", cache_entries=4, drift={"after": 3, "field": field, "value": DRIFTS[field]})
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-    finally:
-        host.stop()
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=4,
+                                         drift={"after": 3, "field": field, "value": DRIFTS[field]})
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "identity_drift"), (r["abort"], r["restoration"])
     prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
     assert prime["status"] == "invalid" and prime["identity_held"] is False
@@ -284,11 +288,7 @@ def test_each_identity_field_drifted_mid_phase_on_a_contract_host_aborts_within_
 
 
 def test_a_contract_host_whose_hits_never_restore_gives_restore_path(tmp_path, small_plan):
-    host = ContractHost(tmp_path / "host", cache_entries=4, restore_never_completes=True)
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-    finally:
-        host.stop()
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=4, restore_never_completes=True)
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
     assert r["verdict"]["hypothesis"] == "restore_path", r["verdict"]
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
@@ -296,11 +296,7 @@ def test_a_contract_host_whose_hits_never_restore_gives_restore_path(tmp_path, s
 
 
 def test_a_contract_host_that_finds_nothing_gives_key_or_checkpoint_eligibility(tmp_path, small_plan):
-    host = ContractHost(tmp_path / "host", cache_entries=0)
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-    finally:
-        host.stop()
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=0)
     assert rc == 0 and r["outcome"] == "completed", (r["abort"], r["restoration"])
     assert r["verdict"]["hypothesis"] == "key_or_checkpoint_eligibility", r["verdict"]
 
@@ -408,13 +404,8 @@ def test_site_check_prints_no_token_a_host_echoes_back_in_its_error_body(tmp_pat
 def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is_left_to_a_person(tmp_path, small_plan):
     # the window aborts (identity drift after three requests); as the restore loads the incumbent the
     # router admits the backend by itself: the last gate before readmit sees it and keeps it out
-    host = ContractHost(tmp_path / "host", cache_entries=4, admit_on_incumbent_load=True,
-                        drift={"after": 3, "field": "tensor_parallel", "value": 1})
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-        seen = host.requests()
-    finally:
-        host.stop()
+    rc, r, seen = _window_without_trace(tmp_path, small_plan, cache_entries=4, admit_on_incumbent_load=True,
+                                        drift={"after": 3, "field": "tensor_parallel", "value": 1})
     assert (rc, r["outcome"]) == (3, "restore_failed"), (r["abort"], r["restoration"], r["alarms"])
     assert r["restoration"]["readmitted"] is False
     left = next(a for a in r["alarms"] if a["kind"] == "primary_left_quiesced")
@@ -424,12 +415,7 @@ def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is
 
 def test_a_contract_host_whose_router_acknowledges_a_readmit_it_does_not_apply_is_not_called_restored(tmp_path, small_plan):
     # the readmit's answer says admitted; the backends read after it say otherwise
-    host = ContractHost(tmp_path / "host", cache_entries=4, readmit_ignored=True)
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-        seen = host.requests()
-    finally:
-        host.stop()
+    rc, r, seen = _window_without_trace(tmp_path, small_plan, cache_entries=4, readmit_ignored=True)
     assert (rc, r["outcome"]) == (3, "restore_failed"), (r["abort"], r["restoration"], r["alarms"])
     assert r["restoration"]["readmitted"] is False and [x for x in seen if "/readmit" in x.get("path", "")]
     assert any(a["kind"] == "readmit_not_verified" for a in r["alarms"]), r["alarms"]
@@ -528,11 +514,7 @@ def test_a_host_whose_identity_is_json_nested_too_deep_is_malformed_not_an_inter
 
 def test_a_router_whose_inflight_counts_the_engines_own_requests_aborts_containment_and_says_it_may_be_that(
         tmp_path, small_plan):
-    host = ContractHost(tmp_path / "host", naive_inflight=True, token_delay_s=0.3)
-    try:
-        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
-    finally:
-        host.stop()
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, naive_inflight=True, token_delay_s=0.3)
     assert r["abort"]["reason"] == "containment", r["abort"]
     assert "a router whose inflight counts the engine's running requests" in r["abort"]["detail"]
     # the restore's own direct preflight reads as traffic too when a router poll lands during it: then the
