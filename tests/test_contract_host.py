@@ -272,7 +272,7 @@ def test_run_on_a_site_that_lacks_a_required_capability_exits_2_and_changes_noth
 # --- identity held, restore_path, drain rule (issue 25) ---------------------------------------
 
 DRIFTS = {"tensor_parallel": 1, "draft_tokens": 3, "host_cache_bytes": 16 << 30, "capture_enabled": True,
-          "gpu_uuid": "GPU-0dd0000", "gpu_power_limit_w": 250}
+          "gpu_uuid": "GPU-0dd0000", "gpu_power_limit_w": 250, "trace_enabled": True}
 
 
 @pytest.mark.parametrize("field", list(DRIFTS))
