@@ -105,6 +105,8 @@ class WindowCore(Driver):
         self.refused_run: list[Any] = []  # the latest consecutive requests the host refused (RequestDone)
         self.restore_unloaded = False  # the restore has the window's candidate unloaded: every bound holds again
         self.read_args: dict[int, dict[str, Any]] = {}  # outstanding re-askable actions -> their arguments
+        # (incarnation label, body sha256) -> the prompt tokens the engine first counted for it, where (phase, #)
+        self.prompt_seen: dict[tuple[str, str], tuple[int, str, int]] = {}
         self.reasked: dict[int, int] = {}  # a read asked again after a restart -> the id the restore waits on
 
     @property

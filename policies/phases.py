@@ -187,6 +187,8 @@ class _Tally:
         self.failures: list[str] = []
         self.disagree: list[str] = []  # requests whose counters and own cached_tokens differ (reuse_disagreement)
         self.overlong: list[str] = []  # requests answered with more tokens than their body's max_tokens
+        self.reprompted: list[str] = []  # exact bodies counted at another prompt size than before (_prompt_changed)
+        self.overcached: list[str] = []  # requests whose cached_tokens exceed their own prompt_tokens
         self.natural = 0
 
 
@@ -316,6 +318,8 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
             tally.natural += nf is not None
             tally.disagree += reuse_disagreement(w.reuse_identity, delta, rd)
             tally.overlong += _beyond_max_tokens(w, ph, rd)
+            tally.reprompted += _prompt_changed(w, ph, rd)
+            tally.overcached += _cached_beyond_prompt(rd)
         if ph.kind == "consistency":
             tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                     rd.cached_tokens, delta.get("host_reused_tokens")))
@@ -332,6 +336,25 @@ def _beyond_max_tokens(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[st
     if not limit or rd.completion_tokens is None or rd.completion_tokens <= limit:
         return []
     return [f"#{rd.order_index}: {rd.completion_tokens:,} > {limit:,}"]
+
+
+def _prompt_changed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
+    """[a line] when the engine counted another prompt size for an exact body than it counted for the same
+    body before on the same incarnation (same recipe, same tokenizer, same template): it was not given the
+    same prompt; else [] (the first time a body is seen, it is remembered)."""
+    if rd.prompt_tokens is None or not rd.body_sha256:
+        return []
+    first = w.prompt_seen.setdefault((ph.incarnation or "", rd.body_sha256), (rd.prompt_tokens, ph.id, rd.order_index))
+    if first[0] == rd.prompt_tokens:
+        return []
+    return [f"#{rd.order_index}: {rd.prompt_tokens:,}, against {first[0]:,} in {first[1]} #{first[2]}"]
+
+
+def _cached_beyond_prompt(rd: RequestDone) -> list[str]:
+    """[a line] when a request's cached tokens exceed its whole prompt (a part above its whole); else []."""
+    if rd.cached_tokens is None or rd.prompt_tokens is None or rd.cached_tokens <= rd.prompt_tokens:
+        return []
+    return [f"#{rd.order_index}: cached_tokens {rd.cached_tokens:,} > prompt_tokens {rd.prompt_tokens:,}"]
 
 
 def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Proc:
@@ -377,6 +400,27 @@ def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDo
         return []
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
+def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
+    """Why the phase's answers cannot be what its bodies ask, or what its counters say (the figures every
+    judgement after it reads), or None."""
+    if tally.overlong:
+        return (f"the engine answered {len(tally.overlong)} of {reqs} requests with more tokens than their body's "
+                f"max_tokens ({', '.join(tally.overlong[:3])}): it did not serve the bodies as sent, so what it "
+                f"generated and stored is not what they ask")
+    if tally.overcached:
+        return (f"the engine's own answers contradict themselves: {len(tally.overcached)} of {reqs} requests say more "
+                f"tokens were cached than their prompt has ({', '.join(tally.overcached[:3])}): its reuse figures "
+                f"cannot be trusted")
+    if tally.reprompted:
+        return (f"the engine counted another prompt size for {len(tally.reprompted)} of {reqs} exact bodies than it "
+                f"counted for the same bodies earlier on incarnation {ph.incarnation} ({'; '.join(tally.reprompted[:3])}): "
+                f"it was not given the prompts the window sent, so what it reused is not what these bodies ask")
+    if tally.disagree:
+        return (f"the engine's counters and its own per-request cached_tokens disagree on {len(tally.disagree)} of "
+                f"{reqs} requests ({', '.join(tally.disagree[:3])}): its reuse figures cannot be trusted")
+    return None
+
+
 def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: Any, settled: bool, changes: list[str],
                tally: _Tally) -> None:
     """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
@@ -401,14 +445,8 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
     elif contradict := rules.counters_contradict(common["host"], common["gpu"]):
         w.record_cell(ph.id, "invalid", f"the engine's counters contradict each other ({'; '.join(contradict)}): its "
                 f"reuse figures cannot be trusted", **common)
-    elif tally.overlong:
-        w.record_cell(ph.id, "invalid", f"the engine answered {len(tally.overlong)} of {reqs} requests with more tokens "
-                f"than their body's max_tokens ({', '.join(tally.overlong[:3])}): it did not serve the bodies as sent, "
-                f"so what it generated and stored is not what they ask", **common)
-    elif tally.disagree:  # the figures every judgement below reads
-        w.record_cell(ph.id, "invalid", f"the engine's counters and its own per-request cached_tokens disagree on "
-                f"{len(tally.disagree)} of {reqs} requests ({', '.join(tally.disagree[:3])}): its reuse figures cannot be "
-                f"trusted", **common)
+    elif why := _answers_contradict(ph, tally, reqs):
+        w.record_cell(ph.id, "invalid", why, **common)
     elif tally.failures:
         w.record_cell(ph.id, "failed", f"{len(tally.failures)} of {reqs} requests failed: {', '.join(tally.failures[:3])}",
                       **common)

@@ -52,6 +52,7 @@ class World:
         self.requests_sent = 0
         self.miscounts = False  # restores fail and are counted as reused anyway (a KV connector's failed loads)
         self.completion_tokens = 900  # each answer's usage; above a body's max_tokens: the body was not applied
+        self.prompt_tokens = 5000  # each answer's usage; another figure later: the engine was given another prompt
         self.drain_stuck = False
         self.identity_override: dict = {}
         self.admitted = True
@@ -165,7 +166,7 @@ class World:
         total = int(cost * S)
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",
                            visible_output=not (length and args["body_index"] % 10 == 0),
-                           prompt_tokens=5000, completion_tokens=self.completion_tokens, first_byte_ns=total // 5,
+                           prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, first_byte_ns=total // 5,
                            first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
                            cached_tokens=cached)
 

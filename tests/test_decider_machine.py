@@ -53,6 +53,8 @@ class DeciderMachine(RuleBasedStateMachine):
         self.silent: set[str] = set()  # watches that have stopped answering
         self.hang_s = 0.0  # the next request's answer comes this much later
         self.overlong_phases: set[str] = set()  # phases with an answer beyond its body's max_tokens
+        self.prompt_first: dict[tuple[str, str], int] = {}  # (incarnation, body) -> the prompt tokens first answered
+        self.reprompted_phases: set[str] = set()  # phases with a body answered at another prompt size than before
         self.slows: tuple[float, float] | None = None  # (window minute, seconds a request) the host slows down at
         self._slows_drawn: tuple[float, float] | None = None
 
@@ -61,6 +63,8 @@ class DeciderMachine(RuleBasedStateMachine):
     def feed(self, inp: Input) -> None:
         if isinstance(inp, RequestDone) and self._beyond_max_tokens(inp):
             self.overlong_phases.add(inp.phase)
+        if isinstance(inp, RequestDone) and self._prompt_changed(inp):
+            self.reprompted_phases.add(inp.phase)
         ds = self.policy.receive(inp)
         self.history.append((inp, ds))
         for d in ds:
@@ -80,6 +84,13 @@ class DeciderMachine(RuleBasedStateMachine):
         work = self.policy.est.work.get(ph.fixture or "", []) if ph is not None and self.policy.est is not None else []
         return rd.outcome == "ok" and rd.completion_tokens is not None and rd.body_index < len(work) \
             and rd.completion_tokens > work[rd.body_index].max_tokens
+
+    def _prompt_changed(self, rd: RequestDone) -> bool:
+        """The answer counts another prompt size for its body than the same incarnation first answered with."""
+        ph = next((p for p in self.policy.all_phases if p.id == rd.phase), None)
+        if ph is None or rd.outcome != "ok" or rd.prompt_tokens is None or not rd.body_sha256:
+            return False
+        return self.prompt_first.setdefault((ph.incarnation or "", rd.body_sha256), rd.prompt_tokens) != rd.prompt_tokens
 
     def check_decisions(self, inp: Input, ds: list[Decision]) -> None:
         """The invariants of one step's decisions, read against the window's clock."""
@@ -102,6 +113,7 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert d.host.get("lookups") is None or d.host["lookups"] <= d.requests, (d.phase, d.host, d.requests)
             if isinstance(d, CellRecorded) and d.status == "measured":
                 assert d.phase not in self.overlong_phases, f"{d.phase} measured on answers beyond their max_tokens"
+                assert d.phase not in self.reprompted_phases, f"{d.phase} measured on bodies given as other prompts"
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
                 abort = self.policy.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
@@ -214,7 +226,7 @@ class DeciderMachine(RuleBasedStateMachine):
     def the_host_changes_how_it_behaves(self, data: st.DataObject) -> None:
         """Quietly: nothing arrives now; the window meets it in what the host answers next."""
         change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "miscounts", "serves_others",
-                                            "overgenerates", "silences"]), label="change")
+                                            "overgenerates", "restamps", "silences"]), label="change")
         world = self.world
         if change == "fails":  # the next such action fails with this class
             world.fail[data.draw(st.sampled_from(ACTIONS), label="action")] = data.draw(st.sampled_from(FAULT_CLASSES))
@@ -234,6 +246,8 @@ class DeciderMachine(RuleBasedStateMachine):
             world.counters["host_lookups"] += data.draw(st.integers(1, 60), label="requests")
         elif change == "overgenerates":  # the bodies' max_tokens is no longer applied
             world.completion_tokens = data.draw(st.integers(2049, 100_000), label="completion_tokens")
+        elif change == "restamps":  # something between the window and the engine now changes every prompt
+            world.prompt_tokens = data.draw(st.integers(5001, 6000), label="prompt_tokens")
         else:
             self.silent.add(data.draw(st.sampled_from(["gpu", "router"]), label="watch"))
 

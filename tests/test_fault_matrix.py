@@ -218,3 +218,21 @@ def test_an_engine_that_answers_beyond_the_bodys_max_tokens_did_not_serve_the_bo
     prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
     assert prime["status"] == "invalid" and "more tokens than their body's max_tokens (#" in prime["reason"], prime
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["verdict"]
+
+
+def test_an_exact_body_counted_at_another_prompt_size_on_the_same_incarnation_invalidates_the_phase(tmp_path):
+    # a gateway in front of the engine puts a system message naming each request before its messages: the
+    # same exact body reaches the engine as another prompt each time, and nothing of it is reused
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "prompt_rewritten", "--accept-partial")
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["status"] == "invalid" and "another prompt size for" in rev["reason"] \
+        and "earlier on incarnation A" in rev["reason"] and "in A.forward_prime #" in rev["reason"], rev
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["verdict"]
+
+
+def test_a_request_said_to_have_more_cached_tokens_than_its_prompt_invalidates_the_phase(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "cached_overstated@A.reverse_replay#0", "--accept-partial")
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["status"] == "invalid" and "more tokens were cached than their prompt has (#0: cached_tokens" in rev["reason"], rev
+    assert r["restoration"]["verified"], r["restoration"]
