@@ -111,6 +111,21 @@ def test_a_fixture_body_asking_for_several_completions_is_refused_naming_it(tmp_
         load_fixture(fx)
 
 
+@pytest.mark.parametrize("n", [b"true", b"1.0", b'"1"', b"null"])
+def test_a_fixture_body_whose_n_is_one_only_by_coercion_is_refused_naming_it(tmp_path, n):
+    # Python's 1 == True == 1.0: what an engine makes of them is its own reading, not the contract's n = 1
+    import hashlib
+    import json
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "n": ' + n + b"}"
+    fx = tmp_path / "coerced"
+    fx.mkdir()
+    (fx / "bodies.jsonl").write_bytes(body + b"\n")
+    (fx / "manifest.json").write_text(json.dumps({"name": "coerced", "count": 1, "sha256": [hashlib.sha256(body).hexdigest()]}))
+    from flare_diag.daemon.hosts.fixture import FixtureError, load_fixture
+    with pytest.raises(FixtureError, match=rf"body 0 \(sha256 .*\): n = {n.decode()}: a window replays one completion"):
+        load_fixture(fx)
+
+
 @pytest.mark.parametrize("state_dir,words", [("/etc/hostname", "not a folder"),
                                              ("/etc/hostname/sub", "/etc/hostname is a file, not a folder")])
 def test_a_daemon_state_dir_that_cannot_be_a_folder_is_one_line_and_exit_2(tmp_path, state_dir, words):

@@ -162,10 +162,12 @@ def _not_an_object(raw: bytes) -> str | None:
         return "not valid JSON"
     if not isinstance(body, dict):
         return "not a JSON object"
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if type(n) is not int or n != 1:
         # one body, one completion: the stream is read as one answer, and the engine's counters are held to
-        # the requests the window sent (a body asking n completions is n requests to vLLM's scheduler)
-        return f"n = {body['n']!r}: a window replays one completion a body (n = 1 or no n)"
+        # the requests the window sent (a body asking n completions is n requests to vLLM's scheduler). The
+        # type too: true and 1.0 equal 1 in Python, and what an engine makes of them is its own reading
+        return f"n = {msgspec.json.encode(n).decode()}: a window replays one completion a body (n = 1 or no n)"
     return None
 
 
