@@ -65,6 +65,7 @@ class State:
         self.restarted = False
         self.start_time = 1_700_000_000.0
         self.chats = 0  # chat requests the serving port has received, any incarnation
+        self.stamped = 0  # prompts the stamping gateway (cfg stamp_prompts) has stamped
         self.loading_incumbent = False
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
@@ -293,6 +294,11 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         if req.get(field) == value:
             return h.error(400, "BadRequestError", f"1 validation error: {field}: input should be 'low', 'medium' "
                                                    f"or 'high', got {value!r}")
+    if st.cfg.get("stamp_prompts"):  # a gateway before the engine stamps each prompt: its number, its second
+        with st.lock:
+            st.stamped += 1
+            stamp = f"[gateway] request {st.stamped} at {int(time.time())}" + " trace" * (st.stamped % 5)
+        messages = [{"role": "system", "content": stamp}, *messages]
     text = " ".join(str(m.get("content", "")) for m in messages)
     prompt = len(text.split()) + 4 * len(messages)
     key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
