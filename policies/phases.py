@@ -400,21 +400,29 @@ def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDo
         return []
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
-def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
-    """Why the phase's answers cannot be what its bodies ask, or what its counters say (the figures every
-    judgement after it reads), or None."""
+def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
+    """Why the phase's answers show the engine was not given its bodies as the window sent them, or None:
+    then no later phase is the plan's experiment either, and the window aborts `not_as_sent`."""
     if tally.overlong:
         return (f"the engine answered {len(tally.overlong)} of {reqs} requests with more tokens than their body's "
                 f"max_tokens ({', '.join(tally.overlong[:3])}): it did not serve the bodies as sent, so what it "
                 f"generated and stored is not what they ask")
-    if tally.overcached:
-        return (f"the engine's own answers contradict themselves: {len(tally.overcached)} of {reqs} requests say more "
-                f"tokens were cached than their prompt has ({', '.join(tally.overcached[:3])}): its reuse figures "
-                f"cannot be trusted")
     if tally.reprompted:
         return (f"the engine counted another prompt size for {len(tally.reprompted)} of {reqs} exact bodies than it "
                 f"counted for the same bodies earlier on incarnation {ph.incarnation} ({'; '.join(tally.reprompted[:3])}): "
                 f"it was not given the prompts the window sent, so what it reused is not what these bodies ask")
+    return None
+
+
+def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
+    """Why the phase's answers cannot be what its bodies ask, or what its counters say (the figures every
+    judgement after it reads), or None."""
+    if why := _not_as_sent(ph, tally, reqs):
+        return why
+    if tally.overcached:
+        return (f"the engine's own answers contradict themselves: {len(tally.overcached)} of {reqs} requests say more "
+                f"tokens were cached than their prompt has ({', '.join(tally.overcached[:3])}): its reuse figures "
+                f"cannot be trusted")
     if tally.disagree:
         return (f"the engine's counters and its own per-request cached_tokens disagree on {len(tally.disagree)} of "
                 f"{reqs} requests ({', '.join(tally.disagree[:3])}): its reuse figures cannot be trusted")
@@ -447,6 +455,8 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
                 f"reuse figures cannot be trusted", **common)
     elif why := _answers_contradict(ph, tally, reqs):
         w.record_cell(ph.id, "invalid", why, **common)
+        if changed := _not_as_sent(ph, tally, reqs):  # the serving path changes the bodies: every later phase too
+            w.abort_inside("not_as_sent", f"{ph.id}: {changed}")
     elif tally.failures:
         w.record_cell(ph.id, "failed", f"{len(tally.failures)} of {reqs} requests failed: {', '.join(tally.failures[:3])}",
                       **common)

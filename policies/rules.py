@@ -10,16 +10,16 @@ from flare_diag.events.answers import BuildIdentity
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                  "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                 "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input")
+                 "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input", "not_as_sent")
 
 # Aborts after which no cell may name a cause (contract 4, amended 2026-12-03): what the window measured
-# may be an engine that restarted under it, or a host that refused the bodies themselves.
-NO_CAUSE_ABORTS = ("engine_restart", "rejected", "unexpected_input")
+# may be an engine that restarted under it, or a host that refused the bodies themselves or changed them.
+NO_CAUSE_ABORTS = ("engine_restart", "rejected", "unexpected_input", "not_as_sent")
 
 # Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
 # window refused a host it never changed), with the class kept in the detail.
 HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-               "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected")
+               "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected", "not_as_sent")
 
 # A request's error classes that mean nothing is serving (the engine stopped, or was never there).
 UNAVAILABLE = ("http_503", "http_502")

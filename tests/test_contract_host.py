@@ -421,14 +421,15 @@ def test_a_contract_host_whose_router_acknowledges_a_readmit_it_does_not_apply_i
     assert any(a["kind"] == "readmit_not_verified" for a in r["alarms"]), r["alarms"]
 
 
-def test_a_contract_host_behind_a_gateway_that_stamps_every_prompt_measures_no_replay_and_names_no_cause(tmp_path, small_plan):
+def test_a_contract_host_behind_a_gateway_that_stamps_every_prompt_aborts_not_as_sent_and_names_no_cause(tmp_path, small_plan):
     # the same exact body counted at another prompt size on the same incarnation: the engine was not given
     # the prompts the window sent, so the replays say nothing of what these bodies reuse
     rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=4, stamp_prompts=True)
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
     assert rev["status"] == "invalid" and "another prompt size for" in rev["reason"] \
         and "in A.forward_prime #" in rev["reason"], rev
-    assert r["verdict"]["hypothesis"] == "inconclusive" and r["outcome"] != "completed", (r["outcome"], r["verdict"])
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "not_as_sent"), (r["outcome"], r["abort"])
+    assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
     assert r["restoration"]["verified"], r["restoration"]
 
 

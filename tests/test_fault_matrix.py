@@ -210,25 +210,35 @@ def test_an_engine_that_counts_reuse_its_failed_loads_never_gave_names_no_cause(
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"], r["verdict"]
 
 
-def test_an_engine_that_answers_beyond_the_bodys_max_tokens_did_not_serve_the_body_and_names_no_cause(tmp_path):
+def test_an_engine_that_answers_beyond_the_bodys_max_tokens_aborts_not_as_sent_and_names_no_cause(tmp_path):
     # a gateway that rewrote max_tokens, or an engine that reads another field: the bodies that would have
     # stopped at their max_tokens generate (and store) four times as much
     shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"  # its bodies reach their max_tokens
-    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "max_tokens_ignored", "--accept-partial")
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "max_tokens_ignored")
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
     prime = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
     assert prime["status"] == "invalid" and "more tokens than their body's max_tokens (#" in prime["reason"], prime
-    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["verdict"]
+    # no later phase would be served as sent either: the window stops there rather than keep the primary out
+    assert r["abort"]["reason"] == "not_as_sent" and r["abort"]["detail"].startswith("A.forward_prime: "), r["abort"]
+    later = r["cells"][[c["phase"] for c in r["cells"]].index("A.forward_prime") + 1:]
+    assert later and all(c["status"] in ("failed", "deferred") and "not_as_sent" in c["reason"]
+                         for c in later if not c["phase"].startswith(("nsight", "kernel"))), later
+    assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
 
 
-def test_an_exact_body_counted_at_another_prompt_size_on_the_same_incarnation_invalidates_the_phase(tmp_path):
+def test_an_exact_body_counted_at_another_prompt_size_on_the_same_incarnation_aborts_not_as_sent(tmp_path):
     # a gateway in front of the engine puts a system message naming each request before its messages: the
     # same exact body reaches the engine as another prompt each time, and nothing of it is reused
     shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
-    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "prompt_rewritten", "--accept-partial")
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "prompt_rewritten")
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
     assert rev["status"] == "invalid" and "another prompt size for" in rev["reason"] \
         and "earlier on incarnation A" in rev["reason"] and "in A.forward_prime #" in rev["reason"], rev
-    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["verdict"]
+    assert r["abort"]["reason"] == "not_as_sent" and r["abort"]["detail"].startswith("A.reverse_replay: "), r["abort"]
+    b = next(c for c in r["cells"] if c["phase"] == "B.forward_replay")
+    assert b["status"] == "failed" and "not_as_sent" in b["reason"], b  # the B arm never took the primary out again
+    assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
 
 
 def test_a_request_said_to_have_more_cached_tokens_than_its_prompt_invalidates_the_phase(small_plan, tmp_path):
