@@ -400,8 +400,9 @@ def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDo
         return []
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
+
 def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
-    """Why the phase's answers show the engine was not given its bodies as the window sent them, or None:
+    """Why the phase's answers show the host did not serve its bodies as the window sent them, or None:
     then no later phase is the plan's experiment either, and the window aborts `not_as_sent`."""
     if tally.overlong:
         return (f"the engine answered {len(tally.overlong)} of {reqs} requests with more tokens than their body's "
