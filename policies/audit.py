@@ -11,6 +11,8 @@ import msgspec
 
 from flare_diag.events.base import Event
 from flare_diag.events.schema import Decision, Input, WindowOpened
+from flare_diag.policies.snapshot import snapshot
+from flare_diag.policies.state import WindowSnapshot
 from flare_diag.policies.window import WindowPolicy
 
 SHOWN = 72  # characters of a differing value shown around its first difference: a divergence is one line
@@ -178,3 +180,30 @@ def audit(records: Iterable[tuple[int, str, Event]], policy_version: str | None 
     n_in = sum(r.inputs for r, _v in windows.values())
     n_dec = len(strays) + sum(r.decisions for r, _v in windows.values())
     return AuditResult(first is None and not others, len(windows), n_in, n_dec, first, tuple(others))
+
+
+class StateAt(msgspec.Struct, frozen=True):
+    """One window's decider state after the log's inputs up to a seq, replayed by this build."""
+
+    seq: int  # the last input fed (0: none)
+    last_input: str  # its tag
+    state: WindowSnapshot
+    divergence: Divergence | None  # where this build first decided otherwise than the log, if before `seq`
+    refused: str = ""  # the input this build's decider could not take (a damaged or forged log): the replay ends there
+
+
+def state_at(records: Iterable[tuple[int, str, Event]], window_id: str, upto_seq: int | None = None) -> StateAt:
+    """`window_id`'s inputs up to `upto_seq` (all, when None) fed to a fresh decider, every recorded decision
+    held to its own; the state is this build's (where it decides otherwise, `divergence` says so)."""
+    replay = WindowReplay(follow=True)
+    for seq, wid, ev in records:
+        if upto_seq is not None and seq > upto_seq:
+            break
+        if wid != window_id:
+            continue
+        try:
+            replay.feed(seq, wid, ev)
+        except Exception as exc:  # the recorded decisions were made without this: say where, and stop
+            why = f"seq {seq}: the decider cannot take this input ({type(exc).__name__}: {exc})"
+            return StateAt(replay.last_seq, replay.last_input, snapshot(replay.policy, replay.inputs), replay.divergence, why)
+    return StateAt(replay.last_seq, replay.last_input, snapshot(replay.policy, replay.inputs), replay.divergence)

@@ -59,3 +59,61 @@ class Ledger:
 
     def as_builtins(self) -> dict[str, dict[str, Any]]:
         return {p: msgspec.to_builtins(c) for p, c in self.cells.items()}
+
+
+class Outstanding(msgspec.Struct, frozen=True):
+    """An action the decider asked for and has no answer to yet."""
+
+    action_id: int
+    action: str
+    experimental: bool
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """What the running procedure waits for before it goes on (one of the three)."""
+
+    actions: tuple[int, ...] = ()  # these actions' answers
+    until_minute: float | None = None  # the window clock to reach this minute
+    quiet: bool = False  # no action outstanding
+
+
+class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The data one window's decider holds after an input, as a value: encodable, comparable, printable.
+
+    Everything the decider decides from except where its running procedure stands and that
+    procedure's own locals (a generator's position, which replaying the log's inputs rebuilds:
+    docs/departures.md). Minutes are the window's (None before the take-down's minute 0)."""
+
+    window_id: str
+    stage: str
+    inputs: int  # inputs taken so far
+    minute: float | None  # the window clock at the latest input
+    stop_minute: float | None  # the plan's stop minute (None before the window opened)
+    cells: dict[str, Cell]
+    required: tuple[str, ...]
+    running: Running | None
+    waiting: Waiting | None  # None: no procedure is running (before the window opened, or closed)
+    outstanding: tuple[Outstanding, ...]
+    abort: AbortRecord | None
+    incumbent: Incumbent | None
+    took_down: bool
+    candidate_loaded: str | None
+    candidate_id: str | None
+    failed_incarnations: dict[str, str]
+    unverified_incarnations: dict[str, str]
+    verified_incarnations: tuple[str, ...]
+    watch_answered_minute: dict[str, float | None]  # source -> the window minute of its latest answer
+    watch_failure: dict[str, str]
+    rules_disabled: tuple[str, ...]
+    guard_runs: dict[str, int]  # guard -> its run of consecutive breaches
+    stop_marked: bool
+    overrun_marked: bool
+    trace_stopped: str | None
+    restore_cause: str | None
+    restore_started_minute: float | None
+    restore_end_minute: float | None  # the restore's budget runs out here
+    restore_faults: tuple[str, ...]
+    restore_restarts: int
+    restore_unloaded: bool  # the restore has the window's candidate unloaded
+    incumbent_back: bool
+    readmit_requested: bool

@@ -18,6 +18,8 @@ from flare_diag.events.schema import (
 )
 from flare_diag.events.stages import BEFORE_RESTORE
 from flare_diag.policies.rules import NO_CAUSE_ABORTS, counters_contradict
+from flare_diag.policies.snapshot import snapshot
+from flare_diag.policies.state import WindowSnapshot
 from flare_diag.policies.window import WindowPolicy
 from tests.policy_world import WATCH_EVERY, S, World, opened_input, plan_builtins
 from tests.test_policy_properties import FAULTS
@@ -298,6 +300,12 @@ class DeciderMachine(RuleBasedStateMachine):
         replay = WindowPolicy()
         for inp, ds in self.history:
             assert replay.receive(inp) == ds
+        # and reach the same state, as a value: what `log state` prints of a log is what the window held
+        held = snapshot(self.policy, len(self.history))
+        assert snapshot(replay, len(self.history)) == held
+        assert msgspec.json.decode(msgspec.json.encode(held), type=WindowSnapshot) == held
+        # the state's cells are exactly the cells the decider recorded, nothing set aside from the log
+        assert held.cells == {d.phase: d for _i, ds in self.history for d in ds if isinstance(d, CellRecorded)}
 
 
 DeciderMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,

@@ -111,8 +111,8 @@ def test_log_tools_on_a_mangled_log_are_one_line(tmp_path, capsys, good_log, dat
         ])))
         conn.commit()
         conn.close()
-    tool = data.draw(st.sampled_from([["log", "verify"], ["log", "export"], ["log", "audit"], ["report"], ["windows"],
-                                      ["reproduce"]]))
+    tool = data.draw(st.sampled_from([["log", "verify"], ["log", "export"], ["log", "audit"], ["log", "state"],
+                                      ["report"], ["windows"], ["reproduce"]]))
     _one_line_or_clean(capsys, main([*tool, str(db)]))
 
 
@@ -247,7 +247,7 @@ def test_a_report_of_a_log_whose_event_bytes_do_not_decode_is_one_line(tmp_path,
     assert rc == 1 and "Traceback" not in err and err.count("\n") == 0 and "does not verify" in err, err
 
 
-@pytest.mark.parametrize("tool", [["windows"], ["reproduce"], ["log", "audit"]])
+@pytest.mark.parametrize("tool", [["windows"], ["reproduce"], ["log", "audit"], ["log", "state"]])
 def test_a_command_that_reads_a_log_whose_chain_is_broken_says_so_and_exits_1(tmp_path, capsys, good_log, tool):
     db = tmp_path / "log.db"
     db.write_bytes(good_log.data)

@@ -159,7 +159,7 @@ _SCENARIO_COMMANDS = ("rehearse", "sim", "reproduce", "plan")  # the commands wh
 
 
 def _add_log_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
-    """log verify, export, audit, archive and backup: the event log's own tools."""
+    """log verify, export, audit, state, archive and backup: the event log's own tools."""
     log = sub.add_parser("log", help="verify, audit or export an event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True, parser_class=_Parser)
     v = lsub.add_parser("verify", help="recompute the hash chain")
@@ -174,7 +174,15 @@ def _add_log_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers acti
     e.add_argument("db", type=Path, help="the event log (log.db)")
     au = lsub.add_parser("audit", help="replay recorded inputs and compare the decisions")
     au.add_argument("db", type=Path, help="the event log (log.db)")
-    for lp in (v, au):
+    st = lsub.add_parser("state", help="replay a window's inputs and print what its decider holds",
+                         description="Replays one window's recorded inputs (up to --at) into this build's decider, "
+                                     "holding each recorded decision to its own, and prints the decider's state there: "
+                                     "stage, clock, cells, outstanding actions, abort, watches and restore.")
+    st.add_argument("db", type=Path, help="the event log (log.db)")
+    st.add_argument("--window", default=None, metavar="ID", help="the window (default: the log's latest)")
+    st.add_argument("--at", type=ranged("--at"), default=None, metavar="SEQ",
+                    help="after the window's inputs up to this seq (default: all of them)")
+    for lp in (v, au, st):
         lp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     ar = lsub.add_parser("archive", help="move windows closed before a date into a dated archive log",
                          description="Both logs verify on their own afterwards; the live log records the archive's "

@@ -1,4 +1,4 @@
-"""`flare-diag log verify|export|audit`: offline checks of an event log."""
+"""`flare-diag log verify|export|audit|state`: offline checks of an event log."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ def run_log(args: argparse.Namespace) -> int:
         return _export(args)
     if args.log_cmd == "audit":
         return _audit(args)
+    if args.log_cmd == "state":
+        from flare_diag.daemon.cli.log_state import run_state
+        with _open(args.db) as reader:
+            return run_state(reader, args)
     if args.log_cmd == "archive":
         return _archive(args)
     if args.log_cmd == "backup":
