@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import msgspec
 
 from flare_diag.events.base import Event
-from flare_diag.events.schema import Decision, Input, WindowOpened
+from flare_diag.events.schema import Decision, Input, WindowOpened, window_minute
 from flare_diag.policies.snapshot import snapshot
 from flare_diag.policies.state import WindowSnapshot
 from flare_diag.policies.window import WindowPolicy
@@ -192,18 +192,27 @@ class StateAt(msgspec.Struct, frozen=True):
     refused: str = ""  # the input this build's decider could not take (a damaged or forged log): the replay ends there
 
 
-def state_at(records: Iterable[tuple[int, str, Event]], window_id: str, upto_seq: int | None = None) -> StateAt:
-    """`window_id`'s inputs up to `upto_seq` (all, when None) fed to a fresh decider, every recorded decision
-    held to its own; the state is this build's (where it decides otherwise, `divergence` says so)."""
+def state_at(records: Iterable[tuple[int, str, Event]], window_id: str, upto_seq: int | None = None,
+             upto_minute: float | None = None) -> StateAt:
+    """`window_id`'s inputs up to `upto_seq` and window minute `upto_minute` (all, when None) fed to a fresh
+    decider, every recorded decision held to its own; the state is this build's (where it decides
+    otherwise, `divergence` says so). Inputs before minute 0 (the take-down) come before any minute."""
     replay = WindowReplay(follow=True)
     for seq, wid, ev in records:
         if upto_seq is not None and seq > upto_seq:
             break
         if wid != window_id:
             continue
+        if upto_minute is not None and isinstance(ev, Input) and _past(ev, replay.policy.t0, upto_minute):
+            break
         try:
             replay.feed(seq, wid, ev)
         except Exception as exc:  # the recorded decisions were made without this: say where, and stop
             why = f"seq {seq}: the decider cannot take this input ({type(exc).__name__}: {exc})"
             return StateAt(replay.last_seq, replay.last_input, snapshot(replay.policy, replay.inputs), replay.divergence, why)
     return StateAt(replay.last_seq, replay.last_input, snapshot(replay.policy, replay.inputs), replay.divergence)
+
+
+def _past(ev: Input, t0: int | None, minute: float) -> bool:
+    m = window_minute(ev.at_ns, t0)
+    return m is not None and m > minute

@@ -111,6 +111,7 @@ FLAG_RANGES: dict[str, Range] = {
     "--repeats": _r(1, 20, "matched runs a side (a campaign's: runs per host)"),
     "--from-seq": _r(0, HUGE, "a sequence number of the log, 0 or more"),
     "--at": _r(1, HUGE, "a sequence number of the log, 1 or more"),
+    "--minute": _r(0, DAY_MIN, "a window minute, 0 or more"),
     "--tolerance": _r(0, 1e9, "tokens a prediction may differ by, 0 or more"),
     "--capacity-blocks": _r(1, 1e9, "blocks, at least 1"),
     "--capacity-rows": _r(1, 1e9, "rows, at least 1"),

@@ -10,7 +10,8 @@ import pytest
 from flare_diag.daemon.cli.commands import main
 from flare_diag.events.actions import SendRequest
 from flare_diag.events.reader import LogReader
-from flare_diag.policies.audit import StateAt, state_at
+from flare_diag.events.schema import Input, window_minute
+from flare_diag.policies.audit import StateAt, WindowReplay, state_at
 from tests.test_replay_corpus import EXPECTED, _log
 
 
@@ -127,3 +128,26 @@ def test_an_input_the_decider_cannot_take_ends_the_replay_and_says_where():
     at = state_at([(1, "w-forged", forged)], "w-forged")
     assert at.refused.startswith("seq 1: the decider cannot take this input (PlanError: ")
     assert at.state.stage == "idle" and at.seq == 0
+
+
+def test_the_state_at_a_minute_has_every_input_up_to_it_and_none_after(tmp_path):
+    db = _log(tmp_path, "completed-default")
+    wid = _only_window(db)
+    records = _records(db)
+    whole = WindowReplay(follow=True)
+    for seq, w, ev in records:
+        whole.feed(seq, w, ev)
+    minutes = [(seq, window_minute(ev.at_ns, whole.policy.t0)) for seq, _w, ev in records if isinstance(ev, Input)]
+    at = state_at(records, wid, upto_minute=1.0)
+    fed = [m for seq, m in minutes if seq <= at.seq]
+    left = [m for seq, m in minutes if seq > at.seq]
+    assert fed and left
+    assert all(m is None or m <= 1.0 for m in fed) and left[0] is not None and left[0] > 1.0
+    assert at.state.minute == fed[-1]
+
+
+def test_a_seq_and_a_minute_together_are_refused(tmp_path, capsys):
+    db = _log(tmp_path, "restore-path")
+    with pytest.raises(SystemExit) as exc:
+        main(["log", "state", str(db), "--at", "5", "--minute", "3"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

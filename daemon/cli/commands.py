@@ -160,7 +160,7 @@ _SCENARIO_COMMANDS = ("rehearse", "sim", "reproduce", "plan")  # the commands wh
 
 def _add_log_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
     """log verify, export, audit, state, archive and backup: the event log's own tools."""
-    log = sub.add_parser("log", help="verify, audit or export an event log")
+    log = sub.add_parser("log", help="verify, audit, replay to a state, export, archive or back up an event log")
     lsub = log.add_subparsers(dest="log_cmd", required=True, parser_class=_Parser)
     v = lsub.add_parser("verify", help="recompute the hash chain")
     v.add_argument("db", type=Path, help="the event log (log.db)")
@@ -180,8 +180,11 @@ def _add_log_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers acti
                                      "stage, clock, cells, outstanding actions, abort, watches and restore.")
     st.add_argument("db", type=Path, help="the event log (log.db)")
     st.add_argument("--window", default=None, metavar="ID", help="the window (default: the log's latest)")
-    st.add_argument("--at", type=ranged("--at"), default=None, metavar="SEQ",
-                    help="after the window's inputs up to this seq (default: all of them)")
+    when = st.add_mutually_exclusive_group()
+    when.add_argument("--at", type=ranged("--at"), default=None, metavar="SEQ",
+                      help="after the window's inputs up to this seq (default: all of them)")
+    when.add_argument("--minute", type=ranged("--minute", float), default=None, metavar="M",
+                      help="after the window's inputs up to window minute M (minute 0: the take-down)")
     for lp in (v, au, st):
         lp.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     ar = lsub.add_parser("archive", help="move windows closed before a date into a dated archive log",

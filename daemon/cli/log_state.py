@@ -21,7 +21,7 @@ def run_state(reader: LogReader, args: argparse.Namespace) -> int:
         known = ", ".join(windows[-5:]) or "none"
         raise UsageError(f"{args.db}: no window {wid!r} in this log; expected one of its windows (latest: {known})")
     try:
-        at = state_at(((e.seq, e.window_id, e.event()) for e in reader.iter(window_id=wid)), wid, args.at)
+        at = state_at(((e.seq, e.window_id, e.event()) for e in reader.iter(window_id=wid)), wid, args.at, args.minute)
     except (UnknownEventError, BadEventError) as exc:
         raise UsageError(f"{args.db}: {exc}") from None
     if at.seq == 0 and not at.refused:
