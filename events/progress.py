@@ -1,12 +1,12 @@
-"""Live progress of a window (stage, phase, requests, minute, aborts): what `status` and `watch` show,
-read from the one window fold (events.window_fold) that the report reads too."""
+"""Live progress of a window (stage, phase, requests, minute, aborts, the actions it waits on): what
+`status` and `watch` show, read from the one window fold (events.window_fold) that the report reads too."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from flare_diag.events.base import Event
-from flare_diag.events.schema import ActionDone, ActionRequested, PhaseStarted
+from flare_diag.events.schema import ActionDone, ActionRequested, CancelRequested, PhaseStarted, RequestDone, WindowClosed
 from flare_diag.events.window_fold import WindowFold
 
 
@@ -17,9 +17,13 @@ class WindowProgress(WindowFold):
         super().__init__(window_id)
         self._validation: int | None = None  # the action id of the fixture validation, until it answers
         self.phase_started_minute: float | None = None
+        # action id -> the action asked and not yet answered, with the window minute it was asked at: what
+        # an operator needs when a window seems to stand still (an unload the manager has not answered)
+        self.waiting: dict[int, dict[str, Any]] = {}
 
     def apply(self, seq: int, ev: Event, wall_ns: int | None = None) -> None:
         super().apply(seq, ev, wall_ns)
+        self._track_waiting(ev)
         if isinstance(ev, PhaseStarted):
             self.phase_started_minute = ev.minute
         # the fixture sizes give each phase its request total (done/total in the live view)
@@ -31,6 +35,20 @@ class WindowProgress(WindowFold):
             for name, f in (fixtures or {}).items():
                 if isinstance(f, dict) and isinstance(f.get("sha256"), list):
                     self.fixture_sizes[name] = len(f["sha256"])
+
+    def _track_waiting(self, ev: Event) -> None:
+        if isinstance(ev, ActionRequested):
+            self.waiting[ev.action_id] = {"action_id": ev.action_id, "action": ev.action, "since_minute": self.minute,
+                                          "deadline_s": ev.deadline_s, "experimental": ev.experimental,
+                                          "cancelled": False}
+        elif isinstance(ev, (ActionDone, RequestDone)):
+            self.waiting.pop(ev.action_id, None)
+        elif isinstance(ev, CancelRequested):  # still in flight until the runner answers that it stopped
+            for aid in ev.action_ids:
+                if aid in self.waiting:
+                    self.waiting[aid] = {**self.waiting[aid], "cancelled": True}
+        elif isinstance(ev, WindowClosed):
+            self.waiting.clear()
 
     @property
     def phase_projected_end(self) -> float | None:
@@ -52,4 +70,5 @@ class WindowProgress(WindowFold):
                 "verdict": (self.verdict or {}).get("hypothesis"), "restoration_failed": self.restoration_failed,
                 "restoration_verified": None if self.restoration is None else bool(self.restoration.get("verified")),
                 "host_changed": self.host_changed,
-                "alarms": list(self.alarms), "last_seq": self.last_seq}
+                "alarms": list(self.alarms), "last_seq": self.last_seq,
+                "waiting": [self.waiting[aid] for aid in sorted(self.waiting)]}
