@@ -45,11 +45,15 @@ INSERT = (
 # The store's batch insert: ?1 is a JSON array of [seq, mono_ns, wall_ns, type, schema_v, window_id,
 # causation_seq, payload offset (1-based), payload length] per event, ?2 the payloads concatenated,
 # ?3 the previous head hash followed by each event's hash (so row k's prev_hash is hash k-1).
+# No ORDER BY: every row names its own seq (the table's key), so the order SQLite inserts them in
+# changes nothing stored; with one, SQLite copied the whole batch, payloads and all, through a
+# temporary sorter first (EXPLAIN QUERY PLAN: USE TEMP B-TREE FOR ORDER BY), a fifth of the INSERT's
+# time for 100 events of 5.4 KB (docs/performance.md, session 36).
 BULK_INSERT = (
     "INSERT INTO events (seq, mono_ns, wall_ns, type, schema_v, window_id, causation_seq, payload,"
     " prev_hash, hash) SELECT j.value->>0, j.value->>1, j.value->>2, j.value->>3, j.value->>4,"
     " j.value->>5, j.value->>6, substr(?2, j.value->>7, j.value->>8), substr(?3, j.key * 32 + 1, 32),"
-    " substr(?3, j.key * 32 + 33, 32) FROM json_each(?1) AS j ORDER BY j.key"
+    " substr(?3, j.key * 32 + 33, 32) FROM json_each(?1) AS j"
 )
 
 

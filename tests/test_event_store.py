@@ -277,3 +277,16 @@ def test_a_row_whose_payload_is_another_types_event_does_not_decode_as_either():
     payload = encode_payload(LogNote(text="x"))
     with pytest.raises(BadEventError, match="'window_closed' row whose stored bytes are a 'log_note' event"):
         decode_payload("window_closed", WindowClosed.schema_v, payload)
+
+
+def test_a_batch_is_inserted_without_a_temporary_sort_of_its_rows():
+    # every row names its own seq, so insertion order changes nothing stored; a sorter would copy the
+    # whole batch, payloads and all, before a single row is written
+    from flare_diag.events.sqlschema import BULK_INSERT, DDL
+    from flare_diag.events.store import split_ddl
+    conn = sqlite3.connect(":memory:")
+    for stmt in split_ddl(DDL):
+        conn.execute(stmt)
+    plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + BULK_INSERT, ("[]", b"", b"")))
+    assert "TEMP B-TREE" not in plan, plan
+
