@@ -381,6 +381,29 @@ def test_the_close_line_of_a_failed_restoration_says_the_primary_needs_a_person(
     assert "restoration NOT verified (incumbent_sha256_match): the primary needs a person" in last
 
 
+def test_the_live_view_names_a_wait_only_once_it_has_lasted_half_a_window_minute(small_plan):
+    import io
+
+    from rich.console import Console
+
+    from flare_diag.daemon.cli.live import panel
+    from flare_diag.events.actions import make
+    from flare_diag.events.schema import ActionRequested, TimeMarked, Tick
+    view = _live_view_of_eight_bodies(small_plan)
+    view.on_event(4, TimeMarked(mark="t0", minute=0.0))
+    view.on_event(5, Tick(at_ns=int(10 * 60e9)))
+    view.on_event(6, ActionRequested(action_id=40, request=make("unload", {"recipe": "r", "sha256": "s"}), deadline_s=600.0))
+    view.on_event(7, ActionRequested(action_id=41, request=make("scrape_metrics", {}), deadline_s=10.0))
+
+    def shown() -> str:
+        text = io.StringIO()
+        Console(file=text, width=220).print(panel(view.progress, 0.0, 300.0))
+        return " ".join(text.getvalue().split())
+    assert "waiting on" not in shown()  # asked this moment: no news
+    view.on_event(8, Tick(at_ns=int(11.2 * 60e9)))
+    assert "waiting on #40 unload (asked at minute 10, 1.2 min ago; deadline 600 s); #41 scrape_metrics" in shown()
+
+
 def test_the_live_view_projects_the_phase_end_from_the_phases_own_pace_not_its_starting_estimate(small_plan):
     import io
 

@@ -10,7 +10,7 @@ from typing import TextIO
 import msgspec
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import render
+from rich.markup import escape, render
 from rich.table import Table
 from rich.text import Text
 
@@ -55,6 +55,18 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+# A live view names a wait only once it has lasted this many window minutes: every request and read is
+# a wait of a moment, and a line that changed with each would say nothing
+SLOW_WAIT_MIN = 0.5
+
+
+def slow_waits(p: WindowProgress) -> list[dict]:
+    """The actions the window has waited on for SLOW_WAIT_MIN window minutes or more, the oldest first."""
+    now = p.minute
+    return [a for _aid, a in sorted(p.waiting.items())
+            if now is not None and a["since_minute"] is not None and now - a["since_minute"] >= SLOW_WAIT_MIN]
+
+
 def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="dim")
@@ -97,6 +109,10 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         eta.append(f"window end {within(p.window_min - m)}")
     if eta:
         t.add_row("ETA", "; ".join(eta))
+    slow = slow_waits(p)
+    if slow:
+        from flare_diag.daemon.cli.client import waiting_words
+        t.add_row("waiting on", escape(waiting_words(slow, p.minute)))
     if p.abort:
         t.add_row("abort", f"[red]{p.abort['reason']}[/]: {p.abort['detail']}")
     if p.restoration_failed:
