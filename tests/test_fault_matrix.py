@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flare_diag.events.reader import LogReader
+from flare_diag.policies.audit import state_at
 from tests.simtools import flare_diag_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,13 @@ def aborted_and_restored(rc: int, r: dict, log: Path) -> list:
     assert r["restoration"]["verified"], r["restoration"]
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
     with LogReader(log) as reader:
-        seqs = [(e.seq, e.event()) for e in reader.iter()]
+        records = [(e.seq, e.window_id, e.event()) for e in reader.iter()]
+    seqs = [(s, ev) for s, _w, ev in records]
+    # the decider replayed from the inputs alone holds what the report folded from the decisions
+    held = state_at(records, r["window_id"]).state
+    assert held.stage == "closed" and held.abort is not None and held.abort.reason == r["abort"]["reason"]
+    assert {p: c.status for p, c in held.cells.items()} == {c["phase"]: c["status"] for c in r["cells"]}
+    assert held.incumbent_back and held.readmit_requested and not held.outstanding
     abort_seq = next(s for s, ev in seqs if type(ev).__name__ == "AbortDecided")
     assert not [ev for s, ev in seqs if s > abort_seq and type(ev).__name__ == "ActionRequested" and ev.experimental]
     return seqs
