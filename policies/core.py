@@ -242,7 +242,8 @@ class WindowCore(Driver):
             if pid in conditional:
                 self.record_cell(pid, "deferred", f"later conditional stage, {conditional[pid]}", comparable=False)
             elif pid not in self.ledger:
-                # contract 4 (amended 2026-12-03): a required cell an abort left unmeasured is `failed`,
-                # the abort named; `deferred` is for what time or the plan's order left out
-                aborted = cause not in ("completed", "stop_minute") and pid in self.required
+                # contract 4 (amended 2026-12-03): `deferred` only for what time or the plan's order left
+                # out; a cell an abort left unmeasured is `failed`, the abort named, optional or required
+                # (issue 53: an optional cell read `deferred` after an abort, as if time had run out)
+                aborted = cause not in ("completed", "stop_minute")
                 self.record_cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))

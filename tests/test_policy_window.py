@@ -343,13 +343,13 @@ def test_no_request_is_sent_after_an_abort():
     assert not [d for d in flat[ab:] if isinstance(d, ActionRequested) and d.experimental]
 
 
-def test_interrupted_phase_is_invalid_and_later_required_phases_are_failed_with_the_abort_named():
+def test_interrupted_phase_is_invalid_and_later_phases_required_or_optional_are_failed_with_the_abort_named():
     _w, h = _abort_case("authentication", nth_request=60)
     c = cells(h)
     assert c["A.reverse_replay"].status == "invalid" and "after 7 of 52" in c["A.reverse_replay"].reason
-    # contract 4 (amended 2026-12-03): `failed` for a required cell an abort left out, `deferred` otherwise
+    # contract 4 (amended 2026-12-03): `failed` for a cell an abort left out, `deferred` only for time or order
     assert c["B.forward_prime"].status == "failed" and "aborted (authentication)" in c["B.forward_prime"].reason
-    assert c["B.small_control"].status == "deferred"
+    assert c["B.small_control"].status == "failed" and "aborted (authentication)" in c["B.small_control"].reason
 
 
 def test_later_conditional_stages_are_deferred_with_their_admission_condition():
