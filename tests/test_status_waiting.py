@@ -41,7 +41,7 @@ def test_the_live_view_waits_on_exactly_the_actions_the_decider_holds_outstandin
 
 
 def test_status_lists_the_oldest_waits_first_with_when_each_was_asked_and_its_deadline():
-    from flare_diag.daemon.cli.client import waiting_words
+    from flare_diag.daemon.cli.waiting import waiting_words
     waiting = [{"action_id": 88, "action": "load", "since_minute": 71.2, "deadline_s": 600.0},
                {"action_id": 90, "action": "scrape_metrics", "since_minute": 72.5, "deadline_s": 10.0},
                {"action_id": 91, "action": "snapshot", "since_minute": 72.5, "deadline_s": None},
@@ -63,7 +63,7 @@ def test_an_action_whose_cancel_was_asked_is_waited_on_until_it_answers():
 
 
 def test_an_action_asked_before_minute_0_says_so():
-    from flare_diag.daemon.cli.client import waiting_words
+    from flare_diag.daemon.cli.waiting import waiting_words
     words = waiting_words([{"action_id": 9, "action": "quiesce", "since_minute": None, "deadline_s": 30.0}], None)
     assert words == "#9 quiesce (asked before minute 0; deadline 30 s)"
 

@@ -111,7 +111,7 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         t.add_row("ETA", "; ".join(eta))
     slow = slow_waits(p)
     if slow:
-        from flare_diag.daemon.cli.client import waiting_words
+        from flare_diag.daemon.cli.waiting import waiting_words
         t.add_row("waiting on", escape(waiting_words(slow, p.minute)))
     if p.abort:
         t.add_row("abort", f"[red]{p.abort['reason']}[/]: {p.abort['detail']}")
