@@ -69,8 +69,9 @@ def test_an_action_asked_before_minute_0_says_so():
 
 
 def test_status_of_a_window_whose_load_has_not_answered_says_it_waits_on_the_load(tmp_path):
-    # recipes that take 120 window seconds to load: long enough, at x100, for status to be asked mid-load
-    sim = Sim(tmp_path, load_s=120.0)
+    # recipes that take 300 window seconds to load: 3 s of real time at x100, enough for status to be asked
+    # mid-load however busy the machine (a busy one only makes a load longer)
+    sim = Sim(tmp_path, load_s=300.0)
     daemon = Daemon(tmp_path)
     try:
         daemon.start()
