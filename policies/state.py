@@ -78,11 +78,14 @@ class Waiting(msgspec.Struct, frozen=True):
 
 
 class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """The data one window's decider holds after an input, as a value: encodable, comparable, printable.
+    """What one window's decider holds after an input, as a value: encodable, comparable, printable.
 
-    Everything the decider decides from except where its running procedure stands and that
-    procedure's own locals (a generator's position, which replaying the log's inputs rebuilds:
-    docs/departures.md). Minutes are the window's (None before the take-down's minute 0)."""
+    Its stage, clock, cells, running phase, what it waits for, outstanding actions, abort, host,
+    watches and restore. Left out: where its running procedure stands and that procedure's locals (a
+    generator's position, which replaying the log's inputs rebuilds: docs/departures.md), and the
+    working figures behind its judgements (the estimator's pace, the growth baseline, the last
+    counters, the prompt sizes seen, the preflight snapshots). Minutes are the window's (None before
+    the take-down's minute 0)."""
 
     window_id: str
     stage: str
