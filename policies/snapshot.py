@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.driver import Act, Quiet, Sleep
-from flare_diag.policies.state import Outstanding, Waiting, WindowSnapshot
+from flare_diag.policies.state import Outstanding, Waiting, WindowSnapshot, Working
 
 
 def _waiting(w: WindowCore) -> Waiting | None:
@@ -22,6 +22,17 @@ def _waiting(w: WindowCore) -> Waiting | None:
 
 def _restore_end_minute(w: WindowCore) -> float | None:
     return None if w.restore_end_ns is None else w.minute(w.restore_end_ns)
+
+
+def _working(w: WindowCore) -> Working:
+    est = w.est
+    return Working(
+        pace=None if est is None else est.pace, overhead_s=None if est is None else est.overhead_s,
+        rounds=0 if est is None else est.rounds, load_s=None if est is None else est.load_s,
+        resident_baseline_bytes=w.baseline.resident, growth_excess_runs=w.baseline.excess_runs,
+        drained_counters=w.last_counters, incarnation_counters=dict(w.restart_watch.counters),
+        process_start_time=w.restart_watch.start_time, prompts_seen=len(w.prompt_seen), xids_known=w.xids_known,
+    )
 
 
 def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
@@ -44,6 +55,6 @@ def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
         restore_end_minute=_restore_end_minute(w), restore_faults=tuple(w.restore_faults),
         restore_restarts=w.restore_restarts, restore_unloaded=w.restore_unloaded,
         incumbent_back=w.incumbent_back,
-        readmit_requested=w.readmit_requested,
+        readmit_requested=w.readmit_requested, working=_working(w),
     )
 

@@ -77,15 +77,32 @@ class Waiting(msgspec.Struct, frozen=True):
     quiet: bool = False  # no action outstanding
 
 
+class Working(msgspec.Struct, frozen=True, kw_only=True):
+    """The running figures behind the decider's judgements: the schedule's estimate, the growth baseline,
+    the counters it holds later scrapes to."""
+
+    pace: float | None  # the estimator's pace against the plan's rate model (None before the fixtures are known)
+    overhead_s: float | None  # its fitted seconds a request beyond the rate model
+    rounds: int  # request rounds it has learned from
+    load_s: float | None  # what it expects a load to take
+    resident_baseline_bytes: float | None  # the loaded incarnation's first resident memory (growth rule)
+    growth_excess_runs: int  # consecutive observations over the growth bound
+    drained_counters: dict[str, Any] | None  # the counters the last settled drain saw
+    incarnation_counters: dict[str, float]  # the loaded incarnation's latest counters (never go back)
+    process_start_time: float | None
+    prompts_seen: int  # exact bodies whose prompt size the engine has counted, held to it later
+    xids_known: int  # Xid events already judged
+
+
 class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """What one window's decider holds after an input, as a value: encodable, comparable, printable.
 
     Its stage, clock, cells, running phase, what it waits for, outstanding actions, abort, host,
-    watches and restore. Left out: where its running procedure stands and that procedure's locals (a
-    generator's position, which replaying the log's inputs rebuilds: docs/departures.md), and the
-    working figures behind its judgements (the estimator's pace, the growth baseline, the last
-    counters, the prompt sizes seen, the preflight snapshots). Minutes are the window's (None before
-    the take-down's minute 0)."""
+    watches, restore and the running figures behind its judgements. Left out: where its running
+    procedure stands and that procedure's locals (a generator's position, which replaying the log's
+    inputs rebuilds: docs/departures.md), the host's answers it keeps whole (the preflight snapshots, the
+    fixture manifests, each body's counted prompt size: the log holds them) and the plan. Minutes are
+    the window's (None before the take-down's minute 0)."""
 
     window_id: str
     stage: str
@@ -120,3 +137,4 @@ class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     restore_unloaded: bool  # the restore has the window's candidate unloaded
     incumbent_back: bool
     readmit_requested: bool
+    working: Working

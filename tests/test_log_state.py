@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 import pytest
@@ -151,3 +152,12 @@ def test_a_seq_and_a_minute_together_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["log", "state", str(db), "--at", "5", "--minute", "3"])
     assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_state_says_the_figures_behind_the_schedule_and_the_growth_rule(tmp_path, capsys):
+    db = _log(tmp_path, "completed-default")
+    capsys.readouterr()
+    assert main(["log", "state", str(db), "--minute", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"schedule estimate: pace x[\d.]+ of the rate model \+ [\d.]+ s a request \(\d+ rounds learned\)", out), out
+    assert re.search(r"growth baseline: [\d.]+ GiB resident; 0 observations over the bound in a row", out), out

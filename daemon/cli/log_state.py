@@ -39,7 +39,7 @@ def state_lines(at: StateAt, window_id: str) -> list[str]:
     lines = [f"window {window_id}: this build's decider after its inputs up to seq {at.seq:,} "
              f"({s.inputs:,} input{'' if s.inputs == 1 else 's'}, the last {at.last_input})",
              f"stage {s.stage}, {_clock(s)}"]
-    lines += _running(s) + _cells(s) + _abort(s) + _host(s) + _watches(s) + _restore(s)
+    lines += _running(s) + _cells(s) + _abort(s) + _host(s) + _watches(s) + _restore(s) + _figures(s)
     d = at.divergence
     if d is not None:
         lines.append(f"NOTE: this build decides otherwise than the log from seq {d.seq:,} (this build: {d.expected}; "
@@ -126,6 +126,18 @@ def _restore(s: WindowSnapshot) -> list[str]:
     out = [f"restore: begun ({s.restore_cause}){began}{budget}; readmit sent: {_yes(s.readmit_requested)}"]
     if s.restore_faults:
         out.append("faults during the restore: " + "; ".join(s.restore_faults))
+    return out
+
+
+def _figures(s: WindowSnapshot) -> list[str]:
+    f = s.working
+    out = []
+    if f.pace is not None:
+        out.append(f"schedule estimate: pace x{f.pace:.2f} of the rate model + {f.overhead_s:.2f} s a request "
+                   f"({f.rounds} rounds learned); a load {f.load_s:g} s")
+    if f.resident_baseline_bytes is not None:
+        out.append(f"growth baseline: {f.resident_baseline_bytes / 2**30:.2f} GiB resident; "
+                   f"{f.growth_excess_runs} observations over the bound in a row")
     return out
 
 
