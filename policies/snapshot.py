@@ -20,6 +20,22 @@ def _waiting(w: WindowCore) -> Waiting | None:
     return Waiting()
 
 
+# the driver's own helpers: what they wait for is `waiting`
+_DRIVER_STEPS = frozenset({"act", "act_all"})
+
+
+def _procedure(w: WindowCore) -> tuple[str, ...]:
+    """The running procedure's generators, outermost first, by name (experiment, run_arm, drain, ...)."""
+    names: list[str] = []
+    gen: object = w.gen
+    while gen is not None and hasattr(gen, "gi_code"):
+        name = gen.gi_code.co_name
+        if name not in _DRIVER_STEPS:
+            names.append(name)
+        gen = getattr(gen, "gi_yieldfrom", None)
+    return tuple(names)
+
+
 def _restore_end_minute(w: WindowCore) -> float | None:
     return None if w.restore_end_ns is None else w.minute(w.restore_end_ns)
 
@@ -41,7 +57,7 @@ def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
         window_id=w.window_id, stage=w.stage.value, inputs=inputs, minute=w.minute(),
         stop_minute=w.plan.timing.stop_min if w.plan is not None else None,
         cells=dict(w.ledger.cells), required=tuple(w.required),
-        running=w.current, waiting=_waiting(w),
+        running=w.current, waiting=_waiting(w), procedure=_procedure(w),
         outstanding=tuple(Outstanding(aid, action, exp) for aid, (action, exp) in sorted(w.pending.items())),
         abort=w.abort, incumbent=w.incumbent, took_down=w.took_down,
         candidate_loaded=w.candidate_loaded, candidate_id=w.candidate_id,

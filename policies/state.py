@@ -97,10 +97,10 @@ class Working(msgspec.Struct, frozen=True, kw_only=True):
 class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """What one window's decider holds after an input, as a value: encodable, comparable, printable.
 
-    Its stage, clock, cells, running phase, what it waits for, outstanding actions, abort, host,
-    watches, restore and the running figures behind its judgements. Left out: where its running
-    procedure stands and that procedure's locals (a generator's position, which replaying the log's
-    inputs rebuilds: docs/departures.md), the host's answers it keeps whole (the preflight snapshots, the
+    Its stage, clock, cells, running phase, the steps its procedure is in and what it waits for,
+    outstanding actions, abort, host, watches, restore and the running figures behind its judgements.
+    Left out: the procedure's locals (a generator's, which replaying the log's inputs rebuilds:
+    docs/departures.md), the host's answers it keeps whole (the preflight snapshots, the
     fixture manifests, each body's counted prompt size: the log holds them) and the plan. Minutes are
     the window's (None before the take-down's minute 0)."""
 
@@ -113,6 +113,7 @@ class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     required: tuple[str, ...]
     running: Running | None
     waiting: Waiting | None  # None: no procedure is running (before the window opened, or closed)
+    procedure: tuple[str, ...]  # the running procedure's chain of steps, outermost first (where, not its locals)
     outstanding: tuple[Outstanding, ...]
     abort: AbortRecord | None
     incumbent: Incumbent | None

@@ -161,3 +161,13 @@ def test_the_state_says_the_figures_behind_the_schedule_and_the_growth_rule(tmp_
     out = capsys.readouterr().out
     assert re.search(r"schedule estimate: pace x[\d.]+ of the rate model \+ [\d.]+ s a request \(\d+ rounds learned\)", out), out
     assert re.search(r"growth baseline: [\d.]+ GiB resident; 0 observations over the bound in a row", out), out
+
+
+def test_the_state_names_the_steps_the_procedure_is_in(tmp_path):
+    db = _log(tmp_path, "completed-default")
+    wid = _only_window(db)
+    records = _records(db)
+    mid = state_at(records, wid, upto_minute=1.0).state
+    assert mid.procedure[:5] == ("experiment", "run", "run_arm", "run_phase", "replay_phase"), mid.procedure
+    assert "act" not in mid.procedure and "act_all" not in mid.procedure  # the driver's own: `waiting` says those
+    assert state_at(records, wid).state.procedure == ()  # closed: nothing runs

@@ -61,6 +61,8 @@ def _running(s: WindowSnapshot) -> list[str]:
     if r is not None:
         since = "" if r.started_minute is None else f", since minute {r.started_minute:g}"
         out.append(f"running phase {r.id}: {r.done} of {r.total} requests{since}")
+    if s.procedure:
+        out.append("in " + " > ".join(s.procedure))
     w = s.waiting
     if w is None:
         out.append("no procedure running")
