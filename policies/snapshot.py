@@ -73,4 +73,3 @@ def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
         incumbent_back=w.incumbent_back,
         readmit_requested=w.readmit_requested, working=_working(w),
     )
-

@@ -14,6 +14,7 @@ from rich.markup import escape, render
 from rich.table import Table
 from rich.text import Text
 
+from flare_diag.daemon.cli.waiting import waiting_words
 from flare_diag.daemon.reports.report_view import FORECASTS, VERDICT_WORDS, grouped
 from flare_diag.events.base import Event
 from flare_diag.events.progress import WindowProgress
@@ -111,7 +112,6 @@ def panel(p: WindowProgress, started_wall: float, now_wall: float) -> Group:
         t.add_row("ETA", "; ".join(eta))
     slow = slow_waits(p)
     if slow:
-        from flare_diag.daemon.cli.waiting import waiting_words
         t.add_row("waiting on", escape(waiting_words(slow, p.minute)))
     if p.abort:
         t.add_row("abort", f"[red]{p.abort['reason']}[/]: {p.abort['detail']}")
