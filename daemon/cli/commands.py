@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import math
 import signal
-import sqlite3
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -1075,6 +1074,8 @@ def _not_a_log() -> tuple[type[Exception], ...]:
 
 
 def _damaged_log() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
     from flare_diag.events.base import BadEventError, UnknownEventError
     return (sqlite3.DatabaseError, UnicodeDecodeError, BadEventError, UnknownEventError)
 

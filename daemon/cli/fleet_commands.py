@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-import anyio
 
 from flare_diag.daemon.cli.common import EXIT_FAILED, EXIT_OK, UsageError, ranged
 
@@ -110,10 +109,14 @@ def _add_campaign(fsub, parser_class, conn_flags) -> None:
     cs.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     conn_flags(cs)
 
+
 def _dsn(args: argparse.Namespace):
-    from flare_diag.daemon.fleet.config import FleetError, conninfo, load_config
+    from flare_diag.daemon.fleet.dsn import FleetError, conninfo
     try:
-        cfg = load_config(args.config) if args.config else None
+        cfg = None
+        if args.config:  # the settings file's reader (msgspec) loads only when one is named
+            from flare_diag.daemon.fleet.config import load_config
+            cfg = load_config(args.config)
         dsn = getattr(args, "dsn_arg", None) or args.dsn or (cfg.dsn if cfg else None)
         if not dsn:
             raise UsageError("fleet: give the database as --dsn DSN or --config FILE")
@@ -131,9 +134,12 @@ def _caller() -> str:
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    from flare_diag.daemon.fleet.config import FleetError
+    from flare_diag.daemon.fleet.dsn import FleetError
     dsn, cfg = _dsn(args)
     try:
+        if args.fleet_cmd == "status":  # blocking, without the event loop or psycopg: it must start fast
+            return _status(args, dsn)
+        import anyio
         return anyio.run(_run, args, dsn, cfg)
     except FleetError as exc:
         raise UsageError(f"fleet: {exc}") from None
@@ -197,9 +203,9 @@ async def _ship(args: argparse.Namespace, dsn: str, cfg) -> int:
     return EXIT_OK
 
 
-async def _status(args: argparse.Namespace, dsn: str, cfg) -> int:
-    from flare_diag.daemon.fleet import views
-    st = await views.status(dsn)
+def _status(args: argparse.Namespace, dsn: str) -> int:
+    from flare_diag.daemon.fleet.status import status_now
+    st = status_now(dsn)
     if args.json:
         print(json.dumps(st))
         return EXIT_OK
@@ -299,6 +305,6 @@ async def _campaign(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"init": _init, "pool": _pool, "lease": _lease, "host": _host, "ship": _ship, "status": _status,
+_COMMANDS = {"init": _init, "pool": _pool, "lease": _lease, "host": _host, "ship": _ship,
              "windows": _windows, "campaign": lambda args, dsn, _cfg: _campaign(args, dsn), "report": _report,
-             "verify": _verify}  # `fleet CMD`: the function that runs it
+             "verify": _verify}  # `fleet CMD`: the function that runs it (`status` runs without the loop)

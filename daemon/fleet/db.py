@@ -7,10 +7,8 @@ import re
 import psycopg
 from psycopg.types.string import BytesBinaryDumper
 
-from flare_diag.daemon.fleet.config import FleetError, redact
+from flare_diag.daemon.fleet.dsn import CONNECT_TIMEOUT_S, FleetError, redact
 from flare_diag.resources import resource
-
-CONNECT_TIMEOUT_S = 5
 
 
 def migrations() -> list[tuple[int, str, str]]:

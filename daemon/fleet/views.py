@@ -10,6 +10,7 @@ import anyio
 
 from flare_diag.daemon.fleet.config import FleetError
 from flare_diag.daemon.fleet.db import connect
+from flare_diag.daemon.fleet.status import STATUS_SQL, document
 from flare_diag.events.chain import GENESIS, event_hash
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
 
@@ -17,24 +18,8 @@ from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
 async def status(dsn: str) -> dict:
     """Per pool: K and the primaries down now with who holds them; per host: its head and shipping."""
     async with await connect(dsn) as conn:
-        pools = await (await conn.execute(
-            "SELECT p.pool, p.max_down, COALESCE(json_agg(json_build_object('host', l.host, 'window_id', l.window_id, "
-            "'state', l.state, 'taken_at', l.taken_at) ORDER BY l.taken_at) FILTER (WHERE l.host IS NOT NULL), '[]') "
-            "FROM pools p LEFT JOIN leases l ON l.pool = p.pool GROUP BY p.pool, p.max_down ORDER BY p.pool")).fetchall()
-        hosts = await (await conn.execute(
-            "SELECT h.host, h.pool, h.head_seq, encode(h.head_hash, 'hex'), h.last_event_at, h.shipped_at, "
-            "(SELECT w.window_id FROM windows w WHERE w.host = h.host AND w.closed_at IS NULL "
-            " ORDER BY w.opened_at DESC LIMIT 1), l.window_id, l.state "
-            "FROM hosts h LEFT JOIN leases l ON l.host = h.host ORDER BY h.host")).fetchall()
-        alarms = await (await conn.execute("SELECT host, kind, detail, at FROM alarms ORDER BY id DESC LIMIT 20")).fetchall()
-    return {
-        "pools": [{"pool": p, "max_down": k, "down": len(d), "held_by": d} for p, k, d in pools],
-        "hosts": [{"host": h, "pool": pool, "head_seq": seq, "head_hash": hh,
-                   "last_event_at": le.isoformat() if le else None, "shipped_at": sa.isoformat() if sa else None,
-                   "running_window": run, "lease": None if lw is None else {"window_id": lw, "state": ls}}
-                  for h, pool, seq, hh, le, sa, run, lw, ls in hosts],
-        "alarms": [{"host": h, "kind": k, "detail": d, "at": at.isoformat()} for h, k, d, at in alarms],
-    }
+        row = await (await conn.execute(STATUS_SQL)).fetchone()
+    return document(row[0] if row else None, dsn)
 
 
 async def windows(dsn: str, host: str | None = None, plan: str | None = None, verdict: str | None = None,

@@ -1012,7 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
     log = configure(a.log_level)
     fleet_cfg = None
     if a.fleet is not None:
-        from flare_diag.daemon.fleet.config import FleetError, conninfo, load_config
+        from flare_diag.daemon.fleet.config import load_config
+        from flare_diag.daemon.fleet.dsn import FleetError, conninfo
         try:
             fleet_cfg = load_config(a.fleet)
             dsn = conninfo(fleet_cfg.dsn, fleet_cfg.password_file)
