@@ -31,6 +31,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare_diag.daemon.fleet import lease, views  # noqa: E402
+from flare_diag.daemon.fleet.status import status as status_view  # noqa: E402
 from flare_diag.daemon.fleet.db import connect, migrate  # noqa: E402
 from flare_diag.daemon.fleet.shipper import COPY_TYPES, ship_once  # noqa: E402
 from flare_diag.events.chain import GENESIS, event_hash  # noqa: E402
@@ -376,7 +377,7 @@ async def main_async(a: argparse.Namespace, dsn: str, tmp: Path, data: Path | No
               + (f"{server:.1f} s ({server / w:.2f} cores)" if server is not None else "(not measured)")
               + f"; in all {(cpu['hosts_s'] + (server or 0.0)) / w:.2f} of this machine's {os.cpu_count()} cores")
     await seed_windows(dsn, a.hosts, a.windows)
-    st = await timed(views.status, dsn)
+    st = await timed(status_view, dsn)
     wl = await timed(views.windows, dsn, None, None, "not_reproduced", None)
     wh = await timed(views.windows, dsn, "host-0001", None, None, None)
     print(f"views over {a.hosts} hosts and {a.windows} windows: fleet status {st * 1000:.1f} ms, fleet windows "

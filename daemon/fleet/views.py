@@ -1,5 +1,5 @@
-"""What the fleet database says: per pool and per host (`fleet status`), windows (`fleet windows`),
-and a host's local log checked against its shipped chain (`fleet verify`)."""
+"""What the fleet database says: windows (`fleet windows`), reports, and a host's local log checked
+against its shipped chain (`fleet verify`); `fleet status` is daemon/fleet/status.py."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ import anyio
 
 from flare_diag.daemon.fleet.config import FleetError
 from flare_diag.daemon.fleet.db import connect
-from flare_diag.daemon.fleet.status import STATUS_SQL, document
 from flare_diag.events.chain import GENESIS, event_hash
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
-
-
-async def status(dsn: str) -> dict:
-    """Per pool: K and the primaries down now with who holds them; per host: its head and shipping."""
-    async with await connect(dsn) as conn:
-        row = await (await conn.execute(STATUS_SQL)).fetchone()
-    return document(row[0] if row else None, dsn)
 
 
 async def windows(dsn: str, host: str | None = None, plan: str | None = None, verdict: str | None = None,
