@@ -124,7 +124,54 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
 def backend_for(urls: list[str]) -> httpcore.AsyncNetworkBackend | None:
     """The stamped backend where every URL a client reaches is plain http and the kernel gives stamps;
     None (httpcore's own) otherwise."""
-    return StampedBackend() if supported() and all(u.startswith("http://") for u in urls) else None
+    if not (supported() and all(u.startswith("http://") for u in urls)):
+        return None
+    hold_stamping()
+    return StampedBackend()
+
+
+_keeper: socket.socket | None = None
+_held = False
+
+
+def hold_stamping(wait_s: float = 0.5) -> bool:
+    """Keeps the kernel stamping received packets for as long as this process lives, and waits (at most
+    `wait_s`, once) until it does; whether it does.
+
+    Linux stamps what it receives only while some socket asks for stamps, and turns that on and off in a
+    deferred work item (net_enable_timestamp). A generation's connection is opened per request and closed
+    after it, so each one's bytes often came before the stamping was back on: of 200 loopback connections
+    made one after another on an idle machine, 119 got no stamp and fell back to the loop's read time; with
+    one idle socket asking for stamps all along, none did (docs/performance.md, session 37)."""
+    global _keeper, _held
+    if _held:
+        return True
+    if _keeper is None:
+        keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        _keeper = keeper
+    deadline = time.monotonic() + wait_s
+    while not (_held := _stamped_loopback()):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _stamped_loopback() -> bool:
+    """Whether one byte over a new loopback TCP connection comes with the kernel's receive stamp."""
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener, socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            client.settimeout(5)
+            client.connect(listener.getsockname())
+            peer, _ = listener.accept()
+            with peer:
+                peer.sendall(b"x")
+                _data, ancillary, _flags, _addr = client.recvmsg(1, _CMSG_SPACE)
+    except OSError:
+        return True  # no loopback to ask: nothing to wait for, the stamps are what the kernel gives
+    return _stamp(ancillary) is not None
 
 
 async def _connect_first(loop: asyncio.AbstractEventLoop, infos: list, local_address: str | None,
