@@ -54,13 +54,13 @@ _looked = False
 
 
 def _candidates() -> list[str]:
-    """The system's libpq first (the ld cache finds it), then the copy psycopg's binary wheel carries."""
-    names = ["libpq.so.5", "libpq.5.dylib"]
+    """The libpq psycopg itself uses, in its own order: the copy its binary wheel carries, else the system's."""
+    names = []
     for folder in sys.path:
         libs = os.path.join(folder or ".", "psycopg_binary.libs")
         if os.path.isdir(libs):
             names += [os.path.join(libs, f) for f in sorted(os.listdir(libs)) if f.startswith("libpq")]
-    return names
+    return names + ["libpq.so.5", "libpq.5.dylib"]
 
 
 def library() -> ctypes.CDLL | None:
