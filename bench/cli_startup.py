@@ -85,7 +85,7 @@ def _reading_commands(rounds: int, env: dict[str, str]) -> int:
 
     from flare_diag.daemon.cli.client import Connection
     from flare_diag.daemon.fleet.db import migrate
-    from flare_diag.daemon.fleet.status import STATUS_SQL
+    from flare_diag.daemon.fleet.reads import STATUS_SQL
     from flare_diag.daemon.service import control
     from tests.pgtools import PgServer, role_dsn
     cli = [sys.executable, "-m", "flare_diag.daemon.cli"]

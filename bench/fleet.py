@@ -30,8 +30,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flare_diag.daemon.fleet import lease, views  # noqa: E402
-from flare_diag.daemon.fleet.status import status as status_view  # noqa: E402
+from flare_diag.daemon.fleet import lease  # noqa: E402
+from flare_diag.daemon.fleet.reads import status as status_view, windows as windows_view  # noqa: E402
 from flare_diag.daemon.fleet.db import connect, migrate  # noqa: E402
 from flare_diag.daemon.fleet.shipper import COPY_TYPES, ship_once  # noqa: E402
 from flare_diag.events.chain import GENESIS, event_hash  # noqa: E402
@@ -378,8 +378,8 @@ async def main_async(a: argparse.Namespace, dsn: str, tmp: Path, data: Path | No
               + f"; in all {(cpu['hosts_s'] + (server or 0.0)) / w:.2f} of this machine's {os.cpu_count()} cores")
     await seed_windows(dsn, a.hosts, a.windows)
     st = await timed(status_view, dsn)
-    wl = await timed(views.windows, dsn, None, None, "not_reproduced", None)
-    wh = await timed(views.windows, dsn, "host-0001", None, None, None)
+    wl = await timed(windows_view, dsn, None, None, "not_reproduced", None)
+    wh = await timed(windows_view, dsn, "host-0001", None, None, None)
     print(f"views over {a.hosts} hosts and {a.windows} windows: fleet status {st * 1000:.1f} ms, fleet windows "
           f"--verdict {wl * 1000:.1f} ms, --host {wh * 1000:.1f} ms (goal < 100 ms; indexes: windows_opened, "
           f"windows_verdict, windows_running, the windows primary key, leases_pool)")

@@ -58,7 +58,7 @@ def add_parser(sub, parser_class) -> None:
     wl.add_argument("--host", default=None, help="only this host's windows")
     wl.add_argument("--plan", default=None, help="only windows of this plan (its name)")
     wl.add_argument("--verdict", default=None, help="only windows with this verdict (e.g. row_checkpoint_churn)")
-    wl.add_argument("--since", default=None, help="an ISO date or time")
+    wl.add_argument("--since", default=None, type=_iso_time, help="an ISO 8601 date or time")
     wl.add_argument("--json", action="store_true", help="one JSON object per line")
     conn_flags(wl)
     _add_campaign(fsub, parser_class, conn_flags)
@@ -110,6 +110,16 @@ def _add_campaign(fsub, parser_class, conn_flags) -> None:
     conn_flags(cs)
 
 
+def _iso_time(text: str) -> str:
+    from datetime import datetime
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an ISO 8601 date or time (2026-12-01, "
+                                         f"2026-12-01T08:00+00:00)") from None
+    return text
+
+
 def _dsn(args: argparse.Namespace):
     from flare_diag.daemon.fleet.dsn import FleetError, conninfo
     try:
@@ -137,8 +147,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     from flare_diag.daemon.fleet.dsn import FleetError
     dsn, cfg = _dsn(args)
     try:
-        if args.fleet_cmd == "status":  # blocking, without the event loop or psycopg: it must start fast
-            return _status(args, dsn)
+        if args.fleet_cmd in _READS:  # blocking, without the event loop or psycopg: they must start fast
+            return _READS[args.fleet_cmd](args, dsn)
         import anyio
         return anyio.run(_run, args, dsn, cfg)
     except FleetError as exc:
@@ -204,7 +214,7 @@ async def _ship(args: argparse.Namespace, dsn: str, cfg) -> int:
 
 
 def _status(args: argparse.Namespace, dsn: str) -> int:
-    from flare_diag.daemon.fleet.status import status_now
+    from flare_diag.daemon.fleet.reads import status_now
     st = status_now(dsn)
     if args.json:
         print(json.dumps(st))
@@ -221,9 +231,9 @@ def _status(args: argparse.Namespace, dsn: str) -> int:
     return EXIT_OK
 
 
-async def _windows(args: argparse.Namespace, dsn: str, cfg) -> int:
-    from flare_diag.daemon.fleet import views
-    for r in await views.windows(dsn, args.host, args.plan, args.verdict, args.since):
+def _windows(args: argparse.Namespace, dsn: str) -> int:
+    from flare_diag.daemon.fleet.reads import windows_now
+    for r in windows_now(dsn, args.host, args.plan, args.verdict, args.since):
         if args.json:
             print(json.dumps(r))
             continue
@@ -306,5 +316,6 @@ async def _campaign(args: argparse.Namespace, dsn: str) -> int:
 
 
 _COMMANDS = {"init": _init, "pool": _pool, "lease": _lease, "host": _host, "ship": _ship,
-             "windows": _windows, "campaign": lambda args, dsn, _cfg: _campaign(args, dsn), "report": _report,
-             "verify": _verify}  # `fleet CMD`: the function that runs it (`status` runs without the loop)
+             "campaign": lambda args, dsn, _cfg: _campaign(args, dsn), "report": _report,
+             "verify": _verify}  # `fleet CMD`: the function that runs it
+_READS = {"status": _status, "windows": _windows}  # the reads that run without the event loop

@@ -4,7 +4,7 @@ run one reading statement as text. The fleet's other work goes through psycopg.
 Why not psycopg here: importing it costs 6-8x a bare interpreter's start on this machine (its error
 classes, `importlib.metadata`, asyncio), more than the whole budget of a reading command such as
 `fleet status`. psycopg is itself a binding of this library, and its `conninfo_to_dict` is libpq's
-PQconninfoParse; calling that and PQconnectdbParams/PQexec directly gives the same parsing, the same
+PQconninfoParse; calling that and PQconnectdbParams/PQexecParams directly gives the same parsing, the same
 connection (multi-host DSNs, `target_session_attrs`, TLS, passfiles) and the same server errors.
 Where no libpq can be loaded, every function here falls back to psycopg: slower, never different.
 """
@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from ctypes import POINTER, c_char_p, c_int, c_void_p
 
 CONNECTION_OK = 0  # libpq-fe.h ConnStatusType
@@ -40,7 +41,7 @@ _SIGNATURES = {  # name: (restype, argtypes), from libpq-fe.h
     "PQstatus": (c_int, [c_void_p]),
     "PQerrorMessage": (c_char_p, [c_void_p]),
     "PQfinish": (None, [c_void_p]),
-    "PQexec": (c_void_p, [c_void_p, c_char_p]),
+    "PQexecParams": (c_void_p, [c_void_p, c_char_p, c_int, c_void_p, POINTER(c_char_p), c_void_p, c_void_p, c_int]),
     "PQresultStatus": (c_int, [c_void_p]),
     "PQresultErrorMessage": (c_char_p, [c_void_p]),
     "PQntuples": (c_int, [c_void_p]),
@@ -132,9 +133,10 @@ def make_conninfo(dsn: str, **params: str) -> str:
     return " ".join(f"{k}={quoted(v)}" for k, v in {**parsed, **params}.items())
 
 
-def fetch_text(dsn: str, sql: str, connect_timeout_s: int) -> list[list[str | None]]:
-    """The rows of one statement, each value as the server's text (None for NULL). Blocking: for a
-    command with nothing else to do. Ctrl-C ends the process at once, as nothing it holds can be lost."""
+def fetch_text(dsn: str, sql: str, connect_timeout_s: int, params: Sequence[str] = ()) -> list[list[str | None]]:
+    """The rows of one statement (`params` for its $1, $2, ..., as text), each value as the server's text
+    (None for NULL). Blocking: for a command with nothing else to do. Ctrl-C ends the process at once, as
+    nothing it holds can be lost."""
     lib = library()
     if lib is None:
         raise LibpqError("no libpq could be loaded")
@@ -148,7 +150,8 @@ def fetch_text(dsn: str, sql: str, connect_timeout_s: int) -> list[list[str | No
     try:
         if not conn or lib.PQstatus(conn) != CONNECTION_OK:
             raise LibpqError(f"cannot connect ({_text(lib.PQerrorMessage(conn) if conn else b'out of memory')})")
-        return _rows(lib, lib.PQexec(conn, sql.encode()))
+        values_in = (c_char_p * max(len(params), 1))(*(p.encode() for p in params))
+        return _rows(lib, lib.PQexecParams(conn, sql.encode(), len(params), None, values_in, None, None, 0))
     finally:
         lib.PQfinish(conn)
         if previous is not None:

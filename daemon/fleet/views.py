@@ -1,5 +1,5 @@
-"""What the fleet database says: windows (`fleet windows`), reports, and a host's local log checked
-against its shipped chain (`fleet verify`); `fleet status` is daemon/fleet/status.py."""
+"""What the fleet database says at length: reports rebuilt from shipped events, and a host's local log
+checked against its shipped chain (`fleet verify`); the everyday reads are daemon/fleet/reads.py."""
 
 from __future__ import annotations
 
@@ -12,25 +12,6 @@ from flare_diag.daemon.fleet.config import FleetError
 from flare_diag.daemon.fleet.db import connect
 from flare_diag.events.chain import GENESIS, event_hash
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION
-
-
-async def windows(dsn: str, host: str | None = None, plan: str | None = None, verdict: str | None = None,
-                  since: str | None = None, limit: int = 200) -> list[dict]:
-    where, args = [], []
-    for col, val in (("host", host), ("plan", plan), ("verdict", verdict)):
-        if val is not None:
-            where.append(f"{col} = %s")
-            args.append(val)
-    if since is not None:
-        where.append("opened_at >= %s::timestamptz")
-        args.append(since)
-    sql = ("SELECT host, window_id, pool, plan, opened_at, closed_at, outcome, verdict, restoration_verified FROM windows"
-           + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY opened_at DESC NULLS LAST LIMIT %s")
-    async with await connect(dsn) as conn:
-        rows = await (await conn.execute(sql, (*args, limit))).fetchall()
-    return [{"host": h, "window_id": w, "pool": p, "plan": pl, "opened_at": o.isoformat() if o else None,
-             "closed_at": c.isoformat() if c else None, "outcome": out, "verdict": v, "restoration_verified": r}
-            for h, w, p, pl, o, c, out, v, r in rows]
 
 
 def _local_hashes(db: Path) -> dict[int, bytes]:

@@ -1,5 +1,6 @@
-"""`fleet status` through libpq itself (issue 49's start-up): the same document as through psycopg,
-the same connection strings, one line when the database is not there, and psycopg never imported."""
+"""`fleet status` and `fleet windows` through libpq itself (issue 49's start-up): the same documents as
+through psycopg, the same connection strings, one line when the database is not there, and psycopg never
+imported."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flare_diag.daemon.fleet import lease, libpq
 from flare_diag.daemon.fleet.dsn import FleetError
 from flare_diag.daemon.fleet.db import migrate
 from flare_diag.daemon.fleet.shipper import ship_once
-from flare_diag.daemon.fleet.status import status, status_now
+from flare_diag.daemon.fleet.reads import status, status_now, windows, windows_now
 from tests.pgtools import role_dsn
 
 CORPUS = Path(__file__).parent / "data" / "replay"
@@ -77,14 +78,33 @@ def test_a_database_that_is_not_there_is_one_line_naming_it_without_the_password
     assert "s3cret" not in msg and "\n" not in msg
 
 
-def test_fleet_status_never_imports_psycopg(fleet):
+@pytest.mark.parametrize(("argv", "says"), [
+    (["fleet", "status"], "pool pool-a: 1 of 2 down: h1 (w-1, held)"),
+    (["fleet", "windows", "--host", "h1"], "  h1  "),
+])
+def test_the_fleets_reads_never_import_psycopg_or_the_event_loop(fleet, argv, says):
     probe = ("import sys; from flare_diag.daemon.cli.commands import main; rc = main(sys.argv[1:]); "
              "assert 'psycopg' not in sys.modules, 'psycopg imported'; "
              "assert 'asyncio' not in sys.modules, 'asyncio imported'; sys.exit(rc)")
-    p = subprocess.run([sys.executable, "-c", probe, "fleet", "status", "--dsn", fleet], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-c", probe, *argv, "--dsn", fleet], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "pool pool-a: 1 of 2 down: h1 (w-1, held)" in p.stdout
+    assert says in p.stdout
+
+
+@pytest.mark.parametrize("asked", [{}, {"host": "h1"}, {"host": "h9"}, {"verdict": "not_reproduced"},
+                                   {"since": "2000-01-01"}, {"since": "2999-01-01T00:00+00:00"}, {"limit": 0}])
+def test_windows_through_libpq_are_the_rows_psycopg_reads(fleet, asked):
+    import anyio
+    assert windows_now(fleet, **asked) == anyio.run(lambda: windows(fleet, **asked))
+
+
+async def test_windows_are_the_shipped_ones_newest_first_with_their_outcome_and_restoration(fleet):
+    got = await windows(fleet)
+    assert got and all(w["host"] == "h1" and w["pool"] == "pool-a" for w in got)
+    assert [w["opened_at"] for w in got] == sorted((w["opened_at"] for w in got), reverse=True)
+    assert {(w["outcome"], w["restoration_verified"]) for w in got} == {("completed", True)}
+    assert await windows(fleet, since="2999-01-01") == [] and await windows(fleet, host="h9") == []
 
 
 _VALUE = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
