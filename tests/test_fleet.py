@@ -257,6 +257,14 @@ async def test_a_host_role_cannot_take_change_or_free_another_hosts_lease(fleet)
         assert await (await h2.execute("SELECT count(*) FROM leases")).fetchone() == (1,)  # it reads the pool's
 
 
+def test_a_command_the_database_refuses_is_one_line_with_its_words(fleet, capsys):
+    from flare_diag.daemon.cli.commands import main
+    host = role_dsn(fleet, "h3")  # a host's role may not set a pool's K
+    assert main(["fleet", "pool", "set", "pool-a", "--max-down", "5", "--dsn", host]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "permission denied for table pools" in err and "Traceback" not in err, err
+
+
 async def test_a_host_role_ships_only_its_own_events(fleet, tmp_path):
     db = _log(tmp_path)
     await _pool(fleet, "pool-a", 1)

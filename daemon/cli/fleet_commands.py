@@ -6,6 +6,7 @@ import argparse
 import getpass
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -153,6 +154,13 @@ def run_fleet(args: argparse.Namespace) -> int:
         return anyio.run(_run, args, dsn, cfg)
     except FleetError as exc:
         raise UsageError(f"fleet: {exc}") from None
+    except Exception as exc:
+        psycopg = sys.modules.get("psycopg")  # loaded by every command that reaches the database through it
+        if psycopg is None or not isinstance(exc, psycopg.Error):
+            raise
+        from flare_diag.daemon.fleet.db import one_line
+        from flare_diag.daemon.fleet.dsn import redact  # the server's words, never the DSN's password
+        raise UsageError(f"fleet: fleet database {redact(dsn)}: {one_line(exc)}") from None
 
 
 async def _run(args: argparse.Namespace, dsn: str, cfg) -> int:
