@@ -35,8 +35,6 @@ SELECT json_build_object(
                    shipped_at=_ISO.format("h.shipped_at"), at=_ISO.format("a.at"))
 
 
-
-
 def windows_sql(host: str | None, plan: str | None, verdict: str | None, since: str | None, limit: int,
                 mark: Callable[[int], str]) -> tuple[str, list[str]]:
     """`fleet windows`'s statement and its parameters (as text); `mark(n)` writes the n-th placeholder."""
