@@ -9,7 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-
 from flare_diag.daemon.cli.common import EXIT_FAILED, EXIT_OK, UsageError, ranged
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import psycopg
 
-from flare_diag.daemon.fleet.config import FleetError, check_name
+from flare_diag.daemon.fleet.config import check_name
+from flare_diag.daemon.fleet.dsn import FleetError
 from flare_diag.daemon.fleet.db import connect
 
 

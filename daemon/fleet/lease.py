@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import psycopg
 
-from flare_diag.daemon.fleet.config import FleetError
+from flare_diag.daemon.fleet.dsn import FleetError
 
 
 class Grant(NamedTuple):

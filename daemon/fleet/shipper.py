@@ -20,7 +20,8 @@ from pathlib import Path
 import anyio
 import psycopg
 
-from flare_diag.daemon.fleet.config import FleetConfig, FleetError
+from flare_diag.daemon.fleet.config import FleetConfig
+from flare_diag.daemon.fleet.dsn import FleetError
 from flare_diag.daemon.fleet.db import connect, one_line
 from flare_diag.events.base import decode_payload
 from flare_diag.events.schema import RestorationRecorded, VerdictReached, WindowClosed, WindowOpened

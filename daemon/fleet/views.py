@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 
-from flare_diag.daemon.fleet.config import FleetError
+from flare_diag.daemon.fleet.dsn import FleetError
 from flare_diag.daemon.fleet.db import connect
 from flare_diag.events.chain import GENESIS, event_hash
 from flare_diag.events.sqlschema import DDL, FORMAT, STORE_VERSION

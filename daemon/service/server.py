@@ -765,7 +765,7 @@ class Service:
     async def _fleet_gate(self, call, uid: int, pid: int) -> bytes | None:
         """The pool's room, or its lease, before anything changes: None when granted, else the refusal
         to send (exit 4 for a full pool, naming who holds it; exit 2 for a database that cannot say)."""
-        from flare_diag.daemon.fleet.config import FleetError
+        from flare_diag.daemon.fleet.dsn import FleetError
         from flare_diag.daemon.fleet.lease import HeldByAnotherWindow, PoolFull
         code: str | None  # the refusal's class, where a caller acts on it
         try:
