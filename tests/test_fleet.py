@@ -453,6 +453,15 @@ async def test_an_operator_cancels_and_requeues_a_campaigns_runs(fleet):
     assert (await _state(fleet, cid))[:2] == ("queued", 0)
 
 
+@pytest.mark.parametrize("verb", ["cancel", "requeue"])
+def test_cancelling_or_requeueing_a_campaign_that_is_not_there_says_so(fleet, capsys, verb):
+    from flare_diag.daemon.cli.commands import main
+    operator = role_dsn(fleet, "alice", "flare_diag_operator")
+    assert main(["fleet", "campaign", verb, "999", "--dsn", operator]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "campaign 999: no such campaign" in err, err
+
+
 def test_a_hosts_dsn_line_keeps_every_server_and_setting_and_drops_the_callers_credentials():
     from psycopg.conninfo import conninfo_to_dict
 

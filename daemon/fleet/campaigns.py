@@ -179,6 +179,7 @@ async def cancel(dsn: str, campaign: int, caller: str) -> int:
     """Every run of the campaign not started yet (queued, claimed) is cancelled; how many."""
     async with await connect(dsn) as conn:
         async with conn.transaction():
+            await _exists(conn, campaign)
             cur = await conn.execute("UPDATE runs SET state = 'cancelled', lease_until = NULL, detail = %s WHERE "
                                      "campaign = %s AND state IN ('queued', 'claimed')", (f"cancelled by {caller}", campaign))
             return cur.rowcount
@@ -188,12 +189,19 @@ async def requeue(dsn: str, campaign: int, caller: str, run: int | None = None) 
     """The campaign's failed, refused or cancelled runs (or run `run`) queued again, attempts from zero; how many."""
     async with await connect(dsn) as conn:
         async with conn.transaction():
+            await _exists(conn, campaign)
             cur = await conn.execute(
                 "UPDATE runs SET state = 'queued', attempts = 0, lease_until = NULL, window_id = NULL, claimed_at = NULL, "
                 "detail = %s "
                 "WHERE campaign = %s AND state IN ('failed', 'refused', 'cancelled') AND (%s::integer IS NULL OR run = %s)",
                 (f"requeued by {caller}", campaign, run, run))
             return cur.rowcount
+
+
+async def _exists(conn: psycopg.AsyncConnection, campaign: int) -> None:
+    """FleetError unless the campaign is there: a mistyped number is said, not answered with "0 runs"."""
+    if await (await conn.execute("SELECT 1 FROM campaigns WHERE campaign = %s", (campaign,))).fetchone() is None:
+        raise FleetError(f"campaign {campaign}: no such campaign")
 
 
 async def acceptance(dsn: str, runs: list[dict], repeats: int, bar: dict[str, float] | None = None) -> dict:
