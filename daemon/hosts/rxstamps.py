@@ -124,14 +124,17 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
 def backend_for(urls: list[str]) -> httpcore.AsyncNetworkBackend | None:
     """The stamped backend where every URL a client reaches is plain http and the kernel gives stamps;
     None (httpcore's own) otherwise."""
+    global _waited
     if not (supported() and all(u.startswith("http://") for u in urls)):
         return None
-    hold_stamping()
+    hold_stamping(0.0 if _waited else 0.5)  # a kernel that never stamps loopback costs one wait, not one a client
+    _waited = True
     return StampedBackend()
 
 
 _keeper: socket.socket | None = None
 _held = False
+_waited = False
 
 
 def hold_stamping(wait_s: float = 0.5) -> bool:
