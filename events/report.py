@@ -279,7 +279,7 @@ class _Projection:
                              d, rd.finish_reason, rd.visible_output, rd.reasoning_only, rd.prompt_tokens,
                              rd.completion_tokens, rd.cached_tokens, rd.first_byte_ns, rd.first_token_ns,
                              rd.last_token_ns, rd.end_ns, rd.response_bytes, rd.response_sha256, rd.error,
-                             window_minute(rd.at_ns, self.fold.t0_ns))
+                             window_minute(rd.at_ns, self.fold.t0_ns), rd.first_token_stamp)
         if ev.outcome == "ok":
             smp = self.samples.get(ev.phase)
             if smp is None:
@@ -409,6 +409,7 @@ class RequestRow(_RequestKeys, gc=False):
     response_sha256: str
     error: str | None
     minute: float | None
+    first_token_stamp: str  # kernel | read | "" (RequestDone's)
 
 
 class _Samples:
@@ -417,12 +418,13 @@ class _Samples:
     million events holds tens of MB here rather than every request row. The five are interleaved in
     one column (one append a request; a long window has 10^5) and read back as five slices."""
 
-    __slots__ = ("col",)
+    __slots__ = ("col", "kernel_stamped", "read_stamped")
     FIELDS = ("fb", "ft", "lt", "end", "n")
     WIDTH = len(FIELDS)
 
     def __init__(self) -> None:
         self.col = array("q")
+        self.kernel_stamped = self.read_stamped = 0  # first tokens timed by their receive stamp / their read
 
     def add(self, rd: Any) -> None:
         """One answered request's times and tokens (its request_done; None when it has none)."""
@@ -430,6 +432,11 @@ class _Samples:
             self.col.extend(_NO_SAMPLE)
             return
         fb, ft, lt, end, n = rd.first_byte_ns, rd.first_token_ns, rd.last_token_ns, rd.end_ns, rd.completion_tokens
+        if ft is not None and rd.first_token_stamp:
+            if rd.first_token_stamp == "kernel":
+                self.kernel_stamped += 1
+            else:
+                self.read_stamped += 1
         self.col.extend((_NONE if fb is None else fb, _NONE if ft is None else ft, _NONE if lt is None else lt,
                          _NONE if end is None else end, _NONE if n is None else n))
 
@@ -462,8 +469,10 @@ def _stats(smp: _Samples | None, scale: float) -> dict[str, Any]:
 
 def phase_latency(samples: dict[str, _Samples], scale: float = 1.0) -> list[dict[str, Any]]:
     """Per phase that answered: time to first token and total latency (p50, p90, window seconds
-    from each request's send; nearest rank). Descriptive."""
-    return [{"phase": ph, "requests": len(smp), **_stats(smp, scale)} for ph, smp in samples.items()]
+    from each request's send; nearest rank), and how many first tokens were timed by the kernel's
+    receive stamp or by their read (none of either: a host in the daemon's process). Descriptive."""
+    return [{"phase": ph, "requests": len(smp), **_stats(smp, scale), "ttft_kernel_stamped": smp.kernel_stamped,
+             "ttft_read_stamped": smp.read_stamped} for ph, smp in samples.items()]
 
 
 COST_KEYS = ("first_byte_s", "ttft_s", "decode_ms_per_token", "output_tokens_per_s")
@@ -665,6 +674,7 @@ class _RequestView(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     first_byte_ns: int | None = None
     first_token_ns: int | None = None
+    first_token_stamp: str = ""
     last_token_ns: int | None = None
     end_ns: int | None = None
     response_bytes: int = 0

@@ -115,6 +115,10 @@ class RequestDone(Input, tag="request_done", frozen=True):
     cached_tokens: int | None = None
     first_byte_ns: int | None = None
     first_token_ns: int | None = None
+    # where first_token_ns came from: "kernel", the receive stamp of its bytes; "read", when they were read
+    # off the connection (later, on a busy daemon); "" for a host in this process, or a log older than it
+    first_token_stamp: str = ""
+
     last_token_ns: int | None = None
     end_ns: int | None = None
     response_bytes: int = 0

@@ -53,6 +53,7 @@ class World:
         self.miscounts = False  # restores fail and are counted as reused anyway (a KV connector's failed loads)
         self.completion_tokens = 900  # each answer's usage; above a body's max_tokens: the body was not applied
         self.prompt_tokens = 5000  # each answer's usage; another figure later: the engine was given another prompt
+        self.first_token_stamp = ""  # where each answer's first token time came from (kernel | read | "")
         self.drain_stuck = False
         self.identity_override: dict = {}
         self.admitted = True
@@ -168,7 +169,7 @@ class World:
                            visible_output=not (length and args["body_index"] % 10 == 0),
                            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, first_byte_ns=total // 5,
                            first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
-                           cached_tokens=cached)
+                           cached_tokens=cached, first_token_stamp=self.first_token_stamp)
 
 
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]

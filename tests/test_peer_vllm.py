@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from flare_diag.daemon.hosts import rxstamps
 from flare_diag.events.reader import LogReader
 from tests.vllmtools import ENGINE, LARGE_BLOCKS, PLAN, SMALL_BLOCKS, _free_port, cell, cli, run_window, write_site
 
@@ -173,6 +174,7 @@ def test_real_vllm_reasoning_stream_is_read_as_reasoning_and_stamps_the_first_to
     assert '"reasoning"' in done["response_head"], done["response_head"][:600]
     assert done["reasoning_only"] is True and done["visible_output"] is False, done
     assert done["first_token_ns"] is not None and done["first_token_ns"] <= done["last_token_ns"]
+    assert done["first_token_stamp"] == ("kernel" if rxstamps.supported() else "read")  # over loopback, as it came
     assert done["completion_tokens"] == 4
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import html
 import json
 import re
 import stat
@@ -719,3 +720,23 @@ def test_the_report_schema_admits_every_abort_reason_the_policy_can_decide():
     from flare_diag.events.report_schema import AbortReason
     from flare_diag.policies.rules import ABORT_REASONS
     assert set(get_args(AbortReason)) == set(ABORT_REASONS)
+
+
+def _stamped_a_quarter_by_reads(world, _history):
+    world.first_token_stamp = "read" if world.requests_sent % 4 == 0 else "kernel"
+
+
+async def test_the_report_says_how_many_first_tokens_the_kernel_stamped_and_what_the_rest_mean(tmp_path):
+    await write_window(tmp_path / "s.db", hook=_stamped_a_quarter_by_reads)
+    r = build_report(tmp_path / "s.db", "w-report")
+    kernel = sum(x["ttft_kernel_stamped"] for x in r["latency"])
+    read = sum(x["ttft_read_stamped"] for x in r["latency"])
+    assert kernel > read > 0 and kernel + read == sum(x["requests"] for x in r["latency"])
+    said = f"First tokens timed by the kernel's receive stamp of their bytes: {kernel:,} of {kernel + read:,}. {read:,} were"
+    assert said in render_md(r) and html.escape(said) in render_html(r)
+
+
+def test_a_report_of_a_host_in_the_daemons_process_says_nothing_of_stamps(log):
+    r = build_report(log, "w-report")
+    assert {(x["ttft_kernel_stamped"], x["ttft_read_stamped"]) for x in r["latency"]} == {(0, 0)}
+    assert "receive stamp" not in render_md(r)

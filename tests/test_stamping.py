@@ -83,3 +83,31 @@ async def test_a_chunk_read_later_is_never_stamped_before_one_read_earlier():
     stream = StampedStream(Inner(), lambda: next(clock), Network())
     stamps = [stream.last_read_ns async for _chunk in stream]
     assert stamps == [1_000, 1_000]
+
+
+class _TwoChunks(httpx.AsyncByteStream):
+    async def __aiter__(self):
+        yield b"a"
+        yield b"b"
+
+
+class _Network:
+    def __init__(self, ages: list[int | None]) -> None:
+        self.ages = iter(ages)
+
+    def received_age_ns(self) -> int | None:
+        return next(self.ages)
+
+
+@pytest.mark.parametrize(("network", "sources"), [
+    (_Network([50, 60]), ["kernel", "kernel"]),  # every read stamped by the kernel
+    (_Network([None, None]), ["read", "read"]),  # a connection the kernel does not stamp (https)
+    (_Network([None, 300]), ["read", "read"]),  # the stamped one would come before the earlier read: held
+    (None, ["", ""]),  # a host in this process: no bytes crossed a network
+])
+@pytest.mark.asyncio
+async def test_a_chunks_time_says_whether_the_kernel_stamped_it(network, sources):
+    from flare_diag.daemon.hosts.stamping import StampedStream
+    clock = iter([1_000, 1_100])
+    stream = StampedStream(_TwoChunks(), lambda: next(clock), network)
+    assert [stream.last_source async for _chunk in stream] == sources

@@ -17,12 +17,16 @@ READ_STAMP = "flare_diag.read_stamp"  # the response extension that holds its St
 
 
 class StampedStream(httpx.AsyncByteStream):
-    """A response body that notes the clock as each chunk is read off the transport."""
+    """A response body that notes the clock as each chunk is read off the transport, and where that time
+    came from (`last_source`): "kernel", its bytes' receive stamp; "read", the moment they were read (a
+    connection the kernel does not stamp); "" for a host in this process, whose bytes cross no network."""
 
     def __init__(self, inner: httpx.AsyncByteStream, clock: Callable[[], int], network: object = None) -> None:
         self._inner, self._clock = inner, clock
         self._age = getattr(network, "received_age_ns", None)  # a kernel-stamped connection's
+        self._unstamped = "read" if network is not None else ""
         self.last_read_ns: int | None = None
+        self.last_source = ""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
@@ -32,7 +36,8 @@ class StampedStream(httpx.AsyncByteStream):
             # TCP delivers in order, so a chunk read later was never received earlier: a read the kernel
             # did not stamp takes the clock at its read (later than its bytes came), and the next, stamped,
             # read must not then seem to come before it (a first token after the last, on a real vLLM)
-            self.last_read_ns = read if self.last_read_ns is None else max(read, self.last_read_ns)
+            if self.last_read_ns is None or read >= self.last_read_ns:
+                self.last_read_ns, self.last_source = read, ("kernel" if age is not None else self._unstamped)
             yield chunk
 
     async def aclose(self) -> None:
@@ -77,6 +82,12 @@ def read_ns(response: httpx.Response, clock: Callable[[], int]) -> int:
     stamp = response.extensions.get(READ_STAMP)
     last = stamp.last_read_ns if isinstance(stamp, StampedStream) else None
     return last if last is not None else clock()
+
+
+def read_source(response: httpx.Response) -> str:
+    """Where read_ns's time came from: "kernel", "read", or "" (StampedStream.last_source)."""
+    stamp = response.extensions.get(READ_STAMP)
+    return stamp.last_source if isinstance(stamp, StampedStream) else ""
 
 
 def stamped_transport(urls: list[str]) -> httpx.AsyncHTTPTransport:

@@ -18,7 +18,7 @@ from flare_diag.daemon.hosts.host import build_host
 from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
 from flare_diag.daemon.hosts.prometheus import Prometheus
 from flare_diag.daemon.hosts.site import Site, SiteProfile
-from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, stamped_transport
+from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_ns, read_source, stamped_transport
 from flare_diag.daemon.hosts.stream_errors import stream_error
 
 RESPONSE_CAP = 4096
@@ -94,6 +94,7 @@ class Target(Actions):
         clock = SendClock(_now_ns)
         out: dict = {"outcome": "ok"}
         first_byte = first_token = last_token = None
+        first_stamp = ""
         visible = reasoning = False
         usage = None
         finish = None
@@ -139,7 +140,8 @@ class Target(Actions):
                     said_r.update(thought.encode())
                     said_c.update(said.encode())
                     if said or thought:
-                        first_token = first_token if first_token is not None else now
+                        if first_token is None:
+                            first_token, first_stamp = now, read_source(resp)
                         last_token = now
                     if ch.get("finish_reason"):
                         finish = ch["finish_reason"]
@@ -152,7 +154,8 @@ class Target(Actions):
         out.update(finish_reason=finish, visible_output=visible, reasoning_only=reasoning and not visible,
                    prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                   first_byte_ns=first_byte, first_token_ns=first_token, last_token_ns=last_token,
+                   first_byte_ns=first_byte, first_token_ns=first_token, first_token_stamp=first_stamp,
+                   last_token_ns=last_token,
                    end_ns=_now_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
                    output_sha256=hashlib.sha256(said_r.digest() + said_c.digest()).hexdigest(),
                    response_head=head.decode("utf-8", "replace"))

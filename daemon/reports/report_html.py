@@ -11,7 +11,7 @@ from html import escape
 from flare_diag.daemon.reports import charts
 from flare_diag.events.report import CHARTED_COUNTERS, REPLAY_PREFIXES, Segment, join_segments
 from flare_diag.daemon.reports.report_view import (
-    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
+    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, stamp_line, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
     natural_failure_rows, needs_attention, settle_rows,
@@ -338,7 +338,8 @@ def _evidence(r: dict) -> list[Segment]:
              + (_table(COST_HEAD, costs, 1) if costs else "<p>no request answered</p>"))
     lat = latency_rows(r)
     p.append("<h3>Time to first token and latency per phase</h3><p class=meta>Window seconds from each request's send; "
-             "nearest-rank percentiles; descriptive.</p>" + (_table(LATENCY_HEAD, lat, 1) if lat else "<p>no request answered</p>"))
+             "nearest-rank percentiles; descriptive.</p>" + (_table(LATENCY_HEAD, lat, 1) if lat else "<p>no request answered</p>")
+             + ("" if (stamps := stamp_line(r)) is None else f"<p class=meta>{escape(stamps)}</p>"))
     tr = r.get("trace") or {}
     p.append(f"<h3>Trace overhead</h3><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>")
     if tr.get("arms"):

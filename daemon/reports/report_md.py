@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flare_diag.daemon.reports.report_view import (
-    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, starting_line, starting_rows,
+    COST_HEAD, COST_WORDS, STARTING_HEAD, cost_rows, stamp_line, starting_line, starting_rows,
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
@@ -150,6 +150,8 @@ def _evidence(r: dict) -> list[str]:
     out += ["", "### Time to first token and latency per phase", "",
             "Window seconds from each request's send; nearest-rank percentiles; descriptive.", ""]
     out += md_table(LATENCY_HEAD, lat) if lat else ["- no request answered"]
+    if (stamps := stamp_line(r)) is not None:
+        out += ["", stamps]
     tr = r.get("trace") or {}
     out += ["", "### Trace overhead", "", f"Frozen order: {', '.join(tr.get('order') or []) or 'n/a'}", ""]
     if tr.get("arms"):

@@ -287,6 +287,21 @@ def latency_rows(r: dict) -> list[list[str]]:
              num(x["latency_p50_s"], 2), num(x["latency_p90_s"], 2)] for x in r.get("latency") or [] if _not_trace_arm(x)]
 
 
+def stamp_line(r: dict) -> str | None:
+    """Where the first tokens' times came from, when they crossed a network; None for a host in the
+    daemon's process (a rehearsal), or a report older than the counts."""
+    lat = r.get("latency") or []
+    kernel = sum(x.get("ttft_kernel_stamped") or 0 for x in lat)
+    read = sum(x.get("ttft_read_stamped") or 0 for x in lat)
+    if not kernel + read:
+        return None
+    line = f"First tokens timed by the kernel's receive stamp of their bytes: {kernel:,} of {kernel + read:,}."
+    if read:
+        line += (f" {read:,} were timed as the daemon read them (no stamp on their connection: https, or a "
+                 f"kernel that gives none), which a busy daemon makes later than they came.")
+    return line
+
+
 COST_HEAD = ["phase", "requests", "first byte p50 (s)", "first byte p90 (s)", "TTFT p50 (s)", "TTFT p90 (s)",
              "decode p50 (ms/token)", "decode p90 (ms/token)", "output p50 (tokens/s)", "output p90 (tokens/s)",
              "queue wait p50 (s, engine)", "prefill p50 (s, engine)", "host transfer (s)"]
