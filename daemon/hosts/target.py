@@ -95,6 +95,7 @@ class Target(Actions):
         out: dict = {"outcome": "ok"}
         first_byte = first_token = last_token = None
         first_stamp = ""
+        end = 0
         visible = reasoning = False
         usage = None
         finish = None
@@ -124,7 +125,7 @@ class Target(Actions):
                 if len(head) < RESPONSE_CAP:
                     head.extend(data[: RESPONSE_CAP - len(head)])
                 if sse.data == "[DONE]":
-                    done = True
+                    done, end = True, now  # the answer's end: when its last bytes came, as its tokens' times
                     break
                 try:
                     chunk = json.loads(sse.data)
@@ -156,7 +157,7 @@ class Target(Actions):
                    cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                    first_byte_ns=first_byte, first_token_ns=first_token, first_token_stamp=first_stamp,
                    last_token_ns=last_token,
-                   end_ns=_now_ns() - t0, response_bytes=total, response_sha256=digest.hexdigest(),
+                   end_ns=end, response_bytes=total, response_sha256=digest.hexdigest(),
                    output_sha256=hashlib.sha256(said_r.digest() + said_c.digest()).hexdigest(),
                    response_head=head.decode("utf-8", "replace"))
         return out
