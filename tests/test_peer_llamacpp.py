@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flare_diag.daemon.hosts import rxstamps
 from flare_diag.daemon.hosts.localengine import STOP_GRACE_S
 from flare_diag.events.reader import LogReader
 
@@ -93,6 +94,13 @@ def test_peer_engine_with_a_small_cache_shows_row_checkpoint_churn(small_cache_w
     assert r["restoration"]["containment"] is None and r["restoration"]["routed_preflight"] is None
     with LogReader(out / "log.db") as reader:
         assert reader.count() == r["integrity"]["events"]
+
+
+def test_a_window_against_llama_server_times_every_first_token_by_the_kernels_receive_stamp(small_cache_window):
+    _rc, r, _out = small_cache_window
+    answered = [q for q in r["requests"] if q.get("first_token_ns") is not None]
+    assert answered and {q["first_token_stamp"] for q in answered} == {"kernel" if rxstamps.supported() else "read"}
+    assert sum(x["ttft_kernel_stamped"] + x["ttft_read_stamped"] for x in r["latency"]) == len(answered)
 
 
 def test_the_reproducer_on_the_peer_engines_log_states_its_agreement_whatever_it_is(small_cache_window):
