@@ -740,3 +740,25 @@ def test_a_report_of_a_host_in_the_daemons_process_says_nothing_of_stamps(log):
     r = build_report(log, "w-report")
     assert {(x["ttft_kernel_stamped"], x["ttft_read_stamped"]) for x in r["latency"]} == {(0, 0)}
     assert "receive stamp" not in render_md(r)
+
+
+async def test_the_trace_overhead_says_when_its_arms_first_tokens_were_timed_as_read(tmp_path):
+    await write_window(tmp_path / "s.db", hook=_stamped_a_quarter_by_reads)
+    r = build_report(tmp_path / "s.db", "w-report")
+    arms = [x for x in r["latency"] if x["phase"].startswith("trace.C")]
+    read = sum(x["ttft_read_stamped"] for x in arms)
+    timed = read + sum(x["ttft_kernel_stamped"] for x in arms)
+    assert read > 0
+    said = f"{read:,} of the trace arms' {timed:,} first tokens were timed as the daemon read them"
+    overhead = next(x for x in render_md(r).splitlines() if x.startswith("Trace overhead "))
+    assert said in overhead
+
+
+def _all_kernel_stamped(world, _history):
+    world.first_token_stamp = "kernel"
+
+
+async def test_the_trace_overhead_says_nothing_of_stamps_when_the_kernel_stamped_every_first_token(tmp_path):
+    await write_window(tmp_path / "k.db", hook=_all_kernel_stamped)
+    md = render_md(build_report(tmp_path / "k.db", "w-report"))
+    assert "First tokens timed by the kernel's receive stamp" in md and "timed as the daemon read them" not in md

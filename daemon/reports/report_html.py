@@ -16,7 +16,7 @@ from flare_diag.daemon.reports.report_view import (
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_limit_s, drain_rows, drain_summary, latency_rows,
     natural_failure_rows, needs_attention, settle_rows,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
-    trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
+    trace_arm_rows, trace_pair_rows, trace_stamp_caveat, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_points, guard_rows,
     VERDICT_WORDS, abort_words, audit_words, failure_cells, grouped, identity_lines, n, natural_failures_line,
@@ -347,7 +347,9 @@ def _evidence(r: dict) -> list[Segment]:
         p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
         p.append(_table(TRACE_PAIR_HEAD, trace_pair_rows(tr), 2))
         if tr.get("overhead"):
-            p.append(f"<p>{escape(overhead_line(tr))}</p>" + _table(OVERHEAD_HEAD, overhead_rows(tr), 1))
+            caveat = trace_stamp_caveat(r)
+            p.append(f"<p>{escape(overhead_line(tr) + ('' if caveat is None else ' ' + caveat))}</p>"
+                     + _table(OVERHEAD_HEAD, overhead_rows(tr), 1))
     else:
         p.append("<p>none run</p>")
     sched = schedule_rows(r)

@@ -13,7 +13,7 @@ from flare_diag.daemon.reports.report_view import (
     CELL_HEAD, DRAIN_HEAD, REPRODUCER_WORDS, LATENCY_HEAD, OCCUPANCY_HEAD, RESTORE_CHECKS, SCHEDULE_HEAD, TRACE_ARM_HEAD, TRACE_PAIR_HEAD,
     alarm_line, caveats, cell_rows, fault_lines, check, clock_at, clock_words, drain_rows, drain_summary, latency_rows, natural_failure_rows, needs_attention,
     abort_when, occupancy_rows, recipe_lines, reproducer_command, request_columns, request_rows, restoration_line, schedule_rows, snapshot_rows,
-    trace_arm_rows, trace_pair_rows, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
+    trace_arm_rows, trace_pair_rows, trace_stamp_caveat, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
     VERDICT_WORDS, abort_words, audit_words, grouped, identity_lines, n, natural_failures_line,
@@ -158,7 +158,8 @@ def _evidence(r: dict) -> list[str]:
         out += md_table(TRACE_ARM_HEAD, trace_arm_rows(tr))
         out += ["", f"Off/on pairs, on minus off ({tr.get('note')}):", ""] + md_table(TRACE_PAIR_HEAD, trace_pair_rows(tr))
         if tr.get("overhead"):
-            out += ["", overhead_line(tr), ""] + md_table(OVERHEAD_HEAD, overhead_rows(tr))
+            caveat = trace_stamp_caveat(r)
+            out += ["", overhead_line(tr) + ("" if caveat is None else " " + caveat), ""] + md_table(OVERHEAD_HEAD, overhead_rows(tr))
     else:
         out += ["- none run"]
     sched = schedule_rows(r)

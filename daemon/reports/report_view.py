@@ -386,6 +386,18 @@ def overhead_line(tr: dict) -> str:
             f"only when it is, and the cache effects are too.")
 
 
+def trace_stamp_caveat(r: dict) -> str | None:
+    """Said beside the trace overhead when some of its arms' first tokens were timed as the daemon read
+    them: their on/off differences carry the daemon's own read delays, which no bound of the plan covers."""
+    arms = [x for x in r.get("latency") or [] if x["phase"].startswith("trace.C")]
+    read = sum(x.get("ttft_read_stamped") or 0 for x in arms)
+    if not read:
+        return None
+    timed = read + sum(x.get("ttft_kernel_stamped") or 0 for x in arms)
+    return (f"{read:,} of the trace arms' {timed:,} first tokens were timed as the daemon read them, not as "
+            f"their bytes came: their on/off differences carry the daemon's own read delays.")
+
+
 DRAIN_HEAD = ["purpose", "settled", "waited (window s)", "polls", "minute"]
 
 
