@@ -3,13 +3,15 @@ httpx and httpx-sse, its clients and the stamped generation stream."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse
 
 from flare_diag.daemon.hosts.actions import Actions
 from flare_diag.daemon.hosts.errors import ActionFailed, answer_object, classify_response
@@ -92,20 +94,7 @@ class Target(Actions):
         """Streams one chat completion of the exact body bytes and returns the RequestDone fields (raises
         on abort-class errors): its times from the kernel's read stamps of its bytes."""
         clock = SendClock(_now_ns)
-        out: dict = {"outcome": "ok"}
-        first_byte = first_token = last_token = None
-        first_stamp = ""
-        end = 0
-        visible = reasoning = False
-        usage = None
-        finish = None
-        digest = hashlib.sha256()
-        # the answer itself, its reasoning and its content, without the stream's ids, framing or
-        # chunking: what an output-consistency phase compares between a cold answer and a reused one
-        said_r, said_c = hashlib.sha256(), hashlib.sha256()
-        head = bytearray()
-        total = 0
-        done = False
+        answer = _Answer()
         headers = {**self._h(svc), "content-type": "application/json"}
         async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
                                 extensions=clock.extensions()) as es:
@@ -114,53 +103,95 @@ class Target(Actions):
             if resp.status_code != 200:
                 await resp.aread()
                 raise classify_response(resp, "chat completion")
-            out["request_id"] = resp.headers.get("x-request-id")
-            out["status_code"] = resp.status_code
+            stamp = functools.partial(read_source, resp)
             async for sse in es.aiter_sse():
-                now = read_ns(resp, _now_ns) - t0  # when its bytes were read, not when they were parsed
-                first_byte = first_byte if first_byte is not None else now
-                data = sse.data.encode()
-                digest.update(data + b"\n")
-                total += len(data) + 1
-                if len(head) < RESPONSE_CAP:
-                    head.extend(data[: RESPONSE_CAP - len(head)])
-                if sse.data == "[DONE]":
-                    done, end = True, now  # the answer's end: when its last bytes came, as its tokens' times
+                # when its bytes were read (or came, where the kernel stamps them), not when they were parsed
+                if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
                     break
-                try:
-                    chunk = json.loads(sse.data)
-                except (ValueError, RecursionError):
-                    plain = stream_error(sse.data, "error") if sse.event == "error" else None  # words as plain text
-                    raise plain or ActionFailed("malformed_transport", "chat completion: a server-sent event is not JSON") from None
-                failed = stream_error(chunk, sse.event if sse.event != "message" else None)
-                if failed is not None:
-                    raise failed
-                for ch in chunk.get("choices") or []:
-                    said, thought = delta_text(ch.get("delta") or {})
-                    visible, reasoning = visible or bool(said), reasoning or bool(thought)
-                    said_r.update(thought.encode())
-                    said_c.update(said.encode())
-                    if said or thought:
-                        if first_token is None:
-                            first_token, first_stamp = now, read_source(resp)
-                        last_token = now
-                    if ch.get("finish_reason"):
-                        finish = ch["finish_reason"]
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-        if not done:
+        return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
+                **answer.fields()}
+
+
+class _Answer:
+    """One streamed answer as its events come: what it says (usage, finish, its text's digests), its bytes,
+    and when (send-relative ns: its first byte, first and last token, and end)."""
+
+    def __init__(self) -> None:
+        self.first_byte: int | None = None
+        self.first_token: int | None = None
+        self.last_token: int | None = None
+        self.first_stamp = ""  # where first_token came from (stamping.read_source)
+        self.end: int | None = None  # at [DONE]: when its last bytes came, as its tokens' times
+        self.visible = self.reasoning = False
+        self.usage: dict | None = None
+        self.finish: str | None = None
+        self.digest = hashlib.sha256()
+        # the answer itself, its reasoning and its content, without the stream's ids, framing or
+        # chunking: what an output-consistency phase compares between a cold answer and a reused one
+        self.said_r, self.said_c = hashlib.sha256(), hashlib.sha256()
+        self.head = bytearray()
+        self.total = 0
+
+    def event(self, sse: ServerSentEvent, now: int, stamp: Callable[[], str]) -> bool:
+        """Takes one server-sent event whose bytes came at `now`; True at [DONE]. Raises the error a
+        stream carries, or malformed_transport for an event that is not JSON."""
+        self.first_byte = self.first_byte if self.first_byte is not None else now
+        data = sse.data.encode()
+        self.digest.update(data + b"\n")
+        self.total += len(data) + 1
+        if len(self.head) < RESPONSE_CAP:
+            self.head.extend(data[: RESPONSE_CAP - len(self.head)])
+        if sse.data == "[DONE]":
+            self.end = now
+            return True
+        chunk = _chunk(sse)
+        for ch in chunk.get("choices") or []:
+            self._choice(ch, now, stamp)
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        return False
+
+    def _choice(self, ch: dict, now: int, stamp: Callable[[], str]) -> None:
+        said, thought = delta_text(ch.get("delta") or {})
+        self.visible, self.reasoning = self.visible or bool(said), self.reasoning or bool(thought)
+        self.said_r.update(thought.encode())
+        self.said_c.update(said.encode())
+        if said or thought:
+            if self.first_token is None:
+                self.first_token, self.first_stamp = now, stamp()
+            self.last_token = now
+        if ch.get("finish_reason"):
+            self.finish = ch["finish_reason"]
+
+    def fields(self) -> dict:
+        """Its RequestDone fields, once the stream has ended; malformed_transport without [DONE] or usage."""
+        if self.end is None:
             raise ActionFailed("malformed_transport", "chat completion: the stream ended without [DONE]")
-        if usage is None:
+        if self.usage is None:
             raise ActionFailed("malformed_transport", "chat completion: no usage before [DONE]")
-        out.update(finish_reason=finish, visible_output=visible, reasoning_only=reasoning and not visible,
-                   prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
-                   cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-                   first_byte_ns=first_byte, first_token_ns=first_token, first_token_stamp=first_stamp,
-                   last_token_ns=last_token,
-                   end_ns=end, response_bytes=total, response_sha256=digest.hexdigest(),
-                   output_sha256=hashlib.sha256(said_r.digest() + said_c.digest()).hexdigest(),
-                   response_head=head.decode("utf-8", "replace"))
-        return out
+        u = self.usage
+        return dict(finish_reason=self.finish, visible_output=self.visible,
+                    reasoning_only=self.reasoning and not self.visible, prompt_tokens=u.get("prompt_tokens"),
+                    completion_tokens=u.get("completion_tokens"),
+                    cached_tokens=(u.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                    first_byte_ns=self.first_byte, first_token_ns=self.first_token, first_token_stamp=self.first_stamp,
+                    last_token_ns=self.last_token, end_ns=self.end, response_bytes=self.total,
+                    response_sha256=self.digest.hexdigest(),
+                    output_sha256=hashlib.sha256(self.said_r.digest() + self.said_c.digest()).hexdigest(),
+                    response_head=self.head.decode("utf-8", "replace"))
+
+
+def _chunk(sse: ServerSentEvent) -> dict:
+    """An event's JSON object, or the error it carries raised (the host's words, one line)."""
+    try:
+        chunk = json.loads(sse.data)
+    except (ValueError, RecursionError):
+        plain = stream_error(sse.data, "error") if sse.event == "error" else None  # words as plain text
+        raise plain or ActionFailed("malformed_transport", "chat completion: a server-sent event is not JSON") from None
+    failed = stream_error(chunk, sse.event if sse.event != "message" else None)
+    if failed is not None:
+        raise failed
+    return chunk
 
 
 # The reasoning channel's field, as each engine streams it: vLLM's DeltaMessage names it `reasoning`
