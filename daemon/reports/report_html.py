@@ -297,6 +297,21 @@ def _cells(r: dict) -> list[Segment]:
     return out
 
 
+def _trace_evidence(r: dict) -> list[Segment]:
+    """The trace overhead: the frozen order, the arms, their off/on pairs and the overhead judged on them."""
+    tr = r.get("trace") or {}
+    p: list[Segment] = [f"<h3>Trace overhead</h3><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>"]
+    if not tr.get("arms"):
+        return [*p, "<p>none run</p>"]
+    p += [_table(TRACE_ARM_HEAD, trace_arm_rows(tr), 3),
+          f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>", _table(TRACE_PAIR_HEAD, trace_pair_rows(tr), 2)]
+    if tr.get("overhead"):
+        caveat = trace_stamp_caveat(r)
+        p.append(f"<p>{escape(overhead_line(tr) + ('' if caveat is None else ' ' + caveat))}</p>"
+                 + _table(OVERHEAD_HEAD, overhead_rows(tr), 1))
+    return p
+
+
 def _evidence(r: dict) -> list[Segment]:
     p: list[Segment] = ["<h2>Evidence</h2>"]
     ident = r.get("identity") or {}
@@ -340,18 +355,7 @@ def _evidence(r: dict) -> list[Segment]:
     p.append("<h3>Time to first token and latency per phase</h3><p class=meta>Window seconds from each request's send; "
              "nearest-rank percentiles; descriptive.</p>" + (_table(LATENCY_HEAD, lat, 1) if lat else "<p>no request answered</p>")
              + ("" if (stamps := stamp_line(r)) is None else f"<p class=meta>{escape(stamps)}</p>"))
-    tr = r.get("trace") or {}
-    p.append(f"<h3>Trace overhead</h3><p>Frozen order: {escape(', '.join(tr.get('order') or []) or 'n/a')}</p>")
-    if tr.get("arms"):
-        p.append(_table(TRACE_ARM_HEAD, trace_arm_rows(tr), 3))
-        p.append(f"<p>Off/on pairs, on minus off ({escape(tr.get('note') or '')}):</p>")
-        p.append(_table(TRACE_PAIR_HEAD, trace_pair_rows(tr), 2))
-        if tr.get("overhead"):
-            caveat = trace_stamp_caveat(r)
-            p.append(f"<p>{escape(overhead_line(tr) + ('' if caveat is None else ' ' + caveat))}</p>"
-                     + _table(OVERHEAD_HEAD, overhead_rows(tr), 1))
-    else:
-        p.append("<p>none run</p>")
+    p += _trace_evidence(r)
     sched = schedule_rows(r)
     p.append("<h3>Schedule: estimate against actual</h3>" + (_table(SCHEDULE_HEAD, sched, 2) if sched else "<p>no phase started</p>"))
     p.append(f"<details><summary>Timeline: {len(r['timeline'])} events</summary>"
