@@ -168,6 +168,18 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
         raise SiteError(f"{path}: {where} = {value!r}: expected " + (f"{rng.words()} ({rng.why})" if rng else "a finite number"))
     if prof.gpu.source == "sim" and not prof.gpu.url:
         raise SiteError(f"{path}: gpu.url: expected the simulator's URL when gpu.source = \"sim\"")
+    tokens, token_files, warnings = _tokens(path, prof)
+    if prof.engine is not None:
+        _check_engine(path, prof.engine)
+    _check_metrics(path, prof)
+    _check_urls(path, prof)
+    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,
+                data.decode("utf-8", "replace"), warnings)
+
+
+def _tokens(path: Path, prof: SiteProfile) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """Each service's token read from its file (a path beside the profile, or a systemd credential), the
+    files' paths, and a warning for a file every user of the host may read."""
     tokens, token_files = {}, {}
     warnings: list[str] = []
     for name in TOKEN_SERVICES:
@@ -196,8 +208,11 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
             warnings.append(f"{name}.token_file {svc.token_file!r} is readable by every user of this host "
                             f"(chmod o-r, or install it as a systemd credential)")
         token_files[name] = str(tf)
-    if prof.engine is not None:
-        _check_engine(path, prof.engine)
+    return tokens, token_files, warnings
+
+
+def _check_metrics(path: Path, prof: SiteProfile) -> None:
+    """SiteError unless every [metrics] entry names a contract family and a selector that parses."""
     from flare_diag.daemon.hosts.metrics import contract_families, selector
     known = contract_families()
     for family, spec in prof.metrics.items():
@@ -210,6 +225,10 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
             selector(spec)
         except ValueError as exc:
             raise SiteError(f"{path}: metrics.{family}: {exc}") from None
+
+
+def _check_urls(path: Path, prof: SiteProfile) -> None:
+    """SiteError unless every service's URL is http(s) with a host, of a bounded length."""
     for name in ("serving", "manager", "router", "monitoring"):
         svc = getattr(prof, name)
         if svc is not None and not _http_url(svc.url):
@@ -219,8 +238,6 @@ def site_from_bytes(data: bytes, path: Path) -> Site:
                         f"http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
     if prof.gpu.url is not None and not _http_url(prof.gpu.url):
         raise SiteError(f"{path}: gpu.url {prof.gpu.url[:100]!r}: expected an http:// or https:// URL with a host, of at most {MAX_URL_CHARS} characters")
-    return Site(prof, tokens, path.stem, hashlib.sha256(data).hexdigest(), path.parent.resolve(), token_files,
-                data.decode("utf-8", "replace"), warnings)
 
 
 MAX_TOKEN_BYTES = 4096

@@ -33,7 +33,7 @@ from flare_diag.daemon.window.runner import Runner
 from flare_diag.daemon.rehearsal.harness import harness_cache
 from flare_diag.daemon.session import Places, WindowSession
 from flare_diag.daemon.window.reviews import reviews_in
-from flare_diag.daemon.window.setup import InputError, check_review, new_window_id, setup_for_start
+from flare_diag.daemon.window.setup import InputError, WindowSetup, check_review, new_window_id, setup_for_start
 from flare_diag.events.base import Event
 from flare_diag.events.envelope import Envelope
 from flare_diag.events.progress import WindowProgress
@@ -662,32 +662,19 @@ class Service:
         return str(folder)
 
     async def _checked_start(self, cmd: Start, uid: int, pid: int, campaign_run: tuple[int, int, int] | None) -> bytes:
-        if self.stopping:
-            return control.error("the daemon is stopping; no window starts")
-        if self.window is not None:
-            return control.error(f"window {self.window.window_id} is running; one window at a time", code="busy")
-        if self.stuck:
-            return control.error(f"window {self.stuck['window_id']} is unfinished and not running: {self.stuck['needs']}")
-        stuck = await _thread(open_window_ids, self.db)
-        if stuck:
-            # opened and never closed, and nothing is running it: its host may still be taken apart
-            return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
-                                 "(restart flare-diagd to resume it in its restore path) before a new window")
+        busy = await self._why_not_now()
+        if busy is not None:
+            return busy
         if self.fleet is not None:  # a full pool is said before anything is read, not after
             refused = await self._fleet_gate(self.fleet.check_room(), uid, pid)
             if refused is not None:
                 return refused
         try:  # the caller's plan and the operator's files: read here, nothing on the host yet
-            setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
-                                  self.sites_dir, cmd.time_scale, cmd.caller_fixtures)
-            if cmd.calibration:
-                setup.calibration = _calibration(cmd.calibration)
-            setup.accept_partial = cmd.accept_partial
-            setup.expected_incumbent = await _thread(unrestored_incumbent, self.db)
-            check_review(setup, await _thread(self._reviews), "the daemon's log")
+            setup = await self._setup(cmd)
         except InputError as exc:
             return self._refused(exc, uid, pid)
         window_id = new_window_id(setup.plan)
+        grant: int | None = None  # the lease's fencing epoch, in a fleet
         if self.fleet is not None:
             # the lease before the host's reads: a start that would lose the pool's last slot sends the
             # primary no forecast probes, and a refused check gives the lease back (it never opened)
@@ -714,16 +701,7 @@ class Service:
             await session.close()
             self._lease_unused()
             return control.error("another window runs, or the daemon is stopping; no window starts")
-        # what was done before the window opened, in its log before it: the preconditions, the lease's
-        # fencing epoch (in the chain before any host change), the campaign run this window is (in the
-        # host's own log, whatever the database heard), and the command that started it
-        before: list[Event] = []
-        if self.fleet is not None:
-            before.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant, how="taken"))
-        if campaign_run is not None:
-            before.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]))
-        before.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
-                                     detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"))
+        before = self._before_window(cmd, uid, pid, grant, campaign_run)
         try:
             w = await self._new_window(window_id, session, before)
         except BaseException:
@@ -737,6 +715,46 @@ class Service:
         self.log.info("window started", window_id=window_id, plan=setup.plan.name, site=setup.site.name,
                       rehearsal=setup.rehearsal, time_scale=setup.time_scale, uid=uid, pid=pid)
         return control.reply(window_id=window_id, rehearsal=setup.rehearsal)
+
+    async def _why_not_now(self) -> bytes | None:
+        """The refusal of any start now (the daemon stopping, a window running or left unfinished), or None."""
+        if self.stopping:
+            return control.error("the daemon is stopping; no window starts")
+        if self.window is not None:
+            return control.error(f"window {self.window.window_id} is running; one window at a time", code="busy")
+        if self.stuck:
+            return control.error(f"window {self.stuck['window_id']} is unfinished and not running: {self.stuck['needs']}")
+        stuck = await _thread(open_window_ids, self.db)
+        if stuck:
+            # opened and never closed, and nothing is running it: its host may still be taken apart
+            return control.error(f"window {stuck[0]} is unfinished in the log and not running; restore it "
+                                 "(restart flare-diagd to resume it in its restore path) before a new window")
+        return None
+
+    async def _setup(self, cmd: Start) -> WindowSetup:
+        """The window's setup from the caller's plan and the operator's files (InputError: refused as it is)."""
+        setup = await _thread(setup_for_start, cmd.plan_toml.encode(), _label(cmd.plan_label), cmd.site,
+                              self.sites_dir, cmd.time_scale, cmd.caller_fixtures)
+        if cmd.calibration:
+            setup.calibration = _calibration(cmd.calibration)
+        setup.accept_partial = cmd.accept_partial
+        setup.expected_incumbent = await _thread(unrestored_incumbent, self.db)
+        check_review(setup, await _thread(self._reviews), "the daemon's log")
+        return setup
+
+    def _before_window(self, cmd: Start, uid: int, pid: int, grant: int | None,
+                       campaign_run: tuple[int, int, int] | None) -> list[Event]:
+        """What was done before the window opened, in its log before it: the lease's fencing epoch (in the
+        chain before any host change), the campaign run this window is (in the host's own log, whatever
+        the database heard), and the command that started it."""
+        before: list[Event] = []
+        if self.fleet is not None and grant is not None:
+            before.append(LeaseGranted(pool=self.fleet.cfg.pool, host=self.fleet.cfg.host, epoch=grant, how="taken"))
+        if campaign_run is not None:
+            before.append(CampaignRunStarted(campaign=campaign_run[0], run=campaign_run[1], claim_us=campaign_run[2]))
+        before.append(ControlCommand(cmd="start", uid=uid, pid=pid, ok=True,
+                                     detail=f"plan {_label(cmd.plan_label)} site {cmd.site}"))
+        return before
 
     def _refused(self, exc: InputError, uid: int, pid: int) -> bytes:
         # to the journal only: a refused command changes nothing, and a socket-group member must
