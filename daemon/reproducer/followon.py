@@ -82,38 +82,13 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
     verdict = (report.get("verdict") or {}).get("hypothesis") or "none"
     source = plan_from_builtins(opened.plan, "the source window's plan")
     review = _unforceable_gates(report, window, "nsight" if stage == "nsight" else policy, reviews or db, source.author)
-    missed: list[str] = []
     if stage == "nsight":
-        tr = report.get("trace") or {}
-        if verdict == "inconclusive" or verdict == "none":
-            missed.append(f"the cache effects are not understood (verdict {verdict})")
-        if not tr.get("overhead_understood"):
-            why = "; ".join(f"C{o['concurrency']}: {o['why']}" for o in tr.get("overhead", []) if not o["understood"])
-            missed.append("the trace overhead is not understood (" + (why or "no trace pairs measured") + ")")
-        fo = FollowOn("nsight", window, opened.plan_sha256, verdict,
-                      trace_overhead="; ".join(f"C{o['concurrency']} {o.get('relative', 0):+.1%}" for o in tr.get("overhead", [])))
+        fo, missed = _nsight_earned(report, window, opened, verdict)
     else:
         if not policy:
             raise Refused("plan follow-on: give --policy NAME (or --stage nsight)")
-        if verdict != "row_checkpoint_churn":
-            missed.append(f"the source window's verdict is {verdict}, not row_checkpoint_churn")
-        try:
-            rep = reproduce_window(db, window, sc, [sc.eviction, policy])
-        except ReproduceError as exc:
-            raise Refused(f"the reproducer cannot run on the source window: {exc}") from None
-        reuse = {p.policy: p.reused_tokens for p in rep.policies}
-        if not rep.reproduces:
-            missed.append(f"the reproducer does not reproduce the source window ({rep.agreed} of {rep.compared} "
-                          f"requests agree on scenario {sc.name})")
-        if policy not in reuse:
-            raise Refused(f"--policy {policy}: the model knows no such policy")
-        if reuse[policy] <= reuse[sc.eviction]:
-            missed.append(f"{policy} reuses {reuse[policy]:,} host tokens in the model on the window's requests, "
-                          f"no more than the incumbent's {sc.eviction} ({reuse[sc.eviction]:,})")
+        fo, missed = _policy_earned(db, window, opened, verdict, sc, policy, repeats)
         greedy = _greedy_fixture(source, opened)
-        fo = FollowOn("policy", window, opened.plan_sha256, verdict, policy=policy, baseline_policy=sc.eviction,
-                      reproducer=f"{rep.agreed} of {rep.compared} requests agree (scenario {sc.name})",
-                      model_reused_tokens=reuse, order=abba(repeats), repeats=repeats)  # type: ignore[arg-type]  # abba gives the sides as the Literal strings the field takes
     fo = msgspec.structs.replace(fo, review=f"{review.by} (seq {review.seq} of {reviews or db})"
                                  + (f": {review.note}" if review.note else ""))
     if missed and not force:
@@ -136,6 +111,44 @@ def follow_on(db: Path, window: str | None, sc: Scenario, policy: str | None, st
                                                    f"ABBA; accepted by `report compare` (>= 5 % benefit, <= 3 % "
                                                    f"regression, correct)" if stage == "policy" else
                                                    "the capture stage admitted on its evidence")))
+
+
+def _nsight_earned(report: dict, window: str, opened: WindowOpened, verdict: str) -> tuple[FollowOn, list[str]]:
+    """The capture stage's follow-on, and what the source window has not shown that it needs."""
+    tr = report.get("trace") or {}
+    missed = []
+    if verdict == "inconclusive" or verdict == "none":
+        missed.append(f"the cache effects are not understood (verdict {verdict})")
+    if not tr.get("overhead_understood"):
+        why = "; ".join(f"C{o['concurrency']}: {o['why']}" for o in tr.get("overhead", []) if not o["understood"])
+        missed.append("the trace overhead is not understood (" + (why or "no trace pairs measured") + ")")
+    return FollowOn("nsight", window, opened.plan_sha256, verdict,
+                    trace_overhead="; ".join(f"C{o['concurrency']} {o.get('relative', 0):+.1%}" for o in tr.get("overhead", []))), missed
+
+
+def _policy_earned(db: Path, window: str, opened: WindowOpened, verdict: str, sc: Scenario, policy: str,
+                   repeats: int) -> tuple[FollowOn, list[str]]:
+    """A policy's follow-on (the reproducer's model of it on the window's requests), and what the source
+    window has not shown that it needs."""
+    missed = []
+    if verdict != "row_checkpoint_churn":
+        missed.append(f"the source window's verdict is {verdict}, not row_checkpoint_churn")
+    try:
+        rep = reproduce_window(db, window, sc, [sc.eviction, policy])
+    except ReproduceError as exc:
+        raise Refused(f"the reproducer cannot run on the source window: {exc}") from None
+    reuse = {p.policy: p.reused_tokens for p in rep.policies}
+    if not rep.reproduces:
+        missed.append(f"the reproducer does not reproduce the source window ({rep.agreed} of {rep.compared} "
+                      f"requests agree on scenario {sc.name})")
+    if policy not in reuse:
+        raise Refused(f"--policy {policy}: the model knows no such policy")
+    if reuse[policy] <= reuse[sc.eviction]:
+        missed.append(f"{policy} reuses {reuse[policy]:,} host tokens in the model on the window's requests, "
+                      f"no more than the incumbent's {sc.eviction} ({reuse[sc.eviction]:,})")
+    return FollowOn("policy", window, opened.plan_sha256, verdict, policy=policy, baseline_policy=sc.eviction,
+                    reproducer=f"{rep.agreed} of {rep.compared} requests agree (scenario {sc.name})",
+                    model_reused_tokens=reuse, order=abba(repeats), repeats=repeats), missed  # type: ignore[arg-type]  # abba gives the sides as the Literal strings the field takes
 
 
 def _unforceable_gates(report: dict, window: str, change: str | None, reviews: Path, author: str):
