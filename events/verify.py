@@ -39,18 +39,7 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
     that seq with that hash, so a truncated or rewritten log fails even with a checkpoint rewritten
     to match it."""
     if anchor is not None:
-        first = verify_log(reader, checkpoint)
-        if not first.ok:
-            return first
-        res = verify_log(reader, anchor)
-        if not res.ok and res.problem:
-            return msgspec.structs.replace(res, problem=res.problem.replace("checkpoint", "anchor"))
-        if res.head_seq > anchor.seq:
-            # anyone who can write the file can chain an event onto it: the anchor vouches only up to its seq
-            return msgspec.structs.replace(res, ok=False, first_bad_seq=anchor.seq + 1, problem=(
-                f"seq {anchor.seq + 1} to {res.head_seq} come after the anchored head seq {anchor.seq}: the anchor does "
-                f"not cover them (they chain on, as a forger's would); anchor the new head to vouch for them"))
-        return res
+        return _verify_anchored(reader, checkpoint, anchor)
     sha = hashlib.sha256
     pack = _fixed.pack
     join = b"".join
@@ -93,21 +82,45 @@ def verify_log(reader: LogReader, checkpoint: Checkpoint | None = None, anchor: 
             prev = h
             expect += 1
             n += 1
+    return _ends_as_recorded(VerifyResult(True, n, expect - 1, prev.hex()), base, handed_over, checkpoint, cp_seen)
+
+
+def _verify_anchored(reader: LogReader, checkpoint: Checkpoint | None, anchor: Checkpoint) -> VerifyResult:
+    """The chain against its checkpoint, then against a head published outside the log."""
+    first = verify_log(reader, checkpoint)
+    if not first.ok:
+        return first
+    res = verify_log(reader, anchor)
+    if not res.ok and res.problem:
+        return msgspec.structs.replace(res, problem=res.problem.replace("checkpoint", "anchor"))
+    if res.head_seq > anchor.seq:
+        # anyone who can write the file can chain an event onto it: the anchor vouches only up to its seq
+        return msgspec.structs.replace(res, ok=False, first_bad_seq=anchor.seq + 1, problem=(
+            f"seq {anchor.seq + 1} to {res.head_seq} come after the anchored head seq {anchor.seq}: the anchor does "
+            f"not cover them (they chain on, as a forger's would); anchor the new head to vouch for them"))
+    return res
+
+
+def _ends_as_recorded(walked: VerifyResult, base: tuple[int, bytes] | None, handed_over: set[tuple[int, str]],
+                      checkpoint: Checkpoint | None, cp_seen: bool) -> VerifyResult:
+    """A chain walked whole (`walked`), held to where it must begin (an archive's hand-over) and end (its
+    checkpoint): the first thing it fails, or itself."""
+    n, head, head_hash = walked.events, walked.head_seq, walked.head_hash
     if base is not None and (base[0], base[1].hex()) not in handed_over:
-        return VerifyResult(False, n, expect - 1, prev.hex(), base[0] + 1,
+        return VerifyResult(False, n, head, head_hash, base[0] + 1,
                             f"the log starts after seq {base[0]} but no log_archived event in it hands those rows "
                             "over to an archive (rows deleted)")
     if checkpoint is not None and base is not None and checkpoint.seq <= base[0]:
         if checkpoint.seq == base[0] and checkpoint.hash == base[1].hex():
             cp_seen = True  # the checkpoint predates the archive and names its head
         else:
-            return VerifyResult(False, n, expect - 1, prev.hex(), expect,
+            return VerifyResult(False, n, head, head_hash, head + 1,
                                 f"the checkpoint records seq {checkpoint.seq}, which was archived; expected seq "
                                 f"{base[0]} or later")
     if checkpoint is not None and not cp_seen and checkpoint.seq > 0:
-        return VerifyResult(False, n, expect - 1, prev.hex(), expect,
-                            f"truncated: checkpoint records seq {checkpoint.seq} but the log ends at seq {expect - 1}")
-    return VerifyResult(True, n, expect - 1, prev.hex())
+        return VerifyResult(False, n, head, head_hash, head + 1,
+                            f"truncated: checkpoint records seq {checkpoint.seq} but the log ends at seq {head}")
+    return walked
 
 
 def integrity_problems(reader: LogReader, limit: int = 5) -> list[str]:
