@@ -139,7 +139,7 @@ _waited = False
 
 def hold_stamping(wait_s: float = 0.5) -> bool:
     """Keeps the kernel stamping received packets for as long as this process lives, and waits (at most
-    `wait_s`, once) until it does; whether it does.
+    `wait_s`) until a loopback connection shows that it does; whether it does.
 
     Linux stamps what it receives only while some socket asks for stamps, and turns that on and off in a
     deferred work item (net_enable_timestamp). A generation's connection is opened per request and closed

@@ -278,8 +278,18 @@ def occupancy_rows(r: dict) -> list[list[str]]:
 LATENCY_HEAD = ["phase", "requests", "TTFT p50 (s)", "TTFT p90 (s)", "latency p50 (s)", "latency p90 (s)"]
 
 
+def _trace_arm(x: dict) -> bool:
+    return x["phase"].startswith("trace.C")
+
+
 def _not_trace_arm(x: dict) -> bool:
-    return not x["phase"].startswith("trace.C")  # the trace arms' figures are the Trace section's own
+    return not _trace_arm(x)  # the trace arms' figures are the Trace section's own
+
+
+def _stamped(entries: list[dict]) -> tuple[int, int]:
+    """How many first tokens of these latency entries the kernel's receive stamp timed, and how many their read."""
+    return (sum(x.get("ttft_kernel_stamped") or 0 for x in entries),
+            sum(x.get("ttft_read_stamped") or 0 for x in entries))
 
 
 def latency_rows(r: dict) -> list[list[str]]:
@@ -290,9 +300,7 @@ def latency_rows(r: dict) -> list[list[str]]:
 def stamp_line(r: dict) -> str | None:
     """Where the first tokens' times came from, when they crossed a network; None for a host in the
     daemon's process (a rehearsal), or a report older than the counts."""
-    lat = r.get("latency") or []
-    kernel = sum(x.get("ttft_kernel_stamped") or 0 for x in lat)
-    read = sum(x.get("ttft_read_stamped") or 0 for x in lat)
+    kernel, read = _stamped(r.get("latency") or [])
     if not kernel + read:
         return None
     line = f"First tokens timed by the kernel's receive stamp of their bytes: {kernel:,} of {kernel + read:,}."
@@ -389,11 +397,10 @@ def overhead_line(tr: dict) -> str:
 def trace_stamp_caveat(r: dict) -> str | None:
     """Said beside the trace overhead when some of its arms' first tokens were timed as the daemon read
     them: their on/off differences carry the daemon's own read delays, which no bound of the plan covers."""
-    arms = [x for x in r.get("latency") or [] if x["phase"].startswith("trace.C")]
-    read = sum(x.get("ttft_read_stamped") or 0 for x in arms)
+    kernel, read = _stamped([x for x in r.get("latency") or [] if _trace_arm(x)])
     if not read:
         return None
-    timed = read + sum(x.get("ttft_kernel_stamped") or 0 for x in arms)
+    timed = kernel + read
     return (f"{read:,} of the trace arms' {timed:,} first tokens were timed as the daemon read them, not as "
             f"their bytes came: their on/off differences carry the daemon's own read delays.")
 
