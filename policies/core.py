@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flare_diag.events.schema import NS_PER_MIN, NS_PER_S, AbortDecided, ActionDone, Alarm, TimeMarked, window_minute
+from flare_diag.events.schema import (
+    NS_PER_MIN,
+    NS_PER_S,
+    AbortDecided,
+    ActionDone,
+    Alarm,
+    PhaseStarted,
+    TimeMarked,
+    window_minute,
+)
 from flare_diag.events.stages import Stage, advance
 from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
 from flare_diag.policies.plan import PhaseSpec, Plan
-from flare_diag.policies.planner import Arm, Calibration, Estimator
+from flare_diag.policies.planner import Arm, Calibration, Estimator, work_from
 from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Ledger, Running
@@ -39,7 +48,9 @@ class WindowCore(Driver):
     `act` / `act_all` (ask the host and wait for the outcome), `request` (ask without waiting), `emit`
     (a decision), `minute` / `stop_ns` / `mark_t0` / `mark_stop` (the window clock), `record_cell` /
     `close_open_cells` (the ledger), `abort_inside` / `fail_inside` (abort from inside a procedure:
-    they raise Interrupt) and `restore_fault`.
+    they raise Interrupt), `restore_fault`, and one named operation for each thing the host's answers
+    change (the last section: `fixtures_known`, `candidate_loaded_as`, `phase_running`, ...). No
+    procedure assigns a field (tests/test_architecture.py holds that too).
     """
 
     def __init__(self) -> None:
@@ -247,3 +258,130 @@ class WindowCore(Driver):
                 # (issue 53: an optional cell read `deferred` after an abort, as if time had run out)
                 aborted = cause not in ("completed", "stop_minute")
                 self.record_cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))
+
+    # --- what the host said: each changes the state in one named way ------------------------------
+
+    def fixtures_known(self, fixtures: dict[str, dict[str, Any]]) -> None:
+        """The fixtures' manifests are validated: the schedule's estimate starts from their work."""
+        self.fixtures = fixtures
+        self.est = Estimator(self.plan, work_from(self.plan, fixtures), self.calibration)
+
+    def snapshot_taken(self, source: str, data: dict[str, Any] | None) -> None:
+        """A preflight snapshot (None: the site has no such thing to snapshot)."""
+        self.snapshots[source] = data
+
+    def incumbent_found(self) -> None:
+        """The incumbent is what the manager has loaded now; the Xids already in the GPU view are not the window's."""
+        inc = self.snapshots.get("incumbent") or {}
+        self.xids_known = len((self.snapshots.get("gpu") or {}).get("xid_events") or [])
+        self.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
+
+    def candidate_kept(self, sha256: str) -> None:
+        """The candidate's exact bytes are retained: every load of it names this hash."""
+        self.candidate_sha = sha256
+
+    def taking_down(self) -> None:
+        """The quiesce is asked for: from here on the host may be changed (its reply may be lost)."""
+        self.took_down = True
+
+    def quiesced_now(self) -> None:
+        """The quiesce answered: the window's minute 0."""
+        self.quiesced = True
+        self.quiesced_at_ns = self.now
+        self.mark_t0()
+
+    def xids_judged(self, n: int) -> None:
+        """`n` more Xid events of the GPU view have been judged."""
+        self.xids_known += n
+
+    def incarnation_failed(self, label: str, why: str) -> None:
+        self.failed_incarnations[label] = why
+
+    def candidate_unloaded(self) -> None:
+        """No candidate is loaded: nothing verified about the last one holds, and growth starts over."""
+        self.candidate_loaded = None
+        self.ref_labels = None
+        self.baseline.reset()
+
+    def candidate_loaded_as(self, label: str, incarnation: str | None) -> None:
+        self.candidate_loaded = label
+        self.candidate_id = incarnation
+
+    def phase_started(self, phase: str, end_ns: int) -> None:
+        """A phase begins now and is estimated to end at `end_ns`."""
+        self.emit(PhaseStarted(phase=phase, minute=self.minute(), estimated_end_minute=self.minute(end_ns)))  # type: ignore[arg-type]  # a phase starts after the quiesce: a minute, never None
+        self.phase_marks[phase] = (self.minute(), self.minute(end_ns))
+
+    def overrun_projection(self, late: bool) -> None:
+        """Whether the required cells' projected end passes the stop minute (said once each time it starts to)."""
+        self.overrun_projected = late
+
+    def identity_verified(self, incarnation: str, identity: dict[str, Any]) -> None:
+        """What every later read of this incarnation's identity is held to, phase by phase (the trace switch
+        too, where the engine reports one: contract 4 holds every field of the identity)."""
+        self.ref_labels = {k: identity.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
+        self.verified_identity[incarnation] = {k: v for k, v in identity.items() if k != "trace_enabled" or v is not None}
+
+    def incarnation_unverified(self, incarnation: str, why: str) -> None:
+        self.unverified_incarnations[incarnation] = why
+
+    def trace_switched(self, incarnation: str, on: bool | None) -> None:
+        """From here on the phase's reads are held to the trace switch as set."""
+        verified = self.verified_identity.get(incarnation)
+        if verified is not None and "trace_enabled" in verified:
+            verified["trace_enabled"] = on
+
+    def identity_drifted(self) -> None:
+        """An identity read inside a phase differed: the open cell's identity did not hold."""
+        self.drifted = True
+
+    def phase_running(self, running: Running) -> None:
+        """A phase's requests are about to be sent (its opening drain first)."""
+        self.drain_unseen = set()
+        self.current_since_ns = self.now
+        self.current = running
+
+    def phase_stopped(self) -> None:
+        """No phase's requests are being sent."""
+        self.current = None
+
+    def phase_closing(self, closing: bool) -> None:
+        """Whether the running phase's last requests have finished: what follows (its reads, its closing drain)
+        is then judged as the closing of a finished phase, even across the stop minute."""
+        self.draining_after = closing
+
+    def requests_done(self, k: int) -> None:
+        """`k` of the running phase's requests are answered."""
+        if self.current is not None:
+            self.current.done = k
+
+    def prompt_counted(self, incarnation: str, body_sha256: str, seen: tuple[int, str, int]) -> tuple[int, str, int]:
+        """What the engine first counted for an exact body on an incarnation: (prompt tokens, phase, #)."""
+        return self.prompt_seen.setdefault((incarnation, body_sha256), seen)
+
+    def drain_gauges_unseen(self, gauges: list[str]) -> None:
+        self.drain_unseen.update(gauges)
+
+    def counters_drained(self, counters: dict[str, Any]) -> None:
+        """The counters a settled drain saw: what the next phase's deltas start from."""
+        self.last_counters = counters
+
+    def trace_order_stopped(self, why: str) -> None:
+        self.trace_stopped = why
+
+    def restore_unloaded_candidate(self) -> None:
+        """From here on the GPUs and the engine are the incumbent's to answer for."""
+        self.restore_unloaded = True
+
+    def incumbent_returned(self) -> None:
+        """The restore has the incumbent loaded again (a window that took nothing down has nothing of its own
+        to judge)."""
+        self.incumbent_back = self.took_down
+
+    def incumbent_first_seen(self, resident_bytes: float | None) -> None:
+        """The restored incumbent's first resident memory: what it may grow from."""
+        self.restore_resident = resident_bytes
+
+    def readmit_sent(self) -> None:
+        """From here on an admitted backend is the readmission itself, not a breach."""
+        self.readmit_requested = True

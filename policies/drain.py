@@ -35,7 +35,7 @@ def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]
         sample = read(MetricsSample, m) if m.ok else MetricsSample()
         ok = m.ok and rules.drained(sample.gauges, w.plan.drain.accept_unobserved)
         if m.ok:
-            w.drain_unseen.update(rules.unseen_drain_gauges(sample.gauges))
+            w.drain_gauges_unseen(rules.unseen_drain_gauges(sample.gauges))
         if router and len(res) > 1 and res[1].ok:
             ok = ok and not read(RouterView, res[1]).backend.inflight
         if ok:
@@ -43,7 +43,7 @@ def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]
             stable = stable + 1 if last is not None and counters == last else 1
             last = counters
             if stable >= timing.stable_observations:
-                w.last_counters = counters
+                w.counters_drained(counters)
                 return True
         else:
             stable, last = 0, None

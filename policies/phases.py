@@ -10,7 +10,6 @@ from flare_diag.events.answers import Health, Identity, Incarnation, MetricsSamp
 from flare_diag.events.schema import (
     NS_PER_S,
     Alarm,
-    PhaseStarted,
     RequestDone,
     RequestMeasured,
 )
@@ -31,20 +30,17 @@ def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     if w.candidate_loaded is not None:
         res = yield from w.act("unload", {"recipe": cand, "sha256": w.candidate_sha})
         if not res.ok:
-            w.failed_incarnations[label] = f"unload of incarnation {w.candidate_loaded} failed: {res.detail}"
+            w.incarnation_failed(label, f"unload of incarnation {w.candidate_loaded} failed: {res.detail}")
             return False
-    w.candidate_loaded = None
-    w.ref_labels = None
-    w.baseline.reset()
+    w.candidate_unloaded()
     started = w.now
     res = yield from w.act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
     if res.ok:
         w.est.observe_load((w.now - started) / NS_PER_S)
     if not res.ok:
-        w.failed_incarnations[label] = f"candidate incarnation {label} did not load: {res.detail or res.error}"
+        w.incarnation_failed(label, f"candidate incarnation {label} did not load: {res.detail or res.error}")
         return False
-    w.candidate_loaded = label
-    w.candidate_id = read(Incarnation, res).incarnation
+    w.candidate_loaded_as(label, read(Incarnation, res).incarnation)
     return True
 
 
@@ -65,8 +61,7 @@ def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
                 f" minute {t.stop_min:g}", comparable=ph.comparable)
         check_projection(w)
         return
-    w.emit(PhaseStarted(phase=ph.id, minute=w.minute(), estimated_end_minute=w.minute(end)))  # type: ignore[arg-type]  # a phase starts after the quiesce: a minute, never None
-    w.phase_marks[ph.id] = (w.minute(), w.minute(end))
+    w.phase_started(ph.id, end)
     if ph.kind == "identity":
         yield from identity_phase(w, ph)
     else:
@@ -97,7 +92,7 @@ def check_projection(w: WindowCore, current: PhaseSpec | None = None, skip: int 
         w.emit(Alarm(kind="projected_overrun",
                       detail=f"the required cells' projected end is minute {w.minute(end):.1f}, past the stop minute "
                              f"{w.plan.timing.stop_min:g} (pace x{w.est.pace:.2f} of the rate model + {w.est.overhead_s:.1f} s a request)"))
-    w.overrun_projected = late
+    w.overrun_projection(late)
 
 
 def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
@@ -117,10 +112,7 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         mism += [f"against the incumbent's {m}" for m in rules.gpu_changes(inc_gpus, ident["gpus"])]
     if mism:
         w.abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
-    w.ref_labels = {k: ident.get(k) for k in ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")}
-    # what every later read of this incarnation's identity is held to, phase by phase
-    # (the trace switch too, where the engine reports one: contract 4 holds every field of the identity)
-    w.verified_identity[ph.incarnation] = {k: v for k, v in ident.items() if k != "trace_enabled" or v is not None}
+    w.identity_verified(ph.incarnation, ident)
     reason = "identity verified without generation"
     if ph.fresh:
         m = yield from w.act("scrape_metrics", {})
@@ -135,7 +127,7 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         if nonzero or occupied:
             why = (f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'});"
                    f" host cache occupied ({', '.join(occupied) or 'none'})")
-            w.unverified_incarnations[ph.incarnation] = why
+            w.incarnation_unverified(ph.incarnation, why)
             w.record_cell(ph.id, "invalid", why, comparable=False)
             return
         reason += ("; counters reset and empty host cache verified" if observable else
@@ -158,7 +150,7 @@ def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: 
         if not (h.ok and read(Health, h).status == 200):
             w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
                                            f"answered {read(Health, h).status if h.ok else h.error}")
-    w.drifted = True
+    w.identity_drifted()
     w.abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
                                       f"{ph.incarnation}: " + "; ".join(changes))
 
@@ -205,13 +197,11 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     if ph.trace is not None and not (yield from _set_trace(w, ph)):
         return
     started, est_end = w.phase_marks.get(ph.id, (None, None))
-    w.drain_unseen = set()
-    w.current_since_ns = w.now
-    w.current = Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
-                        estimated_end_minute=est_end)
+    w.phase_running(Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
+                            estimated_end_minute=est_end))
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
     if not settled:
-        w.current = None
+        w.phase_stopped()
         w.record_cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
                 comparable=ph.comparable)
         return
@@ -245,9 +235,7 @@ def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
     if mism:
         w.abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
-    verified = w.verified_identity.get(ph.incarnation)
-    if verified is not None and "trace_enabled" in verified:
-        verified["trace_enabled"] = ph.trace  # from here on the phase's reads are held to the switch as set
+    w.trace_switched(ph.incarnation, ph.trace)
     return True
 
 
@@ -261,7 +249,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
     while k < len(reqs):
         batch = reqs[k:k + ph.concurrency]
         if w.now >= w.stop_ns() or w.now + int(w.est.round_s(fixture, batch) * NS_PER_S) > w.stop_ns():
-            w.current = None
+            w.phase_stopped()
             w.record_cell(ph.id, "invalid", f"stopped after {k} of {len(reqs)} requests: the next request's estimated"
                     f" end passes the stop minute {w.plan.timing.stop_min:g}", requests=k, comparable=ph.comparable)
             return None
@@ -272,7 +260,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         results = yield Act(ids)
         # the phase's last requests have finished: what follows (its reads, its closing drain) is
         # judged as the closing of a finished phase, even across the stop minute
-        w.draining_after = k + len(batch) >= len(reqs)
+        w.phase_closing(k + len(batch) >= len(reqs))
         delta: dict[str, Any] = {}
         if ph.concurrency == 1:
             delta, prev = yield from _between_requests(w, ph, k, prev, tally)
@@ -283,7 +271,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         _tally_round(w, ph, k, results, delta, tally)
         yield from _engine_still_there(w, ph, results)
         k += len(batch)
-        w.current.done = k  # type: ignore[union-attr]  # set above for the phase's whole run
+        w.requests_done(k)
         check_projection(w, ph, k)
     return prev
 
@@ -344,7 +332,7 @@ def _prompt_changed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
     same prompt; else [] (the first time a body is seen, it is remembered)."""
     if rd.prompt_tokens is None or not rd.body_sha256:
         return []
-    first = w.prompt_seen.setdefault((ph.incarnation or "", rd.body_sha256), (rd.prompt_tokens, ph.id, rd.order_index))
+    first = w.prompt_counted(ph.incarnation or "", rd.body_sha256, (rd.prompt_tokens, ph.id, rd.order_index))
     if first[0] == rd.prompt_tokens:
         return []
     return [f"#{rd.order_index}: {rd.prompt_tokens:,}, against {first[0]:,} in {first[1]} #{first[2]}"]
@@ -374,16 +362,16 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
                  tally: _Tally) -> Proc:
     """The phase's closing drain, then its identity (still inside its bound past the stop minute: a phase
     is held to the identity its incarnation was verified on), then its cell."""
-    w.draining_after = True
+    w.phase_closing(True)
     settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
     after = w.last_counters if settled else prev
     closing = yield from w.act("read_identity", {})
-    w.draining_after = False
+    w.phase_closing(False)
     held, changes = None, []
     if closing.ok and ph.incarnation in w.verified_identity:
         changes = rules.identity_changes(w.verified_identity[ph.incarnation], closing.data)
         held = not changes
-    w.current = None
+    w.phase_stopped()
     delta = rules.counter_delta(before, after or {})
     host, gpu = rules.host_gpu(delta)
     common = dict(requests=requests, host=host, gpu=gpu, comparable=ph.comparable, counters=delta,

@@ -47,7 +47,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
             out.append(f"gpu_fault: the GPU view could not be read before readmit ({gpu.detail or gpu.error})")
         else:
             new = (gpu.data.get("xid_events") or [])[w.xids_known:]  # the Xids the watch has not judged yet
-            w.xids_known += len(new)
+            w.xids_judged(len(new))
             if hit := guards.judge("gpu", {**gpu.data, "xid_events": new}, ctx):
                 out.append(f"{hit[0]}: {before}: {hit[1]}")
     if not m.ok:
@@ -186,15 +186,15 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     if sha and w.took_down:  # a window that changed nothing puts nothing back
         if loaded and loaded.sha256 != sha:
             yield from w.act("unload", {"recipe": loaded.recipe, "sha256": loaded.sha256})
-        w.restore_unloaded = True  # from here on the GPUs and the engine are the incumbent's to answer for
+        w.restore_unloaded_candidate()
         if not loaded or loaded.sha256 != sha:
             for _attempt in range(2):
                 r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
                 if r.ok:
                     break
-    w.incumbent_back = w.took_down  # a window that changed nothing has nothing of its own to judge
+    w.incumbent_returned()
     first = yield from w.act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
-    w.restore_resident = read(MetricsSample, first).gauges.get("resident_bytes") if first.ok else None
+    w.incumbent_first_seen(read(MetricsSample, first).gauges.get("resident_bytes") if first.ok else None)
     ident = yield from w.act("read_identity", {})
     ident = yield from trace_back(w, identity, ident)
     checks["incumbent_sha256_match"] = bool(ident.ok and sha and read(Identity, ident).recipe_sha256 == sha)
@@ -212,7 +212,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
         new = read(GpuView, now_gpu).xid_events[w.xids_known:]
         if new:
-            w.xids_known += len(new)
+            w.xids_judged(len(new))
             w.restore_fault(f"gpu_fault: Xid {new[0].xid} on GPU {new[0].gpu}")
     mon = yield from w.act("snapshot", {"what": "monitoring"})
     if mon.error == "not_applicable":
@@ -263,7 +263,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.restore_faults)})" if w.restore_faults else "")
         w.emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
     else:
-        w.readmit_requested = True  # from here on an admitted backend is the readmission itself, not a breach
+        w.readmit_sent()
         re = yield from w.act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else (yield from readmitted(w, re))
         routed = yield from w.act("preflight", {"path": "routed"})

@@ -14,8 +14,6 @@ from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Proc
 from flare_diag.policies.plan import expected_identity, trace_arm_order
-from flare_diag.policies.planner import Estimator, work_from
-from flare_diag.policies.state import Incumbent
 
 
 def experiment(w: WindowCore) -> Proc:
@@ -32,22 +30,20 @@ def preflight(w: WindowCore) -> Proc:
     res = yield from w.act("validate_fixtures", {"fixtures": [f.name for f in plan.fixtures]})
     if not res.ok:
         w.fail_inside(res, "fixture validation failed")
-    w.fixtures = read(FixturesWork, res).fixtures
-    w.est = Estimator(plan, work_from(plan, w.fixtures), w.calibration)
+    w.fixtures_known(read(FixturesWork, res).fixtures)
     if plan.trace is not None:
         w.emit(TraceOrderFrozen(order=[pid for pid, *_ in trace_arm_order(plan.trace)]))
     what = ("incumbent", "router", "monitoring", "gpu", "configuration")
     snaps = yield from w.act_all([("snapshot", {"what": s}) for s in what])
     for s, r in zip(what, snaps):
         if r.ok:
-            w.snapshots[s] = r.data
+            w.snapshot_taken(s, r.data)
         elif r.error == "not_applicable":
-            w.snapshots[s] = None
+            w.snapshot_taken(s, None)
         else:
             w.fail_inside(r, f"{s} snapshot failed")
     inc = w.snapshots["incumbent"] or {}
-    w.xids_known = len((w.snapshots.get("gpu") or {}).get("xid_events") or [])
-    w.incumbent = Incumbent(recipe=inc.get("recipe"), sha256=inc.get("sha256"), identity=inc.get("identity", {}))
+    w.incumbent_found()
     mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
     if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
         mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")
@@ -77,7 +73,7 @@ def retain_and_preview(w: WindowCore, inc: dict[str, Any]) -> Proc:
     for role, r in zip(("incumbent", "candidate"), kept):
         if not r.ok:
             w.fail_inside(r, f"{role} recipe bytes could not be retained")
-    w.candidate_sha = read(RecipeKept, kept[1]).sha256
+    w.candidate_kept(read(RecipeKept, kept[1]).sha256)
     # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
     previews = yield from w.act_all([
         ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
@@ -94,13 +90,11 @@ def take_down(w: WindowCore) -> Proc:
     plan = w.plan
     inc = w.snapshots["incumbent"] or {}
     yield from steady_state_before(w)
-    w.took_down = True  # from the quiesce's request on, the host may be changed (its reply may be lost)
+    w.taking_down()
     res = yield from w.act("quiesce", {})
     if not res.ok and res.error != "not_applicable":
         w.fail_inside(res, "quiesce failed")
-    w.quiesced = True
-    w.quiesced_at_ns = w.now
-    w.mark_t0()
+    w.quiesced_now()
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
                                router=w.snapshots.get("router") is not None)
     if not drained:

@@ -207,6 +207,49 @@ def test_the_procedures_change_the_window_only_through_its_public_operations():
     assert found == []
 
 
+_MUTATORS = frozenset({"append", "add", "update", "pop", "popitem", "setdefault", "clear", "discard", "remove",
+                       "extend", "insert", "reset"})
+
+
+def _rooted_at_w(node: ast.expr) -> bool:
+    """Whether an expression is `w.<field>...` (an attribute or item of the window's state)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+        if isinstance(node, ast.Name):
+            return node.id == "w"
+    return False
+
+
+def state_changes(source: str) -> list[int]:
+    """The lines of a procedure's source that change the window's state other than through WindowCore's
+    named operations: an assignment to `w.<field>` (or an item of one), or a container's mutator called on one."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            lines += [node.lineno for t in node.targets if isinstance(t, (ast.Attribute, ast.Subscript)) and _rooted_at_w(t)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            t = node.target
+            lines += [node.lineno] if isinstance(t, (ast.Attribute, ast.Subscript)) and _rooted_at_w(t) else []
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                and isinstance(node.func.value, (ast.Attribute, ast.Subscript)) and _rooted_at_w(node.func.value):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_procedures_change_the_window_state_only_through_its_named_operations():
+    # issue 50, "attributes set along the way": the procedures assigned some forty fields of WindowCore
+    # directly; each change of its state is now one of its named operations (policies/core.py)
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "policies").rglob("*.py"))
+             if p.name not in ("core.py", "window.py") for n in state_changes(p.read_text())]
+    assert found == []
+
+
+def test_the_state_change_check_finds_an_assignment_an_item_an_increment_and_a_mutator():
+    source = ("def p(w):\n    w.took_down = True\n    w.snapshots['gpu'] = None\n    w.drain_unseen.update(x)\n"
+              "    w.current.done += 1\n    w.est.observe_load(1.0)\n    x = w.snapshots.get('gpu')\n    w.took_down_now()\n")
+    assert state_changes(source) == [2, 3, 4, 5]
+
+
 def test_a_recorded_log_is_replayed_into_a_policy_in_one_place():
     # issue 50: log audit, a resume and a calibration each had a replay loop of their own; the one
     # replayer is policies/audit.py's WindowReplay, and otherwise only the live runners (the daemon's

@@ -57,7 +57,7 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
         for p in arm.phases:
             w.record_cell(p.id, "deferred", why, comparable=p.comparable)
         if arm.trace_pair:
-            w.trace_stopped = trace_order_stopped(arm)
+            w.trace_order_stopped(trace_order_stopped(arm))
         check_projection(w)
         return
     w.emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w.minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
