@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -146,6 +148,23 @@ def _window_rows(w: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# What an operator sees while the daemon answers a start: its checks take seconds idle and minutes on a
+# busy machine, and a silent terminal reads as a hung one. The daemon goes on if the caller stops waiting.
+START_WAIT = ("the daemon is checking the site (read-only), rehearsing new plan bytes offline and forecasting; "
+              "nothing on the host changes before it answers. Ctrl-C stops waiting, not the start: `flare-diag status`")
+
+
+@contextlib.contextmanager
+def _waiting(console: Console, what: str) -> Iterator[None]:
+    """A spinner with `what` while the caller waits, on a terminal only; it is gone when the answer comes, so
+    a refusal is still one line (and a script's stderr holds only what went wrong)."""
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(what):
+        yield
+
+
 def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: float, console: Console,
           calibration: dict | None = None, accept_partial: bool = False, caller_fixtures: dict | None = None) -> int:
     """The plan (and any calibration) go as content the caller read; the site is a name the daemon's
@@ -154,9 +173,10 @@ def start(path: Path, plan_toml: bytes, plan_label: str, site: str, time_scale: 
     which takes minutes on a busy machine; Ctrl-C gives up waiting."""
     c = Connection(path, timeout=None)
     try:
-        rep = c.call(control.Start(plan_toml=plan_toml.decode("utf-8", "replace"), plan_label=plan_label, site=site,
-                                   time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial,
-                                   caller_fixtures=caller_fixtures or {}))
+        with _waiting(console, START_WAIT):
+            rep = c.call(control.Start(plan_toml=plan_toml.decode("utf-8", "replace"), plan_label=plan_label, site=site,
+                                       time_scale=time_scale, calibration=calibration or {}, accept_partial=accept_partial,
+                                       caller_fixtures=caller_fixtures or {}))
     finally:
         c.close()
     console.print(f"started window {rep['window_id']}" + (" (rehearsal)" if rep.get("rehearsal") else ""))
