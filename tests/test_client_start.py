@@ -25,14 +25,9 @@ def daemon_answering(tmp_path: Path):
 
     def serve() -> None:
         conn, _ = srv.accept()
-        with conn:
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            conn.sendall(answers[0])
+        with conn, conn.makefile("rb") as lines:
+            if lines.readline().endswith(b"\n"):  # the whole command, then the answer
+                conn.sendall(answers[0])
 
     def start(answer: bytes) -> Path:
         answers.append(answer)
