@@ -42,6 +42,8 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
 @pytest.mark.parametrize("bench,args,says", [
     ("event_log.py", ["--appends", "2000", "--single", "30", "--verify", "5000"],
      ("ratio store/floor", "ratio store/eventsourcing p50", "ratio store/eventsourcing-from-loop", "ratio verify/preimage")),
+    ("event_log_parts.py", ["--commits", "20", "--bulk-commits", "4", "--rounds", "1"],
+     ("append   single (median us", "append bulk 100", "ratio store/eventsourcing", "sql bulk 100 (eventsourcing table)")),
     ("harness_overhead.py", ["--rounds", "1", "--time-scale", "100"], "ratio runner/bare"),
     ("report.py", ["--events", "20000", "--rounds", "1", "--memory"], ("ratio report/fold", "peak RSS of this process")),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
