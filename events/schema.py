@@ -127,6 +127,10 @@ class RequestDone(Input, tag="request_done", frozen=True):
     # the generated text alone (reasoning, then content, each delta tagged): equal answers hash equal
     # whatever the stream's ids and chunking; "" where it was not read (a failed request, a model run)
     output_sha256: str = ""
+    # the model the body asked for and the one the answer named, only where the engine's answer names the
+    # model that served it (vLLM: daemon/hosts/engine_profiles.py, ANSWER_NAMES_SERVED_MODEL); "" elsewhere
+    model_asked: str = ""
+    model_answered: str = ""
 
 
 @register

@@ -261,6 +261,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         # the phase's last requests have finished: what follows (its reads, its closing drain) is
         # judged as the closing of a finished phase, even across the stop minute
         w.phase_closing(k + len(batch) >= len(reqs))
+        _answered_as_verified(w, ph, results)
         delta: dict[str, Any] = {}
         if ph.concurrency == 1:
             delta, prev = yield from _between_requests(w, ph, k, prev, tally)
@@ -274,6 +275,18 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         w.requests_done(k)
         check_projection(w, ph, k)
     return prev
+
+
+def _answered_as_verified(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> None:
+    """Aborts `identity_drift` when an answer names a model that is neither the one its incarnation's identity
+    was verified to serve nor the one its body asked for, where the engine's answers name the model that
+    served them (`model_answered` is "" elsewhere): an answer is evidence only of the model that gave it."""
+    served = (w.verified_identity.get(ph.incarnation) or {}).get("model")
+    for rd in results:
+        said = rd.model_answered if isinstance(rd, RequestDone) and rd.outcome == "ok" else ""
+        if said and served is not None and said not in (served, rd.model_asked):
+            w.abort_inside("identity_drift", f"{ph.id}: request #{rd.order_index} was answered as model {said!r}, "
+                                             f"not {served!r}, the model incarnation {ph.incarnation}'s identity serves")
 
 
 def _between_requests(w: WindowCore, ph: PhaseSpec, k: int, prev: dict[str, Any], tally: _Tally) -> Generator[Any, Any, tuple[dict[str, Any], dict[str, Any]]]:

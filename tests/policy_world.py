@@ -63,6 +63,11 @@ class World:
         # each request's own usage.prompt_tokens_details.cached_tokens: None (not reported), "true" (the
         # reuse its counters moved by), or a number the engine claims whatever the counters say
         self.cached_tokens: str | int | None = None
+        # (asked, answered) models each answer names, as an engine whose answers name the model that served
+        # them (vLLM's) records them; ("", "") for one whose answers witness nothing. `answered_as` maps the
+        # request's number to another model it is answered as (a backend the window did not verify)
+        self.models = ("", "")
+        self.answered_as: dict[int, str] = {}
 
     @staticmethod
     def _zero() -> dict:
@@ -169,7 +174,8 @@ class World:
                            visible_output=not (length and args["body_index"] % 10 == 0),
                            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, first_byte_ns=total // 5,
                            first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
-                           cached_tokens=cached, first_token_stamp=self.first_token_stamp)
+                           cached_tokens=cached, first_token_stamp=self.first_token_stamp, model_asked=self.models[0],
+                           model_answered=self.answered_as.get(self.requests_sent, self.models[1]))
 
 
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]

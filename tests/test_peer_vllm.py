@@ -73,6 +73,20 @@ def test_real_vllm_resident_memory_is_the_whole_engine_process_group(small_cache
     assert seen and min(seen) > 1 << 30, seen[:5]
 
 
+def test_real_vllm_answers_name_the_model_its_identity_serves_so_each_answer_witnesses_it(small_cache_window):
+    """vLLM's chunks carry the served model's name (engine_profiles.ANSWER_NAMES_SERVED_MODEL), the name its
+    /v1/models lists first, which the identity reports: each recorded answer is held to it, and no answer
+    of the real engine trips the check."""
+    _rc, _r, out = small_cache_window
+    with LogReader(out / "log.db") as reader:
+        events = [e.event() for e in reader.iter(types=["action_requested", "action_done", "request_done"])]
+    reads = {ev.action_id for ev in events if type(ev).__name__ == "ActionRequested" and ev.action == "read_identity"}
+    served = {ev.data["model"] for ev in events if type(ev).__name__ == "ActionDone" and ev.action_id in reads and ev.ok}
+    answers = [ev for ev in events if type(ev).__name__ == "RequestDone" and ev.outcome == "ok"]
+    assert len(served) == 1 and answers, served
+    assert {(ev.model_asked, ev.model_answered) for ev in answers} == {(served.pop(),) * 2}
+
+
 def test_reproduce_fit_recovers_the_real_vllm_windows_block_capacity(small_cache_window):
     """The window saw GPU reuse only (no KV connector): the fit reads each request's cached tokens
     against vLLM's block pool and finds the capacity the engine itself states (kv_num_gpu_blocks)."""

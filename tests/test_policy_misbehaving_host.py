@@ -42,6 +42,39 @@ def _vllm_like(ev):
     return msgspec.structs.replace(ev, reuse_identity=["gpu_reused_tokens", "host_reused_tokens"])
 
 
+# --- answers from a model the window did not verify ---------------------------------------------
+
+def _served(world: World) -> World:
+    """Answers that name the model they came from, as vLLM's do: the identity's model, asked by name."""
+    served = world.identity()["model"]
+    world.models = (served, served)
+    return world
+
+
+def test_an_answer_naming_another_model_than_the_verified_identity_aborts_identity_drift_naming_the_request():
+    w = _served(World(plan_builtins()))
+    w.answered_as = {60: "another-model"}  # the 60th request sent: past the first identity phase
+    _w, h = run(w)
+    a = abort(h)
+    assert a is not None and a.reason == "identity_drift"
+    assert "was answered as model 'another-model', not" in a.detail and a.detail.split(":")[0] in cells(h)
+    assert cells(h)[a.detail.split(":")[0]].status == "invalid"
+
+
+def test_an_answer_naming_the_model_its_body_asked_for_is_no_drift():
+    w = _served(World(plan_builtins()))
+    w.models = ("adapter-a", "adapter-a")  # a body that names a LoRA adapter: vLLM answers with its name
+    _w, h = run(w)
+    assert abort(h) is None and all(c.status == "measured" for c in cells(h).values() if c.phase.startswith("A."))
+
+
+def test_answers_of_an_engine_that_names_no_serving_model_are_not_held_to_the_identity():
+    w = World(plan_builtins())  # ("", ""): llama-server, SGLang and Flare hosts echo the body or say nothing
+    w.answered_as = {60: ""}
+    _w, h = run(w)
+    assert abort(h) is None
+
+
 # --- reuse that the engine's own per-request figures contradict --------------------------------
 
 def test_counters_that_per_request_cached_tokens_contradict_make_the_cell_invalid_and_name_the_figures():

@@ -97,6 +97,14 @@ REUSE_IDENTITY: dict[str, list[str]] = {
 # (tests/data/metrics/vllm-0.32.0/wrong-model.json); llama-server answers whatever the body names.
 REFUSES_UNSERVED_MODEL = frozenset({"vllm"})
 
+# Engines whose streamed answer names the model that served it, the name their identity reports: vLLM's
+# chat chunks carry `model=model_name`, `OpenAIServingModels.model_name()` (the first served model's name,
+# a LoRA's for a LoRA request; vllm/entrypoints/openai/chat_completion/serving.py, models/serving.py), the
+# same name `/v1/models` lists first (show_available_models), which is the identity's `model`
+# (localengine.py). llama-server and SGLang echo the body's `model`, and Flare's contract gives the field no
+# meaning: their answers witness nothing, and are not held to it.
+ANSWER_NAMES_SERVED_MODEL = frozenset({"vllm"})
+
 
 class LazySplit(NamedTuple):
     """A counter family split by a label whose children the engine creates on their first increment:

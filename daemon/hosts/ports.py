@@ -6,11 +6,13 @@ composes them; nothing else branches on which kind of host it talks to."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import httpx
 
 from flare_diag.daemon.hosts import metrics
+from flare_diag.daemon.hosts.engine_profiles import ANSWER_NAMES_SERVED_MODEL
 from flare_diag.daemon.hosts.errors import ActionFailed, answer_json, classify_response, json_object
 
 
@@ -146,7 +148,9 @@ class HttpServing:
             raise ActionFailed("malformed_transport", str(exc)) from None
 
     async def chat(self, body: bytes) -> dict:
-        return await self.t.stream_chat("serving", f"{self.url}/v1/chat/completions", body)
+        done = await self.t.stream_chat("serving", f"{self.url}/v1/chat/completions", body)
+        done.pop("model_answered", None)  # Flare's contract says nothing of what an answer's `model` names
+        return done
 
     async def complete(self, body: bytes, what: str) -> dict:
         return await complete_at(self.t, "serving", f"{self.url}/v1/chat/completions", body, what)
@@ -199,7 +203,13 @@ class LocalServing:
         return m
 
     async def chat(self, body: bytes) -> dict:
-        return await self.http.chat(body)
+        done = await self.http.t.stream_chat("serving", f"{self.http.url}/v1/chat/completions", body)
+        loaded = self.engine.loaded
+        if loaded is None or loaded.kind not in ANSWER_NAMES_SERVED_MODEL:
+            done.pop("model_answered", None)  # its answers echo the body (engine_profiles.py): no witness
+        else:
+            done["model_asked"] = _asked_model(body)
+        return done
 
     async def complete(self, body: bytes, what: str) -> dict:
         return await self.http.complete(body, what)
@@ -209,3 +219,12 @@ class LocalServing:
 
     async def openapi(self) -> dict | None:
         return await self.http.openapi()
+
+
+def _asked_model(body: bytes) -> str:
+    """The `model` a request body names ("" where it names none)."""
+    try:
+        asked = json.loads(body).get("model")
+    except (ValueError, AttributeError, RecursionError):
+        return ""
+    return asked if isinstance(asked, str) else ""

@@ -125,6 +125,7 @@ class _Answer:
         self.visible = self.reasoning = False
         self.usage: dict | None = None
         self.finish: str | None = None
+        self.model = ""  # the model its first chunk that names one names
         self.digest = hashlib.sha256()
         # the answer itself, its reasoning and its content, without the stream's ids, framing or
         # chunking: what an output-consistency phase compares between a cold answer and a reused one
@@ -145,6 +146,8 @@ class _Answer:
             self.end = now
             return True
         chunk = _chunk(sse)
+        if not self.model and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
         for ch in chunk.get("choices") or []:
             self._choice(ch, now, stamp)
         if chunk.get("usage"):
@@ -178,7 +181,7 @@ class _Answer:
                     last_token_ns=self.last_token, end_ns=self.end, response_bytes=self.total,
                     response_sha256=self.digest.hexdigest(),
                     output_sha256=hashlib.sha256(self.said_r.digest() + self.said_c.digest()).hexdigest(),
-                    response_head=self.head.decode("utf-8", "replace"))
+                    response_head=self.head.decode("utf-8", "replace"), model_answered=self.model)
 
 
 def _chunk(sse: ServerSentEvent) -> dict:
