@@ -69,7 +69,7 @@ def test_an_answer_naming_the_model_its_body_asked_for_is_no_drift():
 
 
 def test_answers_of_an_engine_that_names_no_serving_model_are_not_held_to_the_identity():
-    w = World(plan_builtins())  # ("", ""): llama-server, SGLang and Flare hosts echo the body or say nothing
+    w = World(plan_builtins())  # ("", ""): what the adapters record of answers that witness nothing
     w.answered_as = {60: ""}
     _w, h = run(w)
     assert abort(h) is None

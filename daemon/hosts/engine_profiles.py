@@ -101,7 +101,8 @@ REFUSES_UNSERVED_MODEL = frozenset({"vllm"})
 # chat chunks carry `model=model_name`, `OpenAIServingModels.model_name()` (the first served model's name,
 # a LoRA's for a LoRA request; vllm/entrypoints/openai/chat_completion/serving.py, models/serving.py), the
 # same name `/v1/models` lists first (show_available_models), which is the identity's `model`
-# (localengine.py). llama-server and SGLang echo the body's `model`, and Flare's contract gives the field no
+# (localengine.py). llama-server answers with whatever `model` the body names, SGLang (reached through the
+# operator's adapter, never run here) is not known to say more, and Flare's contract gives the field no
 # meaning: their answers witness nothing, and are not held to it.
 ANSWER_NAMES_SERVED_MODEL = frozenset({"vllm"})
 
