@@ -257,7 +257,8 @@ class WindowCore(Driver):
                 # out; a cell an abort left unmeasured is `failed`, the abort named, optional or required
                 # (issue 53: an optional cell read `deferred` after an abort, as if time had run out)
                 aborted = cause not in ("completed", "stop_minute")
-                self.record_cell(pid, "failed" if aborted else "deferred", why, comparable=self.comparable.get(pid, True))
+                said = why if pid not in self.phase_marks else _cut_inside(why)  # it had started: never "not started"
+                self.record_cell(pid, "failed" if aborted else "deferred", said, comparable=self.comparable.get(pid, True))
 
     # --- what the host said: each changes the state in one named way ------------------------------
 
@@ -385,3 +386,9 @@ class WindowCore(Driver):
     def readmit_sent(self) -> None:
         """From here on an admitted backend is the readmission itself, not a breach."""
         self.readmit_requested = True
+
+
+def _cut_inside(why: str) -> str:
+    """What a phase that had started (an identity phase, or a replay phase before its requests) but has no cell
+    says of the abort or the stop minute that cut it: "not started: X" becomes "X, during this phase"."""
+    return why.removeprefix("not started: ") + ", during this phase"

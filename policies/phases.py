@@ -101,6 +101,8 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w.record_cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
         return
     ident, said = ident_res.data, read(Identity, ident_res)  # the whole answer is what later reads are held to
+    if said.incarnation is None and w.candidate_id is not None:  # the incarnation the window loaded is not there
+        yield from _lost_if_gone(w, ph, "at the phase's start")
     mism = rules.identity_mismatches(expected_identity(w.plan), ident, trace=False)
     if w.candidate_sha and said.recipe_sha256 != w.candidate_sha:
         mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {said.recipe_sha256}")
@@ -146,13 +148,19 @@ def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: 
     if not changes:
         return
     if observed.get("incarnation") is None:
-        h = yield from w.act("health", {})
-        if not (h.ok and read(Health, h).status == 200):
-            w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
-                                           f"answered {read(Health, h).status if h.ok else h.error}")
+        yield from _lost_if_gone(w, ph, when)
     w.identity_drifted()
     w.abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
                                       f"{ph.incarnation}: " + "; ".join(changes))
+
+
+def _lost_if_gone(w: WindowCore, ph: PhaseSpec, when: str) -> Proc:
+    """An identity with no incarnation at all: the engine is asked once through /health, and one that does not
+    answer 200 is gone (`engine_lost`); one that does goes on to be judged as any other identity."""
+    h = yield from w.act("health", {})
+    if not (h.ok and read(Health, h).status == 200):
+        w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
+                                       f"answered {read(Health, h).status if h.ok else h.error}")
 
 
 def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:

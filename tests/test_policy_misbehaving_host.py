@@ -42,6 +42,29 @@ def _vllm_like(ev):
     return msgspec.structs.replace(ev, reuse_identity=["gpu_reused_tokens", "host_reused_tokens"])
 
 
+# --- an engine gone as its identity phase begins ------------------------------------------------
+
+def crash_after_first_load(world: World, _history):
+    """The candidate's engine dies as soon as it has loaded: no incarnation, /health 503."""
+    if world.incarnations == 1 and world.loaded is not None:
+        world.loaded, world.engine_down = None, True
+    return None
+
+
+def test_an_identity_phase_that_finds_no_incarnation_and_no_health_aborts_engine_lost_not_identity_drift():
+    _w, h = run(hook=crash_after_first_load)
+    a = abort(h)
+    assert a is not None and a.reason == "engine_lost", a
+    assert a.detail.startswith("A.identity: the identity at the phase's start shows no incarnation loaded")
+
+
+def test_the_identity_phase_an_abort_cut_says_it_was_cut_during_the_phase_not_that_it_never_started():
+    _w, h = run(hook=crash_after_first_load)
+    c = cells(h)
+    assert c["A.identity"].status == "failed" and c["A.identity"].reason == "window aborted (engine_lost), during this phase"
+    assert c["A.forward_prime"].reason == "not started: window aborted (engine_lost)"
+
+
 # --- answers from a model the window did not verify ---------------------------------------------
 
 def _served(world: World) -> World:

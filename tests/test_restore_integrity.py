@@ -73,6 +73,17 @@ def test_an_engine_that_crashes_between_requests_aborts_engine_lost_and_is_resto
     assert len(failed) <= 1
 
 
+def test_an_engine_that_crashes_as_the_candidate_loads_aborts_engine_lost_at_its_identity_phase(small_plan, tmp_path):
+    # it was `identity_drift` naming two fields "found None": the engine was gone, not changed
+    out = tmp_path / "out"
+    rc, r = rehearse(small_plan, out, "--fault", "engine_crash@after_load=1")
+    aborted_and_restored(rc, r, out / "log.db")
+    assert r["abort"]["reason"] == "engine_lost", r["abort"]
+    assert r["abort"]["detail"].startswith("A.identity: the identity at the phase's start shows no incarnation loaded")
+    ident = next(c for c in r["cells"] if c["phase"] == "A.identity")
+    assert (ident["status"], ident["reason"]) == ("failed", "window aborted (engine_lost), during this phase")
+
+
 def test_a_window_refuses_a_host_whose_loaded_recipe_is_the_candidate(small_plan, tmp_path):
     sim = Sim(tmp_path)
     try:
