@@ -39,7 +39,7 @@ def action_observation(data: Mapping[str, Any], ref_labels: Mapping[str, Any] | 
     if ref_labels and isinstance(labels, dict):
         drift = rules.label_drift(ref_labels, labels)
         if drift:
-            return "identity_drift", "metrics identity changed: " + "; ".join(drift)
+            return rules.drift_reason(ref_labels, labels, drift), "metrics identity changed: " + "; ".join(drift)
     gauges = data.get("gauges")
     if isinstance(gauges, dict) and quiesced:
         breach = rules.growth_breach(gauges, growth_bounds(growth), host_cache_bytes)
@@ -163,7 +163,9 @@ def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     if ctx.identity is None:
         return None
     changes = rules.identity_changes(ctx.identity, data)
-    return ("identity_drift", f"{ctx.where}: " + "; ".join(changes)) if changes else None
+    if not changes:
+        return None
+    return rules.drift_reason(ctx.identity, data, changes), f"{ctx.where}: " + "; ".join(changes)
 
 
 # observation source -> the rules that judge it, in order (the first breach is the one reported)

@@ -113,7 +113,8 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         # the seed: "same two GPUs at 300 W" as the incumbent ran on
         mism += [f"against the incumbent's {m}" for m in rules.gpu_changes(inc_gpus, ident["gpus"])]
     if mism:
-        w.abort_inside("identity_drift", f"{ph.id}: " + "; ".join(mism))
+        loaded = {"incarnation": w.candidate_id}
+        w.abort_inside(rules.drift_reason(loaded, ident, mism), f"{ph.id}: " + "; ".join(mism))
     w.identity_verified(ph.incarnation, ident)
     reason = "identity verified without generation"
     if ph.fresh:
@@ -149,9 +150,11 @@ def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: 
         return
     if observed.get("incarnation") is None:
         yield from _lost_if_gone(w, ph, when)
-    w.identity_drifted()
-    w.abort_inside("identity_drift", f"{ph.id}: identity {when} differs from the one verified for incarnation "
-                                      f"{ph.incarnation}: " + "; ".join(changes))
+    reason = rules.drift_reason(verified, observed, changes)
+    if reason == "identity_drift":
+        w.identity_drifted()
+    w.abort_inside(reason, f"{ph.id}: identity {when} differs from the one verified for incarnation "
+                           f"{ph.incarnation}: " + "; ".join(changes))
 
 
 def _lost_if_gone(w: WindowCore, ph: PhaseSpec, when: str) -> Proc:

@@ -72,6 +72,15 @@ def label_drift(reference: Mapping[str, Any], labels: Mapping[str, Any]) -> list
             for k in sorted(reference) if k in labels and labels.get(k) != reference[k]]
 
 
+def drift_reason(before: Mapping[str, Any], after: Mapping[str, Any], changes: list[str]) -> str:
+    """The abort an identity's changes call for: `engine_restart` when the one field that changed is the
+    incarnation, from one id to another (the same recipe and build, loaded again by nobody the window asked:
+    the engine restarted unseen, contract 4 amended 2026-12-03); `identity_drift` for anything else."""
+    restarted = (len(changes) == 1 and changes[0].startswith("incarnation: ")
+                 and before.get("incarnation") is not None and after.get("incarnation") is not None)
+    return "engine_restart" if restarted else "identity_drift"
+
+
 def unseen_drain_gauges(gauges: Mapping[str, float | None]) -> list[str]:
     """Drain gauges this observation does not carry: never read as zero."""
     return [g for g in DRAIN_GAUGES if gauges.get(g) is None]

@@ -327,7 +327,7 @@ class WindowPolicy(WindowCore):
         if not hit:
             return
         if self.stage in BEFORE_RESTORE:
-            if inp.source == "identity":
+            if inp.source == "identity" and hit[0] == "identity_drift":
                 self.drifted = True
             self._abort_from_outside(*hit)
         # during the restore: an Xid or a containment breach at any moment; the other rules (GPU

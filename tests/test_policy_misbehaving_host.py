@@ -65,6 +65,67 @@ def test_the_identity_phase_an_abort_cut_says_it_was_cut_during_the_phase_not_th
     assert c["A.forward_prime"].reason == "not started: window aborted (engine_lost)"
 
 
+# --- a new incarnation of the same recipe that nobody the window asked loaded ------------------
+
+def reloaded_after(phase: str, n: int):
+    """After `n` answered requests of `phase`, the engine comes back as a new incarnation of the same recipe
+    (a supervisor reloaded it): the incarnation moves, nothing else of the identity does."""
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == phase)
+        if sent >= n and world.loaded is not None and world.loaded["incarnation"] != "i-supervisor":
+            world.loaded = {**world.loaded, "incarnation": "i-supervisor"}
+        return None
+    return hook
+
+
+def test_an_incarnation_that_moves_mid_phase_with_nothing_else_aborts_engine_restart_not_identity_drift():
+    _w, h = run(hook=reloaded_after("A.forward_prime", 10))
+    a = abort(h)
+    assert a is not None and a.reason == "engine_restart", a
+    assert "incarnation: was 'i1', now 'i-supervisor'" in a.detail
+    c = cells(h)["A.forward_prime"]
+    assert c.status == "invalid" and "the engine restarted during this phase" in c.reason
+    assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
+
+
+def test_an_identity_phase_that_finds_another_incarnation_of_the_loaded_recipe_aborts_engine_restart():
+    def hook(world: World, _history):
+        if world.incarnations == 1 and world.loaded is not None and world.loaded["incarnation"] == "i1":
+            world.loaded = {**world.loaded, "incarnation": "i-supervisor"}
+        return None
+    _w, h = run(hook=hook)
+    a = abort(h)
+    assert a is not None and a.reason == "engine_restart" and a.detail.startswith("A.identity: incarnation: expected i1")
+
+
+def test_an_incarnation_that_moves_with_another_field_is_still_identity_drift():
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "A.forward_prime")
+        if sent >= 10 and not world.identity_override:
+            world.loaded = {**world.loaded, "incarnation": "i-other"}
+            world.identity_override = {"image": "deadbeef"}
+        return None
+    _w, h = run(hook=hook)
+    assert abort(h).reason == "identity_drift"
+
+
+def test_an_identity_watch_answer_with_only_a_new_incarnation_aborts_engine_restart():
+    from flare_diag.events.schema import WatchObserved as Watched
+    fired = [False]
+
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "B.forward_prime")
+        if sent == 5 and not fired[0]:
+            fired[0] = True
+            ident = {**world.identity(), "incarnation": "i-supervisor"}
+            return Watched(at_ns=world.now, source="identity", data={"identity": ident, "polled_at_ns": world.now})
+        return None
+    _w, h = run(hook=hook)
+    a = abort(h)
+    assert a.reason == "engine_restart" and "identity watch" in a.detail
+    assert cells(h)["B.forward_prime"].identity_held is None  # a restart, not a drift of what was verified
+
+
 # --- answers from a model the window did not verify ---------------------------------------------
 
 def _served(world: World) -> World:
