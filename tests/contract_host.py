@@ -24,7 +24,8 @@ Misbehaviours of real engines and supervisors:
 - `restart` ({"incarnation": "c3", "chats": N, "scrapes_after": M}): once that incarnation has served N
   chat requests and answered M scrapes of /metrics after that, the engine restarts under the same
   incarnation string (counters, cache and trace back to their start; `process_start_time_seconds` moves
-  unless `no_start_time`), as a supervisor's `Restart=` or a liveness probe does. Once.
+  unless `no_start_time`), as a supervisor's `Restart=` or a liveness probe does. Once. With `"new_id": true`
+  it comes back as the next incarnation string instead (the same recipe, loaded again by a supervisor).
 - `reject_value` ({"reasoning_effort": "max"}): every chat body with that value is refused 400 before any
   output, as a release whose schema lacks the value does; `reject_nth` ([k, ...]): the k-th chat
   requests (1-based, on the serving port) are refused 400.
@@ -96,6 +97,8 @@ class State:
         self.start_time += 17.0
         self.trace = False
         self._reset()
+        if r.get("new_id"):
+            self.incarnation += 1
 
     def drifted(self) -> dict:
         """The identity fields a `drift` fault has changed by now (empty before it is due)."""

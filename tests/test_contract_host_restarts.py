@@ -51,6 +51,24 @@ def test_a_restart_seen_only_by_its_counters_still_aborts(tmp_path, small_plan):
     assert (rc, r["abort"]["reason"]) == (1, "engine_restart") and "went from" in r["abort"]["detail"]
 
 
+def test_a_supervisor_reload_into_a_new_incarnation_before_any_counter_rose_aborts_engine_restart(tmp_path, small_plan):
+    """The limit of counters and start times (docs/departures.md): a restart after the incarnation's first request,
+    with no start time exported, leaves its counters as a scrape last saw them (0 to 0). Here it comes back as a
+    new incarnation of the same recipe: the identity labels' one change is the incarnation, and that is a restart
+    (it read `identity_drift` before)."""
+    host = ContractHost(tmp_path / "host", cache_entries=4, no_start_time=True,
+                        restart={"incarnation": "c2", "chats": 1, "new_id": True})
+    try:
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+    finally:
+        host.stop()
+    assert (rc, r["abort"]["reason"]) == (1, "engine_restart"), r["abort"]
+    assert "incarnation: was 'c2', now 'c3'" in r["abort"]["detail"] and "went from" not in r["abort"]["detail"]
+    cell = next(c for c in r["cells"] if c["phase"] == "A.forward_prime")
+    assert cell["status"] == "invalid" and "the engine restarted during this phase" in cell["reason"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
+
+
 def test_a_restart_during_the_restore_starts_the_restore_over_and_names_no_cause(tmp_path, small_plan):
     # the restored incumbent restarts once its direct preflight is answered: the last gate sees it
     host = ContractHost(tmp_path / "host", cache_entries=4, restart={"incarnation": "c4", "chats": 1})

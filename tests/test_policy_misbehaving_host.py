@@ -88,6 +88,15 @@ def test_an_incarnation_that_moves_mid_phase_with_nothing_else_aborts_engine_res
     assert decisions(h, VerdictReached)[0].hypothesis == "inconclusive"
 
 
+def test_an_incarnation_that_moves_mid_phase_on_an_engine_whose_labels_carry_none_aborts_engine_restart_at_the_read():
+    w = World(plan_builtins())
+    w.labels = lambda: {k: v for k, v in World.labels(w).items() if k != "incarnation"}  # vLLM's carry none
+    _w, h = run(w, hook=reloaded_after("A.forward_prime", 10))
+    a = abort(h)
+    assert a.reason == "engine_restart" and a.detail.startswith("A.forward_prime: identity after request")
+    assert cells(h)["A.forward_prime"].identity_held is None
+
+
 def test_an_identity_phase_that_finds_another_incarnation_of_the_loaded_recipe_aborts_engine_restart():
     def hook(world: World, _history):
         if world.incarnations == 1 and world.loaded is not None and world.loaded["incarnation"] == "i1":
