@@ -25,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flare_diag.events import store as store_module  # noqa: E402
 from flare_diag.events.base import encode_payload  # noqa: E402
-from flare_diag.events.schema import LogNote  # noqa: E402
 from flare_diag.events.sqlschema import DDL, INSERT  # noqa: E402
 from flare_diag.events.store import EventStore, split_ddl  # noqa: E402
+
+from event_log import _peer_single, _request_done_sized  # noqa: E402  (the same event and peer as the ratio's)
 
 SEAMS = ("submit", "chain", "hop_in", "insert", "commit", "hop_back", "wake")
 _at: dict[str, int] = {}
@@ -56,14 +57,10 @@ def _timed_seams() -> None:
     EventStore._run_transaction, EventStore._committed, EventStore._hash_rows = transaction, on_answer, chaining
 
 
-def _event(i: int) -> LogNote:
-    return LogNote(text=f"request {i} " + "x" * 5400, source="bench")
-
-
 async def _store_parts(path: Path, commits: int, bulk: int) -> dict[str, float]:
     """Median microseconds of each seam, and of the whole append."""
     store = await EventStore.open(path)
-    evs = [_event(i) for i in range(bulk)]
+    evs = [_request_done_sized(i) for i in range(bulk)]
     rows = []
     for _ in range(commits):
         t0 = time.perf_counter_ns()
@@ -76,23 +73,8 @@ async def _store_parts(path: Path, commits: int, bulk: int) -> dict[str, float]:
 
 
 def _peer_total(path: Path, commits: int, bulk: int) -> float:
-    from eventsourcing.persistence import StoredEvent
-    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
-    ds = SQLiteDatastore(str(path))
-    rec = SQLiteApplicationRecorder(ds)
-    rec.create_table()
-    event, version, times = _event(0), 0, []
-    for _ in range(commits):
-        t0 = time.perf_counter_ns()
-        evs = []
-        for _ in range(bulk):
-            version += 1
-            evs.append(StoredEvent(originator_id="bench", originator_version=version, topic="log_note",
-                                   state=encode_payload(event)))
-        rec.insert_events(evs)
-        times.append(time.perf_counter_ns() - t0)
-    ds.close()
-    return statistics.median(times) / 1e3
+    """Median microseconds of the recorder's whole append (bench/event_log.py's peer, on this thread)."""
+    return statistics.median(_peer_single(path, commits, bulk)) * 1e6
 
 
 PEER_TABLE = ("CREATE TABLE stored_events (originator_id TEXT, originator_version INTEGER, topic TEXT, state BLOB, "
@@ -107,7 +89,7 @@ def _sql_alone(path: Path, ddl: list[str], peer: bool, commits: int, bulk: int) 
     conn.execute("PRAGMA synchronous=FULL")
     for stmt in ddl:
         conn.execute(stmt)
-    payload = encode_payload(_event(0))
+    payload = encode_payload(_request_done_sized(0))
     ins, com = [], []
     for k in range(commits):
         base = 1 + k * bulk

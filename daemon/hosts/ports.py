@@ -147,8 +147,12 @@ class HttpServing:
         except metrics.MetricsError as exc:
             raise ActionFailed("malformed_transport", str(exc)) from None
 
+    async def answer(self, body: bytes) -> dict:
+        """The stream's RequestDone fields as the engine gave them, the model its answer named included."""
+        return await self.t.stream_chat("serving", f"{self.url}/v1/chat/completions", body)
+
     async def chat(self, body: bytes) -> dict:
-        done = await self.t.stream_chat("serving", f"{self.url}/v1/chat/completions", body)
+        done = await self.answer(body)
         done.pop("model_answered", None)  # Flare's contract says nothing of what an answer's `model` names
         return done
 
@@ -203,7 +207,7 @@ class LocalServing:
         return m
 
     async def chat(self, body: bytes) -> dict:
-        done = await self.http.t.stream_chat("serving", f"{self.http.url}/v1/chat/completions", body)
+        done = await self.http.answer(body)
         loaded = self.engine.loaded
         if loaded is None or loaded.kind not in ANSWER_NAMES_SERVED_MODEL:
             done.pop("model_answered", None)  # its answers echo the body (engine_profiles.py): no witness
