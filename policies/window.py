@@ -202,7 +202,8 @@ class WindowPolicy(WindowCore):
         self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
             sample = read(MetricsSample, inp)
-            restarted = self.restart_watch.observe(sample.counters, sample.gauges)
+            label = sample.labels.get("incarnation")
+            restarted = self.restart_watch.observe(sample.counters, sample.gauges, label if isinstance(label, str) else None)
             if restarted:
                 self._engine_restarted(restarted)
         if self.stage == Stage.RESTORE:

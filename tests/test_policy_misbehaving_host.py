@@ -107,6 +107,19 @@ def test_an_identity_phase_that_finds_another_incarnation_of_the_loaded_recipe_a
     assert a is not None and a.reason == "engine_restart" and a.detail.startswith("A.identity: incarnation: expected i1")
 
 
+def test_counters_that_go_back_with_a_new_incarnation_label_say_a_new_incarnation_not_the_same_one():
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "A.forward_prime")
+        if sent >= 10 and world.loaded is not None and world.loaded["incarnation"] != "i-supervisor":
+            world.loaded = {**world.loaded, "incarnation": "i-supervisor"}
+            world.counters = world._zero()
+        return None
+    _w, h = run(hook=hook)
+    a = abort(h)
+    assert a.reason == "engine_restart" and "restarted unseen as a new incarnation (i1 -> i-supervisor)" in a.detail
+    assert "under the same incarnation" not in a.detail
+
+
 def test_an_incarnation_that_moves_with_another_field_is_still_identity_drift():
     def hook(world: World, history):
         sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "A.forward_prime")
