@@ -165,6 +165,14 @@ def test_the_restoration_line_and_the_verdict_come_before_any_per_request_row_in
         _before_any_request_row(html, needle, "<table class=requests>")
 
 
+def test_the_restoration_says_its_minutes_to_a_tenth_as_the_cells_do(log):
+    r = build_report(log, "w-report")
+    r["restoration"] = {**r["restoration"], "started_minute": 67.2117, "finished_minute": 68.0861}
+    md = render_md(r)
+    assert "minutes 67.2 to 68.1" in md.split("## ")[0] and "- minutes 67.2 to 68.1; verified" in md
+    assert "67.2117" not in md
+
+
 def test_every_chart_has_ticks_on_its_value_axes_and_axis_titles_that_name_their_units(default_rehearsal):
     html = (default_rehearsal[2] / "report.html").read_text()
     for cid, *_ in CHARTS:

@@ -16,7 +16,7 @@ from flare_diag.daemon.reports.report_view import (
     trace_arm_rows, trace_pair_rows, trace_stamp_caveat, utc, val, OVERHEAD_HEAD, overhead_line, overhead_rows,
     CONSISTENCY_DIFF_HEAD, CONSISTENCY_HEAD, CONSISTENCY_WORDS, consistency_rows,
     GUARD_HEAD, STEADY_WORDS, guard_rows,
-    VERDICT_WORDS, abort_words, audit_words, grouped, identity_lines, n, natural_failures_line,
+    VERDICT_WORDS, abort_words, audit_words, grouped, identity_lines, n, natural_failures_line, num,
 )
 from flare_diag.events.report import Segment, join_segments
 
@@ -131,7 +131,7 @@ def _evidence(r: dict) -> list[str]:
     res = r.get("restoration") or {}
     out += ["", "### Restoration checks", ""]
     if res:
-        out += [f"- minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}; "
+        out += [f"- minutes {num(res.get('started_minute'))} to {num(res.get('finished_minute'))}; "
                 f"verified: **{val(res.get('verified'))}**"] + [f"- {k}: {check(res.get(k))}" for k in RESTORE_CHECKS]
     else:
         out.append("- not recorded (the window is still open)")

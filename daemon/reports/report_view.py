@@ -108,7 +108,7 @@ def restoration_line(r: dict) -> str:
         if r.get("outcome") is None:
             return "Restoration: not yet recorded (the window is still open)."
         return "Restoration: NOT recorded — the incumbent may not be serving; see Restoration."
-    span = f"minutes {val(res.get('started_minute'))} to {val(res.get('finished_minute'))}"
+    span = f"minutes {num(res.get('started_minute'))} to {num(res.get('finished_minute'))}"  # as the cells say them
     if res.get("host_changed") is False:  # stopped before its take-down: nothing of its own to restore
         if res.get("verified"):
             return ("Restoration: none needed — the window stopped before it changed anything on the host (no "
