@@ -173,6 +173,13 @@ def test_the_restoration_says_its_minutes_to_a_tenth_as_the_cells_do(log):
     assert "67.2117" not in md
 
 
+def test_the_drain_and_snapshot_tables_give_minutes_to_a_hundredth(log):
+    from flare_diag.daemon.reports.report_view import drain_rows
+    r = build_report(log, "w-report")
+    r["drains"] = [{"purpose": "quiesce", "settled": True, "waited_s": 0.5, "polls": 2, "minute": 0.0083}]
+    assert drain_rows(r) == [["quiesce", "yes", "0.5", "2", "0.01"]]
+
+
 def test_every_chart_has_ticks_on_its_value_axes_and_axis_titles_that_name_their_units(default_rehearsal):
     html = (default_rehearsal[2] / "report.html").read_text()
     for cid, *_ in CHARTS:

@@ -409,7 +409,7 @@ DRAIN_HEAD = ["purpose", "settled", "waited (window s)", "polls", "minute"]
 
 
 def drain_rows(r: dict) -> list[list[str]]:
-    return [[d["purpose"], val(d["settled"]), val(d["waited_s"]), str(d["polls"]), val(d["minute"])]
+    return [[d["purpose"], val(d["settled"]), val(d["waited_s"]), str(d["polls"]), num(d["minute"], 2)]
             for d in r.get("drains", [])]
 
 
@@ -471,7 +471,7 @@ def snapshot_rows(r: dict) -> list[list[str]]:
     for when, label in (("before", "before take-down"), ("after", "in the restore, before readmission"),
                         ("readmitted", "after readmission")):
         for what, s in (snaps.get(when) or {}).items():
-            rows.append([what, label, val(s.get("minute")), snapshot_words(what, s.get("data") or {})])
+            rows.append([what, label, num(s.get("minute"), 2), snapshot_words(what, s.get("data") or {})])
     return rows
 
 
