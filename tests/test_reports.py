@@ -173,7 +173,7 @@ def test_the_restoration_says_its_minutes_to_a_tenth_as_the_cells_do(log):
     assert "67.2117" not in md
 
 
-def test_the_drain_and_snapshot_tables_give_minutes_to_a_hundredth(log):
+def test_the_drain_table_gives_minutes_to_a_hundredth(log):
     from flare_diag.daemon.reports.report_view import drain_rows
     r = build_report(log, "w-report")
     r["drains"] = [{"purpose": "quiesce", "settled": True, "waited_s": 0.5, "polls": 2, "minute": 0.0083}]
