@@ -1,5 +1,5 @@
-"""The kernel's receive time of a generation's bytes: an httpcore network backend for plain TCP whose
-reads ask the kernel when each read's last bytes arrived (SO_TIMESTAMPNS), so a loop busy with other
+"""The kernel's receive time of a generation's bytes: an httpcore network backend for TCP (and TLS over it)
+whose reads ask the kernel when each read's last bytes arrived (SO_TIMESTAMPNS), so a loop busy with other
 streams, scrapes or a commit does not move a time to first token."""
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ class StampedSocketStream(httpcore.AsyncNetworkStream):
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> httpcore.AsyncNetworkStream:  # noqa: ASYNC109
-        # Kernel stamps of TLS records would time the ciphertext; a host reached over https (or
-        # through a proxy) is given the default backend instead (`backend_for`).
-        raise httpcore.ConnectError("kernel-stamped connections are plain TCP; TLS goes through the default backend")
+        tls = StampedTLSStream(self, ssl_context, server_hostname)
+        await tls.handshake(timeout)
+        return tls
 
     def get_extra_info(self, info: str) -> Any:
         if info == "socket":
@@ -95,6 +95,93 @@ class StampedSocketStream(httpcore.AsyncNetworkStream):
         if info == "is_readable":
             return _readable_now(self._sock)
         return None
+
+
+class StampedTLSStream(httpcore.AsyncNetworkStream):
+    """TLS over a kernel-stamped connection, decrypted here (an ssl.SSLObject over memory buffers) so that each
+    read still knows when its bytes came: a record's plaintext is timed by the receive stamp of the ciphertext
+    that completed it, which is when the answer's bytes reached this machine, as for plain TCP."""
+
+    def __init__(self, raw: StampedSocketStream, context: ssl.SSLContext, hostname: str | None) -> None:
+        self._raw = raw
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
+
+    def received_age_ns(self) -> int | None:
+        return self._raw.received_age_ns()
+
+    async def handshake(self, timeout: float | None) -> None:  # noqa: ASYNC109 (httpcore's)
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    try:
+                        self._tls.do_handshake()
+                        break
+                    except ssl.SSLWantReadError:
+                        await self._fill()
+                await self._flush()
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"no TLS handshake in {timeout} s") from None
+        except (ssl.SSLError, httpcore.ReadError, httpcore.WriteError) as exc:
+            raise httpcore.ConnectError(f"TLS handshake: {exc}") from None
+
+    async def _fill(self) -> None:
+        """Sends what TLS has to send, then takes the ciphertext that comes next (and its receive stamp)."""
+        await self._flush()
+        data = await self._raw.read(_TLS_READ)
+        if data:
+            self._incoming.write(data)
+        else:
+            self._incoming.write_eof()
+
+    async def _flush(self) -> None:
+        pending = self._outgoing.read()
+        if pending:
+            await self._raw.write(pending)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    try:
+                        data = self._tls.read(max_bytes)
+                    except ssl.SSLWantReadError:
+                        await self._fill()
+                        continue
+                    await self._flush()  # what reading left to send (a key update's answer)
+                    return data
+        except TimeoutError:
+            raise httpcore.ReadTimeout(f"no bytes in {timeout} s") from None
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            return b""  # the peer closed (with or without its close_notify: an answer is framed by HTTP)
+        except ssl.SSLError as exc:
+            raise httpcore.ReadError(f"TLS: {exc}") from None
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        if not buffer:
+            return
+        try:
+            self._tls.write(buffer)
+        except ssl.SSLError as exc:
+            raise httpcore.WriteError(f"TLS: {exc}") from None
+        await self._raw.write(self._outgoing.read(), timeout)
+
+    async def aclose(self) -> None:
+        await self._raw.aclose()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:  # noqa: ASYNC109
+        raise httpcore.ConnectError("TLS inside TLS (an https proxy) is not kernel-stamped")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "ssl_object":
+            return self._tls
+        if info == "is_readable":
+            return self._tls.pending() > 0 or self._raw.get_extra_info("is_readable")
+        return self._raw.get_extra_info(info)
+
+
+_TLS_READ = 65536  # ciphertext read a time: a record is at most 16 KiB and its framing
 
 
 class StampedBackend(httpcore.AsyncNetworkBackend):
@@ -122,10 +209,10 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
 
 
 def backend_for(urls: list[str]) -> httpcore.AsyncNetworkBackend | None:
-    """The stamped backend where every URL a client reaches is plain http and the kernel gives stamps;
-    None (httpcore's own) otherwise."""
+    """The stamped backend where the kernel gives stamps (http and https alike: TLS is decrypted over it,
+    StampedTLSStream); None (httpcore's own) otherwise, or where a URL is neither."""
     global _waited
-    if not (supported() and all(u.startswith("http://") for u in urls)):
+    if not (supported() and all(u.startswith(("http://", "https://")) for u in urls)):
         return None
     hold_stamping(0.0 if _waited else 0.5)  # a kernel that never stamps loopback costs one wait, not one a client
     _waited = True

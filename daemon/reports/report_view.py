@@ -305,8 +305,8 @@ def stamp_line(r: dict) -> str | None:
         return None
     line = f"First tokens timed by the kernel's receive stamp of their bytes: {kernel:,} of {kernel + read:,}."
     if read:
-        line += (f" {read:,} were timed as the daemon read them (no stamp on their connection: https, or a "
-                 f"kernel that gives none), which a busy daemon makes later than they came.")
+        line += (f" {read:,} were timed as the daemon read them (no stamp on their connection: a kernel that "
+                 f"gives none, or a proxy), which a busy daemon makes later than they came.")
     return line
 
 
