@@ -10,8 +10,10 @@ AIPerf runs as its own command (`aiperf profile`, its default pooled connections
 environment (`--aiperf PATH`, or `aiperf` on PATH); without it only the project's side runs, said so.
 
 Prints, per concurrency, the median and p99 error of each client and their ratios, and each client's rate.
+`--tls`: the project's client also over https to the same server behind TLS (a self-signed certificate made
+with openssl for the run), its errors beside its own over http and AIPerf's (over http).
 
-Usage: python bench/client_accuracy.py [--requests 200] [--runs 3] [--concurrency 1 4] [--aiperf PATH] [--tokenizer DIR]
+Usage: python bench/client_accuracy.py [--requests 200] [--runs 3] [--concurrency 1 4] [--aiperf PATH] [--tokenizer DIR] [--tls]
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -45,8 +49,8 @@ class StampingServer:
         self._n = 0
         self.port = 0
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, tls: ssl.SSLContext | None = None) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -94,10 +98,16 @@ class StampingServer:
 
 
 class Server:
-    """The stamping server in a process of its own, so that neither client shares its loop or its GIL."""
+    """The stamping server in a process of its own, so that neither client shares its loop or its GIL; with
+    `certificate` (cert, key) it answers over TLS."""
+
+    def __init__(self, certificate: tuple[Path, Path] | None = None) -> None:
+        self.certificate = certificate
+        self.scheme = "https" if certificate else "http"
 
     def __enter__(self) -> Server:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
+        tls = ["--serve-tls", *map(str, self.certificate)] if self.certificate else []
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", *tls], stdout=subprocess.PIPE, text=True)
         self.port = int(self.proc.stdout.readline())  # type: ignore[union-attr]
         return self
 
@@ -107,12 +117,17 @@ class Server:
 
     def ttft_ns(self) -> dict[str, int]:
         import httpx
-        return httpx.get(f"http://127.0.0.1:{self.port}/_ttft", timeout=30).json()
+        verify = ssl.create_default_context(cafile=str(self.certificate[0])) if self.certificate else True
+        return httpx.get(f"{self.scheme}://127.0.0.1:{self.port}/_ttft", timeout=30, verify=verify).json()
 
 
-async def serve() -> None:
+async def serve(certificate: list[str] | None) -> None:
     server = StampingServer()
-    await server.start()
+    tls = None
+    if certificate:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(*certificate)
+    await server.start(tls)
     print(server.port, flush=True)
     await asyncio.Event().wait()
 
@@ -132,7 +147,7 @@ async def ours(server: Server, requests: int, concurrency: int) -> tuple[list[fl
     from flare_diag.daemon.hosts.fixture import Fixture
     from flare_diag.daemon.hosts.site import sim_site
     from flare_diag.daemon.hosts.target import Target
-    site = sim_site(f"http://127.0.0.1:{server.port}", "bench-token")
+    site = sim_site(f"{server.scheme}://127.0.0.1:{server.port}", "bench-token")
     fx = Fixture(name="bench", bodies=[BODY], sha256=[hashlib.sha256(BODY).hexdigest()], sampling={})
     target = Target(site, {"bench": fx}, "bench")
     seen: list[tuple[int, str]] = []
@@ -196,11 +211,31 @@ async def main() -> int:
     ap.add_argument("--tokenizer", default=None,
                     help="a local Hugging Face tokenizer folder for aiperf (offline it cannot fetch one; the vLLM "
                          "tests' tiny model has one: fixtures/engines/vllm/make_model.py OUT)")
+    ap.add_argument("--tls", action="store_true", help="also the project's client over https (a self-signed certificate)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
+    ap.add_argument("--serve-tls", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        await serve()
+        await serve(args.serve_tls)
         return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        certificate = _certificate(Path(tmp)) if args.tls else None
+        await _compare(args, certificate)
+    return 0
+
+
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, which this process's clients are told to trust (SSL_CERT_FILE,
+    read by httpx's default context as the daemon's clients build it)."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    os.environ["SSL_CERT_FILE"] = str(cert)
+    return cert, key
+
+
+async def _compare(args: argparse.Namespace, certificate: tuple[Path, Path] | None) -> None:
     loop = asyncio.get_running_loop()
     with Server() as server:
         for c in args.concurrency:
@@ -216,6 +251,15 @@ async def main() -> int:
                     their_rate.append(r)
             print(f"C{c}: flare-diag TTFT error median {statistics.median(mine):.3f} ms, p99 {pct(mine, 0.99):.3f} ms, "
                   f"{statistics.median(my_rate):.1f} requests/s ({len(mine)} requests)")
+            if certificate is not None:
+                with Server(certificate) as tls_server:
+                    over_tls: list[float] = []
+                    for _ in range(args.runs):
+                        over_tls += (await ours(tls_server, args.requests, c))[0]
+                print(f"C{c}: flare-diag over https TTFT error median {statistics.median(over_tls):.3f} ms, p99 "
+                      f"{pct(over_tls, 0.99):.3f} ms; ratio https/http median {statistics.median(over_tls) / statistics.median(mine):.2f}x"
+                      + (f", https/aiperf (http) median {statistics.median(over_tls) / statistics.median(theirs):.2f}x, p99 "
+                         f"{pct(over_tls, 0.99) / pct(theirs, 0.99):.2f}x" if theirs else ""))
             if not theirs:
                 print(f"C{c}: aiperf not run (no aiperf command: install it in its own environment, pass --aiperf)")
                 continue

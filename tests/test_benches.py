@@ -48,8 +48,9 @@ def test_the_cache_model_bench_runs_the_earlier_model_beside_the_current_one_and
     ("report.py", ["--events", "20000", "--rounds", "1", "--memory"], ("ratio report/fold", "peak RSS of this process")),
     ("metrics_scrape.py", ["--engines", "1", "--rounds", "3"], ("the same values both ways", "ratio read/whole")),
     ("cli_startup.py", ["--rounds", "1"], ("ratio flare-diag status (no daemon)/bare interpreter", "ratio flare-diag --help", "ratio (flare-diag status - status query", "ratio (flare-diag fleet status - psql")),
-    ("client_accuracy.py", ["--requests", "20", "--runs", "1", "--aiperf", ""],
-     ("C1: flare-diag TTFT error median", "C4: flare-diag TTFT error median", "aiperf not run")),
+    ("client_accuracy.py", ["--requests", "20", "--runs", "1", "--aiperf", "", "--tls"],
+     ("C1: flare-diag TTFT error median", "C4: flare-diag TTFT error median", "aiperf not run",
+      "C1: flare-diag over https TTFT error median", "ratio https/http median")),
 ])
 def test_every_bench_runs_at_a_small_size_and_prints_its_figure(bench, args, says):
     p = subprocess.run([sys.executable, f"bench/{bench}", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
