@@ -137,31 +137,7 @@ class _Projection:
             self._guard_values(ev.at_ns, d.get("when") or args.get("when") or "", d.get("guards") or {})
             return
         if action == "scrape_metrics":
-            if type(ev) is _ScrapeDoneView:
-                values = msgspec.structs.astuple(ev.data.counters)
-                gauges = msgspec.structs.astuple(ev.data.gauges)
-            elif isinstance(ev.data, msgspec.Raw):
-                try:
-                    scrape = _scrape.decode(ev.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise BadEventError(f"a scrape's stored bytes do not decode ({exc})") from None
-                values = msgspec.structs.astuple(scrape.counters)
-                gauges = msgspec.structs.astuple(scrape.gauges)
-            else:
-                c = ev.data.get("counters") or {}
-                values = tuple(c.get(k) for k in SERIES_KEYS)
-                g = ev.data.get("gauges") or {}
-                gauges = tuple(g.get(k) for k in OCCUPANCY_GAUGES)
-            if self.occupied is not None:
-                self._occupy(self.occupied, gauges)
-            m = window_minute(ev.at_ns, self.fold.t0_ns)
-            if self.spool is not None:
-                self.spool.scrape(m, values)
-                return
-            series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
-            series["minute"].append(m)
-            for k, v in zip(SERIES_KEYS, values):
-                series[k].append(v)
+            self._scraped(ev)
             return
         d = msgspec.json.decode(ev.data) if isinstance(ev.data, msgspec.Raw) else ev.data
         if action == "retain_recipe":
@@ -183,6 +159,34 @@ class _Projection:
             self._observed(self.load_label, env, d)
             if self.fold.stage == Stage.RESTORE:
                 self.r["identity"]["incumbent_sha256_after"] = d.get("recipe_sha256")
+
+    def _scraped(self, ev: Any) -> None:
+        """A scrape's counters onto the window's series (or its spool) and its gauges onto the open phase's occupancy."""
+        if type(ev) is _ScrapeDoneView:
+            values = msgspec.structs.astuple(ev.data.counters)
+            gauges = msgspec.structs.astuple(ev.data.gauges)
+        elif isinstance(ev.data, msgspec.Raw):
+            try:
+                scrape = _scrape.decode(ev.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise BadEventError(f"a scrape's stored bytes do not decode ({exc})") from None
+            values = msgspec.structs.astuple(scrape.counters)
+            gauges = msgspec.structs.astuple(scrape.gauges)
+        else:
+            c = ev.data.get("counters") or {}
+            values = tuple(c.get(k) for k in SERIES_KEYS)
+            g = ev.data.get("gauges") or {}
+            gauges = tuple(g.get(k) for k in OCCUPANCY_GAUGES)
+        if self.occupied is not None:
+            self._occupy(self.occupied, gauges)
+        m = window_minute(ev.at_ns, self.fold.t0_ns)
+        if self.spool is not None:
+            self.spool.scrape(m, values)
+            return
+        series = self.r["counters"]  # columnar: one list per counter, aligned with "minute"
+        series["minute"].append(m)
+        for k, v in zip(SERIES_KEYS, values):
+            series[k].append(v)
 
     def _occupy(self, occ: dict[str, Any], gauges: tuple[Any, ...]) -> None:
         """The open phase's occupancy (`occ`) from one scrape's gauges (OCCUPANCY_GAUGES order)."""

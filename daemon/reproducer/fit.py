@@ -272,29 +272,7 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
     fits: list[Fit] = []
 
     def best_of(family: str, top: int, predict: Callable[[int], list[int]], named: Set[int] = frozenset()) -> Fit:
-        """The capacity that agrees best: a capacity the window's own gauges name first (it stands when it
-        agrees on every request), else a coarse search refined around its best."""
-        seen: dict[int, tuple[int, int]] = {}
-
-        def score(n: int) -> tuple[int, int]:
-            if n not in seen:
-                seen[n] = _agreement(segments, predict(n), tolerance)
-            return seen[n]
-
-        for n in sorted(named):
-            agreed, compared = score(n)
-            if agreed == compared:
-                return Fit(family, n, agreed, compared, lower_bound=n >= top)
-        coarse = _coarse(top)
-        for n in coarse:
-            score(n)
-        top_coarse = max(coarse, key=lambda n: (seen[n][0], -n))
-        i = coarse.index(top_coarse)
-        lo, hi = coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)]
-        for n in range(lo, hi + 1):
-            score(n)
-        n = max(seen, key=lambda k: (seen[k][0], -k))
-        return Fit(family, n, seen[n][0], seen[n][1], lower_bound=n >= top)
+        return _best_capacity(family, top, predict, named, segments, tolerance)
 
     fits.append(best_of("lru_records", distinct, lambda n: _records(segments, size, n)))
     ratio = sc.pages_capacity / max(1, sc.rows_capacity)
@@ -315,6 +293,33 @@ def fit_window(db: Path, window_id: str | None, sc: Scenario, tolerance: int = 0
     best = order[0]
     policies, note = _policies_at(best, segments, size, bodies, chains, sc)
     return FitReport(opened.window_id, best.compared, best, order[1:], policies, note)
+
+
+def _best_capacity(family: str, top: int, predict: Callable[[int], list[int]], named: Set[int],
+                   segments: list[Segment], tolerance: int) -> Fit:
+    """The capacity of `family` that agrees best with the window: a capacity the window's own gauges name
+    first (it stands when it agrees on every request), else a coarse search refined around its best."""
+    seen: dict[int, tuple[int, int]] = {}
+
+    def score(n: int) -> tuple[int, int]:
+        if n not in seen:
+            seen[n] = _agreement(segments, predict(n), tolerance)
+        return seen[n]
+
+    for n in sorted(named):
+        agreed, compared = score(n)
+        if agreed == compared:
+            return Fit(family, n, agreed, compared, lower_bound=n >= top)
+    coarse = _coarse(top)
+    for n in coarse:
+        score(n)
+    top_coarse = max(coarse, key=lambda n: (seen[n][0], -n))
+    i = coarse.index(top_coarse)
+    lo, hi = coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)]
+    for n in range(lo, hi + 1):
+        score(n)
+    n = max(seen, key=lambda k: (seen[k][0], -k))
+    return Fit(family, n, seen[n][0], seen[n][1], lower_bound=n >= top)
 
 
 def _policies_at(best: Fit, segments: list[Segment], size: dict[str, int], bodies: dict[str, bytes],
