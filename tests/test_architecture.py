@@ -197,6 +197,30 @@ def test_no_code_outside_the_hosts_room_branches_on_which_engine_a_site_runs():
     assert found == []
 
 
+_ENGINE_TABLES = frozenset({"REFUSES_UNSERVED_MODEL", "REUSE_IDENTITY", "ANSWER_NAMES_SERVED_MODEL", "PROFILES"})
+
+
+def _names_an_engine(node: ast.AST) -> bool:
+    """A profile's engine name read (`.metrics_profile`, `.engine.kind`) or an engine table named in code."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "metrics_profile" or (node.attr == "kind" and isinstance(node.value, ast.Attribute)
+                                                  and node.value.attr == "engine")
+    if isinstance(node, ast.Name):
+        return node.id in _ENGINE_TABLES
+    if isinstance(node, ast.alias):
+        return node.name in _ENGINE_TABLES
+    return False
+
+
+def test_no_code_outside_the_hosts_room_reads_which_engine_a_site_profile_names():
+    # `metrics_profile in REFUSES_UNSERVED_MODEL` in the site check and the reuse identity's table lookups in the
+    # window's setup branched on the engine's name too, only not spelt `== "vllm"` (daemon/hosts/profile_rules.py)
+    found = [f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}" for layer in ("policies", "events", "daemon")
+             for path in sorted((ROOT / layer).rglob("*.py")) if "hosts" not in path.relative_to(ROOT).parts
+             for node in ast.walk(ast.parse(path.read_text())) if _names_an_engine(node)]
+    assert found == []
+
+
 def test_the_procedures_change_the_window_only_through_its_public_operations():
     # issue 50: the procedures reached into WindowCore through a hundred private accesses (`w._...`);
     # what they may use is WindowCore's stated interface (its docstring names each operation)

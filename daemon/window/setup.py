@@ -84,6 +84,7 @@ class WindowSetup:
         return self.recorded_plan_sha256 or hashlib.sha256(self.plan_raw).hexdigest()
 
     def opened(self, window_id: str) -> WindowOpened:
+        from flare_diag.daemon.hosts.profile_rules import reuse_identity  # the site's engine, asked in hosts/
         return WindowOpened(at_ns=0, window_id=window_id, plan=msgspec.to_builtins(self.plan),
                             plan_sha256=self.plan_sha256, site=self.site.name,
                             gpu_source=self.site.profile.gpu.source, rehearsal=self.rehearsal,
@@ -98,30 +99,6 @@ class WindowSetup:
                             sim_seed=self.sim_seed, review=self.review,
                             steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None,
                             reuse_identity=reuse_identity(self.site))
-
-
-def reuse_identity(site: Site) -> list[str]:
-    """The engine profile's reuse identity, as far as this site can hold it: nothing when the site
-    re-mapped one of its counters (what it means is then the site's), or when a member is unmapped and
-    not known to be zero; a host-tier member is dropped where the site's own recipes give the engine
-    no host tier (it is 0 by configuration)."""
-    from flare_diag.daemon.hosts.engine_profiles import REUSE_IDENTITY, metric_names
-    from flare_diag.daemon.hosts.localengine import LocalRecipe
-    from flare_diag.daemon.hosts.metrics import COUNTERS
-    p = site.profile
-    names = REUSE_IDENTITY.get(p.metrics_profile, [])
-    if any(COUNTERS[n][0] in p.metrics for n in names):
-        return []
-    mapped = metric_names(p.metrics_profile, p.metrics)
-    no_tier = p.engine is not None and not any(
-        LocalRecipe(n, r.args, Path(r.model), r.env, p.engine.kind).host_tier() for n, r in p.engine.recipes.items())
-    out = []
-    for n in names:
-        if COUNTERS[n][0] in mapped:
-            out.append(n)
-        elif not (no_tier and n.startswith("host_")):
-            return []
-    return out
 
 
 def new_window_id(plan: Plan) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from flare_diag.daemon.hosts import request_schema
-from flare_diag.daemon.hosts.engine_profiles import REFUSES_UNSERVED_MODEL
+from flare_diag.daemon.hosts.profile_rules import refuses_unserved_model
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -208,8 +208,8 @@ class _Probe:
             self.add("serving.model", OBSERVABLE, f"serves {', '.join(map(repr, served)) or 'no model'}")
         else:
             # an engine that refuses a name it does not serve fails every request; elsewhere a differing
-            # name is said, not refused (hosts/engine_profiles.py, REFUSES_UNSERVED_MODEL)
-            strict = self.t.p.metrics_profile in REFUSES_UNSERVED_MODEL
+            # name is said, not refused (hosts/profile_rules.py)
+            strict = refuses_unserved_model(self.t.p)
             fits = model in served or not strict
             self.add("serving.model", OBSERVABLE, f"serves {', '.join(map(repr, served)) or 'no model'}"
                      + ("" if model in served else f"; the fixtures and the preflight name {model!r}"

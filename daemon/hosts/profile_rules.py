@@ -1,0 +1,39 @@
+"""What a site's engine profile lets a window hold its engine to: the reuse identity its counters keep with
+each request's cached_tokens, and whether a body naming a model it does not serve is refused. Asked here, so
+that nothing outside daemon/hosts/ looks an engine up by its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flare_diag.daemon.hosts.engine_profiles import REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, metric_names
+from flare_diag.daemon.hosts.localengine import LocalRecipe
+from flare_diag.daemon.hosts.metrics import COUNTERS
+from flare_diag.daemon.hosts.site import Site, SiteProfile
+
+
+def reuse_identity(site: Site) -> list[str]:
+    """The engine profile's reuse identity, as far as this site can hold it: nothing when the site
+    re-mapped one of its counters (what it means is then the site's), or when a member is unmapped and
+    not known to be zero; a host-tier member is dropped where the site's own recipes give the engine
+    no host tier (it is 0 by configuration)."""
+    p = site.profile
+    names = REUSE_IDENTITY.get(p.metrics_profile, [])
+    if any(COUNTERS[n][0] in p.metrics for n in names):
+        return []
+    mapped = metric_names(p.metrics_profile, p.metrics)
+    no_tier = p.engine is not None and not any(
+        LocalRecipe(n, r.args, Path(r.model), r.env, p.engine.kind).host_tier() for n, r in p.engine.recipes.items())
+    out = []
+    for n in names:
+        if COUNTERS[n][0] in mapped:
+            out.append(n)
+        elif not (no_tier and n.startswith("host_")):
+            return []
+    return out
+
+
+def refuses_unserved_model(profile: SiteProfile) -> bool:
+    """Whether the engine refuses a body naming a model it does not serve (engine_profiles.REFUSES_UNSERVED_MODEL):
+    then every request of such a plan would fail, and a site check must say so as a refusal."""
+    return profile.metrics_profile in REFUSES_UNSERVED_MODEL
