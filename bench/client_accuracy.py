@@ -89,6 +89,8 @@ class StampingServer:
         self.ttft_ns[rid] = time.perf_counter_ns() - read_ns
         for i in range(1, TOKENS):
             await asyncio.sleep(0.002)
+            if writer.is_closing():  # a client that went away (AIPerf drops its connections at its end)
+                return False
             writer.write(_chunk(_event({"content": f" t{i}"}, finish="length" if i == TOKENS - 1 else None)))
         usage = {"id": rid, "object": "chat.completion.chunk", "model": "bench", "choices": [],
                  "usage": {"prompt_tokens": 5, "completion_tokens": TOKENS, "total_tokens": TOKENS + 5}}
