@@ -35,6 +35,8 @@ Misbehaviours of real engines and supervisors:
 - `gpu_silent` ({"after_chats": N, "for_s": S}): once N chat requests came, the GPU view answers 503
   for S real seconds, then answers again.
 
+`tls` ({"cert": PATH, "key": PATH}): every service answers over https with that certificate.
+
 `idle_close_s` emulates a host closing idle keep-alive connections in the unlucky order: a request
 that arrives on a connection idle for longer than that is dropped without an answer, as when the
 host's close crosses the client's next request on the wire.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import ssl
 import sys
 import threading
 import time
@@ -571,12 +574,18 @@ PREFIXES = {
 def serve(cfg: dict) -> dict[str, str]:
     state = State(cfg)
     urls = {}
+    tls = None
+    if cfg.get("tls"):  # every service over https, with the certificate and key the config names
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cfg["tls"]["cert"], cfg["tls"]["key"])
     for svc in SERVICES:
         srv = ThreadingHTTPServer(("127.0.0.1", 0), build(state, svc))
         srv.daemon_threads = True
         srv.state = state  # type: ignore[attr-defined]
+        if tls is not None:
+            srv.socket = tls.wrap_socket(srv.socket, server_side=True)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
-        urls[svc] = f"http://127.0.0.1:{srv.server_address[1]}"
+        urls[svc] = f"{'https' if tls else 'http'}://127.0.0.1:{srv.server_address[1]}"
     cfg["serving_url"] = urls["serving"]
     return urls
 

@@ -532,3 +532,34 @@ def test_a_router_whose_inflight_counts_the_engines_own_requests_aborts_containm
     # the restore's own direct preflight reads as traffic too when a router poll lands during it: then the
     # primary is kept out (exit 3), as for any traffic it cannot tell from a leak; else it is readmitted
     assert (rc, r["restoration"]["verified"]) in ((1, True), (3, False)), (rc, r["restoration"], r["alarms"])
+
+
+def test_a_window_against_a_host_reached_over_https_times_every_first_token_by_the_kernels_stamp(tmp_path, small_plan):
+    """Every service of the contract-only host behind TLS (a certificate openssl makes for the test, which the
+    daemon is told to trust): the window runs as over http, and its generations' first tokens carry the
+    kernel's receive stamps of their ciphertext, not the loop's read times (daemon/hosts/rxstamps.py)."""
+    import os
+
+    from flare_diag.daemon.hosts import rxstamps
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    host = ContractHost(tmp_path / "host", cache_entries=4, tls={"cert": str(cert), "key": str(key)})
+    out = tmp_path / "out"
+    try:
+        assert all(u.startswith("https://") for u in host.urls.values())
+        p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli",
+                            *with_review(["run", "--plan", str(_without_trace(small_plan, tmp_path)), "--site",
+                                          str(host.site), "--out", str(out), "--time-scale", SCALE])],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "SSL_CERT_FILE": str(cert)})
+    finally:
+        host.stop()
+    assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    assert (p.returncode, r["outcome"]) == (0, "completed"), (r["abort"], r["cells"])
+    with LogReader(out / "log.db") as reader:
+        stamps = [e.event().first_token_stamp for e in reader.iter(types=["request_done"])
+                  if e.event().outcome == "ok" and e.event().phase != "preflight"]
+    assert stamps and set(stamps) == {"kernel" if rxstamps.supported() else "read"}
