@@ -583,7 +583,8 @@ def serve(cfg: dict) -> dict[str, str]:
         srv.daemon_threads = True
         srv.state = state  # type: ignore[attr-defined]
         if tls is not None:
-            srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+            # the handshake in the request's own thread, not in the accept loop every service shares
+            srv.socket = tls.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         urls[svc] = f"{'https' if tls else 'http'}://127.0.0.1:{srv.server_address[1]}"
     cfg["serving_url"] = urls["serving"]
