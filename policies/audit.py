@@ -203,7 +203,7 @@ def state_at(records: Iterable[tuple[int, str, Event]], window_id: str, upto_seq
             break
         if wid != window_id:
             continue
-        if upto_minute is not None and isinstance(ev, Input) and _past(ev, replay.policy.t0, upto_minute):
+        if upto_minute is not None and isinstance(ev, Input) and _past(ev, replay.policy.state.t0, upto_minute):
             break
         try:
             replay.feed(seq, wid, ev)

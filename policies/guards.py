@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from flare_diag.policies import rules
 from flare_diag.policies.plan import Growth
 
@@ -48,33 +50,33 @@ def action_observation(data: Mapping[str, Any], ref_labels: Mapping[str, Any] | 
     return None
 
 
-class Baseline:
-    """Growth relative to the incarnation's own first observation and to the window's own requests."""
+class Baseline(msgspec.Struct, frozen=True):
+    """Growth relative to the incarnation's own first observation and to the window's own requests: a value."""
 
-    def __init__(self) -> None:
-        self.resident: float | None = None
-        self.excess_runs = 0
+    resident: float | None = None
+    excess_runs: int = 0
 
-    def reset(self) -> None:
-        self.resident, self.excess_runs = None, 0
-
-    def check(self, gauges: Mapping[str, Any], in_flight: int, growth: Growth) -> Abort:
+    def check(self, gauges: Mapping[str, Any], in_flight: int, growth: Growth) -> tuple[Baseline, Abort]:
+        """The baseline after this observation, and the growth bound it breaches (or None)."""
         resident = gauges.get("resident_bytes")
+        first = self.resident
         if resident is not None:
-            if self.resident is None:
-                self.resident = resident
-            elif resident - self.resident > growth.max_resident_growth_bytes:
-                return "uncontrolled_growth", (f"engine resident memory grew {(resident - self.resident) / 2**30:.1f} GiB since "
-                                               f"the incarnation's first observation, beyond the bound "
-                                               f"{growth.max_resident_growth_bytes / 2**30:.1f} GiB")
+            if first is None:
+                first = resident
+            elif resident - first > growth.max_resident_growth_bytes:
+                return self, ("uncontrolled_growth", (f"engine resident memory grew {(resident - first) / 2**30:.1f} GiB since "
+                                                      f"the incarnation's first observation, beyond the bound "
+                                                      f"{growth.max_resident_growth_bytes / 2**30:.1f} GiB"))
+        runs = self.excess_runs
         queued = [gauges.get(k) for k in ("requests_active", "requests_pending", "requests_retiring")]
         if any(q is not None for q in queued):
             excess = sum(q or 0 for q in queued) - in_flight
-            self.excess_runs = self.excess_runs + 1 if excess > growth.max_queue_excess else 0
-            if self.excess_runs >= growth.queue_excess_observations:
-                return "uncontrolled_growth", (f"scheduler queue {excess:.0f} above the window's {in_flight} requests in flight "
-                                               f"for {self.excess_runs} observations (bound {growth.max_queue_excess})")
-        return None
+            runs = runs + 1 if excess > growth.max_queue_excess else 0
+            if runs >= growth.queue_excess_observations:
+                return Baseline(first, runs), ("uncontrolled_growth", (
+                    f"scheduler queue {excess:.0f} above the window's {in_flight} requests in flight "
+                    f"for {runs} observations (bound {growth.max_queue_excess})"))
+        return Baseline(first, runs), None
 
 
 def incumbent_breaches(gauges: Mapping[str, Any], gpus: list[Mapping[str, Any]], growth: Growth) -> list[str]:

@@ -27,14 +27,14 @@ OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_
 
 def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     cand = w.candidate_recipe
-    if w.candidate_loaded is not None:
-        res = yield from w.act("unload", {"recipe": cand, "sha256": w.candidate_sha})
+    if w.state.candidate_loaded is not None:
+        res = yield from w.act("unload", {"recipe": cand, "sha256": w.state.candidate_sha})
         if not res.ok:
-            w.incarnation_failed(label, f"unload of incarnation {w.candidate_loaded} failed: {res.detail}")
+            w.incarnation_failed(label, f"unload of incarnation {w.state.candidate_loaded} failed: {res.detail}")
             return False
     w.candidate_unloaded()
     started = w.now
-    res = yield from w.act("load", {"recipe": cand, "sha256": w.candidate_sha, "label": label})
+    res = yield from w.act("load", {"recipe": cand, "sha256": w.state.candidate_sha, "label": label})
     if res.ok:
         w.est.observe_load((w.now - started) / NS_PER_S)
     if not res.ok:
@@ -46,13 +46,13 @@ def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
 
 def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     t = w.plan.timing
-    if ph.id in w.ledger:
+    if ph.id in w.state.cells:
         return
-    if ph.incarnation in w.unverified_incarnations:
-        w.record_cell(ph.id, "invalid", w.unverified_incarnations[ph.incarnation], comparable=False)
+    if ph.incarnation in w.state.unverified_incarnations:
+        w.record_cell(ph.id, "invalid", w.state.unverified_incarnations[ph.incarnation], comparable=False)
         return
     for dep in ph.requires_measured:
-        if w.ledger.status(dep) != "measured":
+        if w.state.status(dep) != "measured":
             w.record_cell(ph.id, "deferred", f"not started: earlier result: {dep} was not measured", comparable=ph.comparable)
             return
     end = w.now + int(w.est.phase_s(ph) * NS_PER_S)
@@ -72,9 +72,9 @@ def projected_required_end_ns(w: WindowCore, current: PhaseSpec | None = None, s
     """When the required cells not yet decided would end, by the estimate now."""
     est = w.est
     s = est.phase_s(current, skip) if current is not None and not current.optional else 0.0
-    loaded = w.candidate_loaded
+    loaded = w.state.candidate_loaded
     for arm in w.arms:
-        todo = [p for p in arm.phases if not p.optional and p.id not in w.ledger and (current is None or p.id != current.id)]
+        todo = [p for p in arm.phases if not p.optional and p.id not in w.state.cells and (current is None or p.id != current.id)]
         if todo:
             s += est.arm_s(arm, loaded, phases=todo)
             loaded = arm.incarnation
@@ -87,8 +87,8 @@ def check_projection(w: WindowCore, current: PhaseSpec | None = None, skip: int 
     if w.est.rounds < LEARN_ROUNDS:
         return  # a projection from the plan's guesses alone is no news to an operator
     end = projected_required_end_ns(w, current, skip)
-    late = end > w.stop_ns() and any(not p.optional and p.id not in w.ledger for p in w.all_phases)
-    if late and not w.overrun_projected:
+    late = end > w.stop_ns() and any(not p.optional and p.id not in w.state.cells for p in w.all_phases)
+    if late and not w.state.overrun_projected:
         w.emit(Alarm(kind="projected_overrun",
                       detail=f"the required cells' projected end is minute {w.minute(end):.1f}, past the stop minute "
                              f"{w.plan.timing.stop_min:g} (pace x{w.est.pace:.2f} of the rate model + {w.est.overhead_s:.1f} s a request)"))
@@ -101,19 +101,19 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w.record_cell(ph.id, "failed", f"identity could not be read: {ident_res.detail}")
         return
     ident, said = ident_res.data, read(Identity, ident_res)  # the whole answer is what later reads are held to
-    if said.incarnation is None and w.candidate_id is not None:  # the incarnation the window loaded is not there
+    if said.incarnation is None and w.state.candidate_id is not None:  # the incarnation the window loaded is not there
         yield from _lost_if_gone(w, ph, "at the phase's start")
     mism = rules.identity_mismatches(expected_identity(w.plan), ident, trace=False)
-    if w.candidate_sha and said.recipe_sha256 != w.candidate_sha:
-        mism.append(f"recipe_sha256: expected {w.candidate_sha}, found {said.recipe_sha256}")
-    if w.candidate_id is not None and said.incarnation != w.candidate_id:
-        mism.append(f"incarnation: expected {w.candidate_id}, found {said.incarnation}")
-    inc_gpus = (w.incumbent.identity if w.incumbent else {}).get("gpus")
+    if w.state.candidate_sha and said.recipe_sha256 != w.state.candidate_sha:
+        mism.append(f"recipe_sha256: expected {w.state.candidate_sha}, found {said.recipe_sha256}")
+    if w.state.candidate_id is not None and said.incarnation != w.state.candidate_id:
+        mism.append(f"incarnation: expected {w.state.candidate_id}, found {said.incarnation}")
+    inc_gpus = (w.state.incumbent.identity if w.state.incumbent else {}).get("gpus")
     if inc_gpus is not None and ident.get("gpus") is not None:
         # the seed: "same two GPUs at 300 W" as the incumbent ran on
         mism += [f"against the incumbent's {m}" for m in rules.gpu_changes(inc_gpus, ident["gpus"])]
     if mism:
-        loaded = {"incarnation": w.candidate_id}
+        loaded = {"incarnation": w.state.candidate_id}
         w.abort_inside(rules.drift_reason(loaded, ident, mism), f"{ph.id}: " + "; ".join(mism))
     w.identity_verified(ph.incarnation, ident)
     reason = "identity verified without generation"
@@ -135,14 +135,14 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
             return
         reason += ("; counters reset and empty host cache verified" if observable else
                    "; counters reset verified; host cache occupancy not observable on this target")
-    w.record_cell(ph.id, "measured", reason, requests=0, incarnation_id=w.candidate_id, identity_held=True)
+    w.record_cell(ph.id, "measured", reason, requests=0, incarnation_id=w.state.candidate_id, identity_held=True)
 
 
 def hold_identity(w: WindowCore, ph: PhaseSpec, observed: dict[str, Any], when: str) -> Proc:
     """Aborts `identity_drift` when an identity read inside a phase differs from the identity
     verified for its incarnation (contract 4, amended 2026-12-01); an identity with no incarnation
     at all is an engine that is gone, asked once through /health (`engine_lost`)."""
-    verified = w.verified_identity.get(ph.incarnation)
+    verified = w.state.verified_identity.get(ph.incarnation)
     if verified is None:
         return
     changes = rules.identity_changes(verified, observed)
@@ -176,7 +176,7 @@ def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:
     if ph.kind == "consistency":
         return "; correctness evidence, not a latency arm"
     if not ph.comparable:
-        full = len(w.fixtures.get(ph.fixture or "", {}).get("sha256", [])) or "full"
+        full = len(w.state.fixtures.get(ph.fixture or "", {}).get("sha256", [])) or "full"
         return f"; non-fresh initial state, not comparable to the {full}-prompt arms"
     return ""
 
@@ -203,11 +203,11 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     if prime is not None and (why := _prime_not_measured(w, prime)) is not None:
         # a replay reads the state its own prime left: without it there is nothing to replay against
         w.record_cell(ph.id, "invalid", f"not run: its prime {prime} was not measured ({why})", comparable=ph.comparable,
-                prime=prime, incarnation_id=w.candidate_id)
+                prime=prime, incarnation_id=w.state.candidate_id)
         return
     if ph.trace is not None and not (yield from _set_trace(w, ph)):
         return
-    started, est_end = w.phase_marks.get(ph.id, (None, None))
+    started, est_end = w.state.phase_marks.get(ph.id, (None, None))
     w.phase_running(Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
                             estimated_end_minute=est_end))
     settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
@@ -216,7 +216,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         w.record_cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
                 comparable=ph.comparable)
         return
-    before = dict(w.last_counters or {})
+    before = dict(w.state.last_counters or {})
     tally = _Tally()
     prev = yield from _send_rounds(w, ph, reqs, before, tally)
     if prev is not None:
@@ -225,15 +225,15 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
 
 def _prime_not_measured(w: WindowCore, prime: str) -> str | None:
     """Why a phase's prime cannot be replayed against (not measured, drifted, another incarnation); None if it can."""
-    pc = w.ledger.cells.get(prime)
+    pc = w.state.cells.get(prime)
     if pc is None:
         return "not run"
     if pc.status != "measured":
         return f"{pc.status}: {pc.reason}"
     if pc.identity_held is False:
         return "its identity drifted"
-    if pc.incarnation_id != w.candidate_id:
-        return f"it ran on incarnation {pc.incarnation_id}, not {w.candidate_id}"
+    if pc.incarnation_id != w.state.candidate_id:
+        return f"it ran on incarnation {pc.incarnation_id}, not {w.state.candidate_id}"
     return None
 
 
@@ -243,7 +243,7 @@ def _set_trace(w: WindowCore, ph: PhaseSpec) -> Generator[Any, Any, bool]:
     if not res.ok or read(Identity, res).trace_enabled != ph.trace:
         w.record_cell(ph.id, "failed", f"trace could not be set {'on' if ph.trace else 'off'}: {res.detail}", comparable=False)
         return False
-    mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.ref_labels, bool(ph.trace))
+    mism = guards.trace_toggle(expected_identity(w.plan), res.data, w.state.ref_labels, bool(ph.trace))
     if mism:
         w.abort_inside("identity_drift", f"{ph.id}: the trace toggle changed more than trace_enabled: " + "; ".join(mism))
     w.trace_switched(ph.incarnation, ph.trace)
@@ -254,7 +254,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
     """The phase's requests, `concurrency` at a time, until done or the stop minute; the last counters
     read, or None when the stop minute cut it short (its cell then said so)."""
     fixture = ph.fixture or ""
-    shas = w.fixtures.get(fixture, {}).get("sha256", [])
+    shas = w.state.fixtures.get(fixture, {}).get("sha256", [])
     prev = before
     k = 0
     while k < len(reqs):
@@ -292,7 +292,7 @@ def _answered_as_verified(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> N
     """Aborts `identity_drift` when an answer names a model that is neither the one its incarnation's identity
     was verified to serve nor the one its body asked for, where the engine's answers name the model that
     served them (`model_answered` is "" elsewhere): an answer is evidence only of the model that gave it."""
-    served = (w.verified_identity.get(ph.incarnation) or {}).get("model")
+    served = (w.state.verified_identity.get(ph.incarnation) or {}).get("model")
     for rd in results:
         said = rd.model_answered if isinstance(rd, RequestDone) and rd.outcome == "ok" else ""
         if said and served is not None and said not in (served, rd.model_asked):
@@ -388,19 +388,19 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
     is held to the identity its incarnation was verified on), then its cell."""
     w.phase_closing(True)
     settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
-    after = w.last_counters if settled else prev
+    after = w.state.last_counters if settled else prev
     closing = yield from w.act("read_identity", {})
     w.phase_closing(False)
     held, changes = None, []
-    if closing.ok and ph.incarnation in w.verified_identity:
-        changes = rules.identity_changes(w.verified_identity[ph.incarnation], closing.data)
+    if closing.ok and ph.incarnation in w.state.verified_identity:
+        changes = rules.identity_changes(w.state.verified_identity[ph.incarnation], closing.data)
         held = not changes
     w.phase_stopped()
     delta = rules.counter_delta(before, after or {})
     host, gpu = rules.host_gpu(delta)
     common = dict(requests=requests, host=host, gpu=gpu, comparable=ph.comparable, counters=delta,
-                  natural_failures=tally.natural, prime=prime, incarnation_id=w.candidate_id, identity_held=held,
-                  hit_requests=tally.hit_requests, drain_unseen=sorted(w.drain_unseen))
+                  natural_failures=tally.natural, prime=prime, incarnation_id=w.state.candidate_id, identity_held=held,
+                  hit_requests=tally.hit_requests, drain_unseen=sorted(w.state.drain_unseen))
     phase_cell(w, ph, common, closing, settled, changes, tally)
 
 
@@ -480,14 +480,14 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
         w.record_cell(ph.id, status, why + _phase_caveat(w, ph), consistency=result, **common)
     else:
         why = f"{reqs} requests" + (f", {natural} natural output failures recorded" if natural else "")
-        if w.stop_marked:
+        if w.state.stop_marked:
             why += (f"; its closing drain settled at minute {w.minute():.2f}, after the stop minute "
                     f"{plan.timing.stop_min:g} (all its requests had finished before it)")
         raised = w.drain_timeout_s(plan.timing.drain_timeout_s)
         if raised > plan.timing.drain_timeout_s:
             why += (f"; its drains were allowed {raised:g} window s, not the plan's {plan.timing.drain_timeout_s:g} "
                     f"(the scaled clock's real-seconds floor, in scaled_bounds)")
-        if w.drain_unseen:
-            why += (f"; drains judged without {', '.join(sorted(w.drain_unseen))} (not exposed by this host; the plan "
+        if w.state.drain_unseen:
+            why += (f"; drains judged without {', '.join(sorted(w.state.drain_unseen))} (not exposed by this host; the plan "
                     f"accepts the weaker drain)")
         w.record_cell(ph.id, "measured", why + _phase_caveat(w, ph), **common)

@@ -14,19 +14,16 @@ from collections.abc import Mapping
 import msgspec
 
 
-class RestartWatch(msgspec.Struct):
-    """The last counters and start time seen on the incarnation now loaded (empty after a load or unload)."""
+class RestartWatch(msgspec.Struct, frozen=True):
+    """The last counters and start time seen on the incarnation now loaded (empty after a load or unload): a value."""
 
     counters: dict[str, float] = {}
     start_time: float | None = None
     incarnation: str | None = None  # the incarnation label of the last scrape, where the engine exports one
 
-    def reset(self) -> None:
-        self.counters, self.start_time, self.incarnation = {}, None, None
-
-    def observe(self, counters: Mapping[str, float | None], gauges: Mapping[str, float | None],
-                incarnation: str | None = None) -> str | None:
-        """Takes one scrape; returns what shows the engine restarted since the last one, or None."""
+    def restart_seen(self, counters: Mapping[str, float | None], gauges: Mapping[str, float | None],
+                     incarnation: str | None = None) -> str | None:
+        """What shows the engine restarted between the last scrape and this one, or None."""
         found = []
         for k, v in sorted(counters.items()):
             was = self.counters.get(k)
@@ -35,17 +32,22 @@ class RestartWatch(msgspec.Struct):
         start = gauges.get("process_start_time")
         if start is not None and self.start_time is not None and start != self.start_time:
             found.insert(0, f"process start time moved from {self.start_time:.3f} to {start:.3f}")
-        known = self.incarnation
-        self.counters = {k: v for k, v in counters.items() if v is not None}
-        self.start_time = start if start is not None else self.start_time
-        self.incarnation = incarnation if incarnation is not None else known
         if not found:
             return None
+        known = self.incarnation
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         # the words say what the labels show: a supervisor may restart it under the same string or load it anew
         how = (f"as a new incarnation ({known} -> {incarnation})"
                if known is not None and incarnation is not None and known != incarnation else "under the same incarnation")
         return f"the engine restarted unseen {how}: " + "; ".join(found[:3]) + more
+
+    def observed(self, counters: Mapping[str, float | None], gauges: Mapping[str, float | None],
+                 incarnation: str | None = None) -> RestartWatch:
+        """The watch after this scrape: later ones are held to its counters."""
+        start = gauges.get("process_start_time")
+        return RestartWatch(counters={k: v for k, v in counters.items() if v is not None},
+                            start_time=start if start is not None else self.start_time,
+                            incarnation=incarnation if incarnation is not None else self.incarnation)
 
 
 # a 4xx the host answers when the body itself is refused; 401/403 are the credential's and 429 the

@@ -36,17 +36,17 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
                                                    ("scrape_metrics", {}), ("read_identity", {})])
     out = []
     before = "before readmit"
-    ctx = guards.Context(plan.growth, w.snapshots.get("gpu"), w.snapshots.get("router"))
-    if w.snapshots.get("router") is not None and not (w.abort and w.abort.reason == "containment"):
+    ctx = guards.Context(plan.growth, w.state.snapshots.get("gpu"), w.state.snapshots.get("router"))
+    if w.state.snapshots.get("router") is not None and not (w.state.abort and w.state.abort.reason == "containment"):
         if not router.ok:
             out.append(f"containment: the router could not be read before readmit ({router.detail or router.error})")
         elif hit := guards.judge("router", router.data, ctx):
             out.append(f"{hit[0]}: {before}: {hit[1]}")
-    if w.snapshots.get("gpu") is not None:
+    if w.state.snapshots.get("gpu") is not None:
         if not gpu.ok:
             out.append(f"gpu_fault: the GPU view could not be read before readmit ({gpu.detail or gpu.error})")
         else:
-            new = (gpu.data.get("xid_events") or [])[w.xids_known:]  # the Xids the watch has not judged yet
+            new = (gpu.data.get("xid_events") or [])[w.state.xids_known:]  # the Xids the watch has not judged yet
             w.xids_judged(len(new))
             if hit := guards.judge("gpu", {**gpu.data, "xid_events": new}, ctx):
                 out.append(f"{hit[0]}: {before}: {hit[1]}")
@@ -57,7 +57,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
         hit = guards.action_observation(m.data, None, True, plan.growth, plan.identity.host_cache_bytes)
         if hit:
             out.append(f"{hit[0]}: before readmit: {hit[1]}")
-        resident, first = gauges.get("resident_bytes"), w.restore_resident
+        resident, first = gauges.get("resident_bytes"), w.state.restore_resident
         if resident is not None and first is not None and resident - first > plan.growth.max_resident_growth_bytes:
             out.append(f"uncontrolled_growth: before readmit the incumbent's resident memory grew "
                        f"{(resident - first) / 2**30:.1f} GiB since it loaded, beyond the bound "
@@ -96,8 +96,8 @@ def steady_state_after(w: WindowCore) -> Proc:
     enforced = w.enforced_guards("restore") or [g for g in w.plan.guards if not g.dry_run]
     step = min(g.interval_s for g in w.plan.guards)
     end = w.now + int(STEADY_AFTER_MAX_MIN * NS_PER_MIN)
-    if w.t0 is not None:
-        end = min(end, w.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
+    if w.state.t0 is not None:
+        end = min(end, w.state.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
     while True:
         res = yield from w.act("steady_state", {"when": "after", "queries": queries})
         said = read(SteadyStateAnswer, res).guards if res.ok else {}
@@ -126,36 +126,36 @@ def restore(w: WindowCore) -> Proc:
     checks: dict[str, Any] = {}
     identity: dict[str, Any] = {}
     for _pass in range(RESTORE_PASSES):
-        seen = w.restore_restarts
+        seen = w.state.restore_restarts
         checks, identity, breaches = yield from restore_pass(w)
-        if w.restore_restarts == seen:
+        if w.state.restore_restarts == seen:
             break
     else:
         breaches = [f"engine_restart: the engine restarted under each of {RESTORE_PASSES} passes of the restore"]
     for breach in breaches:
         w.restore_fault(breach)
-    checks["no_fault_during_restore"] = not w.restore_faults
+    checks["no_fault_during_restore"] = not w.state.restore_faults
     yield from readmission(w, checks)
     if checks.get("readmitted"):
         # what the window may have changed, every field of it, against the identity before the take-down
         after = yield from w.act("read_identity", {})
         checks["identity_restored"] = restored_identity(w, identity, after)
         yield from steady_state_after(w)
-    checks["no_fault_during_restore"] = not w.restore_faults  # a fault after the readmit counts too
+    checks["no_fault_during_restore"] = not w.state.restore_faults  # a fault after the readmit counts too
     # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
     # the window end did not keep it, whatever else it verified
-    end = w.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.t0 is not None else None
+    end = w.state.t0 + int(w.plan.timing.window_min * NS_PER_MIN) if w.state.t0 is not None else None
     checks["within_reservation"] = None if end is None else w.now <= end
     verified = all(v is not False for v in checks.values())
-    w.emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.restore_started,
+    w.emit(RestorationRecorded(checks=checks, verified=verified, started_minute=w.state.restore_started,
                                 finished_minute=w.minute()))
-    cells = w.ledger.as_builtins()
-    no_cause = w.abort.reason if w.abort and w.abort.reason in rules.NO_CAUSE_ABORTS else None
+    cells = w.cells
+    no_cause = w.state.abort.reason if w.state.abort and w.state.abort.reason in rules.NO_CAUSE_ABORTS else None
     hyp, basis, nxt = w.method.verdict(w.plan, cells, w.required, no_cause)
     w.emit(VerdictReached(hypothesis=hyp, basis=basis, next_experiment=nxt, findings=w.method.findings(cells)))
     # `completed` only when every required cell was measured (contract 4, amended)
-    complete = all(w.ledger.status(p) == "measured" for p in w.required)
-    outcome = ("restore_failed" if not verified else "aborted" if w.abort else "completed" if complete else "partial")
+    complete = all(w.state.status(p) == "measured" for p in w.required)
+    outcome = ("restore_failed" if not verified else "aborted" if w.state.abort else "completed" if complete else "partial")
     w.emit(WindowClosed(outcome=outcome, minute=w.minute()))
 
 
@@ -164,7 +164,7 @@ def restored_identity(w: WindowCore, before: dict[str, Any], after: Any) -> bool
     take-down (the incarnation aside, where the restore loaded the incumbent anew); None: nothing to compare."""
     if not before:
         return None
-    changes = rules.restored_changes(before, after.data if after.ok else {}, reloaded=w.took_down)
+    changes = rules.restored_changes(before, after.data if after.ok else {}, reloaded=w.state.took_down)
     if not after.ok:
         changes = [f"the identity could not be read after the readmit ({after.detail or after.error})"]
     if changes:
@@ -177,13 +177,13 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     """One pass of the restore's checks, from the manager's state to the last gate: (checks, the
     identity the incumbent is held to, the last gate's breaches)."""
     checks: dict[str, Any] = {}
-    inc = w.incumbent
+    inc = w.state.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
     st = yield from w.act("manager_state", {})
     loaded = _loaded(st)
     if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
         recipe, sha, identity = loaded.recipe, loaded.sha256, {}
-    if sha and w.took_down:  # a window that changed nothing puts nothing back
+    if sha and w.state.took_down:  # a window that changed nothing puts nothing back
         if loaded and loaded.sha256 != sha:
             yield from w.act("unload", {"recipe": loaded.recipe, "sha256": loaded.sha256})
         w.restore_unloaded_candidate()
@@ -201,7 +201,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     if checks["incumbent_sha256_match"] and identity:
         drift = rules.identity_mismatches({k: identity.get(k) for k in rules.IDENTITY_FIELDS if k in identity}, ident.data)
         checks["incumbent_sha256_match"] = not drift
-    router_snap, gpu_snap = w.snapshots.get("router"), w.snapshots.get("gpu")
+    router_snap, gpu_snap = w.state.snapshots.get("router"), w.state.snapshots.get("gpu")
     now_router, now_gpu = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
     contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
     if router_snap is not None:
@@ -210,7 +210,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
         contained = contained and now_gpu.ok and _gpu_fields(now_gpu.data) == _gpu_fields(gpu_snap)
     checks["containment"] = None if contained is None else bool(contained)
     if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
-        new = read(GpuView, now_gpu).xid_events[w.xids_known:]
+        new = read(GpuView, now_gpu).xid_events[w.state.xids_known:]
         if new:
             w.xids_judged(len(new))
             w.restore_fault(f"gpu_fault: Xid {new[0].xid} on GPU {new[0].gpu}")
@@ -223,9 +223,9 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     direct = yield from w.act("preflight", {"path": "direct"})
     checks["direct_preflight"] = bool(direct.ok)
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
-    checks["no_fault_during_restore"] = not w.restore_faults
+    checks["no_fault_during_restore"] = not w.state.restore_faults
     breaches: list[str] = []
-    if w.took_down and not [k for k in ("incumbent_sha256_match", "direct_preflight", "containment")
+    if w.state.took_down and not [k for k in ("incumbent_sha256_match", "direct_preflight", "containment")
                             if checks[k] is False]:
         # the last gate: every rule that would abort an experiment, applied before the primary goes back
         breaches = yield from last_gate(w, identity)
@@ -248,10 +248,10 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
     """The primary back in rotation, only when every check of the restore holds; the routed path tried."""
     unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
                if checks[k] is False]
-    if "router" in w.snapshots and w.snapshots["router"] is None:  # the site has no router
+    if "router" in w.state.snapshots and w.state.snapshots["router"] is None:  # the site has no router
         checks["readmitted"] = None
         checks["routed_preflight"] = None
-    elif not w.took_down:  # never quiesced: nothing to readmit, and nothing left quiesced
+    elif not w.state.took_down:  # never quiesced: nothing to readmit, and nothing left quiesced
         checks["readmitted"] = None
         routed = yield from w.act("preflight", {"path": "routed"})
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
@@ -260,7 +260,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         # failed window into an outage: it stays quiesced until a person has looked.
         checks["readmitted"] = False
         checks["routed_preflight"] = False
-        why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.restore_faults)})" if w.restore_faults else "")
+        why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.state.restore_faults)})" if w.state.restore_faults else "")
         w.emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
     else:
         w.readmit_sent()

@@ -1,4 +1,4 @@
-"""The window's typed state: the cells ledger, the abort, the incumbent and the phase being run."""
+"""The window's typed state as one frozen value (`WindowState`, changed only by `policies.evolve`), and its parts."""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ from typing import Any
 
 import msgspec
 
-from flare_diag.events.schema import CellRecorded
+from flare_diag.events.schema import CellRecorded, RequestDone
+from flare_diag.events.stages import Stage
+from flare_diag.policies.guards import Baseline
+from flare_diag.policies.restarts import RestartWatch
+from flare_diag.policies.steady import Tally
 
 # One phase's result (contract section 4) with where it sat on the window's timeline: the ledger
 # holds exactly the event that records it.
 Cell = CellRecorded
 
 
-class AbortRecord(msgspec.Struct):
+class AbortRecord(msgspec.Struct, frozen=True):
     reason: str
     detail: str
     minute: float | None
 
 
-class Incumbent(msgspec.Struct):
+class Incumbent(msgspec.Struct, frozen=True):
     """What the manager had loaded when the window started: what the restore brings back."""
 
     recipe: str | None
@@ -27,7 +31,7 @@ class Incumbent(msgspec.Struct):
     identity: dict[str, Any] = {}
 
 
-class Running(msgspec.Struct):
+class Running(msgspec.Struct, frozen=True):
     """The phase whose requests are being sent."""
 
     id: str
@@ -38,27 +42,67 @@ class Running(msgspec.Struct):
     done: int = 0
 
 
-class Ledger:
-    """The cells decided so far, first decision wins."""
+class WindowState(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one window's decider has been told and has decided, as a value.
 
-    def __init__(self) -> None:
-        self.cells: dict[str, Cell] = {}
+    The decider holds one of these and replaces it with `policies.evolve.evolve(state, fact)`; nothing
+    assigns a field. Left out, and why: the plan and what the opening derived from it (set once, by
+    `WindowOpened`), the schedule's estimator (`planner.Estimator`, a learner the phases train), and the
+    procedure's position with its outstanding actions (`policies.driver`: docs/departures.md).
+    Minutes are the window's; `*_ns` fields are window time."""
 
-    def __contains__(self, phase: str) -> bool:
-        return phase in self.cells
+    stage: Stage = Stage.IDLE  # moves only as events/stages.TRANSITIONS allows
+    t0: int | None = None  # the take-down's window time: minute 0
+    cells: dict[str, Cell] = {}  # the ledger: first decision wins
+    phase_marks: dict[str, tuple[float | None, float | None]] = {}  # phase -> (start, estimated end)
+    current: Running | None = None
+    current_since_ns: int = 0  # window time the running phase began
+    draining_after: bool = False  # the current phase's requests all finished; its closing drain runs
+    drifted: bool = False  # an identity read inside a phase differed: the open cell's identity did not hold
+    drain_unseen: frozenset[str] = frozenset()  # drain gauges the current phase's drains could not see
+    abort: AbortRecord | None = None
+    took_down: bool = False  # the quiesce was requested: from here on the host may be changed
+    quiesced: bool = False
+    quiesced_at_ns: int = 0  # window time the quiesce's answer came back
+    incumbent: Incumbent | None = None
+    snapshots: dict[str, dict[str, Any] | None] = {}
+    fixtures: dict[str, dict[str, Any]] = {}
+    candidate_sha: str | None = None
+    candidate_loaded: str | None = None  # incarnation label loaded by the window
+    candidate_id: str | None = None
+    failed_incarnations: dict[str, str] = {}
+    unverified_incarnations: dict[str, str] = {}
+    verified_identity: dict[str, dict[str, Any]] = {}  # incarnation label -> the identity its identity phase verified
+    ref_labels: dict[str, Any] | None = None
+    last_counters: dict[str, Any] | None = None  # the counters the last settled drain saw
+    # (incarnation label, body sha256) -> the prompt tokens the engine first counted for it, where (phase, #)
+    prompt_seen: dict[tuple[str, str], tuple[int, str, int]] = {}
+    stop_marked: bool = False
+    overrun_marked: bool = False
+    overrun_projected: bool = False
+    trace_stopped: str | None = None  # why the frozen trace order ended early
+    watch_last: dict[str, int] = {}  # source -> window time of its latest answer
+    watch_failure: dict[str, str] = {}  # source -> its latest failure
+    rules_disabled: frozenset[str] = frozenset()  # what the GPU watch said it cannot watch, once each
+    xids_known: int = 0  # Xid events in the GPU view the window has already judged
+    baseline: Baseline = Baseline()  # growth relative to the loaded incarnation's first observation
+    guard_runs: Tally = Tally()  # each guard's consecutive breaches, and what a dry run has said
+    restart_watch: RestartWatch = RestartWatch()  # the loaded incarnation's last counters: they never go back
+    refused_run: tuple[RequestDone, ...] = ()  # the latest consecutive requests the host refused
+    restore_cause: str | None = None
+    restore_started: float | None = None
+    restore_end_ns: int | None = None  # the restore's budget runs out here
+    restore_faults: tuple[str, ...] = ()  # Xid, OOM or containment breaches seen during the restore
+    restore_restarts: int = 0  # unseen engine restarts the restore met: each one starts it over
+    restore_unloaded: bool = False  # the restore has the window's candidate unloaded: every bound holds again
+    incumbent_back: bool = False  # the restore has the incumbent loaded again (or never took it down)
+    restore_resident: float | None = None  # the restored incumbent's resident memory when first seen
+    readmit_requested: bool = False
 
     def status(self, phase: str) -> str | None:
+        """The phase's cell status, or None while it has no cell."""
         c = self.cells.get(phase)
         return c.status if c else None
-
-    def add(self, cell: Cell) -> bool:
-        if cell.phase in self.cells:
-            return False
-        self.cells[cell.phase] = cell
-        return True
-
-    def as_builtins(self) -> dict[str, dict[str, Any]]:
-        return {p: msgspec.to_builtins(c) for p, c in self.cells.items()}
 
 
 class Outstanding(msgspec.Struct, frozen=True):

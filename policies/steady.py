@@ -104,23 +104,26 @@ def guards_stage(g: Guard, stage: str) -> bool:
     return g.during == "both" or g.during == stage
 
 
-class Tally:
-    """Each guard's run of consecutive breaches, as the policy sees its evaluations."""
+class Tally(msgspec.Struct, frozen=True):
+    """Each guard's run of consecutive breaches, as the policy sees its evaluations: a value."""
 
-    def __init__(self) -> None:
-        self.runs: dict[str, int] = {}
-        self.dry_run_said: set[str] = set()
-        self.restore_said: set[str] = set()  # guards whose current run of breaches the restore has alarmed
+    runs: dict[str, int] = {}
+    dry_run_said: frozenset[str] = frozenset()
+    restore_said: frozenset[str] = frozenset()  # guards whose current run of breaches the restore has alarmed
 
-    def observe(self, g: Guard, value: float | None) -> int:
-        """The guard's run of consecutive breaches after this evaluation (no data: the run stands)."""
+    def observe(self, g: Guard, value: float | None) -> tuple[Tally, int]:
+        """The tally after this evaluation, and the guard's run of consecutive breaches (no data: the run stands)."""
         if value is None:
-            return self.runs.get(g.name, 0)
+            return self, self.runs.get(g.name, 0)
         run = self.runs.get(g.name, 0) + 1 if breached(g, value) else 0
-        self.runs[g.name] = run
-        if run == 0:
-            self.restore_said.discard(g.name)
-        return run
+        said = self.restore_said - {g.name} if run == 0 else self.restore_said
+        return Tally({**self.runs, g.name: run}, self.dry_run_said, said), run
+
+    def said(self, name: str, dry_run: bool) -> Tally:
+        """The tally once a dry run's would-be abort (or a restore's alarm) has been said for this guard."""
+        if dry_run:
+            return Tally(self.runs, self.dry_run_said | {name}, self.restore_said)
+        return Tally(self.runs, self.dry_run_said, self.restore_said | {name})
 
 
 def breach_words(g: Guard, value: float, run: int) -> str:

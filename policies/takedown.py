@@ -42,7 +42,7 @@ def preflight(w: WindowCore) -> Proc:
             w.snapshot_taken(s, None)
         else:
             w.fail_inside(r, f"{s} snapshot failed")
-    inc = w.snapshots["incumbent"] or {}
+    inc = w.state.snapshots["incumbent"] or {}
     w.incumbent_found()
     mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
     if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
@@ -77,7 +77,7 @@ def retain_and_preview(w: WindowCore, inc: dict[str, Any]) -> Proc:
     # Rollback is previewed too: the incumbent's own load is what the restore will ask for.
     previews = yield from w.act_all([
         ("preview", {"op": "unload", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "incumbent"}),
-        ("preview", {"op": "load", "recipe": w.candidate_recipe, "sha256": w.candidate_sha, "role": "candidate"}),
+        ("preview", {"op": "load", "recipe": w.candidate_recipe, "sha256": w.state.candidate_sha, "role": "candidate"}),
         ("preview", {"op": "load", "recipe": inc.get("recipe"), "sha256": inc.get("sha256"), "role": "rollback"}),
     ])
     for r in previews:
@@ -88,7 +88,7 @@ def retain_and_preview(w: WindowCore, inc: dict[str, Any]) -> Proc:
 def take_down(w: WindowCore) -> Proc:
     """The steady state checked, the primary quiesced (minute 0) and drained, the incumbent unloaded."""
     plan = w.plan
-    inc = w.snapshots["incumbent"] or {}
+    inc = w.state.snapshots["incumbent"] or {}
     yield from steady_state_before(w)
     w.taking_down()
     res = yield from w.act("quiesce", {})
@@ -96,7 +96,7 @@ def take_down(w: WindowCore) -> Proc:
         w.fail_inside(res, "quiesce failed")
     w.quiesced_now()
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
-                               router=w.snapshots.get("router") is not None)
+                               router=w.state.snapshots.get("router") is not None)
     if not drained:
         w.abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
     res = yield from w.act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from flare_diag.events.answers import WATCHES, Answer, GpuView, MetricsSample, UnexpectedAnswer, convert, read
-from flare_diag.events.stages import BEFORE_RESTORE, Stage, advance
+from flare_diag.events.stages import BEFORE_RESTORE, Stage
 from flare_diag.events.schema import (
     NS_PER_MIN,
     ActionDone,
@@ -38,6 +38,25 @@ from flare_diag.events.schema import (
 from flare_diag.policies import guards, restarts, rules, steady
 from flare_diag.policies.core import RE_ASKABLE, READS, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
 from flare_diag.policies.driver import Sleep
+from flare_diag.policies.evolve import (
+    Closed,
+    CountersScraped,
+    GrowthObserved,
+    GuardEvaluated,
+    GuardSaid,
+    IdentityDrifted,
+    Opened,
+    QuiesceNotSent,
+    RequestAnswered,
+    RequestRefused,
+    RestoreBegun,
+    RestoreOverran,
+    RestoreRestarted,
+    RuleDisabled,
+    WatchAnswered,
+    WatchFailing,
+    XidsJudged,
+)
 from flare_diag.policies.methods import method_named
 from flare_diag.policies.plan import PlanError, plan_from_builtins
 from flare_diag.policies.planner import Calibration, all_phases, arms
@@ -54,24 +73,24 @@ class WindowPolicy(WindowCore):
     def receive(self, inp: Input) -> list[Any]:
         out: list[Any] = []
         self._out = out
-        if self.stage == Stage.CLOSED:
+        if self.state.stage == Stage.CLOSED:
             return out
         self.now = max(self.now, inp.at_ns)
         if isinstance(inp, WindowOpened):
-            if self.stage == Stage.IDLE:
+            if self.state.stage == Stage.IDLE:
                 self._open(inp)
-        elif self.stage == Stage.IDLE:
+        elif self.state.stage == Stage.IDLE:
             return out
         elif isinstance(inp, (ActionDone, RequestDone)):
             self._outcome(inp)
         elif isinstance(inp, WatchObserved) and (why := _malformed_watch(inp)):
-            self.watch_failure[inp.source] = f"malformed_transport: {why}"  # silent, as a watch that failed
+            self.apply(WatchFailing(source=inp.source, why=f"malformed_transport: {why}"))  # silent, as a watch that failed
         elif isinstance(inp, WatchObserved):
             if inp.source != "prometheus":
-                self.watch_last[inp.source] = inp.at_ns
+                self.apply(WatchAnswered(source=inp.source, at_ns=inp.at_ns))
             self._watch(inp)
         elif isinstance(inp, WatchFailed):
-            self.watch_failure[inp.source] = f"{inp.error}: {inp.detail}" if inp.detail else inp.error
+            self.apply(WatchFailing(source=inp.source, why=f"{inp.error}: {inp.detail}" if inp.detail else inp.error))
         elif isinstance(inp, OperatorAbort):
             self._abort_from_outside("operator", inp.reason or "operator abort")
         elif isinstance(inp, LogUnwritable):
@@ -83,7 +102,7 @@ class WindowPolicy(WindowCore):
                 action, experimental = self.pending.pop(aid)
                 args = self.read_args.pop(aid, None)
                 self.expects.pop(aid, None)
-                if self.stage == Stage.RESTORE and action in RE_ASKABLE and not experimental and args is not None:
+                if self.state.stage == Stage.RESTORE and action in RE_ASKABLE and not experimental and args is not None:
                     # a read whose answer the restart lost is asked again: only a host change is never repeated
                     # keyed on the id the restore first waited on: a second restart re-asks a re-ask
                     self.reasked[self.request(action, args)] = self.reasked.pop(aid, aid)
@@ -107,51 +126,51 @@ class WindowPolicy(WindowCore):
 
     def next_wakeup_ns(self) -> int | None:
         """The earliest window time at which a Tick may change something, or None."""
-        if self.stage in (Stage.IDLE, Stage.CLOSED):
+        if self.state.stage in (Stage.IDLE, Stage.CLOSED):
             return None
         times = []
         if isinstance(self.wait, Sleep):
             times.append(self.wait.until_ns)
-        if self.t0 is not None:
-            if self.stage in BEFORE_RESTORE:
+        if self.state.t0 is not None:
+            if self.state.stage in BEFORE_RESTORE:
                 times += [t + 1 for t in self._watch_deadlines().values()]
-            if self.stage in BEFORE_RESTORE and not self.stop_marked:
+            if self.state.stage in BEFORE_RESTORE and not self.state.stop_marked:
                 times.append(self.stop_ns())
-            elif self.stage in BEFORE_RESTORE and self.draining_after:
+            elif self.state.stage in BEFORE_RESTORE and self.state.draining_after:
                 times.append(self._closing_drain_end_ns())
-            elif not self.overrun_marked:
-                times.append(self.t0 + int(self.plan.timing.window_min * NS_PER_MIN))
+            elif not self.state.overrun_marked:
+                times.append(self.state.t0 + int(self.plan.timing.window_min * NS_PER_MIN))
         return min(times) if times else None
 
     # --- time ----------------------------------------------------------------------------------
 
     def _check_time(self) -> None:
-        if self.t0 is None or self.plan is None:
+        if self.state.t0 is None or self.plan is None:
             return
-        if self.stage in BEFORE_RESTORE:
+        if self.state.stage in BEFORE_RESTORE:
             for src, deadline in self._watch_deadlines().items():
                 if self.now > deadline:
                     if src.startswith("guard:"):
-                        last = self.watch_failure.get("prometheus")
+                        last = self.state.watch_failure.get("prometheus")
                         self._abort_from_outside("watch_lost", f"steady-state guard {src[6:]} has had no number from "
                                                  f"Prometheus for over {self.watch_lost_s():g} s, so it cannot be enforced"
                                                  + (f" (last failure: {last})" if last else ""))
                         return
-                    last = self.watch_failure.get(src)
+                    last = self.state.watch_failure.get(src)
                     self._abort_from_outside("watch_lost", f"the {'GPU' if src == 'gpu' else 'router'} watch has not answered "
                                              f"for over {self.watch_lost_s():g} s"
                                              + (f" (last failure: {last})" if last else ""))
                     return
-        if self.stage in BEFORE_RESTORE and self.now >= self.stop_ns():
+        if self.state.stage in BEFORE_RESTORE and self.now >= self.stop_ns():
             self.mark_stop()
             # a phase whose requests have all finished is judged on them: its closing drain (bounded
             # by the drain timeout, no experimental request in it) runs on, then the window restores
             # (at most for the drain timeout: a hung scrape in it must not eat the reservation)
-            if not self.draining_after or self.now >= self._closing_drain_end_ns():
+            if not self.state.draining_after or self.now >= self._closing_drain_end_ns():
                 self._interrupt_outside("stop_minute")
-        end = self.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
-        if self.stage == Stage.RESTORE and self.now >= end and not self.overrun_marked:
-            self.overrun_marked = True
+        end = self.state.t0 + int(self.plan.timing.window_min * NS_PER_MIN)
+        if self.state.stage == Stage.RESTORE and self.now >= end and not self.state.overrun_marked:
+            self.apply(RestoreOverran())
             self.emit(TimeMarked(mark="window_end", minute=self.minute(end)))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
             self.emit(Alarm(kind="restore_overrun",
                              detail=f"restore still running at minute {self.minute()}, past the window end"))
@@ -176,17 +195,17 @@ class WindowPolicy(WindowCore):
         self.phase_order = [p.id for p in self.all_phases] + [c.id for c in self.plan.conditional]
         self.comparable = {p.id: p.comparable for p in self.all_phases}
         self.required = [p.id for p in self.all_phases if not p.optional]
-        self.stage = advance(self.stage, Stage.OPENING)
+        self.apply(Opened())
         raised = scaled_bounds(self.plan.timing, self.time_scale)
         if raised:
             self.emit(BoundsScaled(bounds=[msgspec.to_builtins(b) for b in raised]))
         self._start(experiment(self), self._procedure_ended)
 
     def _procedure_ended(self, cause: str | None) -> None:
-        if self.stage in BEFORE_RESTORE:
+        if self.state.stage in BEFORE_RESTORE:
             self._begin_restore(cause or "completed")
         else:
-            self.stage = advance(self.stage, Stage.CLOSED)
+            self.apply(Closed())
 
     def _outcome(self, inp: ActionDone | RequestDone) -> None:
         if inp.action_id not in self.pending:
@@ -197,19 +216,21 @@ class WindowPolicy(WindowCore):
         if action == "quiesce" and isinstance(inp, ActionDone) and inp.error == "not_carried_out":
             # never sent (its decision was not in the log): the primary was never taken out of rotation,
             # so the restore has nothing to readmit and an admitted backend is no breach
-            self.took_down = False
+            self.apply(QuiesceNotSent())
         # an answer to a read asked again after a restart is the answer the restore waits for under the first id
         self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
             sample = read(MetricsSample, inp)
             label = sample.labels.get("incarnation")
-            restarted = self.restart_watch.observe(sample.counters, sample.gauges, label if isinstance(label, str) else None)
+            incarnation = label if isinstance(label, str) else None
+            restarted = self.state.restart_watch.restart_seen(sample.counters, sample.gauges, incarnation)
+            self.apply(CountersScraped(counters=dict(sample.counters), gauges=dict(sample.gauges), incarnation=incarnation))
             if restarted:
                 self._engine_restarted(restarted)
-        if self.stage == Stage.RESTORE:
+        if self.state.stage == Stage.RESTORE:
             self._restore_outcome(inp)
             return
-        if self.stage not in BEFORE_RESTORE:
+        if self.state.stage not in BEFORE_RESTORE:
             return
         reason = rules.abort_for_error(inp.error)
         if reason:
@@ -222,12 +243,13 @@ class WindowPolicy(WindowCore):
             self._refusal(inp)
             return
         if isinstance(inp, ActionDone) and inp.ok:
-            hit = guards.action_observation(inp.data, self.ref_labels, self.quiesced, self.plan.growth,
+            hit = guards.action_observation(inp.data, self.state.ref_labels, self.state.quiesced, self.plan.growth,
                                             self.plan.identity.host_cache_bytes)
             gauges = inp.data.get("gauges")
-            if hit is None and self.quiesced and isinstance(gauges, dict):
+            if hit is None and self.state.quiesced and isinstance(gauges, dict):
                 in_flight = sum(1 for _a, e in self.pending.values() if e)
-                hit = self.baseline.check(gauges, in_flight, self.plan.growth)
+                hit = self.state.baseline.check(gauges, in_flight, self.plan.growth)[1]
+                self.apply(GrowthObserved(gauges=gauges, in_flight=in_flight, growth=self.plan.growth))
             if hit:
                 self._abort_from_outside(*hit)
 
@@ -249,7 +271,7 @@ class WindowPolicy(WindowCore):
         unloaded (the incumbent loading, loaded, checked) any growth bound crossed, until the readmit."""
         if rules.abort_for_error(inp.error) == "gpu_fault":
             self.restore_fault(f"gpu_fault: action {inp.action_id}: {inp.detail or inp.error}")
-        if isinstance(inp, ActionDone) and inp.ok and self.restore_unloaded and not self.readmit_requested:
+        if isinstance(inp, ActionDone) and inp.ok and self.state.restore_unloaded and not self.state.readmit_requested:
             hit = guards.action_observation(inp.data, None, True, self.plan.growth, self.plan.identity.host_cache_bytes)
             if hit:
                 self.restore_fault(f"{hit[0]}: during the restore: {hit[1]}")
@@ -258,37 +280,37 @@ class WindowPolicy(WindowCore):
         """Consecutive requests the host refused for what they are (a 4xx other than 401/403/429):
         `[abort] rejected_streak` of them abort `rejected`; any request answered ends the run."""
         if rd.outcome == "ok":
-            self.refused_run = []
+            self.apply(RequestAnswered())
             return
         if not restarts.refused(rd.status_code):
             return
-        self.refused_run.append(rd)
+        self.apply(RequestRefused(request=rd))
         streak = self.plan.abort.rejected_streak
-        if len(self.refused_run) >= streak:
-            first = self.refused_run[0]
+        if len(self.state.refused_run) >= streak:
+            first = self.state.refused_run[0]
             self._abort_from_outside("rejected", f"the host refused {streak} consecutive requests (HTTP {first.status_code}), "
                                                  f"first {first.phase} #{first.order_index} (body {first.body_index}, "
                                                  f"sha256 {first.body_sha256[:12]}): {first.detail or first.error}")
 
     def _engine_restarted(self, detail: str) -> None:
         """An unseen restart: the experiment aborts (every phase spanning it invalid); a restore starts over."""
-        if self.stage in BEFORE_RESTORE:
+        if self.state.stage in BEFORE_RESTORE:
             self._abort_from_outside("engine_restart", detail)
-        elif self.stage == Stage.RESTORE and not self.readmit_requested:
-            self.restore_restarts += 1
+        elif self.state.stage == Stage.RESTORE and not self.state.readmit_requested:
+            self.apply(RestoreRestarted())
             self.emit(Alarm(kind="engine_restart_during_restore", detail=detail + "; the restore starts over from its first check"))
-            if self.abort is None:
+            if self.state.abort is None:
                 self._record_abort("engine_restart", detail + " (during the restore)")
 
     def _gpu_rules_disabled(self, data: dict[str, Any]) -> None:
         """GPUs whose Xid events NVML cannot report, or an Xid watch that failed: the rules it
         disables are named once in an alarm; a production window cannot go on without them."""
         why = guards.gpu_rules_disabled(data)
-        if why is None or why in self.rules_disabled:
+        if why is None or why in self.state.rules_disabled:
             return
-        self.rules_disabled.add(why)
+        self.apply(RuleDisabled(why=why))
         self.emit(Alarm(kind="rule_disabled", detail=why))
-        if self.plan.production and self.stage in BEFORE_RESTORE:
+        if self.plan.production and self.state.stage in BEFORE_RESTORE:
             self._abort_from_outside("watch_lost", why)
 
     def _watch(self, inp: WatchObserved) -> None:
@@ -297,44 +319,44 @@ class WindowPolicy(WindowCore):
         is held to."""
         if inp.source == "gpu":
             self._gpu_rules_disabled(inp.data)
-            self.xids_known += len(convert(GpuView, inp.data, "gpu watch").xid_events)
-        if self.stage not in (*BEFORE_RESTORE, Stage.RESTORE):
+            self.apply(XidsJudged(n=len(convert(GpuView, inp.data, "gpu watch").xid_events)))
+        if self.state.stage not in (*BEFORE_RESTORE, Stage.RESTORE):
             return
         if inp.source == "prometheus":
             self._guard_evaluated(inp)
             return
         polled = inp.data.get("polled_at_ns", inp.at_ns)
-        ctx = guards.Context(self.plan.growth, self.snapshots.get("gpu"), self.snapshots.get("router"),
+        ctx = guards.Context(self.plan.growth, self.state.snapshots.get("gpu"), self.state.snapshots.get("router"),
                              direct_inflight=sum(a == "send_request" for a, _e in self.pending.values()))
         if inp.source == "router":
             # a poll sent before the quiesce took effect says nothing of containment after it; after
             # the readmit an admitted backend is the readmission; a breach already aborted for is not news
-            if not self.quiesced or polled < self.quiesced_at_ns or self.readmit_requested or \
-                    (self.stage == Stage.RESTORE and self.abort is not None and self.abort.reason == "containment"):
+            if not self.state.quiesced or polled < self.state.quiesced_at_ns or self.state.readmit_requested or \
+                    (self.state.stage == Stage.RESTORE and self.state.abort is not None and self.state.abort.reason == "containment"):
                 return
         elif inp.source == "identity":
             # between the phase's own reads (at C4 a round can last many seconds): held to the identity
             # verified for the incarnation the phase runs on; a poll sent before the phase began (it
             # may have crossed a load) says nothing about it
-            if self.stage not in BEFORE_RESTORE or self.current is None or polled < self.current_since_ns:
+            if self.state.stage not in BEFORE_RESTORE or self.state.current is None or polled < self.state.current_since_ns:
                 return
-            label = next((p.incarnation for p in self.all_phases if p.id == self.current.id), "")
-            ctx = guards.Context(self.plan.growth, identity=self.verified_identity.get(label),
-                                 where=f"{self.current.id}: identity watch")
-        elif inp.source == "gpu" and self.stage == Stage.RESTORE:
+            label = next((p.incarnation for p in self.all_phases if p.id == self.state.current.id), "")
+            ctx = guards.Context(self.plan.growth, identity=self.state.verified_identity.get(label),
+                                 where=f"{self.state.current.id}: identity watch")
+        elif inp.source == "gpu" and self.state.stage == Stage.RESTORE:
             # the restore's GPUs are held to the snapshot only at its last gate, once the incumbent is back
             ctx = guards.Context(self.plan.growth)
         hit = guards.judge(inp.source, inp.data.get("identity") or {} if inp.source == "identity" else inp.data, ctx)
         if not hit:
             return
-        if self.stage in BEFORE_RESTORE:
+        if self.state.stage in BEFORE_RESTORE:
             if inp.source == "identity" and hit[0] == "identity_drift":
-                self.drifted = True
+                self.apply(IdentityDrifted())
             self._abort_from_outside(*hit)
         # during the restore: an Xid or a containment breach at any moment; the other rules (GPU
         # memory here, everything at the last gate) once the incumbent is back and until its readmit
-        elif hit[0] in ("gpu_fault", "containment") or (self.restore_unloaded or self.incumbent_back) \
-                and not self.readmit_requested:
+        elif hit[0] in ("gpu_fault", "containment") or (self.state.restore_unloaded or self.state.incumbent_back) \
+                and not self.state.readmit_requested:
             self.restore_fault(f"{hit[0]}: {hit[1]}")
 
     def _guard_evaluated(self, inp: WatchObserved) -> None:
@@ -347,28 +369,29 @@ class WindowPolicy(WindowCore):
             return
         value = steady.worst(g, inp.data.get("values") or [])
         if value is not None:
-            self.watch_last[f"guard:{g.name}"] = inp.at_ns
-        run = self.guard_runs.observe(g, value)
-        stage = "experiment" if self.stage in BEFORE_RESTORE else "restore"
+            self.apply(WatchAnswered(source=f"guard:{g.name}", at_ns=inp.at_ns))
+        run = self.state.guard_runs.observe(g, value)[1]
+        self.apply(GuardEvaluated(guard=g, value=value))
+        stage = "experiment" if self.state.stage in BEFORE_RESTORE else "restore"
         if value is None or run < g.consecutive or not steady.guards_stage(g, stage):
             return
         what = steady.breach_words(g, value, run)
         if g.dry_run:
-            if g.name not in self.guard_runs.dry_run_said:
-                self.guard_runs.dry_run_said.add(g.name)
+            if g.name not in self.state.guard_runs.dry_run_said:
+                self.apply(GuardSaid(name=g.name, dry_run=True))
                 m = self.minute()
                 self.emit(Alarm(kind="guard_dry_run", detail=f"dry run: would have {'aborted' if stage == 'experiment' else 'alarmed'} "
                                                               + (f"at minute {m:.2f}" if m is not None else "before the quiesce")
                                                               + f": {what}"))
         elif stage == "experiment":
             self._abort_from_outside("steady_state", what)
-        elif g.name not in self.guard_runs.restore_said and not self.readmit_requested:
+        elif g.name not in self.state.guard_runs.restore_said and not self.state.readmit_requested:
             # once per run of breaches; after the readmit the restore's own evaluation judges the pool
-            self.guard_runs.restore_said.add(g.name)
+            self.apply(GuardSaid(name=g.name, dry_run=False))
             self.emit(Alarm(kind="steady_state_during_restore", detail=what))
 
     def _abort_from_outside(self, reason: str, detail: str) -> None:
-        if self.stage not in BEFORE_RESTORE:
+        if self.state.stage not in BEFORE_RESTORE:
             return
         self._record_abort(reason, detail)
         self._interrupt_outside("abort")
@@ -378,8 +401,8 @@ class WindowPolicy(WindowCore):
         self._begin_restore(cause)
 
     def _begin_restore(self, cause: str) -> None:
-        self.stage = advance(self.stage, Stage.RESTORE)
-        self.restore_cause = cause
+        self.apply(RestoreBegun(cause=cause, started_minute=self.minute(),
+                                end_ns=self.now + int(self.plan.timing.restore_budget() * NS_PER_MIN)))
         self.close_open_cells(cause)
         # The restore waits only for what changes the host (a load, an unload, a quiesce...), each
         # bounded by its deadline; experimental requests and reads are cancelled, so a hung scrape
@@ -387,9 +410,7 @@ class WindowPolicy(WindowCore):
         cancel = sorted(a for a, (n, e) in self.pending.items() if e or n in READS)
         if cancel:
             self.emit(CancelRequested(action_ids=cancel, reason=cause))
-        self.restore_started = self.minute()
-        self.restore_end_ns = self.now + int(self.plan.timing.restore_budget() * NS_PER_MIN)
-        self.emit(RestoreStarted(cause=cause, minute=self.restore_started))
+        self.emit(RestoreStarted(cause=cause, minute=self.state.restore_started))
         self._start(restore(self), self._procedure_ended)
 
 

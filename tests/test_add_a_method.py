@@ -54,7 +54,7 @@ def _two_pass(w: WindowCore) -> Proc:
     """One fresh incarnation, the same bodies twice: does the second pass reuse what the first stored?"""
     if not (yield from fresh_incarnation(w, "T")):
         for ph in w.all_phases:
-            w.record_cell(ph.id, "failed", w.failed_incarnations["T"], comparable=ph.comparable)
+            w.record_cell(ph.id, "failed", w.state.failed_incarnations["T"], comparable=ph.comparable)
         return
     for ph in w.all_phases:
         yield from run_phase(w, ph)
@@ -75,7 +75,7 @@ def _greedy(w: WindowCore) -> Proc:
     if not (yield from fresh_incarnation(w, "T")):
         return
     ph = w.all_phases[1]
-    sha = w.fixtures[ph.fixture or ""]["sha256"][0]
+    sha = w.state.fixtures[ph.fixture or ""]["sha256"][0]
     k = 0
     while True:
         aid = w.request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k, "body_index": 0,

@@ -274,6 +274,58 @@ def test_the_state_change_check_finds_an_assignment_an_item_an_increment_and_a_m
     assert state_changes(source) == [2, 3, 4, 5]
 
 
+def _reaches_into_state(node: ast.expr) -> bool:
+    """`node` is a field of a state, an item of one, or deeper: `x.state.f`, `x.state.f[k]`, `x.state.f.g`."""
+    inner = node.value if isinstance(node, (ast.Attribute, ast.Subscript)) else None
+    while isinstance(inner, (ast.Attribute, ast.Subscript)):
+        if isinstance(inner, ast.Attribute) and inner.attr == "state":
+            return True
+        inner = inner.value
+    return False
+
+
+def state_writes(source: str) -> list[str]:
+    """Where a module changes a window state other than by replacing it in `apply`: a field or an item of one
+    assigned, a container in it mutated, or `.state` assigned outside `apply` and `__init__`."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if _reaches_into_state(t):
+                    found.append(f"{fn.name}:{node.lineno}")
+                elif isinstance(t, ast.Attribute) and t.attr == "state" and fn.name not in ("apply", "__init__"):
+                    found.append(f"{fn.name}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                    and (_reaches_into_state(node.func.value) or
+                         isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "state"):
+                found.append(f"{fn.name}:{node.lineno}")
+    return sorted(found, key=lambda w: (w.split(":")[0], int(w.split(":")[1])))
+
+
+def test_a_window_state_changes_only_by_evolve():
+    # issue 50: the decider's state is a frozen msgspec.Struct (policies/state.py WindowState); WindowCore.apply
+    # replaces it with evolve(state, fact) and nothing else in policies/ writes into it, containers included
+    found = [f"{p.relative_to(ROOT)}:{w}" for p in sorted((ROOT / "policies").rglob("*.py")) for w in state_writes(p.read_text())]
+    assert found == []
+
+
+def test_the_state_write_check_finds_a_field_an_item_a_mutator_and_a_stray_replacement():
+    source = ("def p(self):\n    self.state.cells['A'] = c\n    self.state.took_down = True\n    self.state.watch_last.update(x)\n"
+              "    self.state = other\n    x = self.state.cells.get('A')\n    self.state.status('A')\n"
+              "def apply(self, fact):\n    self.state = evolve(self.state, fact)\n")
+    assert state_writes(source) == ["p:2", "p:3", "p:4", "p:5"]
+
+
+def test_the_window_state_is_a_frozen_value():
+    from flare_diag.policies.state import WindowState
+    with pytest.raises(AttributeError):
+        WindowState().took_down = True  # type: ignore[misc]
+
+
 def test_a_recorded_log_is_replayed_into_a_policy_in_one_place():
     # issue 50: log audit, a resume and a calibration each had a replay loop of their own; the one
     # replayer is policies/audit.py's WindowReplay, and otherwise only the live runners (the daemon's

@@ -75,7 +75,7 @@ class DeciderMachine(RuleBasedStateMachine):
             elif isinstance(d, CancelRequested):
                 self.pending = [p for p in self.pending if p.action_id not in d.action_ids]
             elif isinstance(d, TimeMarked) and d.mark == "t0":
-                self.t0 = self.policy.t0
+                self.t0 = self.policy.state.t0
             elif isinstance(d, RestoreStarted):
                 self.restore_at = inp.at_ns
         self.check_decisions(inp, ds)
@@ -96,7 +96,7 @@ class DeciderMachine(RuleBasedStateMachine):
 
     def check_decisions(self, inp: Input, ds: list[Decision]) -> None:
         """The invariants of one step's decisions, read against the window's clock."""
-        if self.t0 is not None and self.policy.stage in BEFORE_RESTORE:
+        if self.t0 is not None and self.policy.state.stage in BEFORE_RESTORE:
             assert self.policy.now <= self.t0 + self.stop_ns + self._closing_drain_ns(), \
                 f"experiment still running at minute {self.policy.minute():.1f}"
         past_stop = self.t0 is not None and inp.at_ns >= self.t0 + self.stop_ns
@@ -117,10 +117,10 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert d.phase not in self.overlong_phases, f"{d.phase} measured on answers beyond their max_tokens"
                 assert d.phase not in self.reprompted_phases, f"{d.phase} measured on bodies given as other prompts"
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
-                abort = self.policy.abort
+                abort = self.policy.state.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
                 for phase in SEED_CAUSES:
-                    cell = self.policy.ledger.cells.get(phase)
+                    cell = self.policy.state.cells.get(phase)
                     assert cell is not None and cell.status == "measured" and cell.identity_held is not False, \
                         (d.hypothesis, phase, cell)
 
@@ -286,11 +286,11 @@ class DeciderMachine(RuleBasedStateMachine):
     # --- invariants after every step --------------------------------------------------------------
 
     def teardown(self) -> None:
-        event(f"stage {self.policy.stage.value}; t0 {'set' if self.t0 is not None else 'unset'}; "
+        event(f"stage {self.policy.state.stage.value}; t0 {'set' if self.t0 is not None else 'unset'}; "
               f"restore {'begun' if self.restore_at is not None else 'not begun'}")
-        if self.policy.abort is not None:
-            event(f"abort {self.policy.abort.reason}")
-        if self.policy.stop_marked:
+        if self.policy.state.abort is not None:
+            event(f"abort {self.policy.state.abort.reason}")
+        if self.policy.state.stop_marked:
             event("the stop minute reached")
         event(f"slows {'none' if self._slows_drawn is None else 'drawn'}; t0 {'set' if self.t0 is not None else 'unset'}")
         verdicts = [d for _i, ds in self.history for d in ds if isinstance(d, VerdictReached)]
@@ -301,6 +301,7 @@ class DeciderMachine(RuleBasedStateMachine):
         for inp, ds in self.history:
             assert replay.receive(inp) == ds
         # and reach the same state, as a value: what `log state` prints of a log is what the window held
+        assert replay.state == self.policy.state  # the whole state, every field of the frozen value
         held = snapshot(self.policy, len(self.history))
         assert snapshot(replay, len(self.history)) == held
         assert msgspec.json.decode(msgspec.json.encode(held), type=WindowSnapshot) == held

@@ -138,7 +138,7 @@ def test_the_state_at_a_minute_has_every_input_up_to_it_and_none_after(tmp_path)
     whole = WindowReplay(follow=True)
     for seq, w, ev in records:
         whole.feed(seq, w, ev)
-    minutes = [(seq, window_minute(ev.at_ns, whole.policy.t0)) for seq, _w, ev in records if isinstance(ev, Input)]
+    minutes = [(seq, window_minute(ev.at_ns, whole.policy.state.t0)) for seq, _w, ev in records if isinstance(ev, Input)]
     at = state_at(records, wid, upto_minute=1.0)
     fed = [m for seq, m in minutes if seq <= at.seq]
     left = [m for seq, m in minutes if seq > at.seq]

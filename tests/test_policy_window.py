@@ -267,7 +267,7 @@ def test_a_restore_that_ends_past_the_window_end_does_not_verify():
 
     def abort_at_the_last_moment(world, history):
         if world.requests_sent == 3 and not any(isinstance(i, OperatorAbort) for i, _ in history):
-            world.now = pol.t0 + int(89.9 * 60 * S)  # the restore's 60-s load cannot end by minute 90
+            world.now = pol.state.t0 + int(89.9 * 60 * S)  # the restore's 60-s load cannot end by minute 90
             return OperatorAbort(at_ns=world.now, reason="late")
         return None
     h = drive(pol, World(plan_builtins()), abort_at_the_last_moment)
@@ -879,6 +879,6 @@ def test_the_decider_and_the_logs_fold_name_the_same_stage_after_every_input(fai
         for ev in (inp, *ds):
             seq += 1
             fold.apply(seq, ev)
-        assert fold.stage == pol.stage
-        seen.append(pol.stage.value)
+        assert fold.stage == pol.state.stage
+        seen.append(pol.state.stage.value)
     assert seen[-1] == "closed" and ("experiment" in seen) == (fail != "quiesce")

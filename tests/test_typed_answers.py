@@ -93,7 +93,7 @@ def test_a_gpu_watch_answer_of_the_wrong_shape_is_the_watch_failing_not_a_view()
             return WatchObserved(at_ns=w.now, source="gpu", data={"xid_events": "79", "gpus": []})
         return None
     drive(policy, world, hook=hook)
-    assert policy.watch_failure.get("gpu", "").startswith("malformed_transport: gpu watch: the answer is not GpuView")
+    assert policy.state.watch_failure.get("gpu", "").startswith("malformed_transport: gpu watch: the answer is not GpuView")
 
 
 def test_every_answer_a_rehearsal_logged_is_its_actions_struct(default_rehearsal):

@@ -293,7 +293,7 @@ class Service:
                 self.log.error("window closed with its restoration not verified", window_id=w.window_id,
                                outcome=outcome, failed_checks=w.progress.restoration_failed, alarms=w.progress.alarms)
             elif outcome == "aborted":
-                ab = w.runner.policy.abort
+                ab = w.runner.policy.state.abort
                 self.log.error("window aborted and restored", window_id=w.window_id, outcome=outcome,
                                reason=ab.reason if ab else None, detail=ab.detail if ab else None)
             else:
@@ -625,12 +625,12 @@ class Service:
             # truth now, and an operator must know at once what the log lacks
             pol = w.runner.policy
             held = sum(len(b) for b in w.runner.unlogged)
-            what = "restored the host from memory" if pol.closed else f"is in its {pol.stage} from memory"
+            what = "restored the host from memory" if pol.closed else f"is in its {pol.state.stage} from memory"
             needs = {"window_id": w.window_id,
                      "needs": f"the event log cannot be written ({w.runner.write_error}); the window {what}; {held} "
                               f"events are not in the log yet (appended if it takes them again)"}
             state = "needs_attention"
-            window = {**(window or {}), "stage": pol.stage, "minute": pol.minute()}
+            window = {**(window or {}), "stage": pol.state.stage, "minute": pol.minute()}
         return {"state": state, "needs_attention": needs,
                 "window": window, "last_window": self.last,
                 "log": {"path": str(self.db), "head_seq": self.store.head[0]}, "pid": os.getpid(),

@@ -28,30 +28,30 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
     the estimate now; otherwise every phase of it is deferred, and no primary downtime is spent
     priming an arm whose replay could not run."""
     t = w.plan.timing
-    if all(p.id in w.ledger for p in arm.phases):
+    if all(p.id in w.state.cells for p in arm.phases):
         return
-    if arm.trace_pair and w.trace_stopped:
+    if arm.trace_pair and w.state.trace_stopped:
         for p in arm.phases:
-            w.record_cell(p.id, "deferred", w.trace_stopped, comparable=p.comparable)
+            w.record_cell(p.id, "deferred", w.state.trace_stopped, comparable=p.comparable)
         return
     label = arm.incarnation
-    if label in w.failed_incarnations or label in w.unverified_incarnations:
+    if label in w.state.failed_incarnations or label in w.state.unverified_incarnations:
         for p in arm.phases:
-            if label in w.failed_incarnations:
-                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+            if label in w.state.failed_incarnations:
+                w.record_cell(p.id, "failed", w.state.failed_incarnations[label], comparable=p.comparable)
             else:
-                w.record_cell(p.id, "invalid", w.unverified_incarnations[label], comparable=False)
+                w.record_cell(p.id, "invalid", w.state.unverified_incarnations[label], comparable=False)
         return
-    if not arm.loads and label != w.candidate_loaded:
+    if not arm.loads and label != w.state.candidate_loaded:
         why = f"not started: incarnation {label} is not loaded (its own arm did not run), and this arm does not verify one"
         for p in arm.phases:
             w.record_cell(p.id, "deferred", why, comparable=p.comparable)
         return
-    need = w.est.arm_s(arm, w.candidate_loaded, done=set(w.ledger.cells))
+    need = w.est.arm_s(arm, w.state.candidate_loaded, done=set(w.state.cells))
     end = w.now + int(need * NS_PER_S)
     limit = w.stop_ns() - int(t.arm_margin_min * 60 * NS_PER_S)
     if end > limit:
-        gating = [p.id for p in arm.gating if p.id not in w.ledger]
+        gating = [p.id for p in arm.gating if p.id not in w.state.cells]
         why = (f"not started: arm {arm.id} ({', '.join(gating)}) would end at minute {w.minute(end):.1f} by the "
                f"current estimate, past the stop minute {t.stop_min:g} less the margin of {t.arm_margin_min:g} min")
         for p in arm.phases:
@@ -63,11 +63,11 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
     w.emit(ArmStarted(arm=arm.id, phases=[p.id for p in arm.phases], minute=w.minute(),  # type: ignore[arg-type]  # an arm starts after the quiesce: a minute, never None
                        estimated_end_minute=w.minute(end), limit_minute=w.minute(limit),  # type: ignore[arg-type]  # after the quiesce: minutes, never None
                        pace=round(w.est.pace, 4), overhead_s=round(w.est.overhead_s, 3)))
-    if label != w.candidate_loaded:
+    if label != w.state.candidate_loaded:
         ok = yield from fresh_incarnation(w, label)
         if not ok:
             for p in arm.phases:
-                w.record_cell(p.id, "failed", w.failed_incarnations[label], comparable=p.comparable)
+                w.record_cell(p.id, "failed", w.state.failed_incarnations[label], comparable=p.comparable)
             return
     for ph in arm.phases:
         yield from run_phase(w, ph)
