@@ -84,14 +84,14 @@ class StampingServer:
         del body
         await asyncio.sleep(FIRST_TOKEN_S)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-                     b"x-request-id: " + rid.encode() + b"\r\n\r\n" + _chunk(_event({"content": "t0"})))
+                     b"x-request-id: " + rid.encode() + b"\r\n\r\n" + _chunk(_event(rid, {"content": "t0"})))
         await writer.drain()
         self.ttft_ns[rid] = time.perf_counter_ns() - read_ns
         for i in range(1, TOKENS):
             await asyncio.sleep(0.002)
             if writer.is_closing():  # a client that went away (AIPerf drops its connections at its end)
                 return False
-            writer.write(_chunk(_event({"content": f" t{i}"}, finish="length" if i == TOKENS - 1 else None)))
+            writer.write(_chunk(_event(rid, {"content": f" t{i}"}, finish="length" if i == TOKENS - 1 else None)))
         usage = {"id": rid, "object": "chat.completion.chunk", "model": "bench", "choices": [],
                  "usage": {"prompt_tokens": 5, "completion_tokens": TOKENS, "total_tokens": TOKENS + 5}}
         writer.write(_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n") + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
@@ -134,8 +134,9 @@ async def serve(certificate: list[str] | None) -> None:
     await asyncio.Event().wait()
 
 
-def _event(delta: dict, finish: str | None = None) -> bytes:
-    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "bench",
+def _event(rid: str, delta: dict, finish: str | None = None) -> bytes:
+    """One chunk of the answer `rid`: every chunk of an answer names it (and the client holds it to that)."""
+    chunk = {"id": rid, "object": "chat.completion.chunk", "model": "bench",
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 

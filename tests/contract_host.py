@@ -29,6 +29,11 @@ Misbehaviours of real engines and supervisors:
 - `reject_value` ({"reasoning_effort": "max"}): every chat body with that value is refused 400 before any
   output, as a release whose schema lacks the value does; `reject_nth` ([k, ...]): the k-th chat
   requests (1-based, on the serving port) are refused 400.
+- `crash_after_load` ("c2"): the engine dies just after its load as that incarnation is answered: the identity
+  shows no incarnation, /health answers 503 and the manager has nothing loaded.
+- `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
+  completion id, as a router that resumed a generation on a second backend and spliced both answers into
+  one stream.
 - `trace_survives_load`: the trace switch is the host's, not the incarnation's: a load keeps it.
 - `gpu_memory_on_load` (bytes): while an incumbent load is under way, the GPU view shows that much
   memory used on every GPU.
@@ -362,8 +367,10 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
 
         base = {"id": rid, "object": "chat.completion.chunk"}
         event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
-        for _ in range(n - 1):
+        for i in range(n - 1):
             time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
+            if i == 1 and not routed and st.chats in st.cfg.get("splice_nth", []):
+                base = {**base, "id": rid + "-resumed"}  # the rest of the stream is another backend's answer
             event({**base, "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]})
         event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
         event(b"[DONE]")
@@ -491,6 +498,8 @@ def r_load(h, raw) -> None:
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
     h.send_json({"incarnation": f"c{st.incarnation}"})
+    if st.cfg.get("crash_after_load") == f"c{st.incarnation}":
+        st.loaded = None  # the engine died as its load was answered: nothing serves, /health answers 503
 
 
 def r_unload(h, raw) -> None:

@@ -43,6 +43,27 @@ def test_one_refused_body_fails_its_request_and_the_window_goes_on(tmp_path, sma
     assert rc == 0 or r["outcome"] == "partial"
 
 
+def test_a_stream_that_splices_in_a_second_answer_aborts_the_window_naming_the_request(tmp_path, small_plan):
+    # the third request's stream goes on under another completion id after its third event, as a router
+    # that resumed the generation on a second backend: its times and text are no one generation's
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), splice_nth=[3])
+    assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "malformed_transport"), r["abort"]
+    detail = r["abort"]["detail"]
+    assert detail.startswith("A.forward_prime #2 (action") and "two answers in one stream" in detail, detail
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
+
+
+def test_an_engine_that_dies_as_its_load_is_answered_is_lost_at_its_identity_phase(tmp_path, small_plan):
+    # the first candidate incarnation (c2) loads, and its engine is gone before the identity phase reads it
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), crash_after_load="c2")
+    assert (r["outcome"], r["abort"] and r["abort"]["reason"]) == ("aborted", "engine_lost"), r["abort"]
+    assert r["abort"]["detail"].startswith("A.identity: the identity at the phase's start shows no incarnation"), r["abort"]
+    assert "/health answered 503" in r["abort"]["detail"]
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.identity"]["status"] == "failed" and "during this phase" in cells["A.identity"]["reason"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["restoration"]
+
+
 def test_a_trace_left_on_by_an_aborted_trace_arm_is_set_back_and_only_then_verified(tmp_path, small_plan):
     # the host keeps its trace switch across loads; an identity drift aborts the window inside the
     # first trace-on arm: B's prime 8, replay 8, small control 16, warm-up 8 and C1 r1 off 8 come first

@@ -126,6 +126,8 @@ class _Answer:
         self.usage: dict | None = None
         self.finish: str | None = None
         self.model = ""  # the model its first chunk that names one names
+        self.answer_id = ""  # the completion its first chunk that names one names
+        self.events = 0  # its server-sent events so far
         self.digest = hashlib.sha256()
         # the answer itself, its reasoning and its content, without the stream's ids, framing or
         # chunking: what an output-consistency phase compares between a cold answer and a reused one
@@ -146,13 +148,29 @@ class _Answer:
             self.end = now
             return True
         chunk = _chunk(sse)
-        if not self.model and isinstance(chunk.get("model"), str):
-            self.model = chunk["model"]
+        self.events += 1
+        self._one_answer(chunk)
         for ch in chunk.get("choices") or []:
             self._choice(ch, now, stamp)
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         return False
+
+    def _one_answer(self, chunk: dict) -> None:
+        """Every chunk of one answer names the same completion ("Each chunk has the same ID": OpenAI's chat
+        completion chunk object, which vLLM, SGLang and llama.cpp's server keep) and the same model. Chunks
+        naming another are a second answer spliced into the stream (a router that resumed the generation
+        on another backend): its times and text are no one generation's, so the answer is malformed."""
+        for field, kept in (("id", "answer_id"), ("model", "model")):
+            said = chunk.get(field)
+            if not isinstance(said, str) or not said:
+                continue
+            first = getattr(self, kept)
+            if not first:
+                setattr(self, kept, said)
+            elif said != first:
+                raise ActionFailed("malformed_transport", f"chat completion: event {self.events} names {field} "
+                                   f"{said[:64]!r}, the stream's first named {first[:64]!r}: two answers in one stream")
 
     def _choice(self, ch: dict, now: int, stamp: Callable[[], str]) -> None:
         said, thought = delta_text(ch.get("delta") or {})
