@@ -3,7 +3,10 @@
 1. One awaited append through EventStore (one ~5.4 KB `request_done`-sized event, and bulk, 100 a commit),
    timed at its seams: encoding and queueing, the SHA-256 chain, the hop to the database thread, the
    INSERT, the COMMIT (one fdatasync), the answer's hop back to the loop, the appender's wake-up.
-2. The SQL alone, on one thread, the same rows: the store's table (its two lookup indexes, with and
+2. The store's own work with no thread at all: each append encoded, chained (the store's `_hash_rows`) and
+   written (`BULK_INSERT`, COMMIT) on the calling thread, as the recorder does its own, against the recorder's
+   whole append, alternated: what any design that keeps the chain, hops or none, would take.
+3. The SQL alone, on one thread, the same rows: the store's table (its two lookup indexes, with and
    without them) against eventsourcing's SQLite table (`stored_events`' shape: one primary key), each
    `BEGIN IMMEDIATE; INSERT ...; COMMIT` with WAL and synchronous=FULL; the three alternated.
 
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flare_diag.events import store as store_module  # noqa: E402
 from flare_diag.events.base import encode_payload  # noqa: E402
 from flare_diag.events.sqlschema import DDL, INSERT  # noqa: E402
-from flare_diag.events.store import EventStore, split_ddl  # noqa: E402
+from flare_diag.events.store import EventStore, _Group, split_ddl  # noqa: E402
 
 from event_log import _peer_single, _request_done_sized  # noqa: E402  (the same event and peer as the ratio's)
 
@@ -108,6 +111,42 @@ def _sql_alone(path: Path, ddl: list[str], peer: bool, commits: int, bulk: int) 
     return statistics.median(ins) / 1e3, statistics.median(com) / 1e3
 
 
+def _inline(path: Path, commits: int, bulk: int) -> list[float]:
+    """Seconds of each append with the store's encoding, chain and SQL on this thread, no hop."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    for stmt in split_ddl(DDL):
+        conn.execute(stmt)
+    store = EventStore.__new__(EventStore)  # only its chain: `_hash_rows` reads these two fields
+    store._prefixes, store._tent_seq = {}, 0
+    event, seq, prev, times = _request_done_sized(0), 0, bytes(32), []
+    for _ in range(commits):
+        t0 = time.perf_counter()
+        group = _Group.__new__(_Group)
+        group.rows = [("request_done", 1, "bench", None, encode_payload(event), 1, 2) for _ in range(bulk)]
+        chained = store._hash_rows([group], seq, prev)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(store_module.BULK_INSERT, chained.bulk())
+        conn.execute("COMMIT")
+        seq, prev = chained.head
+        times.append(time.perf_counter() - t0)
+    conn.close()
+    return times
+
+
+def _print_inline(d: Path, commits: int, bulk_commits: int, rounds: int) -> None:
+    for bulk, n in ((1, commits), (100, bulk_commits)):
+        ours, peer = [], []
+        for r in range(rounds):  # alternated, as the SQL-alone part
+            ours.append(statistics.median(_inline(d / f"inline{bulk}-{r}.db", n, bulk)) * 1e6)
+            peer.append(_peer_total(d / f"inline-peer{bulk}-{r}.db", n, bulk))
+        what = "single" if bulk == 1 else f"bulk {bulk}"
+        print(f"inline {what:>8} (encode, chain and SQL on this thread, median us; {rounds} rounds): "
+              f"{statistics.median(ours):,.0f}  eventsourcing {statistics.median(peer):,.0f}  ratio = "
+              f"{statistics.median(ours) / statistics.median(peer):.2f}")
+
+
 def _print_store_parts(d: Path, commits: int, bulk_commits: int) -> None:
     for bulk, n in ((1, commits), (100, bulk_commits)):
         parts = asyncio.run(_store_parts(d / f"parts{bulk}.db", n, bulk))
@@ -147,6 +186,7 @@ def main() -> None:
     _timed_seams()
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
         _print_store_parts(Path(d), a.commits, a.bulk_commits)
+        _print_inline(Path(d), a.commits, a.bulk_commits, max(1, a.rounds // 2))
         _print_sql(Path(d), a.bulk_commits // 2 or 1, a.rounds)
 
 
