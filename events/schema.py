@@ -131,6 +131,9 @@ class RequestDone(Input, tag="request_done", frozen=True):
     # model that served it (vLLM: daemon/hosts/engine_profiles.py, ANSWER_NAMES_SERVED_MODEL); "" elsewhere
     model_asked: str = ""
     model_answered: str = ""
+    # the completion id every chunk of its answer named (target.py holds a stream to one); "" where none was
+    # named or read. A generation's id is its own: an id an earlier answer on the incarnation had is a replay
+    answer_id: str = ""
 
 
 @register

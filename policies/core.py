@@ -31,6 +31,7 @@ from flare_diag.policies.planner import Arm, Calibration, Estimator, work_from
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.evolve import (
     Aborted,
+    AnswerSeen,
     CandidateKept,
     CandidateLoaded,
     CandidateUnloaded,
@@ -258,7 +259,8 @@ class WindowCore(Driver):
                 said = why if pid not in self.state.phase_marks else _cut_inside(why)  # it had started: never "not started"
                 self.record_cell(pid, "failed" if aborted else "deferred", said, comparable=self.comparable.get(pid, True))
 
-    # --- what the host said: each changes the state in one named way ------------------------------
+    # --- what the host said: each changes the state in one named way, by one fact (policies/evolve.py says
+    # what each fact changes) -------------------------------------------------------------------------
 
     def fixtures_known(self, fixtures: dict[str, dict[str, Any]]) -> None:
         """The fixtures' manifests are validated: the schedule's estimate starts from their work."""
@@ -338,6 +340,11 @@ class WindowCore(Driver):
         """What the engine first counted for an exact body on an incarnation: (prompt tokens, phase, #)."""
         self.apply(PromptCounted(incarnation=incarnation, body_sha256=body_sha256, seen=seen))
         return self.state.prompt_seen[(incarnation, body_sha256)]
+
+    def answer_seen(self, incarnation: str, answer_id: str, where: tuple[str, int]) -> tuple[str, int]:
+        """The request first answered with this completion id on an incarnation: (phase, #)."""
+        self.apply(AnswerSeen(incarnation=incarnation, answer_id=answer_id, where=where))
+        return self.state.answers_seen[(incarnation, answer_id)]
 
     def drain_gauges_unseen(self, gauges: list[str]) -> None:
         self.apply(DrainGaugesUnseen(gauges=tuple(gauges)))

@@ -116,6 +116,13 @@ class PromptCounted(Fact, frozen=True):
     seen: tuple[int, str, int]  # (prompt tokens, phase, #)
 
 
+class AnswerSeen(Fact, frozen=True):
+    """A completion id an answer named on an incarnation; the first request answered with it is the one kept."""
+    incarnation: str
+    answer_id: str
+    where: tuple[str, int]  # (phase, #)
+
+
 class TraceOrderStopped(Fact, frozen=True):
     why: str
 
@@ -375,6 +382,12 @@ def _counters_drained(s: WindowState, f: CountersDrained) -> WindowState:
 def _prompt_counted(s: WindowState, f: PromptCounted) -> WindowState:
     key = (f.incarnation, f.body_sha256)
     return s if key in s.prompt_seen else replace(s, prompt_seen={**s.prompt_seen, key: f.seen})
+
+
+@_rule(AnswerSeen)
+def _answer_seen(s: WindowState, f: AnswerSeen) -> WindowState:
+    key = (f.incarnation, f.answer_id)
+    return s if key in s.answers_seen else replace(s, answers_seen={**s.answers_seen, key: f.where})
 
 
 @_rule(TraceOrderStopped)

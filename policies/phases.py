@@ -192,6 +192,8 @@ class _Tally:
         self.overlong: list[str] = []  # requests answered with more tokens than their body's max_tokens
         self.reprompted: list[str] = []  # exact bodies counted at another prompt size than before (_prompt_changed)
         self.overcached: list[str] = []  # requests whose cached_tokens exceed their own prompt_tokens
+        self.replayed: list[str] = []  # requests answered with an earlier answer's completion id (_answer_replayed)
+        self.answered = 0  # requests answered ok
         self.natural = 0
 
 
@@ -332,6 +334,8 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
             tally.overlong += _beyond_max_tokens(w, ph, rd)
             tally.reprompted += _prompt_changed(w, ph, rd)
             tally.overcached += _cached_beyond_prompt(rd)
+            tally.replayed += _answer_replayed(w, ph, rd)
+            tally.answered += 1
         if ph.kind == "consistency":
             tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                     rd.cached_tokens, delta.get("host_reused_tokens")))
@@ -360,6 +364,18 @@ def _prompt_changed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
     if first[0] == rd.prompt_tokens:
         return []
     return [f"#{rd.order_index}: {rd.prompt_tokens:,}, against {first[0]:,} in {first[1]} #{first[2]}"]
+
+
+def _answer_replayed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
+    """[a line] when the answer names the completion id an earlier request's answer on the same incarnation named:
+    an engine names each generation anew, so this answer was not generated for its request (a gateway that
+    answers from a store of earlier answers); else [] (the first time an id is seen, it is remembered)."""
+    if not rd.answer_id:
+        return []
+    first = w.answer_seen(ph.incarnation or "", rd.answer_id, (ph.id, rd.order_index))
+    if first == (ph.id, rd.order_index):
+        return []
+    return [f"#{rd.order_index}: {first[0]} #{first[1]}'s answer {rd.answer_id[:40]!r}"]
 
 
 def _cached_beyond_prompt(rd: RequestDone) -> list[str]:
@@ -413,7 +429,7 @@ def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDo
     return [f"#{rd.order_index}: counters {sum(seen)}, cached_tokens {rd.cached_tokens}"]
 
 
-def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
+def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str, Any]) -> str | None:
     """Why the phase's answers show the host did not serve its bodies as the window sent them, or None:
     then no later phase is the plan's experiment either, and the window aborts `not_as_sent`."""
     if tally.overlong:
@@ -424,13 +440,20 @@ def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
         return (f"the engine counted another prompt size for {len(tally.reprompted)} of {reqs} exact bodies than it "
                 f"counted for the same bodies earlier on incarnation {ph.incarnation} ({'; '.join(tally.reprompted[:3])}): "
                 f"it was not given the prompts the window sent, so what it reused is not what these bodies ask")
+    if tally.replayed:
+        return (f"the host answered {len(tally.replayed)} of {reqs} requests with an answer an earlier request on "
+                f"incarnation {ph.incarnation} already had, completion id and all ({', '.join(tally.replayed[:3])}): "
+                f"they were not generated for these requests, so the engine's reuse was not measured by them")
+    if (finished := rules.finished_short(delta, tally.answered)) is not None:
+        return (f"the engine finished {finished:,} requests during the phase while {tally.answered:,} were answered: "
+                f"{tally.answered - finished:,} answers did not come from it, so its reuse was not measured by them")
     return None
 
 
-def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int) -> str | None:
+def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str, Any]) -> str | None:
     """Why the phase's answers cannot be what its bodies ask, or what its counters say (the figures every
     judgement after it reads), or None."""
-    if why := _not_as_sent(ph, tally, reqs):
+    if why := _not_as_sent(ph, tally, reqs, delta):
         return why
     if tally.overcached:
         return (f"the engine's own answers contradict themselves: {len(tally.overcached)} of {reqs} requests say more "
@@ -466,9 +489,9 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
     elif contradict := rules.counters_contradict(common["host"], common["gpu"]):
         w.record_cell(ph.id, "invalid", f"the engine's counters contradict each other ({'; '.join(contradict)}): its "
                 f"reuse figures cannot be trusted", **common)
-    elif why := _answers_contradict(ph, tally, reqs):
+    elif why := _answers_contradict(ph, tally, reqs, common["counters"]):
         w.record_cell(ph.id, "invalid", why, **common)
-        if changed := _not_as_sent(ph, tally, reqs):  # the serving path changes the bodies: every later phase too
+        if changed := _not_as_sent(ph, tally, reqs, common["counters"]):  # the serving path changes the bodies: every later phase too
             w.abort_inside("not_as_sent", f"{ph.id}: {changed}")
     elif tally.failures:
         w.record_cell(ph.id, "failed", f"{len(tally.failures)} of {reqs} requests failed: {', '.join(tally.failures[:3])}",

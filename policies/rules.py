@@ -204,6 +204,13 @@ def traffic_from_elsewhere(delta: Mapping[str, float | None], sent: int) -> str 
     return f"{' and '.join(seen)} requests while the window sent {sent:,}" if seen else None
 
 
+def finished_short(delta: Mapping[str, float | None], answered: int) -> int | None:
+    """The requests the engine counted as finished over a phase when that is fewer than the window's answered ones
+    (each answered request is one the engine finished, if the engine answered it), or None."""
+    finished = delta.get("finished")
+    return int(finished) if finished is not None and finished < answered else None
+
+
 def counters_reset(counters: Mapping[str, float | None]) -> list[str]:
     """Counters that are not zero on a fresh incarnation."""
     return [k for k, v in sorted(counters.items()) if v]

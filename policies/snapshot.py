@@ -47,7 +47,8 @@ def _working(w: WindowCore) -> Working:
         rounds=0 if est is None else est.rounds, load_s=None if est is None else est.load_s,
         resident_baseline_bytes=w.state.baseline.resident, growth_excess_runs=w.state.baseline.excess_runs,
         drained_counters=w.state.last_counters, incarnation_counters=dict(w.state.restart_watch.counters),
-        process_start_time=w.state.restart_watch.start_time, prompts_seen=len(w.state.prompt_seen), xids_known=w.state.xids_known,
+        process_start_time=w.state.restart_watch.start_time, prompts_seen=len(w.state.prompt_seen),
+        answers_seen=len(w.state.answers_seen), xids_known=w.state.xids_known,
     )
 
 

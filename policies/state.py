@@ -77,6 +77,8 @@ class WindowState(msgspec.Struct, frozen=True, kw_only=True):
     last_counters: dict[str, Any] | None = None  # the counters the last settled drain saw
     # (incarnation label, body sha256) -> the prompt tokens the engine first counted for it, where (phase, #)
     prompt_seen: dict[tuple[str, str], tuple[int, str, int]] = {}
+    # (incarnation label, completion id) -> the request that was first answered with it, (phase, #)
+    answers_seen: dict[tuple[str, str], tuple[str, int]] = {}
     stop_marked: bool = False
     overrun_marked: bool = False
     overrun_projected: bool = False
@@ -135,6 +137,7 @@ class Working(msgspec.Struct, frozen=True, kw_only=True):
     incarnation_counters: dict[str, float]  # the loaded incarnation's latest counters (never go back)
     process_start_time: float | None
     prompts_seen: int  # exact bodies whose prompt size the engine has counted, held to it later
+    answers_seen: int = 0  # completion ids answers have named, each held to the request it first answered
     xids_known: int  # Xid events already judged
 
 

@@ -29,6 +29,9 @@ Misbehaviours of real engines and supervisors:
 - `reject_value` ({"reasoning_effort": "max"}): every chat body with that value is refused 400 before any
   output, as a release whose schema lacks the value does; `reject_nth` ([k, ...]): the k-th chat
   requests (1-based, on the serving port) are refused 400.
+- `response_cache` (true): a gateway before the engine answers an exact body it has answered before from its
+  store, as that answer first went out (its completion id, text and usage); the engine never sees it. With
+  "new_id" it names each stored answer it gives anew.
 - `crash_after_load` ("c2"): the engine dies just after its load as that incarnation is answered: the identity
   shows no incarnation, /health answers 503 and the manager has nothing loaded.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -75,6 +78,7 @@ class State:
         self.start_time = 1_700_000_000.0
         self.chats = 0  # chat requests the serving port has received, any incarnation
         self.stamped = 0  # prompts the stamping gateway (cfg stamp_prompts) has stamped
+        self.answers: dict[bytes, tuple] = {}  # the response-caching gateway's stored answers (cfg response_cache)
         self.loading_incumbent = False
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
@@ -310,6 +314,11 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
             st.stamped += 1
             stamp = f"[gateway] request {st.stamped} at {int(time.time())}" + " trace" * (st.stamped % 5)
         messages = [{"role": "system", "content": stamp}, *messages]
+    if st.cfg.get("response_cache") and not routed and raw in st.answers:
+        rid, *rest = st.answers[raw]  # the gateway's stored answer: the engine never sees the body
+        if st.cfg["response_cache"] == "new_id":  # a gateway that names each answer it gives anew
+            rid = "c-" + hashlib.sha256(rid.encode() + str(time.monotonic_ns()).encode()).hexdigest()[:16]
+        return stream_answer(h, rid, *rest)
     text = " ".join(str(m.get("content", "")) for m in messages)
     prompt = len(text.split()) + 4 * len(messages)
     key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
@@ -350,21 +359,14 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         st.active += 1
     usage = {"prompt_tokens": prompt, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": reused + on_gpu}}
     rid = "c-" + hashlib.sha256(raw + str(time.monotonic_ns()).encode()).hexdigest()[:16]
+    if st.cfg.get("response_cache") and not routed and req.get("stream"):
+        st.answers[raw] = (rid, n, finish, usage)
     try:
         if not req.get("stream"):
             return h.send_json({"id": rid, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": " ok" * n}, "finish_reason": finish}],
                 "usage": usage})
-        h.send_response(200)
-        h.send_header("content-type", "text/event-stream")
-        h.send_header("x-request-id", rid)
-        h.send_header("transfer-encoding", "chunked")
-        h.end_headers()
-
-        def event(obj) -> None:
-            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
-            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-
+        event = _stream_head(h, rid)
         base = {"id": rid, "object": "chat.completion.chunk"}
         event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
         for i in range(n - 1):
@@ -381,6 +383,32 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
             if not routed:
                 st.served += 1
                 st.maybe_restart()
+
+
+def _stream_head(h, rid: str):
+    """Starts a streamed answer; returns the function that writes one of its events."""
+    h.send_response(200)
+    h.send_header("content-type", "text/event-stream")
+    h.send_header("x-request-id", rid)
+    h.send_header("transfer-encoding", "chunked")
+    h.end_headers()
+
+    def event(obj) -> None:
+        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    return event
+
+
+def stream_answer(h, rid: str, n: int, finish: str, usage: dict) -> None:
+    """A stored answer streamed again as it first went out: its id, its text, its usage."""
+    event = _stream_head(h, rid)
+    base = {"id": rid, "object": "chat.completion.chunk"}
+    event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
+    for _ in range(n - 1):
+        event({**base, "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]})
+    event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
+    event(b"[DONE]")
+    h.wfile.write(b"0\r\n\r\n")
 
 
 def r_metrics(h, _raw) -> None:

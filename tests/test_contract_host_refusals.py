@@ -64,6 +64,25 @@ def test_an_engine_that_dies_as_its_load_is_answered_is_lost_at_its_identity_pha
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["restoration"]
 
 
+def test_a_gateway_answering_from_its_store_of_answers_aborts_not_as_sent_naming_no_cause(tmp_path, small_plan):
+    # the reverse replay's exact bodies were answered in the forward prime: the gateway gives those answers
+    # again and the engine never sees the bodies (the window used to complete, blaming key eligibility)
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), response_cache=True)
+    assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "not_as_sent"), r["abort"]
+    detail = r["abort"]["detail"]
+    assert detail.startswith("A.reverse_replay: the host answered 8 of 8 requests with an answer an earlier request"), detail
+    assert "#0: A.forward_prime #7's answer 'c-" in detail
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
+
+
+def test_a_gateway_that_names_its_stored_answers_anew_is_caught_by_the_engines_finished_count(tmp_path, small_plan):
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), response_cache="new_id")
+    assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "not_as_sent"), r["abort"]
+    assert r["abort"]["detail"] == ("A.reverse_replay: the engine finished 0 requests during the phase while 8 were "
+                                    "answered: 8 answers did not come from it, so its reuse was not measured by them")
+    assert r["verdict"]["hypothesis"] == "inconclusive"
+
+
 def test_a_trace_left_on_by_an_aborted_trace_arm_is_set_back_and_only_then_verified(tmp_path, small_plan):
     # the host keeps its trace switch across loads; an identity drift aborts the window inside the
     # first trace-on arm: B's prime 8, replay 8, small control 16, warm-up 8 and C1 r1 off 8 come first

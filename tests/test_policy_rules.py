@@ -338,3 +338,14 @@ def test_traffic_from_elsewhere_is_named_only_when_the_engine_saw_more_requests_
     assert (said is None) == (not more)
     if said:
         assert said.endswith(f"requests while the window sent {sent:,}") and all(f"{v:,}" in said for v in more)
+
+
+def test_fewer_requests_finished_than_answered_is_how_many_finished():
+    from flare_diag.policies.rules import finished_short
+    assert finished_short({"finished": 5.0}, 8) == 5
+
+
+@pytest.mark.parametrize("delta", [{"finished": 8.0}, {"finished": 9.0}, {}, {"finished": None}])
+def test_as_many_requests_finished_as_answered_or_no_finished_counter_is_no_shortfall(delta):
+    from flare_diag.policies.rules import finished_short
+    assert finished_short(delta, 8) is None

@@ -60,3 +60,13 @@ def test_chunks_that_name_no_id_are_not_taken_for_another_answer():
     datas = [json.dumps({k: v for k, v in json.loads(d).items() if k != "id" or i == 0}) if d != "[DONE]" else d
              for i, d in enumerate(_events(RECORDED[0]))]
     assert _read(datas).fields()["model_answered"] == "glm"
+
+
+@pytest.mark.parametrize("body, names", [
+    (b'{"model": "m", "messages": [], "request_id": "fixed-1"}', True),  # vLLM takes the completion id from it
+    (b'{"model": "m", "messages": [], "rid": "fixed-1"}', True),  # SGLang likewise
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}', False),
+])
+def test_a_body_that_may_name_its_answers_id_is_told_apart(body, names):
+    from flare_diag.daemon.hosts.actions import names_its_own_id
+    assert names_its_own_id(body) is names

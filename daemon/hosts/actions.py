@@ -201,7 +201,22 @@ returned (what this class builds itself, the fixtures' work and a kept recipe's 
 
     async def send_request(self, args: dict) -> dict:
         """Sends the fixture body's exact bytes and returns the RequestDone fields (raises on abort-class errors)."""
-        return await self.serving.chat(self.fixtures[args["fixture"]].bodies[args["body_index"]])
+        body = self.fixtures[args["fixture"]].bodies[args["body_index"]]
+        done = await self.serving.chat(body)
+        if names_its_own_id(body):
+            done.pop("answer_id", None)  # the body chose its answer's id: a repeat is the body's, not a replay's
+        return done
+
+
+# Body fields an engine names its answer after: vLLM's `request_id` (ChatCompletionRequest; the completion id
+# is "chatcmpl-" + it, entrypoints/openai/chat_completion/serving.py, unless an X-Request-Id header names one),
+# SGLang's `rid`. Every other answer's id is the engine's own draw.
+ID_FIELDS = (b'"request_id"', b'"rid"')
+
+
+def names_its_own_id(body: bytes) -> bool:
+    """Whether the body may name its answer's completion id (a field an engine takes it from)."""
+    return any(f in body for f in ID_FIELDS)
 
 
 def _keep(folder: Path, sha256: str, content: bytes) -> Path:

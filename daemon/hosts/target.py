@@ -199,7 +199,8 @@ class _Answer:
                     last_token_ns=self.last_token, end_ns=self.end, response_bytes=self.total,
                     response_sha256=self.digest.hexdigest(),
                     output_sha256=hashlib.sha256(self.said_r.digest() + self.said_c.digest()).hexdigest(),
-                    response_head=self.head.decode("utf-8", "replace"), model_answered=self.model)
+                    response_head=self.head.decode("utf-8", "replace"), model_answered=self.model,
+                    answer_id=self.answer_id)
 
 
 def _chunk(sse: ServerSentEvent) -> dict:
