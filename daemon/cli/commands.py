@@ -1084,48 +1084,7 @@ def _main(args: argparse.Namespace) -> int:
     # the log's error types are imported only when an error is being matched (an except clause's types are
     # evaluated then): a command that never opens a log never loads the event schema
     try:
-        if args.cmd == "completion":
-            from flare_diag.daemon.cli import completion
-            print(getattr(completion, args.shell)(build_parser()), end="")
-            return EXIT_OK
-        if args.cmd == "report":
-            return _report(args)
-        if args.cmd in ("status", "start", "abort", "watch"):
-            return _client(args)
-        if args.cmd == "log":
-            from flare_diag.daemon.cli.log_commands import run_log
-            return run_log(args)
-        if args.cmd == "fleet":
-            from flare_diag.daemon.cli.fleet_commands import run_fleet
-            return run_fleet(args)
-        if args.cmd == "review":
-            from flare_diag.daemon.cli import client
-            from flare_diag.daemon.cli.review_commands import run_review
-            try:
-                return run_review(args)
-            except client.DaemonUnreachable as exc:
-                print(f"flare-diag: error: {exc}", file=sys.stderr)
-                return EXIT_UNREACHABLE
-            except client.Refused as exc:
-                raise UsageError(f"the daemon refused the review: {exc}") from None
-        if args.cmd in ("rehearse", "run"):
-            return _window(args)
-        if args.cmd == "sim":
-            return _sim(args)
-        if args.cmd == "site":
-            return _site_check(args)
-        if args.cmd == "windows":
-            return _windows(args)
-        if args.cmd == "reproduce":
-            return _reproduce(args)
-        if args.cmd == "init-site":
-            return _init_site(args)
-        if args.cmd == "share":
-            return _share(args)
-        if args.cmd == "plan":
-            if args.plan_cmd == "follow-on":
-                return _plan_follow_on(args)
-            return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json, args.site)
+        return _dispatch(args)
     except UsageError as exc:
         print(f"flare-diag: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -1140,5 +1099,44 @@ def _main(args: argparse.Namespace) -> int:
         print(f"flare-diag: {target}: the log is damaged and does not verify ({type(exc).__name__}: {one_line(exc)})",
               file=sys.stderr)
         return EXIT_FAILED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """The command's exit code; its errors are `_main`'s to say."""
+    whole: dict[str, Callable[[argparse.Namespace], int]] = {  # commands that are one function of this module
+        "report": _report, "rehearse": _window, "run": _window, "sim": _sim, "site": _site_check,
+        "windows": _windows, "reproduce": _reproduce, "init-site": _init_site, "share": _share}
+    if args.cmd in whole:
+        return whole[args.cmd](args)
+    if args.cmd == "completion":
+        from flare_diag.daemon.cli import completion
+        print(getattr(completion, args.shell)(build_parser()), end="")
+        return EXIT_OK
+    if args.cmd in ("status", "start", "abort", "watch"):
+        return _client(args)
+    if args.cmd == "log":
+        from flare_diag.daemon.cli.log_commands import run_log
+        return run_log(args)
+    if args.cmd == "fleet":
+        from flare_diag.daemon.cli.fleet_commands import run_fleet
+        return run_fleet(args)
+    if args.cmd == "review":
+        return _review(args)
+    if args.cmd == "plan":
+        if args.plan_cmd == "follow-on":
+            return _plan_follow_on(args)
+        return _plan_forecast(args) if args.plan_cmd == "forecast" else _plan_check(args.plan, args.json, args.site)
     return EXIT_BAD_INPUT
+
+
+def _review(args: argparse.Namespace) -> int:
+    from flare_diag.daemon.cli import client
+    from flare_diag.daemon.cli.review_commands import run_review
+    try:
+        return run_review(args)
+    except client.DaemonUnreachable as exc:
+        print(f"flare-diag: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except client.Refused as exc:
+        raise UsageError(f"the daemon refused the review: {exc}") from None
 

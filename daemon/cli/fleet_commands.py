@@ -19,12 +19,7 @@ def add_parser(sub, parser_class) -> None:
                                     "password comes from --password-file or $CREDENTIALS_DIRECTORY/fleet-password, "
                                     "never from the command line.")
     fsub = fl.add_subparsers(dest="fleet_cmd", required=True, parser_class=parser_class)
-
-    def conn_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--dsn", default=None, help="libpq connection string or URI, without a password")
-        p.add_argument("--config", type=Path, default=None, help="a fleet file (dsn, host, pool) instead of --dsn")
-        p.add_argument("--password-file", default="", help="a file holding the database password")
-
+    conn_flags = _conn_flags
     init = fsub.add_parser("init", help="apply the fleet's migrations (plain versioned SQL files) to a database")
     init.add_argument("dsn_arg", metavar="DSN", nargs="?", default=None, help="the database (or --dsn/--config)")
     conn_flags(init)
@@ -51,6 +46,19 @@ def add_parser(sub, parser_class) -> None:
     sh.add_argument("--host", default=None, help="the host's id (default: the config's)")
     sh.add_argument("--pool", default=None, help="the host's pool (default: the config's)")
     conn_flags(sh)
+    _add_campaign(fsub, parser_class, conn_flags)
+    _add_reads(fsub)
+
+
+def _conn_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dsn", default=None, help="libpq connection string or URI, without a password")
+    p.add_argument("--config", type=Path, default=None, help="a fleet file (dsn, host, pool) instead of --dsn")
+    p.add_argument("--password-file", default="", help="a file holding the database password")
+
+
+def _add_reads(fsub) -> None:  # noqa: ANN001  (argparse's subparsers action has no public type)
+    """The fleet's reads: status, windows, a window's report, a host's chain verified."""
+    conn_flags = _conn_flags
     st = fsub.add_parser("status", help="per pool: K and who is down now; per host: head, shipping, running window, lease")
     st.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     conn_flags(st)
@@ -61,7 +69,6 @@ def add_parser(sub, parser_class) -> None:
     wl.add_argument("--since", default=None, type=_iso_time, help="an ISO 8601 date or time")
     wl.add_argument("--json", action="store_true", help="one JSON object per line")
     conn_flags(wl)
-    _add_campaign(fsub, parser_class, conn_flags)
     rp = fsub.add_parser("report", help="a window's report rebuilt from the fleet's events (the host's own, byte for byte)")
     rp.add_argument("window", help="the window id")
     rp.add_argument("--format", choices=["json", "md", "html"], default="json", help="the report's format")

@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -41,6 +42,10 @@ from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import AbortDecided, CampaignRunStarted, ControlCommand, LeaseGranted, LogNote, ReviewSigned
 from flare_diag.events.signals import quiet, quiet_default_executor
 from flare_diag.events.store import EventStore, StoreWriteError
+
+if TYPE_CHECKING:
+    from flare_diag.daemon.fleet.config import FleetConfig
+    from flare_diag.daemon.service.exporter import ServiceMetrics
 
 WATCH_BACKLOG = 10_000  # committed batches a slow watcher may fall behind before it is dropped
 MAX_CONNECTIONS = 64    # control connections served at once; more wait in the backlog (or take a priority slot)
@@ -1025,45 +1030,66 @@ def _unusable_folder(path: Path) -> str | None:
     return None
 
 
+class _Refused(Exception):
+    """A flag the daemon cannot start with: said in one line, exit 2, nothing started."""
+
+
+def _fleet_config(a: argparse.Namespace) -> tuple[FleetConfig | None, str]:
+    """The fleet's configuration and its connection string (None, "" without --fleet)."""
+    if a.fleet is None:
+        return None, ""
+    from flare_diag.daemon.fleet.config import load_config
+    from flare_diag.daemon.fleet.dsn import FleetError, conninfo
+    try:
+        cfg = load_config(a.fleet)
+        return cfg, conninfo(cfg.dsn, cfg.password_file)
+    except FleetError as exc:
+        raise _Refused(f"--fleet {a.fleet}: {exc}") from None
+
+
+def _metrics_server(a: argparse.Namespace, log: Any) -> ServiceMetrics | None:
+    """The service's own /metrics, serving on --metrics-address (None without it)."""
+    if a.metrics_address is None:
+        return None
+    from flare_diag.daemon.service.exporter import ServiceMetrics, parse_address
+    try:
+        host, port = parse_address(a.metrics_address)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    if not _loopback(host) and not a.metrics_allow_remote:
+        raise _Refused(f"--metrics-address {a.metrics_address}: {host} is not a loopback address; the metrics have no "
+                       f"authentication, so a remote bind needs --metrics-allow-remote")
+    metrics = ServiceMetrics()
+    try:
+        host, port = metrics.serve(host, port)
+    except OSError as exc:
+        raise _Refused(f"--metrics-address {a.metrics_address}: {exc.strerror or exc}") from None
+    log.info("metrics serving", address=f"{host}:{port}")
+    return metrics
+
+
+def _state_folder(a: argparse.Namespace) -> Path:
+    if not 0 <= a.archive_keep_days <= 36_500:
+        raise _Refused(f"--archive-keep-days {a.archive_keep_days}: expected 0 to 36500")
+    state_dir: Path = a.state_dir or default_state_dir()
+    why = _unusable_folder(state_dir)
+    if why:
+        raise _Refused(f"--state-dir {state_dir}: {why}")
+    return state_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     log = configure(a.log_level)
-    fleet_cfg = None
-    if a.fleet is not None:
-        from flare_diag.daemon.fleet.config import load_config
-        from flare_diag.daemon.fleet.dsn import FleetError, conninfo
-        try:
-            fleet_cfg = load_config(a.fleet)
-            dsn = conninfo(fleet_cfg.dsn, fleet_cfg.password_file)
-        except FleetError as exc:
-            print(f"flare-diagd: error: --fleet {a.fleet}: {exc}", file=sys.stderr)
-            return 2
     metrics = None
-    if a.metrics_address is not None:
-        from flare_diag.daemon.service.exporter import ServiceMetrics, parse_address
-        try:
-            host, port = parse_address(a.metrics_address)
-        except ValueError as exc:
-            print(f"flare-diagd: error: {exc}", file=sys.stderr)
-            return 2
-        if not _loopback(host) and not a.metrics_allow_remote:
-            print(f"flare-diagd: error: --metrics-address {a.metrics_address}: {host} is not a loopback address; the "
-                  f"metrics have no authentication, so a remote bind needs --metrics-allow-remote", file=sys.stderr)
-            return 2
-        metrics = ServiceMetrics()
-        try:
-            host, port = metrics.serve(host, port)
-        except OSError as exc:
-            print(f"flare-diagd: error: --metrics-address {a.metrics_address}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-        log.info("metrics serving", address=f"{host}:{port}")
-    if not 0 <= a.archive_keep_days <= 36_500:
-        print(f"flare-diagd: error: --archive-keep-days {a.archive_keep_days}: expected 0 to 36500", file=sys.stderr)
-        return 2
-    state_dir = a.state_dir or default_state_dir()
-    why = _unusable_folder(state_dir)
-    if why:
-        print(f"flare-diagd: error: --state-dir {state_dir}: {why}", file=sys.stderr)
+    try:
+        fleet_cfg, dsn = _fleet_config(a)
+        metrics = _metrics_server(a, log)
+        state_dir = _state_folder(a)
+    except _Refused as exc:
+        print(f"flare-diagd: error: {exc}", file=sys.stderr)
+        if metrics is not None:
+            metrics.close()
         return 2
     fleet = None
     svc: Service  # the fleet link's window reader below asks it once it exists
