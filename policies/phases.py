@@ -445,8 +445,9 @@ def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str, Any])
                 f"incarnation {ph.incarnation} already had, completion id and all ({', '.join(tally.replayed[:3])}): "
                 f"they were not generated for these requests, so the engine's reuse was not measured by them")
     if (finished := rules.finished_short(delta, tally.answered)) is not None:
-        return (f"the engine finished {finished:,} requests during the phase while {tally.answered:,} were answered: "
-                f"{tally.answered - finished:,} answers did not come from it, so its reuse was not measured by them")
+        return (f"the engine counted {finished:,} requests finished during the phase while {tally.answered:,} were "
+                f"answered: {tally.answered - finished:,} answers are not in its own count (answered by something "
+                f"else before it or beside it, or counted late), so its reuse cannot be read from this phase")
     return None
 
 
