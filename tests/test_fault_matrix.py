@@ -248,6 +248,19 @@ def test_an_exact_body_counted_at_another_prompt_size_on_the_same_incarnation_ab
     assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
 
 
+def test_a_gateway_answering_exact_bodies_from_its_store_aborts_not_as_sent_naming_no_cause(tmp_path):
+    # a gateway in front of the engine answers an exact body it answered before from its store: the reverse
+    # replay's bodies are the forward prime's, so the engine sees none of them and its reuse reads 0
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "response_cache")
+    aborted_and_restored(rc, r, tmp_path / "out" / "log.db")
+    rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
+    assert rev["status"] == "invalid" and "with an answer an earlier request on incarnation A already had" in rev["reason"] \
+        and "A.forward_prime #51's answer 'req-" in rev["reason"], rev
+    assert r["abort"]["reason"] == "not_as_sent" and r["abort"]["detail"].startswith("A.reverse_replay: "), r["abort"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
+
+
 def test_a_request_said_to_have_more_cached_tokens_than_its_prompt_invalidates_the_phase(small_plan, tmp_path):
     rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "cached_overstated@A.reverse_replay#0", "--accept-partial")
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
