@@ -67,6 +67,7 @@ def test_sglang_sample_splits_cached_tokens_by_source():
     assert (m["gauges"]["requests_active"], m["gauges"]["requests_pending"]) == (2, 5)
     assert m["counters"]["host_reused_tokens"] == 135223 and m["counters"]["gpu_reused_tokens"] == 2.1e6
     assert m["counters"]["prompt_tokens"] == 128902 + 8.0e6  # both is_streaming children
+    assert m["counters"]["finished"] == 12 + 3480  # num_requests_total: each finished request, both children
     assert m["counters"]["host_fetched_tokens"] is None and m["gauges"]["host_cache_bytes_used"] is None
     assert (m["gauges"]["host_cache_tokens_used"], m["gauges"]["host_cache_tokens_capacity"]) == (182000, 1048576)
 
