@@ -1,9 +1,10 @@
-"""What changes a window's state: typed facts, and `evolve(state, fact) -> state`, pure and total over them.
+"""What changes a window's state: typed facts, and `evolve(state, fact) -> state`, pure, one rule a fact.
 
 The decider (`policies.core`, `policies.window`) judges each input against the state it holds and, for every
 change that input makes, hands one fact to `evolve`; the state it holds next is what `evolve` returns. A fact
 carries what the decider was told or decided (an answer's figures, a cell, a window time), never a clock
-of its own: the same facts fold to the same state (tests/test_evolve.py).
+of its own: the same facts fold to the same state (tests/test_evolve.py). A fact with no rule, and a stage
+move events/stages.TRANSITIONS forbids, are refused (raised): either is a bug in the decider that asked.
 """
 
 from __future__ import annotations
@@ -289,7 +290,7 @@ class UnknownFact(TypeError):
 
 
 def evolve(state: WindowState, fact: Fact) -> WindowState:
-    """The state after `fact`. Pure: `state` is left as it was."""
+    """The state after `fact`. Pure: `state` is left as it was; raises UnknownFact or StageError (a decider's bug)."""
     rule = _RULES.get(type(fact))
     if rule is None:
         raise UnknownFact(f"no rule for {type(fact).__name__}")
