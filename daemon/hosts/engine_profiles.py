@@ -71,9 +71,9 @@ PROFILES: dict[str, dict[str, str]] = {
         # prompt count is the request's whole prompt, cached tokens included, as the contract's is
         "flare_prompt_tokens": "sglang:prompt_tokens",
         "flare_generation_tokens": "sglang:generation_tokens",
-        # the same method's num_requests_total: one per finished request (an aborted one is counted apart, in
-        # num_aborted_requests_total), labelled is_streaming (summed): the contract's requests finished. Read
-        # in sgl-project/sglang at 016d8605 (metrics_collector.py), a later commit than 0.5.23's: unchecked there
+        # the same method's num_requests_total: one per request that finished, for whatever reason (the
+        # TokenizerManager calls it for every finished state, aborts too, as vLLM's request_success counts its
+        # abort reason), labelled is_streaming (summed): the contract's requests finished (0.5.23's wheel read)
         "flare_requests_finished": "sglang:num_requests",
         # SchedulerMetricsCollector's histogram: one sample per request, the wait before its first forward
         # (observability/req_time_stats.py, set_forward_entry_time: ts - wait_queue_entry_time), as vLLM's
