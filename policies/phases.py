@@ -446,8 +446,9 @@ def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str, Any])
                 f"they were not generated for these requests, so the engine's reuse was not measured by them")
     if (finished := rules.finished_short(delta, tally.answered)) is not None:
         return (f"the engine counted {finished:,} requests finished during the phase while {tally.answered:,} were "
-                f"answered: {tally.answered - finished:,} answers are not in its own count (answered by something "
-                f"else before it or beside it, or counted late), so its reuse cannot be read from this phase")
+                f"answered: {tally.answered - finished:,} answers are not in its count (answered by something before "
+                f"or beside it, or its counters are another engine's or lag it), so its reuse cannot be read from "
+                f"this phase")
     return None
 
 

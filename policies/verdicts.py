@@ -20,11 +20,12 @@ NO_CAUSE = {
     "rejected": ("the host refused the plan's bodies", "Make the bodies acceptable to this engine (its request schema, "
                  "the plan's [sampling]) or the engine's version the bodies were written for, then repeat the window."),
     "not_as_sent": ("the host did not serve the plan's bodies as the window sent them (answers beyond their "
-                    "max_tokens, an exact body counted at another prompt size than before, or answers the engine did "
-                    "not generate: an earlier answer's completion id again, fewer requests finished than answered)",
-                    "Find what changes, ignores or answers the bodies before the engine (a gateway that stamps "
-                    "prompts, rewrites max_tokens or answers from a response cache, an engine that reads another "
-                    "field), point the site past it or have it pass bodies through untouched, then repeat the window."),
+                    "max_tokens, an exact body counted at another prompt size than before, or answers its engine's "
+                    "counters do not account for: an earlier answer's completion id again, fewer requests finished "
+                    "than answered)", "Find what changes, ignores or answers the bodies before the engine (a gateway "
+                    "that stamps prompts, rewrites max_tokens or answers from a response cache, an engine that reads "
+                    "another field) or which engine the site's metrics come from, point the site past it or at the "
+                    "engine that serves, then repeat the window."),
     "unexpected_input": ("the decider received an observation it has no rule for, so the state its cells were "
                          "judged from cannot be trusted", "Find what produced the input (the alarm names its type: a "
                          "daemon newer than this policy, or a bug) and repeat the window on a matching build."),

@@ -32,6 +32,8 @@ Misbehaviours of real engines and supervisors:
 - `response_cache` (true): a gateway before the engine answers an exact body it has answered before from its
   store, as that answer first went out (its completion id, text and usage); the engine never sees it. With
   "new_id" it names each stored answer it gives anew.
+- `metrics_twin` (true): /metrics answers for an idle twin of the engine (the same build and incarnation
+  labels, none of the window's requests), as a site whose monitoring URL names another replica does.
 - `crash_after_load` ("c2"): the engine dies just after its load as that incarnation is answered: the identity
   shows no incarnation, /health answers 503 and the manager has nothing loaded.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -416,7 +418,9 @@ def r_metrics(h, _raw) -> None:
     with st.lock:
         st.maybe_restart(scraping=True)
     omit = set(st.cfg.get("omit_metrics", []))
-    c = st.c
+    twin = st.cfg.get("metrics_twin")  # an idle twin's /metrics: the same build and labels, none of the requests
+    c = dict.fromkeys(st.c, 0) if twin else st.c
+    active, records = (0, 0) if twin else (st.active, len(st.cache))
     cap = st.cfg["cache_entries"]
     bytes_cap = st.cfg["build"]["host_cache_bytes"]
     lines: list[str] = []
@@ -446,12 +450,12 @@ def r_metrics(h, _raw) -> None:
                                                    ('{finish_reason="length"}', c["length"])])
         fam("flare_prompt_tokens", "counter", [("", c["prompt"])])
         fam("flare_generation_tokens", "counter", [("", c["generation"])])
-        for g, v in (("flare_requests_active", st.active), ("flare_requests_pending", 0), ("flare_requests_retiring", 0),
+        for g, v in (("flare_requests_active", active), ("flare_requests_pending", 0), ("flare_requests_retiring", 0),
                      ("flare_host_transfers_inflight", 0), ("flare_host_transfers_waiting", 0),
-                     ("flare_host_cache_records", len(st.cache)),
-                     ("flare_host_cache_bytes_used", len(st.cache) * (bytes_cap // max(cap, 1))),
+                     ("flare_host_cache_records", records),
+                     ("flare_host_cache_bytes_used", records * (bytes_cap // max(cap, 1))),
                      ("flare_host_cache_bytes_capacity", bytes_cap),
-                     ("flare_host_cache_rows_used", len(st.cache)), ("flare_host_cache_rows_capacity", cap),
+                     ("flare_host_cache_rows_used", records), ("flare_host_cache_rows_capacity", cap),
                      ("flare_host_cache_pages_used", 0), ("flare_host_cache_pages_capacity", cap),
                      ("flare_process_resident_bytes", 8 << 30)):
             fam(g, "gauge", [("", v)])

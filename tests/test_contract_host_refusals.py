@@ -79,8 +79,17 @@ def test_a_gateway_that_names_its_stored_answers_anew_is_caught_by_the_engines_f
     rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), response_cache="new_id")
     assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "not_as_sent"), r["abort"]
     assert r["abort"]["detail"].startswith("A.reverse_replay: the engine counted 0 requests finished during the phase "
-                                           "while 8 were answered: 8 answers are not in its own count"), r["abort"]
+                                           "while 8 were answered: 8 answers are not in its count"), r["abort"]
     assert r["verdict"]["hypothesis"] == "inconclusive"
+
+
+def test_metrics_read_from_an_idle_twin_of_the_engine_abort_not_as_sent_before_any_cause(tmp_path, small_plan):
+    # the site's monitoring names another replica: its counters never move, so every phase would read no reuse
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), metrics_twin=True)
+    assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "not_as_sent"), (r["abort"], r["verdict"])
+    assert r["abort"]["detail"].startswith("A.forward_prime: the engine counted 0 requests finished during the phase "
+                                           "while 8 were answered"), r["abort"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
 
 
 def test_a_trace_left_on_by_an_aborted_trace_arm_is_set_back_and_only_then_verified(tmp_path, small_plan):
