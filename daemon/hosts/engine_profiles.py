@@ -20,10 +20,7 @@ PROFILES: dict[str, dict[str, str]] = {
         # host-RAM prompt-cache entry instead of computing them; the request's usage reports the same
         # figure as prompt_tokens_details.cached_tokens (server-task.cpp, n_prompt_tokens_cache)
         "flare_host_cache_reused_tokens": "llamacpp:prompt_tokens_cached",
-        # Not flare_generation_tokens: llamacpp:tokens_predicted_total (metrics.predict) is added by
-        # metrics_on_prediction, which tools/server/server-context.cpp calls from a slot's callback_on_reset
-        # ("flush the generated token stats before reset()"), when the slot takes its *next* task: over a
-        # phase it holds the previous phase's last request of each slot and leaves out the phase's own
+        "flare_generation_tokens": "llamacpp:tokens_predicted",   # counter, metrics.predict.count
         # Not flare_prompt_tokens: llamacpp:prompt_tokens_total is "Number of prompt tokens processed,
         # excluding cached tokens" (metrics.prompt.count), where the contract's counts every prompt token
     },
