@@ -20,7 +20,9 @@ PROFILES: dict[str, dict[str, str]] = {
         # host-RAM prompt-cache entry instead of computing them; the request's usage reports the same
         # figure as prompt_tokens_details.cached_tokens (server-task.cpp, n_prompt_tokens_cache)
         "flare_host_cache_reused_tokens": "llamacpp:prompt_tokens_cached",
-        "flare_generation_tokens": "llamacpp:tokens_predicted",   # counter, metrics.predict.count
+        # counter, metrics.predict.count: added by metrics_on_prediction from the slot's callback_on_reset,
+        # which release() calls as the request ends (server-context.cpp), before the slot shows idle
+        "flare_generation_tokens": "llamacpp:tokens_predicted",
         # Not flare_prompt_tokens: llamacpp:prompt_tokens_total is "Number of prompt tokens processed,
         # excluding cached tokens" (metrics.prompt.count), where the contract's counts every prompt token
     },
