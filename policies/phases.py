@@ -194,6 +194,7 @@ class _Tally:
         self.overcached: list[str] = []  # requests whose cached_tokens exceed their own prompt_tokens
         self.replayed: list[str] = []  # requests answered with an earlier answer's completion id (_answer_replayed)
         self.answered = 0  # requests answered ok
+        self.generated: int | None = 0  # their completion_tokens added up (None once one did not say)
         self.natural = 0
 
 
@@ -336,6 +337,8 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
             tally.overcached += _cached_beyond_prompt(rd)
             tally.replayed += _answer_replayed(w, ph, rd)
             tally.answered += 1
+            tally.generated = None if tally.generated is None or rd.completion_tokens is None \
+                else tally.generated + rd.completion_tokens
         if ph.kind == "consistency":
             tally.answers.append(consistency.Answer(rd.body_index, rd.output_sha256 if rd.outcome == "ok" else "",
                                                     rd.cached_tokens, delta.get("host_reused_tokens")))
@@ -448,6 +451,11 @@ def _not_as_sent(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str, Any])
         return (f"the engine counted {finished:,} requests finished during the phase while {tally.answered:,} were "
                 f"answered: {tally.answered - finished:,} answers are not in its count (answered by something before "
                 f"or beside it, or its counters are another engine's or lag it), so its reuse cannot be read from "
+                f"this phase")
+    if (counted := rules.generated_short(delta, tally.generated)) is not None:
+        return (f"the engine counted {counted:,} tokens generated during the phase while its {tally.answered:,} "
+                f"answers say {tally.generated:,}: answers are not in its count (answered by something before or "
+                f"beside it, or its counters are another engine's or lag it), so its reuse cannot be read from "
                 f"this phase")
     return None
 

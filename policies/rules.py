@@ -211,6 +211,14 @@ def finished_short(delta: Mapping[str, float | None], answered: int) -> int | No
     return int(finished) if finished is not None and finished < answered else None
 
 
+def generated_short(delta: Mapping[str, float | None], generated: int | None) -> int | None:
+    """The tokens the engine counted as generated over a phase when that is fewer than its answers' own
+    completion_tokens add up to (every engine here counts each answer's tokens as it generates or finishes
+    it), or None; None also where an answer did not say its count."""
+    counted = delta.get("generation_tokens")
+    return int(counted) if counted is not None and generated is not None and counted < generated else None
+
+
 def counters_reset(counters: Mapping[str, float | None]) -> list[str]:
     """Counters that are not zero on a fresh incarnation."""
     return [k for k, v in sorted(counters.items()) if v]

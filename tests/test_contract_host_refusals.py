@@ -92,6 +92,16 @@ def test_metrics_read_from_an_idle_twin_of_the_engine_abort_not_as_sent_before_a
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
 
 
+def test_without_a_finished_count_the_engines_generated_tokens_catch_metrics_from_an_idle_twin(tmp_path, small_plan):
+    # as llama.cpp, which exports no count of finished requests: its tokens generated are held to the answers'
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), metrics_twin=True,
+                           omit_metrics=["flare_requests_finished"])
+    assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "not_as_sent"), (r["abort"], r["verdict"])
+    assert r["abort"]["detail"].startswith("A.forward_prime: the engine counted 0 tokens generated during the phase "
+                                           "while its 8 answers say "), r["abort"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"]
+
+
 def test_a_trace_left_on_by_an_aborted_trace_arm_is_set_back_and_only_then_verified(tmp_path, small_plan):
     # the host keeps its trace switch across loads; an identity drift aborts the window inside the
     # first trace-on arm: B's prime 8, replay 8, small control 16, warm-up 8 and C1 r1 off 8 come first

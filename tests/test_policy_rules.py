@@ -349,3 +349,15 @@ def test_fewer_requests_finished_than_answered_is_how_many_finished():
 def test_as_many_requests_finished_as_answered_or_no_finished_counter_is_no_shortfall(delta):
     from flare_diag.policies.rules import finished_short
     assert finished_short(delta, 8) is None
+
+
+def test_fewer_tokens_generated_than_the_answers_say_is_the_engines_count():
+    from flare_diag.policies.rules import generated_short
+    assert generated_short({"generation_tokens": 40.0}, 64) == 40
+
+
+@pytest.mark.parametrize("delta, generated", [({"generation_tokens": 64.0}, 64), ({"generation_tokens": 70.0}, 64),
+                                              ({}, 64), ({"generation_tokens": 10.0}, None)])
+def test_as_many_tokens_generated_as_answered_or_a_count_not_known_is_no_shortfall(delta, generated):
+    from flare_diag.policies.rules import generated_short
+    assert generated_short(delta, generated) is None
