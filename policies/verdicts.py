@@ -22,7 +22,7 @@ NO_CAUSE = {
     "not_as_sent": ("the host did not serve the plan's bodies as the window sent them (answers beyond their "
                     "max_tokens, an exact body counted at another prompt size than before, or answers its engine's "
                     "counters do not account for: an earlier answer's completion id again, fewer requests finished "
-                    "than answered)", "Find what changes, ignores or answers the bodies before the engine (a gateway "
+                    "or tokens generated than answered)", "Find what changes, ignores or answers the bodies before the engine (a gateway "
                     "that stamps prompts, rewrites max_tokens or answers from a response cache, an engine that reads "
                     "another field) or which engine the site's metrics come from, point the site past it or at the "
                     "engine that serves, then repeat the window."),
