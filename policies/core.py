@@ -31,7 +31,7 @@ from flare_diag.policies.planner import Arm, Calibration, Estimator, work_from
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.evolve import (
     Aborted,
-    AnswerSeen,
+    AnswersSeen,
     CandidateKept,
     CandidateLoaded,
     CandidateUnloaded,
@@ -341,10 +341,9 @@ class WindowCore(Driver):
         self.apply(PromptCounted(incarnation=incarnation, body_sha256=body_sha256, seen=seen))
         return self.state.prompt_seen[(incarnation, body_sha256)]
 
-    def answer_seen(self, incarnation: str, answer_id: str, where: tuple[str, int]) -> tuple[str, int]:
-        """The request first answered with this completion id on an incarnation: (phase, #)."""
-        self.apply(AnswerSeen(incarnation=incarnation, answer_id=answer_id, where=where))
-        return self.state.answers_seen[(incarnation, answer_id)]
+    def answers_seen(self, incarnation: str, seen: dict[str, tuple[str, int]]) -> None:
+        """The completion ids a phase's answers named on an incarnation, each with its first request: (phase, #)."""
+        self.apply(AnswersSeen(incarnation=incarnation, seen=seen))
 
     def drain_gauges_unseen(self, gauges: list[str]) -> None:
         self.apply(DrainGaugesUnseen(gauges=tuple(gauges)))

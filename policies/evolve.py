@@ -117,11 +117,11 @@ class PromptCounted(Fact, frozen=True):
     seen: tuple[int, str, int]  # (prompt tokens, phase, #)
 
 
-class AnswerSeen(Fact, frozen=True):
-    """A completion id an answer named on an incarnation; the first request answered with it is the one kept."""
+class AnswersSeen(Fact, frozen=True):
+    """The completion ids a phase's answers named on an incarnation, each with the request first answered with
+    it; an id already kept keeps its first request. One fact a phase, not one an answer: the map is copied once."""
     incarnation: str
-    answer_id: str
-    where: tuple[str, int]  # (phase, #)
+    seen: dict[str, tuple[str, int]]  # completion id -> (phase, #)
 
 
 class TraceOrderStopped(Fact, frozen=True):
@@ -385,10 +385,10 @@ def _prompt_counted(s: WindowState, f: PromptCounted) -> WindowState:
     return s if key in s.prompt_seen else replace(s, prompt_seen={**s.prompt_seen, key: f.seen})
 
 
-@_rule(AnswerSeen)
-def _answer_seen(s: WindowState, f: AnswerSeen) -> WindowState:
-    key = (f.incarnation, f.answer_id)
-    return s if key in s.answers_seen else replace(s, answers_seen={**s.answers_seen, key: f.where})
+@_rule(AnswersSeen)
+def _answers_seen(s: WindowState, f: AnswersSeen) -> WindowState:
+    new = {(f.incarnation, a): where for a, where in f.seen.items() if (f.incarnation, a) not in s.answers_seen}
+    return replace(s, answers_seen={**s.answers_seen, **new}) if new else s
 
 
 @_rule(TraceOrderStopped)

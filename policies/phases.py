@@ -193,6 +193,7 @@ class _Tally:
         self.reprompted: list[str] = []  # exact bodies counted at another prompt size than before (_prompt_changed)
         self.overcached: list[str] = []  # requests whose cached_tokens exceed their own prompt_tokens
         self.replayed: list[str] = []  # requests answered with an earlier answer's completion id (_answer_replayed)
+        self.ids: dict[str, tuple[str, int]] = {}  # the completion ids this phase's answers named -> (phase, #)
         self.answered = 0  # requests answered ok
         self.generated: int | None = 0  # their completion_tokens added up (None once one did not say)
         self.natural = 0
@@ -335,7 +336,7 @@ def _tally_round(w: WindowCore, ph: PhaseSpec, k: int, results: list[Any], delta
             tally.overlong += _beyond_max_tokens(w, ph, rd)
             tally.reprompted += _prompt_changed(w, ph, rd)
             tally.overcached += _cached_beyond_prompt(rd)
-            tally.replayed += _answer_replayed(w, ph, rd)
+            tally.replayed += _answer_replayed(w, ph, rd, tally)
             tally.answered += 1
             tally.generated = None if tally.generated is None or rd.completion_tokens is None \
                 else tally.generated + rd.completion_tokens
@@ -369,14 +370,15 @@ def _prompt_changed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
     return [f"#{rd.order_index}: {rd.prompt_tokens:,}, against {first[0]:,} in {first[1]} #{first[2]}"]
 
 
-def _answer_replayed(w: WindowCore, ph: PhaseSpec, rd: RequestDone) -> list[str]:
+def _answer_replayed(w: WindowCore, ph: PhaseSpec, rd: RequestDone, tally: _Tally) -> list[str]:
     """[a line] when the answer names the completion id an earlier request's answer on the same incarnation named:
     an engine names each generation anew, so this answer was not generated for its request (a gateway that
-    answers from a store of earlier answers); else [] (the first time an id is seen, it is remembered)."""
+    answers from a store of earlier answers); else [] (the phase remembers the id; its close keeps them all)."""
     if not rd.answer_id:
         return []
-    first = w.answer_seen(ph.incarnation or "", rd.answer_id, (ph.id, rd.order_index))
-    if first == (ph.id, rd.order_index):
+    first = w.state.answers_seen.get((ph.incarnation or "", rd.answer_id)) or tally.ids.get(rd.answer_id)
+    if first is None:
+        tally.ids[rd.answer_id] = (ph.id, rd.order_index)
         return []
     return [f"#{rd.order_index}: {first[0]} #{first[1]}'s answer {rd.answer_id[:40]!r}"]
 
@@ -405,6 +407,8 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
                  tally: _Tally) -> Proc:
     """The phase's closing drain, then its identity (still inside its bound past the stop minute: a phase
     is held to the identity its incarnation was verified on), then its cell."""
+    if tally.ids:
+        w.answers_seen(ph.incarnation or "", tally.ids)
     w.phase_closing(True)
     settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
     after = w.state.last_counters if settled else prev
