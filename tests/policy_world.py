@@ -68,6 +68,10 @@ class World:
         # request's number to another model it is answered as (a backend the window did not verify)
         self.models = ("", "")
         self.answered_as: dict[int, str] = {}
+        # each answer's completion id is its own, unless a gateway answers exact bodies from its store (`replays`):
+        # then a body's every later answer is its first one again, id and all
+        self.replays = False
+        self.first_answer: dict[str, str] = {}  # body sha256 -> the id of its first answer
 
     @staticmethod
     def _zero() -> dict:
@@ -175,7 +179,12 @@ class World:
                            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, first_byte_ns=total // 5,
                            first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
                            cached_tokens=cached, first_token_stamp=self.first_token_stamp, model_asked=self.models[0],
-                           model_answered=self.answered_as.get(self.requests_sent, self.models[1]))
+                           model_answered=self.answered_as.get(self.requests_sent, self.models[1]),
+                           answer_id=self._answer_id(args["body_sha256"] or str(args["body_index"])))
+
+    def _answer_id(self, body: str) -> str:
+        first = self.first_answer.setdefault(body, f"answer-{self.requests_sent}")
+        return first if self.replays else f"answer-{self.requests_sent}"
 
 
 Hook = Callable[[World, list[tuple[Input, list[Decision]]]], Input | None]
