@@ -71,12 +71,14 @@ class World:
         # each answer's completion id is its own, unless a gateway answers exact bodies from its store (`replays`):
         # then a body's every later answer is its first one again, id and all
         self.replays = False
+        self.counting = True  # False: /metrics is an idle twin's, which none of the window's requests move
+        self.uncounted: set[int] = set()  # the actions whose answers the engine's counters left out
         self.first_answer: dict[str, str] = {}  # body sha256 -> the id of its first answer
 
     @staticmethod
     def _zero() -> dict:
         return {k: 0 for k in ("host_lookups", "host_hits", "host_fetched_tokens", "host_reused_tokens",
-                               "gpu_hits", "gpu_reused_tokens")}
+                               "gpu_hits", "gpu_reused_tokens", "finished", "generation_tokens")}
 
     def _gauges(self) -> dict:
         return {"requests_active": 0, "requests_pending": 0, "requests_retiring": 0, "host_transfers_inflight": 0,
@@ -158,13 +160,23 @@ class World:
         self.now += int(cost * S)
         args = d.args
         err = self.request_error.get(self.requests_sent)
-        self.counters["host_lookups"] += 1
+        body = args["body_sha256"] or str(args["body_index"])
+        # the engine counts what it serves: not what a gateway answered from its store, nor anything the
+        # window reads when /metrics is another engine's
+        counted = self.counting and not (self.replays and body in self.first_answer)
+        counters = self.counters if counted else dict(self.counters)
+        if not counted:
+            self.uncounted.add(d.action_id)
+        counters["host_lookups"] += 1
         if args["phase"] in self.reuse_on:
-            self.counters["host_hits"] += 1
-            self.counters["host_fetched_tokens"] += 0 if self.miscounts else 1000
-            self.counters["host_reused_tokens"] += 1000
-        self.counters["gpu_hits"] += 256  # tokens found (contract section 1), all of them skipped
-        self.counters["gpu_reused_tokens"] += 256
+            counters["host_hits"] += 1
+            counters["host_fetched_tokens"] += 0 if self.miscounts else 1000
+            counters["host_reused_tokens"] += 1000
+        counters["gpu_hits"] += 256  # tokens found (contract section 1), all of them skipped
+        counters["gpu_reused_tokens"] += 256
+        if not err:
+            counters["finished"] += 1
+            counters["generation_tokens"] += self.completion_tokens
         reused = 256 + (1000 if args["phase"] in self.reuse_on else 0)
         cached = reused if self.cached_tokens == "true" else self.cached_tokens
         common = dict(at_ns=self.now, action_id=d.action_id, phase=args["phase"], order_index=args["order_index"],
@@ -180,7 +192,7 @@ class World:
                            first_token_ns=total // 4, last_token_ns=total - 1000, end_ns=total,
                            cached_tokens=cached, first_token_stamp=self.first_token_stamp, model_asked=self.models[0],
                            model_answered=self.answered_as.get(self.requests_sent, self.models[1]),
-                           answer_id=self._answer_id(args["body_sha256"] or str(args["body_index"])))
+                           answer_id=self._answer_id(body))
 
     def _answer_id(self, body: str) -> str:
         first = self.first_answer.setdefault(body, f"answer-{self.requests_sent}")

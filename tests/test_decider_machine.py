@@ -59,6 +59,7 @@ class DeciderMachine(RuleBasedStateMachine):
         self.reprompted_phases: set[str] = set()  # phases with a body answered at another prompt size than before
         self.replayed_phases: set[str] = set()  # phases with an answer naming an id an earlier answer on its incarnation named
         self.answers_seen: set[tuple[str, str]] = set()  # (incarnation, completion id) of every answer so far
+        self.uncounted_phases: set[str] = set()  # phases with an answer the engine's counters left out
         self.slows: tuple[float, float] | None = None  # (window minute, seconds a request) the host slows down at
         self._slows_drawn: tuple[float, float] | None = None
 
@@ -71,6 +72,8 @@ class DeciderMachine(RuleBasedStateMachine):
             self.reprompted_phases.add(inp.phase)
         if isinstance(inp, RequestDone) and self._replayed(inp):
             self.replayed_phases.add(inp.phase)
+        if isinstance(inp, RequestDone) and inp.outcome == "ok" and inp.action_id in self.world.uncounted:
+            self.uncounted_phases.add(inp.phase)
         ds = self.policy.receive(inp)
         self.history.append((inp, ds))
         for d in ds:
@@ -131,6 +134,7 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert d.phase not in self.overlong_phases, f"{d.phase} measured on answers beyond their max_tokens"
                 assert d.phase not in self.reprompted_phases, f"{d.phase} measured on bodies given as other prompts"
                 assert d.phase not in self.replayed_phases, f"{d.phase} measured on answers given before"
+                assert d.phase not in self.uncounted_phases, f"{d.phase} measured on answers its engine did not count"
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
                 abort = self.policy.state.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
@@ -197,10 +201,10 @@ class DeciderMachine(RuleBasedStateMachine):
     @initialize(stop_min=st.sampled_from([20, 45, 70]), until_min=st.floats(0, 95), request_s=st.floats(2, 40),
                 reuse_on=st.sampled_from([frozenset(), frozenset({"A.reverse_replay"}), frozenset({"B.forward_replay"})]),
                 slows=st.one_of(st.none(), st.tuples(st.floats(0.1, 0.9), st.floats(60, 600))),
-                gateway=st.sampled_from([False, False, False, True]))
+                host=st.sampled_from(["", "", "", "", "replays", "twin"]))
     def a_window_opens_and_runs_for_a_while(self, stop_min: int, until_min: float, request_s: float,
                                             reuse_on: frozenset[str], slows: tuple[float, float] | None,
-                                            gateway: bool) -> None:
+                                            host: str) -> None:
         # a stop minute near or far, a host as fast or as slow as Hypothesis likes (the plan's rate model
         # says about 7 s a request), whose cache reuses where it likes; the window then runs on a healthy
         # host to a minute Hypothesis picks, so that the rules below meet it anywhere: before the
@@ -208,7 +212,9 @@ class DeciderMachine(RuleBasedStateMachine):
         plan = plan_builtins(stop_min=stop_min, window_min=stop_min + RESERVE_MIN, restore_reserve_min=RESERVE_MIN)
         self.stop_ns, self.window_ns = int(stop_min * NS_PER_MIN), int((stop_min + RESERVE_MIN) * NS_PER_MIN)
         self.world = World(plan, request_s=request_s, reuse_on=set(reuse_on))
-        self.world.replays = gateway  # a quarter meet a gateway answering the bodies it answered before
+        # a sixth meet a gateway answering the bodies it answered before, a sixth a site whose /metrics is an
+        # idle twin's: the engine's counts leave the window's answers out
+        self.world.replays, self.world.counting = host == "replays", host != "twin"
         # half the windows meet a host that slows down once the experiment is under way (at this fraction
         # of the stop minute, to this many seconds a request): the phase it began at the old pace then runs
         # into the stop minute, where the invariants must hold (a healthy host's window defers what will
@@ -246,7 +252,8 @@ class DeciderMachine(RuleBasedStateMachine):
     def the_host_changes_how_it_behaves(self, data: st.DataObject) -> None:
         """Quietly: nothing arrives now; the window meets it in what the host answers next."""
         change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "miscounts", "serves_others",
-                                            "overgenerates", "restamps", "replays", "silences"]), label="change")
+                                            "overgenerates", "restamps", "replays", "twin", "silences"]),
+                                  label="change")
         world = self.world
         if change == "fails":  # the next such action fails with this class
             world.fail[data.draw(st.sampled_from(ACTIONS), label="action")] = data.draw(st.sampled_from(FAULT_CLASSES))
@@ -270,6 +277,8 @@ class DeciderMachine(RuleBasedStateMachine):
             world.prompt_tokens = data.draw(st.integers(5001, 6000), label="prompt_tokens")
         elif change == "replays":  # a gateway now answers every body it has answered before from its store
             world.replays = True
+        elif change == "twin":  # /metrics is now read from an idle twin of the engine: nothing the window sends moves it
+            world.counting = False
         else:
             self.silent.add(data.draw(st.sampled_from(["gpu", "router"]), label="watch"))
 
@@ -314,6 +323,8 @@ class DeciderMachine(RuleBasedStateMachine):
             event("the stop minute reached")
         if self.replayed_phases:
             event("answers replayed")
+        if self.uncounted_phases - self.replayed_phases:
+            event("answers uncounted")
         event(f"slows {'none' if self._slows_drawn is None else 'drawn'}; t0 {'set' if self.t0 is not None else 'unset'}")
         verdicts = [d for _i, ds in self.history for d in ds if isinstance(d, VerdictReached)]
         if verdicts:
