@@ -161,16 +161,17 @@ class _Answer:
         completion chunk object, which vLLM, SGLang and llama.cpp's server keep) and the same model. Chunks
         naming another are a second answer spliced into the stream (a router that resumed the generation
         on another backend): its times and text are no one generation's, so the answer is malformed."""
-        for field, kept in (("id", "answer_id"), ("model", "model")):
-            said = chunk.get(field)
-            if not isinstance(said, str) or not said:
-                continue
-            first = getattr(self, kept)
-            if not first:
-                setattr(self, kept, said)
-            elif said != first:
-                raise ActionFailed("malformed_transport", f"chat completion: event {self.events} names {field} "
-                                   f"{said[:64]!r}, the stream's first named {first[:64]!r}: two answers in one stream")
+        self.answer_id = self._held("id", self.answer_id, chunk.get("id"))
+        self.model = self._held("model", self.model, chunk.get("model"))
+
+    def _held(self, field: str, first: str, said: object) -> str:
+        """What the stream names `field` from now on: its first name; another one is a second answer."""
+        if not isinstance(said, str) or not said or not first:
+            return first or (said if isinstance(said, str) else "")
+        if said != first:
+            raise ActionFailed("malformed_transport", f"chat completion: event {self.events} names {field} "
+                               f"{said[:64]!r}, the stream's first named {first[:64]!r}: two answers in one stream")
+        return first
 
     def _choice(self, ch: dict, now: int, stamp: Callable[[], str]) -> None:
         said, thought = delta_text(ch.get("delta") or {})
