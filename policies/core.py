@@ -27,7 +27,7 @@ from flare_diag.events.stages import Stage
 from flare_diag.policies import rules, steady
 from flare_diag.policies.driver import Driver, Interrupt
 from flare_diag.policies.plan import PhaseSpec, Plan
-from flare_diag.policies.planner import Arm, Calibration, Estimator, work_from
+from flare_diag.policies.planner import Arm, Calibration, Estimator, Learned, work_from
 from flare_diag.policies.scaling import DRAIN_MIN_REAL_S, WATCH_LOST_MIN_REAL_S, effective_s
 from flare_diag.policies.evolve import (
     Aborted,
@@ -60,6 +60,7 @@ from flare_diag.policies.evolve import (
     RequestsDone,
     RestoreFaulted,
     RestoreUnloadedCandidate,
+    ScheduleLearned,
     SnapshotTaken,
     StopMarked,
     TakingDown,
@@ -112,8 +113,6 @@ class WindowCore(Driver):
         self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
         self.steady_state = False  # the plan's guards are evaluated on the site's Prometheus (WindowOpened)
         self.reuse_identity: list[str] = []  # counters whose C1 deltas must sum to cached_tokens (WindowOpened)
-        self.read_args: dict[int, dict[str, Any]] = {}  # outstanding re-askable actions -> their arguments
-        self.reasked: dict[int, int] = {}  # a read asked again after a restart -> the id the restore waits on
 
     @property
     def closed(self) -> bool:
@@ -188,13 +187,14 @@ class WindowCore(Driver):
             self.apply(StopMarked())
             self.emit(TimeMarked(mark="stop", minute=self.minute(self.stop_ns())))  # type: ignore[arg-type]  # after the quiesce: a minute, never None
 
-    def request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False) -> int:
+    def request(self, action: str, args: dict[str, Any] | None = None, experimental: bool = False,
+                for_id: int | None = None) -> int:
         if action in ("load", "unload"):  # a new incarnation's counters start at zero, legitimately
             self.apply(LoadAsked())
-        aid = super().request(action, args, experimental)
-        if self.state.stage == Stage.RESTORE and action in RE_ASKABLE:
-            self.read_args[aid] = dict(args or {})  # kept until answered: a restart may have to ask it again
-        return aid
+        return super().request(action, args, experimental, for_id)
+
+    def _reaskable(self, action: str) -> bool:
+        return self.state.stage == Stage.RESTORE and action in RE_ASKABLE
 
     # --- aborts and faults ---------------------------------------------------------------------
 
@@ -265,7 +265,12 @@ class WindowCore(Driver):
     def fixtures_known(self, fixtures: dict[str, dict[str, Any]]) -> None:
         """The fixtures' manifests are validated: the schedule's estimate starts from their work."""
         self.apply(FixturesKnown(fixtures=fixtures))
-        self.est = Estimator(self.plan, work_from(self.plan, fixtures), self.calibration)
+        self.est = Estimator(self.plan, work_from(self.plan, fixtures), self.calibration,
+                             learned=lambda: self.state.learned, teach=self._schedule_learned)
+        self.apply(ScheduleLearned(learned=self.est.start))
+
+    def _schedule_learned(self, learned: Learned) -> None:
+        self.apply(ScheduleLearned(learned=learned))
 
     def snapshot_taken(self, source: str, data: dict[str, Any] | None) -> None:
         """A preflight snapshot (None: the site has no such thing to snapshot)."""

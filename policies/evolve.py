@@ -15,12 +15,13 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec.structs import replace
 
-from flare_diag.events.schema import RequestDone
+from flare_diag.events.schema import ActionDone, RequestDone
 from flare_diag.events.stages import Stage, advance
 from flare_diag.policies.guards import Baseline
 from flare_diag.policies.plan import Growth
+from flare_diag.policies.planner import Learned
 from flare_diag.policies.restarts import RestartWatch
-from flare_diag.policies.state import AbortRecord, Cell, Incumbent, Running, WindowState
+from flare_diag.policies.state import AbortRecord, Asked, Cell, Incumbent, Running, Wait, WindowState
 from flare_diag.policies.steady import Guard
 
 
@@ -32,6 +33,11 @@ class Fact(msgspec.Struct, frozen=True):
 
 class Opened(Fact, frozen=True):
     """The window's plan is read: its opening (preflight, snapshots, the fixture check) begins."""
+
+
+class ClockAdvanced(Fact, frozen=True):
+    """An input carried this window time: the clock is the latest (it never goes back)."""
+    at_ns: int
 
 
 class ClockStarted(Fact, frozen=True):
@@ -55,6 +61,34 @@ class RestoreOverran(Fact, frozen=True):
 
 class Closed(Fact, frozen=True):
     """The restore ended: the window's decisions are all made."""
+
+
+# --- the procedure: what it asked, what was answered, what it waits for ----------------------------
+
+class ActionAsked(Fact, frozen=True):
+    action_id: int
+    asked: Asked
+
+
+class ActionAnswered(Fact, frozen=True):
+    """An outstanding action's answer: kept for the procedure under the id it waits on."""
+    action_id: int
+    answer: ActionDone | RequestDone
+
+
+class ActionDropped(Fact, frozen=True):
+    """An outstanding action's answer will never come (a restart lost it, and it is asked again)."""
+    action_id: int
+
+
+class AnswersTaken(Fact, frozen=True):
+    """The procedure has these answers: it goes on with them."""
+    ids: tuple[int, ...]
+
+
+class ProcedureWaits(Fact, frozen=True):
+    """What the running procedure waits for next (None: it ended, or none runs)."""
+    on: Wait | None
 
 
 # --- aborts, cells, phases ------------------------------------------------------------------------
@@ -122,6 +156,11 @@ class AnswersSeen(Fact, frozen=True):
     it; an id already kept keeps its first request. One fact a phase, not one an answer: the map is copied once."""
     incarnation: str
     seen: dict[str, tuple[str, int]]  # completion id -> (phase, #)
+
+
+class ScheduleLearned(Fact, frozen=True):
+    """What the schedule's estimate knows after its start (the calibration) or a load or round the window timed."""
+    learned: Learned
 
 
 class TraceOrderStopped(Fact, frozen=True):
@@ -319,6 +358,52 @@ _RULES.update({
     IncumbentReturned: lambda s, _f: replace(s, incumbent_back=s.took_down),  # nothing taken down: nothing to judge
     ReadmitSent: _set(readmit_requested=True),
 })
+
+
+@_rule(ClockAdvanced)
+def _clock_advanced(s: WindowState, f: ClockAdvanced) -> WindowState:
+    return s if f.at_ns <= s.now_ns else replace(s, now_ns=f.at_ns)
+
+
+@_rule(ActionAsked)
+def _action_asked(s: WindowState, f: ActionAsked) -> WindowState:
+    return replace(s, asked={**s.asked, f.action_id: f.asked}, next_action_id=max(s.next_action_id, f.action_id + 1))
+
+
+@_rule(ActionAnswered)
+def _action_answered(s: WindowState, f: ActionAnswered) -> WindowState:
+    asked = s.asked.get(f.action_id)
+    if asked is None:  # nobody waits for it (cancelled, or unknown): it changes nothing
+        return s
+    return replace(s, asked=_without(s.asked, (f.action_id,)), answered={**s.answered, asked.for_id: f.answer})
+
+
+@_rule(ActionDropped)
+def _action_dropped(s: WindowState, f: ActionDropped) -> WindowState:
+    return replace(s, asked=_without(s.asked, (f.action_id,)))
+
+
+@_rule(AnswersTaken)
+def _answers_taken(s: WindowState, f: AnswersTaken) -> WindowState:
+    return replace(s, answered=_without(s.answered, f.ids))
+
+
+@_rule(ScheduleLearned)
+def _schedule_learned(s: WindowState, f: ScheduleLearned) -> WindowState:
+    return replace(s, learned=f.learned)
+
+
+@_rule(ProcedureWaits)
+def _procedure_waits(s: WindowState, f: ProcedureWaits) -> WindowState:
+    return replace(s, waits=f.on)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _without(d: dict[K, V], keys: tuple[K, ...]) -> dict[K, V]:
+    return {k: v for k, v in d.items() if k not in keys}
 
 
 @_rule(ClockStarted)

@@ -272,7 +272,7 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         ids = [w.request("send_request", {"phase": ph.id, "fixture": ph.fixture, "order_index": k + j, "body_index": bi,
                                            "body_sha256": shas[bi] if bi < len(shas) else ""}, True)
                for j, bi in enumerate(batch)]
-        results = yield Act(ids)
+        results = yield Act(tuple(ids))
         # the phase's last requests have finished: what follows (its reads, its closing drain) is
         # judged as the closing of a finished phase, even across the stop minute
         w.phase_closing(k + len(batch) >= len(reqs))

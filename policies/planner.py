@@ -7,7 +7,7 @@ inside the window use the same arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 import msgspec
@@ -135,6 +135,46 @@ def phase_requests(ph: PhaseSpec, count: int) -> list[int]:
     return idx * ph.passes
 
 
+class Learned(msgspec.Struct, frozen=True):
+    """What the schedule's estimate knows, as a value: the calibration it started from, then each load and
+    round the window timed. Its methods give the value after one more lesson; the same value where nothing
+    changed (the estimator keeps each body's work until its tokens change)."""
+
+    load_s: float = 0.0  # what a load is expected to take: the slowest so far
+    completion: dict[str, float] = {}  # body sha256 -> completion tokens it used
+    prompt: dict[str, int] = {}  # body sha256 -> prompt tokens the engine counted
+    share_of: dict[str, float] = {}  # body sha256 -> its first observed share of max_tokens
+    share_sum: float = 0.0
+    sums: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # sum x, x^2, y, xy over rounds (x: work, y: time)
+    rounds: int = 0
+
+    def with_load(self, seconds: float) -> Learned:
+        return self if seconds <= self.load_s else msgspec.structs.replace(self, load_s=seconds)
+
+    def with_tokens(self, completions: Sequence[tuple[BodyWork, int]], prompts: Sequence[tuple[str, int]]) -> Learned:
+        """The tokens a round's bodies really used: each body's completion and prompt, and the first share of
+        its max_tokens a body used (what a body not seen yet is expected to use moves with it)."""
+        completion, share_of, share_sum, prompt = self.completion, self.share_of, self.share_sum, self.prompt
+        for bw, n in completions:
+            if completion.get(bw.sha256) != float(n):
+                completion = {**completion, bw.sha256: float(n)}
+            if bw.max_tokens and bw.sha256 not in share_of:
+                share_of = {**share_of, bw.sha256: min(n / bw.max_tokens, 1.0)}
+                share_sum += share_of[bw.sha256]
+        for sha, n in prompts:
+            if prompt.get(sha) != int(n):
+                prompt = {**prompt, sha: int(n)}
+        if completion is self.completion and share_of is self.share_of and prompt is self.prompt:
+            return self
+        return msgspec.structs.replace(self, completion=completion, share_of=share_of, share_sum=share_sum, prompt=prompt)
+
+    def with_round(self, work_s: float, actual_s: float) -> Learned:
+        """One round's time against its work: one more point for the fit."""
+        sx, sxx, sy, sxy = self.sums
+        return msgspec.structs.replace(self, sums=(sx + work_s, sxx + work_s * work_s, sy + actual_s, sxy + work_s * actual_s),
+                                       rounds=self.rounds + 1)
+
+
 class Estimator:
     """Per-request estimates from each body's prompt tokens and max_tokens under the plan's rate
     model (or a calibration), revised after every round the window observes.
@@ -144,38 +184,66 @@ class Estimator:
     says, overhead what a request costs besides its tokens (connection, scheduling, the counter
     scrape, and in a rehearsal the harness's real latency times the scale). A ridge fit that starts
     from the plan's (or the calibration's) values keeps a few rounds of one size from extrapolating
-    wildly to rounds of another."""
+    wildly to rounds of another.
 
-    def __init__(self, plan: Plan, work: dict[str, list[BodyWork]], cal: Calibration | None = None) -> None:
+    What it has learned is a `Learned` value: its own (`observe_*` replace it), or, inside a window, the
+    window state's, read through `learned` and replaced through `teach` (a fact the state records)."""
+
+    def __init__(self, plan: Plan, work: dict[str, list[BodyWork]], cal: Calibration | None = None,
+                 learned: Callable[[], Learned] | None = None, teach: Callable[[Learned], None] | None = None) -> None:
         self.plan = plan
         self.rates = plan.rates
         self.work = work
         self.cal = cal or Calibration()
-        self.load_s = self.cal.load_s if self.cal.load_s is not None else self.rates.load_s
-        self.completion: dict[str, float] = dict(self.cal.completion_tokens)
-        self.prompt: dict[str, int] = dict(self.cal.prompt_tokens)
+        self.start = Learned(load_s=self.cal.load_s if self.cal.load_s is not None else self.rates.load_s,
+                             completion=dict(self.cal.completion_tokens), prompt=dict(self.cal.prompt_tokens))
+        self._own = self.start
+        self._learned = learned or (lambda: self._own)
+        self._teach = teach or self._keep
         self.prior_pace = self.cal.pace if self.cal.pace is not None else 1.0
         self.prior_overhead = self.cal.overhead_s if self.cal.overhead_s is not None else self.rates.request_overhead_s
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, x^2, y, xy over observed rounds (x: work, y: time)
-        self.rounds = 0
-        self._fit: tuple[float, float] | None = (self.prior_pace, self.prior_overhead)
-        self._share_of: dict[str, float] = {}  # body -> its first observed share of max_tokens
-        self._share_sum = 0.0
+        self._fit: tuple[tuple[float, ...], tuple[float, float]] | None = None  # (the sums it fits, the fit)
         # phase estimates until the next observed round: the window re-projects its remaining phases
         # after every input, and they change only when a round teaches the estimator something
         self._phase_memo: dict[tuple[Any, ...], float] = {}
+        self._memo_of: Learned | None = None
         # each fixture's bodies' work_s, until a round changes a body's tokens or the output share: a
         # round changes the fit every time but the work rarely after the first pass, and re-deriving
         # every remaining request's work after each request was most of the policy's time
         self._body_work: dict[str, list[float]] = {}
+        self._works_of: tuple[object, ...] = ()
         self._requests: dict[tuple[Any, ...], list[int]] = {}  # a phase's body indexes (they never change)
+
+    def _keep(self, learned: Learned) -> None:
+        self._own = learned
+
+    @property
+    def known(self) -> Learned:
+        return self._learned()
+
+    @property
+    def load_s(self) -> float:
+        return self.known.load_s
+
+    @property
+    def completion(self) -> dict[str, float]:
+        return self.known.completion
+
+    @property
+    def prompt(self) -> dict[str, int]:
+        return self.known.prompt
+
+    @property
+    def rounds(self) -> int:
+        return self.known.rounds
 
     # --- the fit -----------------------------------------------------------------------------
 
     def _solve(self) -> tuple[float, float]:
-        if self._fit is None:
-            sx, sxx, sy, sxy = self._sums
-            n = self.rounds
+        known = self.known
+        if self._fit is None or self._fit[0] is not known.sums:
+            sx, sxx, sy, sxy = known.sums
+            n = known.rounds
             a0, b0 = self.prior_pace, self.prior_overhead
             alpha, beta = PRIOR_ROUNDS * PRIOR_SPREAD_S ** 2, PRIOR_ROUNDS
             m11, m12, m22 = sxx + alpha, sx, n + beta
@@ -185,14 +253,17 @@ class Estimator:
             b = (m11 * r2 - m12 * r1) / det
             if b < 0:  # a request costs no less than its work: refit with no overhead
                 a, b = (sxy + alpha * a0) / (sxx + alpha), 0.0
-            self._fit = (max(a, 0.05), b)
-        return self._fit
+            self._fit = (known.sums, (max(a, 0.05), b))
+        return self._fit[1]
 
     @property
     def output_share(self) -> float:
         """The share of max_tokens a body not seen yet is expected to use: the plan's, moved
         towards what the bodies seen so far used."""
-        return (PRIOR_ROUNDS * self.rates.output_share + self._share_sum) / (PRIOR_ROUNDS + len(self._share_of))
+        return self._share_under(self.known)
+
+    def _share_under(self, known: Learned) -> float:
+        return (PRIOR_ROUNDS * self.rates.output_share + known.share_sum) / (PRIOR_ROUNDS + len(known.share_of))
 
     @property
     def pace(self) -> float:
@@ -204,20 +275,32 @@ class Estimator:
 
     # --- estimates ---------------------------------------------------------------------------
 
-    def _prompt_tokens(self, b: BodyWork) -> float:
-        if b.sha256 in self.prompt:
-            return self.prompt[b.sha256]
-        if b.prompt_tokens is not None:
-            return b.prompt_tokens
-        return b.prompt_chars / self.rates.chars_per_token
-
     def work_s(self, b: BodyWork, completion: float | None = None) -> float:
         """The rate model's time for one request's tokens."""
-        out = completion if completion is not None else self.completion.get(b.sha256, b.max_tokens * self.output_share)
-        return self._prompt_tokens(b) / self.rates.prefill_tokens_per_s + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
+        return self._work_under(self.known, b, completion)
+
+    def _work_under(self, known: Learned, b: BodyWork, completion: float | None = None) -> float:
+        if completion is not None:
+            out = completion
+        elif b.sha256 in known.completion:
+            out = known.completion[b.sha256]
+        else:
+            out = b.max_tokens * self._share_under(known)
+        if b.sha256 in known.prompt:
+            prompt: float = known.prompt[b.sha256]
+        elif b.prompt_tokens is not None:
+            prompt = b.prompt_tokens
+        else:
+            prompt = b.prompt_chars / self.rates.chars_per_token
+        return prompt / self.rates.prefill_tokens_per_s + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
 
     def _works(self, fixture: str) -> list[float]:
         """work_s of each of the fixture's bodies (the same numbers, computed once until they change)."""
+        known, held = self.known, self._works_of
+        if not held or held[0] is not known.completion or held[1] is not known.prompt or held[2] is not known.share_of:
+            # a body's tokens or the output share changed (a Learned's maps are replaced, never changed)
+            self._body_work.clear()
+            self._works_of = (known.completion, known.prompt, known.share_of)
         w = self._body_work.get(fixture)
         if w is None:
             w = self._body_work[fixture] = [self.work_s(b) for b in self.work.get(fixture, ())]
@@ -242,6 +325,9 @@ class Estimator:
         """Window seconds a phase takes from its `skip`-th request on: rounds, and its drains."""
         if ph.kind == "identity" or ph.fixture is None:
             return self.drain_s()
+        if self._memo_of is not self.known:
+            self._phase_memo.clear()
+            self._memo_of = self.known
         key = (ph.id, ph.fixture, ph.order, ph.select_last, ph.passes, ph.concurrency, skip)
         memo = self._phase_memo.get(key)
         if memo is not None:
@@ -275,39 +361,22 @@ class Estimator:
 
     def observe_load(self, seconds: float) -> None:
         """A load this window timed: the next is expected to take as long as the slowest so far."""
-        self.load_s = max(self.load_s, seconds)
+        known = self.known
+        if (after := known.with_load(seconds)) is not known:
+            self._teach(after)
 
     def observe_round(self, fixture: str, batch: list[int], actual_s: float,
                       completions: dict[int, int | None], prompts: dict[int, int | None]) -> None:
         """Learns from one finished round: the tokens each body really used, then the fit."""
-        self._phase_memo.clear()
-        changed = False
-        for b, n in completions.items():
-            if n is not None:
-                bw = self.work[fixture][b]
-                changed = changed or self.completion.get(bw.sha256) != float(n)
-                self.completion[bw.sha256] = float(n)
-                if bw.max_tokens and bw.sha256 not in self._share_of:
-                    self._share_of[bw.sha256] = min(n / bw.max_tokens, 1.0)
-                    self._share_sum += self._share_of[bw.sha256]
-                    changed = True  # the output share of every body not seen yet moved
-        for b, n in prompts.items():
-            if n is not None:
-                sha = self.work[fixture][b].sha256
-                changed = changed or self.prompt.get(sha) != int(n)
-                self.prompt[sha] = int(n)
-        if changed:
-            self._body_work.clear()
-        x = max((self.work_s(self.work[fixture][b]) for b in batch), default=0.0)
-        if actual_s < 0 or not batch:
-            return
-        s = self._sums
-        s[0] += x
-        s[1] += x * x
-        s[2] += actual_s
-        s[3] += x * actual_s
-        self.rounds += 1
-        self._fit = None
+        bodies = self.work[fixture]
+        known = self.known.with_tokens([(bodies[b], n) for b, n in completions.items() if n is not None],
+                                       [(bodies[b].sha256, n) for b, n in prompts.items() if n is not None])
+        if actual_s >= 0 and batch:
+            # the round's work with the tokens it really used: the slowest request's
+            x = max((self._work_under(known, bodies[b]) for b in batch), default=0.0)
+            known = known.with_round(x, actual_s)
+        if known is not self.known:
+            self._teach(known)
 
     def learned(self, source: str, time_scale: float | None = None) -> Calibration:
         """What the observed rounds say, for a later window to start from. Pace and overhead are told
@@ -315,8 +384,8 @@ class Estimator:
         otherwise the extra time is taken as overhead at the starting pace, which extrapolates to
         longer requests without multiplying the error."""
         a, b = self.prior_pace, self.prior_overhead
-        sx, sxx, sy, sxy = self._sums
-        n = self.rounds
+        sx, sxx, sy, sxy = self.known.sums
+        n = self.known.rounds
         if n:
             var = sxx / n - (sx / n) ** 2
             if n >= LEARN_ROUNDS and var > (0.25 * sx / n) ** 2:

@@ -10,7 +10,7 @@ from flare_diag.policies.state import Outstanding, Waiting, WindowSnapshot, Work
 def _waiting(w: WindowCore) -> Waiting | None:
     if w.gen is None:
         return None
-    wait = w.wait
+    wait = w.state.waits
     if isinstance(wait, Act):
         return Waiting(actions=tuple(wait.ids))
     if isinstance(wait, Sleep):
@@ -59,7 +59,7 @@ def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
         stop_minute=w.plan.timing.stop_min if w.plan is not None else None,
         cells=dict(w.state.cells), required=tuple(w.required),
         running=w.state.current, waiting=_waiting(w), procedure=_procedure(w),
-        outstanding=tuple(Outstanding(aid, action, exp) for aid, (action, exp) in sorted(w.pending.items())),
+        outstanding=tuple(Outstanding(aid, a.request.name, a.experimental) for aid, a in sorted(w.state.asked.items())),
         abort=w.state.abort, incumbent=w.state.incumbent, took_down=w.state.took_down,
         candidate_loaded=w.state.candidate_loaded, candidate_id=w.state.candidate_id,
         failed_incarnations=dict(w.state.failed_incarnations), unverified_incarnations=dict(w.state.unverified_incarnations),

@@ -6,9 +6,11 @@ from typing import Any
 
 import msgspec
 
-from flare_diag.events.schema import CellRecorded, RequestDone
+from flare_diag.events.actions import AnyAction
+from flare_diag.events.schema import ActionDone, CellRecorded, RequestDone
 from flare_diag.events.stages import Stage
 from flare_diag.policies.guards import Baseline
+from flare_diag.policies.planner import Learned
 from flare_diag.policies.restarts import RestartWatch
 from flare_diag.policies.steady import Tally
 
@@ -42,16 +44,50 @@ class Running(msgspec.Struct, frozen=True):
     done: int = 0
 
 
+class Act(msgspec.Struct, frozen=True, tag=True):
+    """The procedure waits for these actions' answers (all of them)."""
+
+    ids: tuple[int, ...]
+
+
+class Sleep(msgspec.Struct, frozen=True, tag=True):
+    """The procedure waits for the window clock to reach `until_ns`."""
+
+    until_ns: int
+
+
+class Quiet(msgspec.Struct, frozen=True, tag=True):
+    """The procedure waits until no action is outstanding."""
+
+
+Wait = Act | Sleep | Quiet
+
+
+class Asked(msgspec.Struct, frozen=True):
+    """An action the decider asked for and has no answer to yet."""
+
+    request: AnyAction
+    experimental: bool
+    for_id: int  # the id the procedure waits on: its own, or, for a read asked again after a restart, the first's
+    reaskable: bool = False  # a read of the restore's, which a restart that lost its answer may ask again
+
+
 class WindowState(msgspec.Struct, frozen=True, kw_only=True):
     """Everything one window's decider has been told and has decided, as a value.
 
     The decider holds one of these and replaces it with `policies.evolve.evolve(state, fact)`; nothing
     assigns a field. Left out, and why: the plan and what the opening derived from it (set once, by
-    `WindowOpened`), the schedule's estimator (`planner.Estimator`, a learner the phases train), and the
-    procedure's position with its outstanding actions (`policies.driver`: docs/departures.md).
-    Minutes are the window's; `*_ns` fields are window time."""
+    `WindowOpened`; the estimator's arithmetic, `planner.Estimator`, whose lessons are `learned`), and the
+    procedure's continuation (its generator: `policies.driver`, docs/departures.md), whose waits, actions
+    outstanding and answers not yet taken are fields here. Minutes are the window's; `*_ns` fields are
+    window time."""
 
     stage: Stage = Stage.IDLE  # moves only as events/stages.TRANSITIONS allows
+    now_ns: int = 0  # the window clock: the latest input's time (it never goes back)
+    next_action_id: int = 1
+    asked: dict[int, Asked] = {}  # action id -> what was asked, until its answer comes
+    answered: dict[int, ActionDone | RequestDone] = {}  # answers the procedure has not taken yet, by the id it waits on
+    waits: Wait | None = None  # what the running procedure waits for (None: none runs, or it has not yielded)
     t0: int | None = None  # the take-down's window time: minute 0
     cells: dict[str, Cell] = {}  # the ledger: first decision wins
     phase_marks: dict[str, tuple[float | None, float | None]] = {}  # phase -> (start, estimated end)
@@ -87,6 +123,7 @@ class WindowState(msgspec.Struct, frozen=True, kw_only=True):
     watch_failure: dict[str, str] = {}  # source -> its latest failure
     rules_disabled: frozenset[str] = frozenset()  # what the GPU watch said it cannot watch, once each
     xids_known: int = 0  # Xid events in the GPU view the window has already judged
+    learned: Learned = Learned()  # what the schedule's estimate has learned (its calibration, then loads and rounds)
     baseline: Baseline = Baseline()  # growth relative to the loaded incarnation's first observation
     guard_runs: Tally = Tally()  # each guard's consecutive breaches, and what a dry run has said
     restart_watch: RestartWatch = RestartWatch()  # the loaded incarnation's last counters: they never go back

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from flare_diag.events.answers import WATCHES, Answer, GpuView, MetricsSample, UnexpectedAnswer, convert, read
+from flare_diag.events.answers import WATCHES, Answer, GpuView, MetricsSample, UnexpectedAnswer, answer_type, convert, read
 from flare_diag.events.stages import BEFORE_RESTORE, Stage
 from flare_diag.events.schema import (
     NS_PER_MIN,
@@ -39,6 +39,9 @@ from flare_diag.policies import guards, restarts, rules, steady
 from flare_diag.policies.core import RE_ASKABLE, READS, WindowCore  # noqa: F401  (RE_ASKABLE: the tests')
 from flare_diag.policies.driver import Sleep
 from flare_diag.policies.evolve import (
+    ActionAnswered,
+    ActionDropped,
+    ClockAdvanced,
     Closed,
     CountersScraped,
     GrowthObserved,
@@ -75,7 +78,7 @@ class WindowPolicy(WindowCore):
         self._out = out
         if self.state.stage == Stage.CLOSED:
             return out
-        self.now = max(self.now, inp.at_ns)
+        self.apply(ClockAdvanced(at_ns=inp.at_ns))
         if isinstance(inp, WindowOpened):
             if self.state.stage == Stage.IDLE:
                 self._open(inp)
@@ -98,17 +101,7 @@ class WindowPolicy(WindowCore):
             self._abort_from_outside("store_failure", f"the event log cannot be written ({inp.detail}); "
                                                       f"restoring from memory")
         elif isinstance(inp, DaemonRestarted):
-            for aid in sorted(self.pending):
-                action, experimental = self.pending.pop(aid)
-                args = self.read_args.pop(aid, None)
-                self.expects.pop(aid, None)
-                if self.state.stage == Stage.RESTORE and action in RE_ASKABLE and not experimental and args is not None:
-                    # a read whose answer the restart lost is asked again: only a host change is never repeated
-                    # keyed on the id the restore first waited on: a second restart re-asks a re-ask
-                    self.reasked[self.request(action, args)] = self.reasked.pop(aid, aid)
-                    continue
-                self.results[aid] = ActionDone(at_ns=inp.at_ns, action_id=aid, ok=False, error="lost_in_restart",
-                                               detail="the daemon restarted before its outcome was recorded; possibly done")
+            self._answers_lost(inp)
             if inp.mismatches:
                 # the replay cannot be trusted to have rebuilt the window's state exactly: restore
                 # from it anyway (the restore reads what is loaded), and say so
@@ -129,8 +122,8 @@ class WindowPolicy(WindowCore):
         if self.state.stage in (Stage.IDLE, Stage.CLOSED):
             return None
         times = []
-        if isinstance(self.wait, Sleep):
-            times.append(self.wait.until_ns)
+        if isinstance(self.state.waits, Sleep):
+            times.append(self.state.waits.until_ns)
         if self.state.t0 is not None:
             if self.state.stage in BEFORE_RESTORE:
                 times += [t + 1 for t in self._watch_deadlines().values()]
@@ -207,18 +200,31 @@ class WindowPolicy(WindowCore):
         else:
             self.apply(Closed())
 
+    def _answers_lost(self, restarted: DaemonRestarted) -> None:
+        """The daemon restarted: no outstanding action's answer will come. A read of the restore's is asked
+        again (only a host change is never repeated), its answer still the one the restore waits on; every
+        other action is answered `lost_in_restart`."""
+        for aid, asked in sorted(self.state.asked.items()):
+            if asked.reaskable and not asked.experimental:
+                self.apply(ActionDropped(action_id=aid))
+                self.request(asked.request.name, asked.request.args(), for_id=asked.for_id)
+                continue
+            self.apply(ActionAnswered(action_id=aid, answer=ActionDone(
+                at_ns=restarted.at_ns, action_id=aid, ok=False, error="lost_in_restart",
+                detail="the daemon restarted before its outcome was recorded; possibly done")))
+
     def _outcome(self, inp: ActionDone | RequestDone) -> None:
-        if inp.action_id not in self.pending:
+        asked = self.state.asked.get(inp.action_id)
+        if asked is None:
             return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
-        action, _experimental = self.pending.pop(inp.action_id)
-        self.read_args.pop(inp.action_id, None)
-        inp = self._decoded(inp, self.expects.pop(inp.action_id, None))
+        inp = self._decoded(inp, answer_type(asked.request))
+        action = asked.request.name
         if action == "quiesce" and isinstance(inp, ActionDone) and inp.error == "not_carried_out":
             # never sent (its decision was not in the log): the primary was never taken out of rotation,
             # so the restore has nothing to readmit and an admitted backend is no breach
             self.apply(QuiesceNotSent())
         # an answer to a read asked again after a restart is the answer the restore waits for under the first id
-        self.results[self.reasked.pop(inp.action_id, inp.action_id)] = inp
+        self.apply(ActionAnswered(action_id=inp.action_id, answer=inp))
         if isinstance(inp, ActionDone) and inp.ok and action == "scrape_metrics":
             sample = read(MetricsSample, inp)
             label = sample.labels.get("incarnation")
@@ -247,7 +253,7 @@ class WindowPolicy(WindowCore):
                                             self.plan.identity.host_cache_bytes)
             gauges = inp.data.get("gauges")
             if hit is None and self.state.quiesced and isinstance(gauges, dict):
-                in_flight = sum(1 for _a, e in self.pending.values() if e)
+                in_flight = sum(1 for a in self.state.asked.values() if a.experimental)
                 hit = self.state.baseline.check(gauges, in_flight, self.plan.growth)[1]
                 self.apply(GrowthObserved(gauges=gauges, in_flight=in_flight, growth=self.plan.growth))
             if hit:
@@ -327,7 +333,7 @@ class WindowPolicy(WindowCore):
             return
         polled = inp.data.get("polled_at_ns", inp.at_ns)
         ctx = guards.Context(self.plan.growth, self.state.snapshots.get("gpu"), self.state.snapshots.get("router"),
-                             direct_inflight=sum(a == "send_request" for a, _e in self.pending.values()))
+                             direct_inflight=sum(a.request.name == "send_request" for a in self.state.asked.values()))
         if inp.source == "router":
             # a poll sent before the quiesce took effect says nothing of containment after it; after
             # the readmit an admitted backend is the readmission; a breach already aborted for is not news
@@ -407,7 +413,7 @@ class WindowPolicy(WindowCore):
         # The restore waits only for what changes the host (a load, an unload, a quiesce...), each
         # bounded by its deadline; experimental requests and reads are cancelled, so a hung scrape
         # or request cannot hold the reservation.
-        cancel = sorted(a for a, (n, e) in self.pending.items() if e or n in READS)
+        cancel = sorted(aid for aid, a in self.state.asked.items() if a.experimental or a.request.name in READS)
         if cancel:
             self.emit(CancelRequested(action_ids=cancel, reason=cause))
         self.emit(RestoreStarted(cause=cause, minute=self.state.restore_started))

@@ -181,11 +181,11 @@ class DeciderMachine(RuleBasedStateMachine):
             self._watches_answer()
             if not self.policy.closed:
                 self.feed(Tick(at_ns=self.world.now))
-            if not any(p.action_id == d.action_id for p in self.pending) and d.action_id not in self.policy.pending:
+            if not any(p.action_id == d.action_id for p in self.pending) and d.action_id not in self.policy.state.asked:
                 break  # cancelled by what the Tick decided: its answer is never delivered
         self.world.now = max(self.world.now, done_at)
         self._watches_answer()
-        if not self.policy.closed and d.action_id in self.policy.pending:
+        if not self.policy.closed and d.action_id in self.policy.state.asked:
             self.feed(res)
 
     def _watches_answer(self) -> None:

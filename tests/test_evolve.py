@@ -12,12 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flare_diag.events.actions import make
+from flare_diag.events.schema import ActionDone
 from flare_diag.events.stages import Stage, StageError
 from flare_diag.policies import evolve as ev
 from flare_diag.policies.guards import Baseline
 from flare_diag.policies.plan import Growth
+from flare_diag.policies.planner import BodyWork, Learned
 from flare_diag.policies.restarts import RestartWatch
-from flare_diag.policies.state import AbortRecord, Cell, Running, WindowState
+from flare_diag.policies.state import AbortRecord, Asked, Cell, Running, WindowState
 from flare_diag.policies.steady import Guard, Tally
 
 NAMES = st.sampled_from(["A.forward_replay", "B.identity", "gpu", "router", "x"])
@@ -179,3 +182,41 @@ def test_a_guards_run_of_breaches_is_a_new_tally_each_evaluation() -> None:
 def test_an_abort_is_recorded_as_given() -> None:
     record = AbortRecord("engine_lost", "B.identity: gone", 12.5)
     assert ev.evolve(WindowState(), ev.Aborted(record=record)).abort == record
+
+
+def _asked(aid: int, for_id: int | None = None) -> ev.ActionAsked:
+    return ev.ActionAsked(action_id=aid, asked=Asked(make("health"), False, aid if for_id is None else for_id))
+
+
+def test_the_window_clock_never_goes_back() -> None:
+    s = ev.evolve(ev.evolve(WindowState(), ev.ClockAdvanced(at_ns=50)), ev.ClockAdvanced(at_ns=20))
+    assert s.now_ns == 50
+
+
+def test_an_answer_is_kept_for_the_procedure_until_it_takes_it() -> None:
+    s = ev.evolve(ev.evolve(WindowState(), _asked(1)), _asked(2))
+    done = ActionDone(at_ns=3, action_id=1, ok=True)
+    s = ev.evolve(s, ev.ActionAnswered(action_id=1, answer=done))
+    assert (list(s.asked), s.answered, s.next_action_id) == ([2], {1: done}, 3)
+    assert ev.evolve(s, ev.AnswersTaken(ids=(1,))).answered == {}
+
+
+def test_a_read_asked_again_after_a_restart_answers_under_the_id_the_procedure_waits_on() -> None:
+    s = ev.evolve(ev.evolve(WindowState(), _asked(4)), ev.ActionDropped(action_id=4))
+    s = ev.evolve(s, _asked(9, for_id=4))
+    s = ev.evolve(s, ev.ActionAnswered(action_id=9, answer=ActionDone(at_ns=5, action_id=9, ok=True)))
+    assert (s.asked, list(s.answered)) == ({}, [4])
+
+
+def test_an_answer_nobody_asked_for_changes_nothing() -> None:
+    s = ev.evolve(WindowState(), _asked(1))
+    assert ev.evolve(s, ev.ActionAnswered(action_id=7, answer=ActionDone(at_ns=1, action_id=7, ok=True))) is s
+
+
+def test_a_round_that_teaches_no_new_tokens_leaves_the_learned_maps_as_they_were() -> None:
+    body = BodyWork("ab", 100)
+    once = Learned().with_tokens([(body, 40)], [("ab", 900)])
+    again = once.with_tokens([(body, 40)], [("ab", 900)])
+    assert again is once and once.share_of == {"ab": 0.4} and once.prompt == {"ab": 900}
+    timed = again.with_round(2.0, 3.0)
+    assert (timed.sums, timed.rounds, timed.completion is once.completion) == ((2.0, 4.0, 3.0, 6.0), 1, True)

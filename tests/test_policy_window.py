@@ -882,3 +882,21 @@ def test_the_decider_and_the_logs_fold_name_the_same_stage_after_every_input(fai
         assert fold.stage == pol.state.stage
         seen.append(pol.state.stage.value)
     assert seen[-1] == "closed" and ("experiment" in seen) == (fail != "quiesce")
+
+
+def test_what_the_procedure_waits_for_and_what_it_asked_are_the_decider_state():
+    from flare_diag.policies.state import Act
+    from tests.policy_world import opened_input
+    pol = WindowPolicy()
+    (asked,) = decisions([(None, pol.receive(opened_input(plan_builtins())))], ActionRequested)
+    assert pol.state.waits == Act((asked.action_id,)) and pol.state.now_ns == 0
+    assert {a: x.request for a, x in pol.state.asked.items()} == {asked.action_id: asked.request}
+    assert pol.state.learned.rounds == 0  # the estimate starts once the fixtures are known
+
+
+def test_what_the_schedule_estimate_learned_from_the_rounds_is_the_decider_state():
+    pol = WindowPolicy()
+    drive(pol, World(plan_builtins()))
+    learned = pol.state.learned
+    assert learned.rounds > 0 and pol.est.known is learned
+    assert learned.completion and learned.load_s > 0 and learned.sums[0] > 0

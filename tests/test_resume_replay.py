@@ -38,7 +38,7 @@ def test_a_restart_with_mismatches_raises_resume_mismatch_and_restores():
     pol = WindowPolicy()
     rec = _recorded(200)
     assert replay(pol, rec) is None
-    ds = pol.receive(DaemonRestarted(at_ns=pol.now + 1, unanswered=sorted(pol.pending),
+    ds = pol.receive(DaemonRestarted(at_ns=pol.now + 1, unanswered=sorted(pol.state.asked),
                                      mismatches=["site profile /x changed since the window opened"]))
     alarms = [d for d in ds if isinstance(d, Alarm)]
     assert [a.kind for a in alarms] == ["resume_mismatch"] and "site profile /x" in alarms[0].detail

@@ -62,7 +62,7 @@ def _crash_and_resume(at: int, performed: bool) -> tuple[list, str]:
     lost[0] = outstanding[0].action if outstanding else ""
     fresh = WindowPolicy()
     assert replay(fresh, enumerate(recorded, 1)) is None  # the recovery rebuilds exactly this window
-    out = fresh.receive(DaemonRestarted(at_ns=world.now + 1, unanswered=sorted(fresh.pending)))
+    out = fresh.receive(DaemonRestarted(at_ns=world.now + 1, unanswered=sorted(fresh.state.asked)))
     queue = [d for d in out if isinstance(d, ActionRequested)]
     seen = list(out)
     for _ in range(5000):

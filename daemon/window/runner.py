@@ -86,7 +86,7 @@ class Runner:
         divergence = replay(self.policy, recorded)
         if divergence:
             found.append(divergence)
-        return await self._loop(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.pending),
+        return await self._loop(DaemonRestarted(at_ns=max(self.now(), self.policy.now), unanswered=sorted(self.policy.state.asked),
                                                 mismatches=found))
 
     def abort(self, reason: str, uid: int | None = None, pid: int | None = None) -> None:
