@@ -37,12 +37,14 @@ from flare_diag.policies.evolve import (
     CandidateUnloaded,
     CellDecided,
     ClockStarted,
+    ColdEnded,
     CountersDrained,
     DrainGaugesUnseen,
     Fact,
     FixturesKnown,
     IdentityDrifted,
     IdentityVerified,
+    IncarnationCold,
     IncarnationFailed,
     IncarnationUnverified,
     IncumbentFirstSeen,
@@ -316,6 +318,14 @@ class WindowCore(Driver):
         """What every later read of this incarnation's identity is held to, phase by phase (the trace switch
         too, where the engine reports one: contract 4 holds every field of the identity)."""
         self.apply(IdentityVerified(incarnation=incarnation, identity=identity))
+
+    def incarnation_cold(self, incarnation: str) -> None:
+        """A fresh incarnation verified at zero: its first request is held to finding nothing in the host cache."""
+        self.apply(IncarnationCold(label=incarnation))
+
+    def cold_ended(self) -> None:
+        if self.state.cold is not None:
+            self.apply(ColdEnded())
 
     def incarnation_unverified(self, incarnation: str, why: str) -> None:
         self.apply(IncarnationUnverified(incarnation=incarnation, why=why))

@@ -217,6 +217,15 @@ class IdentityVerified(Fact, frozen=True):
     identity: dict[str, Any]
 
 
+class IncarnationCold(Fact, frozen=True):
+    """A fresh incarnation's counters are verified at zero and no request has reached it yet."""
+    label: str
+
+
+class ColdEnded(Fact, frozen=True):
+    """The first requests have reached the cold incarnation: it is cold no longer."""
+
+
 class IncarnationUnverified(Fact, frozen=True):
     incarnation: str
     why: str
@@ -350,7 +359,8 @@ _RULES.update({
     IdentityDrifted: _set(drifted=True),
     TakingDown: _set(took_down=True),
     QuiesceNotSent: _set(took_down=False),
-    CandidateUnloaded: _set(candidate_loaded=None, ref_labels=None, baseline=Baseline()),
+    CandidateUnloaded: _set(candidate_loaded=None, ref_labels=None, baseline=Baseline(), cold=None),
+    ColdEnded: _set(cold=None),
     LoadAsked: _set(restart_watch=RestartWatch()),
     RequestAnswered: _set(refused_run=()),
     RestoreRestarted: lambda s, _f: replace(s, restore_restarts=s.restore_restarts + 1),
@@ -510,7 +520,12 @@ def _quiesced(s: WindowState, f: Quiesced) -> WindowState:
 
 @_rule(CandidateLoaded)
 def _candidate_loaded(s: WindowState, f: CandidateLoaded) -> WindowState:
-    return replace(s, candidate_loaded=f.label, candidate_id=f.incarnation)
+    return replace(s, candidate_loaded=f.label, candidate_id=f.incarnation, cold=None)
+
+
+@_rule(IncarnationCold)
+def _incarnation_cold(s: WindowState, f: IncarnationCold) -> WindowState:
+    return replace(s, cold=f.label)
 
 
 @_rule(IncarnationFailed)

@@ -135,6 +135,7 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
             return
         reason += ("; counters reset and empty host cache verified" if observable else
                    "; counters reset verified; host cache occupancy not observable on this target")
+        w.incarnation_cold(ph.incarnation)
     w.record_cell(ph.id, "measured", reason, requests=0, incarnation_id=w.state.candidate_id, identity_held=True)
 
 
@@ -193,6 +194,7 @@ class _Tally:
         self.reprompted: list[str] = []  # exact bodies counted at another prompt size than before (_prompt_changed)
         self.overcached: list[str] = []  # requests whose cached_tokens exceed their own prompt_tokens
         self.replayed: list[str] = []  # requests answered with an earlier answer's completion id (_answer_replayed)
+        self.warm: list[str] = []  # what a cold incarnation's first request found in the host cache (_found_when_cold)
         self.ids: dict[str, tuple[str, int]] = {}  # the completion ids this phase's answers named -> (phase, #)
         self.answered = 0  # requests answered ok
         self.generated: int | None = 0  # their completion_tokens added up (None once one did not say)
@@ -280,6 +282,9 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         delta: dict[str, Any] = {}
         if ph.concurrency == 1:
             delta, prev = yield from _between_requests(w, ph, k, prev, tally)
+            if w.state.cold == ph.incarnation:
+                tally.warm = _found_when_cold(delta, k)
+        w.cold_ended()
         done = [rd for rd in results if isinstance(rd, RequestDone) and rd.outcome == "ok"]
         w.est.observe_round(fixture, batch, (w.now - sent) / NS_PER_S,
                             {rd.body_index: rd.completion_tokens for rd in done},
@@ -383,6 +388,16 @@ def _answer_replayed(w: WindowCore, ph: PhaseSpec, rd: RequestDone, tally: _Tall
     return [f"#{rd.order_index}: {first[0]} #{first[1]}'s answer {rd.answer_id[:40]!r}"]
 
 
+def _found_when_cold(delta: dict[str, Any], k: int) -> list[str]:
+    """[a line] when the first request on an incarnation verified fresh found something in its host cache (its C1
+    counter delta); else []. Nothing on the incarnation could have stored it yet: the cache outlives the engine
+    (an external KV store the engine's occupancy gauges do not see), or the counters are not this incarnation's."""
+    hits, reused = delta.get("host_hits"), delta.get("host_reused_tokens")
+    if not hits and not reused:
+        return []
+    return [f"#{k}: {hits or 0:,} host hits, {reused or 0:,} tokens reused"]
+
+
 def _cached_beyond_prompt(rd: RequestDone) -> list[str]:
     """[a line] when a request's cached tokens exceed its whole prompt (a part above its whole); else []."""
     if rd.cached_tokens is None or rd.prompt_tokens is None or rd.cached_tokens <= rd.prompt_tokens:
@@ -476,6 +491,11 @@ def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str
     if tally.disagree:
         return (f"the engine's counters and its own per-request cached_tokens disagree on {len(tally.disagree)} of "
                 f"{reqs} requests ({', '.join(tally.disagree[:3])}): its reuse figures cannot be trusted")
+    if tally.warm:
+        return (f"the host cache of incarnation {ph.incarnation}, verified fresh, was not empty: its first request found "
+                f"what nothing on it could yet have stored ({tally.warm[0]}): a cache that outlives the engine (an "
+                f"external KV store its occupancy gauges do not see) or counters that are not this incarnation's; the "
+                f"phase is not the cold start the method needs, and nothing measured on this incarnation is")
     return None
 
 
@@ -505,6 +525,9 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
                 f"reuse figures cannot be trusted", **common)
     elif why := _answers_contradict(ph, tally, reqs, common["counters"]):
         w.record_cell(ph.id, "invalid", why, **common)
+        if tally.warm and ph.incarnation:  # every later phase on it meets what the window did not put there
+            w.incarnation_unverified(ph.incarnation, f"incarnation {ph.incarnation} not verified fresh: {ph.id}'s first "
+                                                     f"request found its host cache not empty ({tally.warm[0]})")
         if changed := _not_as_sent(ph, tally, reqs, common["counters"]):  # the serving path changes the bodies: every later phase too
             w.abort_inside("not_as_sent", f"{ph.id}: {changed}")
     elif tally.failures:

@@ -109,6 +109,7 @@ class WindowState(msgspec.Struct, frozen=True, kw_only=True):
     failed_incarnations: dict[str, str] = {}
     unverified_incarnations: dict[str, str] = {}
     verified_identity: dict[str, dict[str, Any]] = {}  # incarnation label -> the identity its identity phase verified
+    cold: str | None = None  # an incarnation verified fresh (counters at zero) that no request has reached yet
     ref_labels: dict[str, Any] | None = None
     last_counters: dict[str, Any] | None = None  # the counters the last settled drain saw
     # (incarnation label, body sha256) -> the prompt tokens the engine first counted for it, where (phase, #)

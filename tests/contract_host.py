@@ -39,6 +39,8 @@ Misbehaviours of real engines and supervisors:
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
   completion id, as a router that resumed a generation on a second backend and spliced both answers into
   one stream.
+- `external_cache`: the host cache is a store outside the engine (an external KV store): a load keeps what it
+  holds, and the engine's occupancy gauges count only what the incarnation stored itself.
 - `trace_survives_load`: the trace switch is the host's, not the incarnation's: a load keeps it.
 - `gpu_memory_on_load` (bytes): while an incumbent load is under way, the GPU view shows that much
   memory used on every GPU.
@@ -421,6 +423,8 @@ def r_metrics(h, _raw) -> None:
     twin = st.cfg.get("metrics_twin")  # an idle twin's /metrics: the same build and labels, none of the requests
     c = dict.fromkeys(st.c, 0) if twin else st.c
     active, records = (0, 0) if twin else (st.active, len(st.cache))
+    if st.cfg.get("external_cache"):  # the engine's gauges see only what it stored itself
+        records = min(records, st.c["stores"])
     cap = st.cfg["cache_entries"]
     bytes_cap = st.cfg["build"]["host_cache_bytes"]
     lines: list[str] = []
@@ -526,7 +530,10 @@ def r_load(h, raw) -> None:
         st.incarnation += 1
         if not st.cfg.get("trace_survives_load"):
             st.trace = False
+        kept = st.cache if st.cfg.get("external_cache") else None
         st._reset()
+        if kept is not None:  # the store outlives the engine: the new incarnation starts with what it holds
+            st.cache = kept
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
     h.send_json({"incarnation": f"c{st.incarnation}"})

@@ -74,6 +74,11 @@ class World:
         self.counting = True  # False: /metrics is an idle twin's, which none of the window's requests move
         self.uncounted: set[int] = set()  # the actions whose answers the engine's counters left out
         self.first_answer: dict[str, str] = {}  # body sha256 -> the id of its first answer
+        # the host cache is a store outside the engine that holds every body (`outlives`): a load keeps it, so a
+        # fresh incarnation's first request finds one; `warm_incarnations` are those whose first request found one
+        self.outlives = False
+        self.touched: set[str] = set()
+        self.warm_incarnations: set[str] = set()
 
     @staticmethod
     def _zero() -> dict:
@@ -168,7 +173,12 @@ class World:
         if not counted:
             self.uncounted.add(d.action_id)
         counters["host_lookups"] += 1
-        if args["phase"] in self.reuse_on:
+        hit = args["phase"] in self.reuse_on or self.outlives
+        incarnation = self.loaded["incarnation"] if self.loaded else ""
+        if hit and incarnation not in self.touched:
+            self.warm_incarnations.add(incarnation)
+        self.touched.add(incarnation)
+        if hit:
             counters["host_hits"] += 1
             counters["host_fetched_tokens"] += 0 if self.miscounts else 1000
             counters["host_reused_tokens"] += 1000
@@ -177,7 +187,7 @@ class World:
         if not err:
             counters["finished"] += 1
             counters["generation_tokens"] += self.completion_tokens
-        reused = 256 + (1000 if args["phase"] in self.reuse_on else 0)
+        reused = 256 + (1000 if hit else 0)
         cached = reused if self.cached_tokens == "true" else self.cached_tokens
         common = dict(at_ns=self.now, action_id=d.action_id, phase=args["phase"], order_index=args["order_index"],
                       body_index=args["body_index"], body_sha256=args["body_sha256"])

@@ -563,3 +563,17 @@ def test_a_window_against_a_host_reached_over_https_times_every_first_token_by_t
         stamps = [e.event().first_token_stamp for e in reader.iter(types=["request_done"])
                   if e.event().outcome == "ok" and e.event().phase != "preflight"]
     assert stamps and set(stamps) == {"kernel" if rxstamps.supported() else "read"}
+
+
+def test_a_contract_host_whose_cache_outlives_the_engine_measures_nothing_on_an_incarnation_it_was_not_empty_for(
+        tmp_path, small_plan):
+    """An external KV store keeps A's entries when B loads, and B's gauges say its cache is empty: B's cold prime
+    finds them at its first request, so nothing on B is measured and no cause is named."""
+    rc, r, _seen = _window_without_trace(tmp_path, small_plan, cache_entries=500, external_cache=True)
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.forward_prime"]["status"] == "measured" and cells["A.reverse_replay"]["status"] == "measured"
+    assert cells["B.forward_prime"]["status"] == "invalid", cells["B.forward_prime"]
+    assert "verified fresh, was not empty: its first request found" in cells["B.forward_prime"]["reason"]
+    assert cells["B.forward_replay"]["status"] == "invalid"
+    assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
+    assert r["restoration"]["verified"] and rc in (0, 1)

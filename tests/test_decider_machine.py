@@ -135,6 +135,8 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert d.phase not in self.reprompted_phases, f"{d.phase} measured on bodies given as other prompts"
                 assert d.phase not in self.replayed_phases, f"{d.phase} measured on answers given before"
                 assert d.phase not in self.uncounted_phases, f"{d.phase} measured on answers its engine did not count"
+                assert not d.requests or d.incarnation_id not in self.world.warm_incarnations, \
+                    f"{d.phase} measured on incarnation {d.incarnation_id}, whose cache was not empty for its first request"
             if isinstance(d, VerdictReached) and d.hypothesis != "inconclusive":
                 abort = self.policy.state.abort
                 assert abort is None or abort.reason not in NO_CAUSE_ABORTS, (d.hypothesis, abort)
@@ -201,7 +203,7 @@ class DeciderMachine(RuleBasedStateMachine):
     @initialize(stop_min=st.sampled_from([20, 45, 70]), until_min=st.floats(0, 95), request_s=st.floats(2, 40),
                 reuse_on=st.sampled_from([frozenset(), frozenset({"A.reverse_replay"}), frozenset({"B.forward_replay"})]),
                 slows=st.one_of(st.none(), st.tuples(st.floats(0.1, 0.9), st.floats(60, 600))),
-                host=st.sampled_from(["", "", "", "", "replays", "twin"]))
+                host=st.sampled_from(["", "", "", "", "replays", "twin", "outlives"]))
     def a_window_opens_and_runs_for_a_while(self, stop_min: int, until_min: float, request_s: float,
                                             reuse_on: frozenset[str], slows: tuple[float, float] | None,
                                             host: str) -> None:
@@ -212,9 +214,11 @@ class DeciderMachine(RuleBasedStateMachine):
         plan = plan_builtins(stop_min=stop_min, window_min=stop_min + RESERVE_MIN, restore_reserve_min=RESERVE_MIN)
         self.stop_ns, self.window_ns = int(stop_min * NS_PER_MIN), int((stop_min + RESERVE_MIN) * NS_PER_MIN)
         self.world = World(plan, request_s=request_s, reuse_on=set(reuse_on))
-        # a sixth meet a gateway answering the bodies it answered before, a sixth a site whose /metrics is an
-        # idle twin's: the engine's counts leave the window's answers out
+        # a seventh each meet a gateway answering the bodies it answered before, a site whose /metrics is an
+        # idle twin's (the engine's counts leave the window's answers out), and a host cache outside the engine,
+        # which a load keeps (a fresh incarnation's first request finds it not empty)
         self.world.replays, self.world.counting = host == "replays", host != "twin"
+        self.world.outlives = host == "outlives"
         # half the windows meet a host that slows down once the experiment is under way (at this fraction
         # of the stop minute, to this many seconds a request): the phase it began at the old pace then runs
         # into the stop minute, where the invariants must hold (a healthy host's window defers what will
@@ -252,7 +256,7 @@ class DeciderMachine(RuleBasedStateMachine):
     def the_host_changes_how_it_behaves(self, data: st.DataObject) -> None:
         """Quietly: nothing arrives now; the window meets it in what the host answers next."""
         change = data.draw(st.sampled_from(["fails", "hangs", "slows", "refuses", "restarts", "miscounts", "serves_others",
-                                            "overgenerates", "restamps", "replays", "twin", "silences"]),
+                                            "overgenerates", "restamps", "replays", "twin", "outlives", "silences"]),
                                   label="change")
         world = self.world
         if change == "fails":  # the next such action fails with this class
@@ -279,6 +283,8 @@ class DeciderMachine(RuleBasedStateMachine):
             world.replays = True
         elif change == "twin":  # /metrics is now read from an idle twin of the engine: nothing the window sends moves it
             world.counting = False
+        elif change == "outlives":  # the host cache is now a store outside the engine, holding every body
+            world.outlives = True
         else:
             self.silent.add(data.draw(st.sampled_from(["gpu", "router"]), label="watch"))
 
@@ -323,6 +329,8 @@ class DeciderMachine(RuleBasedStateMachine):
             event("the stop minute reached")
         if self.replayed_phases:
             event("answers replayed")
+        if self.world.warm_incarnations:
+            event("a fresh incarnation's cache not empty")
         if self.uncounted_phases - self.replayed_phases:
             event("answers uncounted")
         event(f"slows {'none' if self._slows_drawn is None else 'drawn'}; t0 {'set' if self.t0 is not None else 'unset'}")

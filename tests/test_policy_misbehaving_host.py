@@ -609,3 +609,33 @@ def test_a_log_that_fails_as_the_quiesce_is_decided_restores_without_calling_the
     assert sent and closed.outcome == "aborted", closed
     assert restoration.verified and restoration.checks["readmitted"] is None, restoration
     assert not [d for d in decided if isinstance(d, Alarm) and d.kind in ("primary_left_quiesced", "fault_during_restore")]
+
+
+def test_a_fresh_incarnation_whose_first_request_finds_the_host_cache_warm_measures_nothing_on_it_and_names_no_cause():
+    """A host cache that outlives the engine (an external KV store its occupancy gauges do not see) holds A's
+    entries when B loads: B's cold prime finds them from its first request. Its forward replay then reuses
+    what A left, and the window named `not_reproduced` on a comparison the method does not make."""
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
+    _w, h = run(w)
+    c = cells(h)
+    assert c["B.forward_prime"].status == "invalid"
+    assert "incarnation B, verified fresh, was not empty: its first request found" in c["B.forward_prime"].reason
+    assert "#0: 1 host hits, 1,000 tokens reused" in c["B.forward_prime"].reason
+    assert c["B.forward_replay"].status == "invalid"
+    assert c["B.forward_replay"].reason.startswith("incarnation B not verified fresh: B.forward_prime's first request found")
+    assert decisions(h, VerdictReached)[-1].hypothesis == "inconclusive"
+    assert c["A.forward_prime"].status == "measured" and abort(h) is None
+
+
+def test_a_first_request_that_finds_nothing_leaves_the_cold_prime_measured_whatever_later_requests_find():
+    """Only the first request is held to an empty cache: within a prime, later bodies may reuse what earlier ones stored."""
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay"})
+    first = [True]
+
+    def later_hits(world: World, _history):
+        if world.requests_sent == 1 and first[0]:
+            first[0] = False
+            world.reuse_on = {"A.reverse_replay", "A.forward_prime"}
+        return None
+    _w, h = run(w, later_hits)
+    assert cells(h)["A.forward_prime"].status == "measured"
