@@ -383,7 +383,7 @@ def _action_asked(s: WindowState, f: ActionAsked) -> WindowState:
 @_rule(ActionAnswered)
 def _action_answered(s: WindowState, f: ActionAnswered) -> WindowState:
     asked = s.asked.get(f.action_id)
-    if asked is None:  # nobody waits for it (cancelled, or unknown): it changes nothing
+    if asked is None:  # nobody waits for it (answered already, or never asked): it changes nothing
         return s
     return replace(s, asked=_without(s.asked, (f.action_id,)), answered={**s.answered, asked.for_id: f.answer})
 

@@ -241,6 +241,8 @@ class Estimator:
 
     def _solve(self) -> tuple[float, float]:
         known = self.known
+        if not known.rounds:  # the starting values themselves, not the fit's arithmetic on them
+            return self.prior_pace, self.prior_overhead
         if self._fit is None or self._fit[0] is not known.sums:
             sx, sxx, sy, sxy = known.sums
             n = known.rounds

@@ -244,3 +244,11 @@ def test_phase_estimates_after_any_rounds_are_the_estimates_computed_from_scratc
             for skip in skips:
                 assert est.phase_s(ph, skip) == _phase_s_from_scratch(est, ph, skip)
         est.observe_round("tok1024", [body], took, {body: completion}, {body: prompt})
+
+
+def test_before_any_round_the_estimate_is_exactly_its_starting_pace_and_overhead():
+    # values the fit's arithmetic would round to a neighbour (3.8424956329854094): a calibration's figures
+    # are the estimate until a round is timed, as every earlier build's log decided with them
+    cal = Calibration(pace=3.842495632985409, overhead_s=1.2753451286971085)
+    est = Estimator(PLAN, work(), cal)
+    assert (est.pace, est.overhead_s) == (3.842495632985409, 1.2753451286971085)
