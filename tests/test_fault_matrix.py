@@ -266,3 +266,21 @@ def test_a_request_said_to_have_more_cached_tokens_than_its_prompt_invalidates_t
     rev = next(c for c in r["cells"] if c["phase"] == "A.reverse_replay")
     assert rev["status"] == "invalid" and "more tokens were cached than their prompt has (#0: cached_tokens" in rev["reason"], rev
     assert r["restoration"]["verified"], r["restoration"]
+
+
+def test_a_host_cache_that_outlives_the_engine_leaves_nothing_measured_on_the_incarnation_it_was_not_empty_for(tmp_path):
+    # the host cache is a store outside the engine: B loads with the entries A left, and its gauges say
+    # nothing of them; B's cold prime finds them at its first request. The shipped plan's 52 bodies: A's
+    # reverse replay reuses host tokens, so only B's forward replay could decide
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "cache_outlives_load")
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert "host cache occupancy not observable on this target" in cells["B.identity"]["reason"]
+    assert cells["A.forward_prime"]["status"] == "measured", cells["A.forward_prime"]
+    prime = cells["B.forward_prime"]
+    assert prime["status"] == "invalid" and "verified fresh, was not empty: its first request found" in prime["reason"], prime
+    later = [c for p, c in cells.items() if p.startswith(("B.", "trace.")) and p not in ("B.identity", "B.forward_prime")]
+    assert later and all(c["status"] == "invalid" and c["reason"].startswith("incarnation B not verified fresh") for c in later)
+    assert (rc, r["outcome"]) == (1, "partial") and r["restoration"]["verified"]
+    assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
