@@ -216,7 +216,7 @@ class WindowPolicy(WindowCore):
     def _outcome(self, inp: ActionDone | RequestDone) -> None:
         asked = self.state.asked.get(inp.action_id)
         if asked is None:
-            return  # an outcome nobody waits for (already cancelled or unknown) changes nothing
+            return  # an outcome nobody waits for (answered already, or never asked) changes nothing
         inp = self._decoded(inp, answer_type(asked.request))
         action = asked.request.name
         if action == "quiesce" and isinstance(inp, ActionDone) and inp.error == "not_carried_out":
