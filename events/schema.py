@@ -437,6 +437,9 @@ class CellRecorded(Decision, tag="cell_recorded", frozen=True):
     identity_held: bool | None = None
     hit_requests: list[int] = []  # order indices whose own counter delta showed a host hit (C1)
     drain_unseen: list[str] = []  # drain gauges the host does not expose, accepted by the plan
+    # its incarnation did not start cold (counters not reset, host cache occupied, or its first request found
+    # the host cache not empty): a mark the verdict's next step reads, so that it asks for a cold start first
+    not_fresh: bool = False
     # an output-consistency phase's finding (policies/consistency.judge): bodies compared, reused on
     # the warm pass, and those answered differently
     consistency: dict[str, Any] | None = None

@@ -209,7 +209,7 @@ class WindowFold:
                                 "estimated_end_minute": ev.estimated_end_minute, "ended_minute": ev.ended_minute,
                                 "prime": ev.prime, "incarnation_id": ev.incarnation_id,
                                 "identity_held": ev.identity_held, "hit_requests": list(ev.hit_requests),
-                                "drain_unseen": list(ev.drain_unseen)}
+                                "drain_unseen": list(ev.drain_unseen), "not_fresh": ev.not_fresh}
         if ev.consistency is not None:  # only a consistency phase's cell carries the key
             self.cells[ev.phase]["consistency"] = ev.consistency
         if ev.phase == self.phase:

@@ -112,6 +112,22 @@ RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward r
              "that does not reproduce.")
 
 
+COLD_START = ("Run the {arm} arm again on an incarnation that starts cold; {phase}'s did not ({why}). A new incarnation "
+              "that can reach the same host cache would start warm again, so empty every host cache it can reach (a KV "
+              "store kept outside the engine included) or give it one of its own, and check that its counters read zero "
+              "and its first request finds nothing, after the incumbent is restored.")
+
+
+def _cold_start(cells: Mapping[str, Mapping[str, Any]], phase: str, otherwise: str) -> str:
+    """The next step when `phase`, or the prime it reads, ran on an incarnation that did not start cold: another
+    run on the same host would meet the same cache, so the step asks for a cold start first."""
+    for pid in (phase, (cells.get(phase) or {}).get("prime") or PRIMES.get(phase)):
+        cell = cells.get(pid) if pid else None
+        if cell and cell.get("not_fresh"):
+            return COLD_START.format(arm=phase.split(".")[0], phase=pid, why=cell.get("reason") or "no reason recorded")
+    return otherwise
+
+
 def verdict(cells: Mapping[str, Mapping[str, Any]], required: Sequence[str] = (), no_cause: str | None = None,
             tier: str = "host") -> tuple[str, str, str]:
     """(hypothesis, basis, next experiment) by contract section 4's amended rule, in its order: the
@@ -130,7 +146,8 @@ def hypothesis(cells: Mapping[str, Mapping[str, Any]], tier: str = "host") -> tu
 def _rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]:
     why_rev = unusable(cells, "A.reverse_replay")
     if why_rev:
-        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})", NEXT_EXPERIMENT["inconclusive"])
+        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})",
+                _cold_start(cells, "A.reverse_replay", NEXT_EXPERIMENT["inconclusive"]))
     rev = cells["A.reverse_replay"]
     rev_host = rev.get("host") or {}
     if rev_host.get("reused_tokens") is None:
@@ -149,7 +166,7 @@ def _rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]:
             # one diagnostic pair per order is needed to nominate a cause (contract 4, amended)
             why_fwd = unusable(cells, "B.forward_replay")
             return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured ({why_fwd})",
-                    RUN_B_ARM)
+                    _cold_start(cells, "B.forward_replay", RUN_B_ARM))
         return "row_checkpoint_churn", f"{seen}; B.forward_replay reused 0", NEXT_EXPERIMENT["row_checkpoint_churn"]
     hits, fetched = rev_host.get("hits"), rev_host.get("fetched_tokens")
     if hits is None:
@@ -178,7 +195,8 @@ def _prefix_rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]
     forward replay on a fresh incarnation reused none."""
     why_rev = unusable(cells, "A.reverse_replay")
     if why_rev:
-        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})", NEXT_EXPERIMENT["inconclusive"])
+        return ("inconclusive", f"A.reverse_replay is not usable ({why_rev})",
+                _cold_start(cells, "A.reverse_replay", NEXT_EXPERIMENT["inconclusive"]))
     rev = _reused(cells, "A.reverse_replay", "gpu_prefix")
     if rev is None:
         return ("inconclusive", "A.reverse_replay was measured but GPU prefix-cache reused tokens are not observable "
@@ -191,7 +209,7 @@ def _prefix_rule(cells: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str]
         seen = f"A.reverse_replay reused {rev} GPU prefix-cache tokens"
         if fwd is None:
             return ("inconclusive", f"{seen}, but the replay-order control B.forward_replay was not measured "
-                    f"({unusable(cells, 'B.forward_replay')})", RUN_B_ARM)
+                    f"({unusable(cells, 'B.forward_replay')})", _cold_start(cells, "B.forward_replay", RUN_B_ARM))
         return "prefix_cache_churn", f"{seen}; B.forward_replay reused 0", GPU_PREFIX_NEXT["prefix_cache_churn"]
     return ("no_prefix_reuse", "A.reverse_replay reused 0 GPU prefix-cache tokens"
             + ("" if fwd is None else "; B.forward_replay reused 0"), GPU_PREFIX_NEXT["no_prefix_reuse"])

@@ -49,7 +49,8 @@ def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     if ph.id in w.state.cells:
         return
     if ph.incarnation in w.state.unverified_incarnations:
-        w.record_cell(ph.id, "invalid", w.state.unverified_incarnations[ph.incarnation], comparable=False)
+        w.record_cell(ph.id, "invalid", w.state.unverified_incarnations[ph.incarnation], comparable=False,
+                      not_fresh=True)
         return
     for dep in ph.requires_measured:
         if w.state.status(dep) != "measured":
@@ -131,7 +132,7 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
             why = (f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'});"
                    f" host cache occupied ({', '.join(occupied) or 'none'})")
             w.incarnation_unverified(ph.incarnation, why)
-            w.record_cell(ph.id, "invalid", why, comparable=False)
+            w.record_cell(ph.id, "invalid", why, comparable=False, not_fresh=True)
             return
         reason += ("; counters reset and empty host cache verified" if observable else
                    "; counters reset verified; host cache occupancy not observable on this target")
@@ -524,7 +525,7 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
         w.record_cell(ph.id, "invalid", f"the engine's counters contradict each other ({'; '.join(contradict)}): its "
                 f"reuse figures cannot be trusted", **common)
     elif why := _answers_contradict(ph, tally, reqs, common["counters"]):
-        w.record_cell(ph.id, "invalid", why, **common)
+        w.record_cell(ph.id, "invalid", why, not_fresh=bool(tally.warm), **common)
         if tally.warm and ph.incarnation:  # every later phase on it meets what the window did not put there
             w.incarnation_unverified(ph.incarnation, f"incarnation {ph.incarnation} not verified fresh: {ph.id}'s first "
                                                      f"request found its host cache not empty ({tally.warm[0]})")

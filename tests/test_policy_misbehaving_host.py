@@ -627,6 +627,55 @@ def test_a_fresh_incarnation_whose_first_request_finds_the_host_cache_warm_measu
     assert c["A.forward_prime"].status == "measured" and abort(h) is None
 
 
+def test_cells_on_an_incarnation_whose_cache_was_warm_are_marked_not_fresh_and_no_others():
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
+    c = cells(run(w)[1])
+    assert {p for p, cell in c.items() if cell.not_fresh} == {"B.forward_prime", "B.forward_replay", "B.small_control"}
+
+
+def test_a_b_arm_whose_first_request_found_the_cache_warm_asks_for_a_cold_start_before_it_runs_again():
+    """Another B on the same host would meet the same store: the next step says to empty it first."""
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
+    v = decisions(run(w)[1], VerdictReached)[-1]
+    assert v.hypothesis == "inconclusive"
+    assert v.next_experiment.startswith("Run the B arm again on an incarnation that starts cold; B.forward_replay's did not")
+    assert "first request found its host cache not empty" in v.next_experiment
+    assert "a KV store kept outside the engine included" in v.next_experiment
+
+
+def _counters_left_at_load(label: str) -> World:
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay"})
+    orig = w.answer
+
+    def answer(d):
+        r = orig(d)
+        if d.action == "load" and d.args.get("label") == label:
+            w.counters["host_lookups"] = 7
+        return r
+    w.answer = answer
+    return w
+
+
+def test_b_counters_not_reset_at_its_load_ask_for_a_cold_start_of_b():
+    v = decisions(run(_counters_left_at_load("B"))[1], VerdictReached)[-1]
+    assert v.next_experiment.startswith("Run the B arm again on an incarnation that starts cold")
+    assert "counters not reset (host_lookups)" in v.next_experiment
+
+
+def test_an_a_arm_that_did_not_start_cold_asks_for_a_cold_start_of_a():
+    w = _counters_left_at_load("A")
+    h = run(w)[1]
+    assert cells(h)["A.reverse_replay"].not_fresh
+    v = decisions(h, VerdictReached)[-1]
+    assert (v.hypothesis, v.next_experiment.split(";")[0]) == (
+        "inconclusive", "Run the A arm again on an incarnation that starts cold")
+
+
+def test_a_b_arm_not_measured_for_want_of_time_still_asks_only_to_run_it():
+    _w, h = run(World(plan_builtins(), reuse_on={"A.reverse_replay"}, request_s=22))
+    assert decisions(h, VerdictReached)[-1].next_experiment.startswith("Run the B arm: a fresh incarnation B")
+
+
 def test_a_first_request_that_finds_nothing_leaves_the_cold_prime_measured_whatever_later_requests_find():
     """Only the first request is held to an empty cache: within a prime, later bodies may reuse what earlier ones stored."""
     w = World(plan_builtins(), reuse_on={"A.reverse_replay"})
