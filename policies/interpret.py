@@ -78,6 +78,7 @@ RESTORED_UNUSED = (
 # Contract section 4 (amended 2026-12-01): a replay reads the state its own prime left, so it is
 # usable only when that prime is measured on the same incarnation. A cell may name its prime
 # itself (`prime`); these are the 2026-10-22 plan's.
+ORDER_PROBE = "A.reverse_replay"  # the cell every verdict of the seed's rule reads first
 PRIMES = {"A.reverse_replay": "A.forward_prime", "B.forward_replay": "B.forward_prime"}
 
 
@@ -112,10 +113,13 @@ RUN_B_ARM = ("Run the B arm: a fresh incarnation B, forward prime then forward r
              "that does not reproduce.")
 
 
-COLD_START = ("Run the {arm} arm again on an incarnation that starts cold; {phase}'s did not ({why}). A new incarnation "
-              "that can reach the same host cache would start warm again, so empty every host cache it can reach (a KV "
-              "store kept outside the engine included) or give it one of its own, and check that its counters read zero "
-              "and its first request finds nothing, after the incumbent is restored.")
+COLD_START = ("{lead} on an incarnation that starts cold; {phase}'s did not ({why}). A new incarnation that can "
+              "reach the same host cache would start warm again, so empty every host cache it can reach (a KV store "
+              "kept outside the engine included) or give it one of its own, and check that its counters read zero and "
+              "its first request finds nothing, after the incumbent is restored.")
+# what to run again when a phase the rule reads did not start cold: the B arm alone, or (the order probe's
+# own cell) the whole window, whose B arm then did not run (policies/methods/cache_diagnostics.py)
+COLD_LEAD = {"A": "Repeat the window, each arm", "B": "Run the B arm again"}
 
 
 def _cold_start(cells: Mapping[str, Mapping[str, Any]], phase: str, otherwise: str) -> str:
@@ -124,7 +128,8 @@ def _cold_start(cells: Mapping[str, Mapping[str, Any]], phase: str, otherwise: s
     for pid in (phase, (cells.get(phase) or {}).get("prime") or PRIMES.get(phase)):
         cell = cells.get(pid) if pid else None
         if cell and cell.get("not_fresh"):
-            return COLD_START.format(arm=phase.split(".")[0], phase=pid, why=cell.get("reason") or "no reason recorded")
+            return COLD_START.format(lead=COLD_LEAD[phase.split(".")[0]], phase=pid,
+                                     why=cell.get("reason") or "no reason recorded")
     return otherwise
 
 

@@ -122,6 +122,10 @@ class DeciderMachine(RuleBasedStateMachine):
                 assert not d.experimental, f"experimental {d.action} at {inp.at_ns / S:.0f} s, past the stop minute"
                 if d.action in HOST_CHANGES:
                     assert self.restore_at is not None, f"{d.action} past the stop minute outside the restore"
+            if isinstance(d, ActionRequested) and d.action == "load" and d.args.get("label") not in (None, "incumbent"):
+                probe = self.policy.state.cells.get("A.reverse_replay")
+                assert probe is None or not probe.not_fresh, \
+                    f"incarnation {d.args['label']} loaded after the order probe ran on one that did not start cold"
             if isinstance(d, RestoreStarted) and self.t0 is not None:
                 left = self.t0 + self.window_ns - inp.at_ns
                 assert left >= RESERVE_MIN * NS_PER_MIN - self._closing_drain_ns(), \

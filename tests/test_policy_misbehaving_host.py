@@ -662,13 +662,37 @@ def test_b_counters_not_reset_at_its_load_ask_for_a_cold_start_of_b():
     assert "counters not reset (host_lookups)" in v.next_experiment
 
 
-def test_an_a_arm_that_did_not_start_cold_asks_for_a_cold_start_of_a():
-    w = _counters_left_at_load("A")
-    h = run(w)[1]
+def test_an_a_arm_that_did_not_start_cold_asks_for_the_window_again_with_each_arm_cold():
+    h = run(_counters_left_at_load("A"))[1]
     assert cells(h)["A.reverse_replay"].not_fresh
     v = decisions(h, VerdictReached)[-1]
     assert (v.hypothesis, v.next_experiment.split(";")[0]) == (
-        "inconclusive", "Run the A arm again on an incarnation that starts cold")
+        "inconclusive", "Repeat the window, each arm on an incarnation that starts cold")
+
+
+def test_no_b_arm_is_loaded_once_the_order_probe_ran_on_an_incarnation_that_did_not_start_cold():
+    """No B result could decide then, and B would load on the same host: the primary is not kept out for it."""
+    h = run(_counters_left_at_load("A"))[1]
+    loads = [d.args.get("label") for d in decisions(h, ActionRequested) if d.action == "load"]
+    assert "B" not in loads
+    c = cells(h)
+    assert c["B.forward_prime"].status == c["B.forward_replay"].status == "deferred"
+    assert c["B.forward_replay"].reason.startswith("not started: earlier result: A.reverse_replay ran on an "
+                                                   "incarnation that did not start cold")
+    assert abort(h) is None and decisions(h, RestorationRecorded)[-1].verified
+
+
+def test_a_b_arm_still_runs_after_an_a_arm_that_started_cold_whatever_its_cells_say():
+    """Only the cold-start evidence keeps B out: an A arm invalid for another reason (a drain) still gets its B."""
+    stuck = [False]
+
+    def stall_after_a_prime(world: World, hist):
+        if not stuck[0] and any(isinstance(d, CellRecorded) and d.phase == "A.forward_prime" for _i, ds in hist for d in ds):
+            world.drain_stuck = stuck[0] = True
+        return None
+    h = run(World(plan_builtins()), stall_after_a_prime)[1]
+    assert cells(h)["A.reverse_replay"].status == "invalid" and not cells(h)["A.reverse_replay"].not_fresh
+    assert "B" in [d.args.get("label") for d in decisions(h, ActionRequested) if d.action == "load"]
 
 
 def test_a_b_arm_not_measured_for_want_of_time_still_asks_only_to_run_it():

@@ -20,7 +20,23 @@ def run(w: WindowCore) -> Proc:
         if w.now >= w.stop_ns():  # reached while a phase's closing drain ran on
             w.mark_stop()
             raise Interrupt("stop_minute")
+        if arm.loads and (why := undecidable(w)):
+            for p in arm.phases:
+                w.record_cell(p.id, "deferred", why, comparable=p.comparable)
+            continue
         yield from run_arm(w, arm)
+
+
+def undecidable(w: WindowCore) -> str | None:
+    """Why no arm loaded from here on could decide anything: the order probe's own cell ran on an incarnation
+    that did not start cold, so the verdict cannot come whatever a later arm measures, and a later
+    incarnation on the same host may meet the same cache. The primary is not kept out for it."""
+    probe = w.state.cells.get(interpret.ORDER_PROBE)
+    if probe is None or not probe.not_fresh:
+        return None
+    return (f"not started: earlier result: {interpret.ORDER_PROBE} ran on an incarnation that did not start cold, so "
+            f"the order probe cannot run whatever this arm measures, and an incarnation loaded on the same host may "
+            f"start with the same state: no primary downtime spent on it")
 
 
 def run_arm(w: WindowCore, arm: Arm) -> Proc:
