@@ -576,4 +576,35 @@ def test_a_contract_host_whose_cache_outlives_the_engine_measures_nothing_on_an_
     assert "verified fresh, was not empty: its first request found" in cells["B.forward_prime"]["reason"]
     assert cells["B.forward_replay"]["status"] == "invalid"
     assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
+    assert r["verdict"]["next_experiment"].startswith("Run the B arm again on an incarnation that starts cold")
     assert r["restoration"]["verified"] and rc in (0, 1)
+
+
+def _serve_the_bodies_as_traffic(host: ContractHost, fixture: str) -> None:
+    """The incumbent answers the fixture's bodies before the window, as the production traffic they came from."""
+    import urllib.request
+    for body in (ROOT / "fixtures" / "data" / fixture / "bodies.jsonl").read_bytes().splitlines():
+        req = urllib.request.Request(host.urls["serving"] + "/v1/chat/completions", data=body, method="POST",
+                                     headers={"Authorization": f"Bearer {host.tokens['serving']}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+
+
+def test_a_store_warm_with_the_bodies_before_the_window_keeps_the_b_arm_unloaded_and_the_primary_out_no_longer(
+        tmp_path, small_plan):
+    """The incumbent's traffic left the bodies in a store outside the engine: A's first request finds them, so no
+    verdict can come, and B would load on the same store: the window restores without loading B."""
+    host = ContractHost(tmp_path / "host", cache_entries=500, external_cache=True)
+    try:
+        _serve_the_bodies_as_traffic(host, "tok1024")
+        rc, r = run_window(host, tmp_path / "out", _without_trace(small_plan, tmp_path))
+        loads = [x for x in host.requests() if x.get("path") == "/manager/v1/load"]
+    finally:
+        host.stop()
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.forward_prime"]["status"] == "invalid" and cells["A.reverse_replay"]["not_fresh"], cells
+    assert cells["B.forward_replay"]["status"] == "deferred"
+    assert len(loads) == 2  # A, then the incumbent back: no B
+    assert r["verdict"]["next_experiment"].startswith("Repeat the window, each arm on an incarnation that starts cold")
+    assert (rc, r["outcome"], r["restoration"]["verified"]) == (1, "partial", True)

@@ -677,8 +677,8 @@ def test_no_b_arm_is_loaded_once_the_order_probe_ran_on_an_incarnation_that_did_
     assert "B" not in loads
     c = cells(h)
     assert c["B.forward_prime"].status == c["B.forward_replay"].status == "deferred"
-    assert c["B.forward_replay"].reason.startswith("not started: earlier result: A.reverse_replay ran on an "
-                                                   "incarnation that did not start cold")
+    assert c["B.forward_replay"].reason.startswith("not started: earlier result: A.reverse_replay's "
+                                                   "incarnation did not start cold")
     assert abort(h) is None and decisions(h, RestorationRecorded)[-1].verified
 
 

@@ -34,7 +34,7 @@ def undecidable(w: WindowCore) -> str | None:
     probe = w.state.cells.get(interpret.ORDER_PROBE)
     if probe is None or not probe.not_fresh:
         return None
-    return (f"not started: earlier result: {interpret.ORDER_PROBE} ran on an incarnation that did not start cold, so "
+    return (f"not started: earlier result: {interpret.ORDER_PROBE}'s incarnation did not start cold, so "
             f"the order probe cannot run whatever this arm measures, and an incarnation loaded on the same host may "
             f"start with the same state: no primary downtime spent on it")
 
