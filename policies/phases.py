@@ -198,6 +198,7 @@ class _Tally:
         self.warm: list[str] = []  # what a cold incarnation's first request found in the host cache (_found_when_cold)
         self.ids: dict[str, tuple[str, int]] = {}  # the completion ids this phase's answers named -> (phase, #)
         self.answered = 0  # requests answered ok
+        self.sent = 0  # requests sent and answered: all of the phase's, unless it stopped early
         self.generated: int | None = 0  # their completion_tokens added up (None once one did not say)
         self.natural = 0
 
@@ -227,7 +228,7 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     tally = _Tally()
     prev = yield from _send_rounds(w, ph, reqs, before, tally)
     if prev is not None:
-        yield from _close_phase(w, ph, len(reqs), before, prev, prime, tally)
+        yield from _close_phase(w, ph, tally.sent, before, prev, prime, tally)
 
 
 def _prime_not_measured(w: WindowCore, prime: str) -> str | None:
@@ -293,8 +294,11 @@ def _send_rounds(w: WindowCore, ph: PhaseSpec, reqs: list[int], before: dict[str
         _tally_round(w, ph, k, results, delta, tally)
         yield from _engine_still_there(w, ph, results)
         k += len(batch)
+        tally.sent = k
         w.requests_done(k)
         check_projection(w, ph, k)
+        if tally.warm:  # nothing more on this incarnation can be measured: no more of the primary's time on it
+            break
     return prev
 
 
@@ -496,7 +500,8 @@ def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str
         return (f"the host cache of incarnation {ph.incarnation}, verified fresh, was not empty: its first request found "
                 f"what nothing on it could yet have stored ({tally.warm[0]}): a cache that outlives the engine (an "
                 f"external KV store its occupancy gauges do not see) or counters that are not this incarnation's; the "
-                f"phase is not the cold start the method needs, and nothing measured on this incarnation is")
+                f"phase is not the cold start the method needs, and nothing measured on this incarnation is (the phase stopped "
+                f"at that request)")
     return None
 
 

@@ -627,6 +627,16 @@ def test_a_fresh_incarnation_whose_first_request_finds_the_host_cache_warm_measu
     assert c["A.forward_prime"].status == "measured" and abort(h) is None
 
 
+def test_a_cold_prime_whose_first_request_finds_the_cache_warm_sends_no_more_of_its_requests():
+    """Nothing more on that incarnation can be measured: the primary's time is not spent on the other 51."""
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
+    h = run(w)[1]
+    sent = [d for d in decisions(h, ActionRequested) if d.action == "send_request" and d.args["phase"] == "B.forward_prime"]
+    assert len(sent) == 1
+    c = cells(h)["B.forward_prime"]
+    assert (c.status, c.requests) == ("invalid", 1) and c.reason.endswith("(the phase stopped at that request)")
+
+
 def test_cells_on_an_incarnation_whose_cache_was_warm_are_marked_not_fresh_and_no_others():
     w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
     c = cells(run(w)[1])
