@@ -284,3 +284,22 @@ def test_a_host_cache_that_outlives_the_engine_leaves_nothing_measured_on_the_in
     assert (rc, r["outcome"]) == (1, "partial") and r["restoration"]["verified"]
     assert r["verdict"]["hypothesis"] == "inconclusive", r["verdict"]
     assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+
+
+def test_a_store_the_incumbents_traffic_left_warm_ends_the_window_before_b_with_the_primary_back(tmp_path):
+    # the store outside the engine holds what the incumbent served of the bodies: A's cold prime finds them at
+    # its first request and sends no more; no verdict can come of B, which would load on the same store
+    shipped = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
+    rc, r = rehearse(shipped, tmp_path / "out", "--fault", "cache_outlives_load,served=c1-52")
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert (cells["A.forward_prime"]["status"], cells["A.forward_prime"]["requests"]) == ("invalid", 1), cells["A.forward_prime"]
+    assert all(cells[p]["status"] == "deferred" for p in ("B.identity", "B.forward_prime", "B.forward_replay"))
+    assert r["verdict"]["next_experiment"].startswith("Repeat the window, each arm on an incarnation that starts cold")
+    assert (rc, r["outcome"], r["restoration"]["verified"]) == (1, "partial", True)
+    assert r["restoration"]["finished_minute"] < 10, r["restoration"]  # the primary back within minutes, not at 58
+    assert r["integrity"]["chain_ok"] and r["integrity"]["audit_ok"]
+
+
+def test_a_store_said_to_hold_a_fixture_the_simulator_lacks_is_refused_naming_the_fixtures(tmp_path):
+    rc, out, err = flare_diag_here("rehearse", "--out", str(tmp_path / "out"), "--fault", "cache_outlives_load,served=nope")
+    assert rc == 2 and "served: expected a fixture's name, one of c1-52, peer-30, tok1024, got 'nope'" in err, (out, err)
