@@ -75,6 +75,11 @@ class WindowOpened(Input, tag="window_opened", frozen=True):
     # the counters whose C1 deltas the engine's own per-request `cached_tokens` must equal (the engine
     # profile's REUSE_IDENTITY: vLLM's stats.py invariant); empty: the engine states none, nothing checked
     reuse_identity: list[str] = []
+    # the requests the engine sends itself as it starts, which its counters count (the engine profile's
+    # STARTUP_REQUESTS: SGLang's warm-up): at most this many, each with at most `startup_generated_each`
+    # generated tokens, may show on a fresh incarnation whose counters are otherwise at zero; 0: none may
+    startup_requests: int = 0
+    startup_generated_each: int = 0
 
 
 @register

@@ -115,6 +115,7 @@ class WindowCore(Driver):
         self.expected_incumbent = ""  # the sha256 an earlier window that did not restore left as the incumbent
         self.steady_state = False  # the plan's guards are evaluated on the site's Prometheus (WindowOpened)
         self.reuse_identity: list[str] = []  # counters whose C1 deltas must sum to cached_tokens (WindowOpened)
+        self.startup = (0, 0)  # the engine's own start-up requests a fresh incarnation may show: (at most, tokens each)
 
     @property
     def closed(self) -> bool:

@@ -127,6 +127,9 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
         nonzero = rules.counters_reset(sample.counters)
         g = sample.gauges
         occupied = [k for k in OCCUPANCY if g.get(k)]
+        startup = rules.startup_only(sample.counters, {k: g.get(k) for k in OCCUPANCY}, *w.startup) if nonzero else None
+        if startup:  # the engine's own warm-up (SGLang's) is counted as any request is, and explains all there is
+            nonzero = occupied = []
         observable = any(g.get(k) is not None for k in OCCUPANCY)
         if nonzero or occupied:
             why = (f"fresh incarnation {ph.incarnation} not verified: counters not reset ({', '.join(nonzero[:4]) or 'none'});"
@@ -134,8 +137,9 @@ def identity_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
             w.incarnation_unverified(ph.incarnation, why)
             w.record_cell(ph.id, "invalid", why, comparable=False, not_fresh=True)
             return
-        reason += ("; counters reset and empty host cache verified" if observable else
-                   "; counters reset verified; host cache occupancy not observable on this target")
+        reset = "counters reset" + (f" (but for {startup})" if startup else "")
+        reason += (f"; {reset} and empty host cache verified" if observable else
+                   f"; {reset} verified; host cache occupancy not observable on this target")
         w.incarnation_cold(ph.incarnation)
     w.record_cell(ph.id, "measured", reason, requests=0, incarnation_id=w.state.candidate_id, identity_held=True)
 

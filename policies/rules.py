@@ -224,6 +224,34 @@ def counters_reset(counters: Mapping[str, float | None]) -> list[str]:
     return [k for k, v in sorted(counters.items()) if v]
 
 
+# what an engine's own start-up requests move beside how many finished: their tokens, and the per-request
+# timings' sums and counts (one sample a request); never a cache counter
+STARTUP_MOVES = ("finished", "prompt_tokens", "generation_tokens", "engine_queue_s_sum", "engine_queue_s_count",
+                 "engine_prefill_s_sum", "engine_prefill_s_count")
+
+
+def startup_only(counters: Mapping[str, float | None], occupancy: Mapping[str, float | None], at_most: int,
+                 generated_each: int) -> str | None:
+    """Words for what a fresh incarnation shows when the engine's own start-up requests explain all of it: at
+    most `at_most` finished, at most `generated_each` generated tokens each, at most one timing sample each,
+    no other counter moved, and no host cache occupied beyond their own tokens (a cache sized in tokens that
+    backs them up); None when they do not, or when the engine sends itself none (`at_most` 0)."""
+    nonzero = counters_reset(counters)
+    finished = counters.get("finished") or 0
+    if not at_most or not nonzero or not 0 < finished <= at_most or any(k not in STARTUP_MOVES for k in nonzero):
+        return None
+    prompt, generated = counters.get("prompt_tokens") or 0, counters.get("generation_tokens") or 0
+    if generated > finished * generated_each:
+        return None
+    if any((counters.get(f"{t}_count") or 0) > finished for t in ("engine_queue_s", "engine_prefill_s")):
+        return None
+    held = {k: v for k, v in occupancy.items() if v}
+    if held and (set(held) != {"host_cache_tokens_used"} or held["host_cache_tokens_used"] > prompt + generated):
+        return None
+    return (f"{finished:g} start-up request{'' if finished == 1 else 's'} of the engine's own: {prompt:g} prompt, "
+            f"{generated:g} generated tokens" + (f", {held['host_cache_tokens_used']:g} of them in the host cache" if held else ""))
+
+
 def natural_failure(finish_reason: str | None, visible_output: bool) -> str | None:
     """Natural output failures are recorded, never aborted on."""
     if finish_reason == "length" and not visible_output:

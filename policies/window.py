@@ -177,6 +177,7 @@ class WindowPolicy(WindowCore):
         self.candidate_recipe = inp.candidate_recipe
         self.steady_state = inp.steady_state
         self.reuse_identity = list(inp.reuse_identity)
+        self.startup = (inp.startup_requests, inp.startup_generated_each)
         self.expected_incumbent = inp.expected_incumbent_sha256
         self.calibration = msgspec.convert(inp.calibration, Calibration) if inp.calibration else None
         method = method_named(self.plan.method)

@@ -42,6 +42,12 @@ Misbehaviours of real engines and supervisors:
 - `external_cache`: the host cache is a store outside the engine (an external KV store): a load keeps what it
   holds, and the engine's occupancy gauges count only what the incarnation stored itself.
 - `trace_survives_load`: the trace switch is the host's, not the incarnation's: a load keeps it.
+- `sglang` (true): /metrics answers in SGLang 0.5.23's names and shapes (`sglang:num_requests_total` and the
+  token counters split by `is_streaming`, `sglang:cached_tokens_total` by `cache_source`, HiCache's host
+  gauges in tokens, the queue-time histogram; no lookups, hits, retiring or transfer gauges, no build or
+  incarnation info), as tests/data/metrics/sglang.prom; and every incarnation comes up having counted its
+  own warm-up generation (one request, 7 prompt and 8 generated tokens), as SGLang's does unless launched
+  with --skip-server-warmup.
 - `gpu_memory_on_load` (bytes): while an incumbent load is under way, the GPU view shows that much
   memory used on every GPU.
 - `gpu_silent` ({"after_chats": N, "for_s": S}): once N chat requests came, the GPU view answers 503
@@ -437,7 +443,9 @@ def r_metrics(h, _raw) -> None:
             suffix = "_total" if kind == "counter" else ""
             lines.append(f"{name}{suffix}{labels} {v}")
 
-    if st.loaded is not None:
+    if st.loaded is not None and st.cfg.get("sglang"):
+        lines += _sglang_lines(st, c, active)
+    elif st.loaded is not None:
         fam("flare_host_cache_lookups", "counter", [("", c["lookups"])])
         fam("flare_host_cache_hits", "counter", [("", c["hits"])])
         fam("flare_host_cache_fetched_tokens", "counter", [("", c["fetched"])])
@@ -476,6 +484,37 @@ def r_metrics(h, _raw) -> None:
     h.send_header("content-length", str(len(data)))
     h.end_headers()
     h.wfile.write(data)
+
+
+def _sglang_lines(st: State, c: dict, active: int) -> list[str]:
+    """The exposition of SGLang 0.5.23 for these counters (its metrics_collector.py: names, types, labels, HELP)."""
+    sched = '{model_name="glm",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"}'
+    finished = c["stop"] + c["length"]
+    used = sum(st.cache.values())
+    out = []
+    for name, kind, helptext, samples in (
+        ("sglang:num_running_reqs", "gauge", "The number of running requests.", [(sched, active)]),
+        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", [(sched, 0)]),
+        ("sglang:hicache_host_used_tokens", "gauge", "Number of tokens currently used in the host KV cache.", [(sched, used)]),
+        ("sglang:hicache_host_total_tokens", "gauge", "Total capacity of the host KV cache in tokens.",
+         [(sched, 4096 * st.cfg["cache_entries"])]),
+        ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+         [('{model_name="glm",is_streaming="true"}', c["prompt"])]),
+        ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         [('{model_name="glm",is_streaming="true"}', c["generation"])]),
+        ("sglang:num_requests_total", "counter", "Number of requests processed.",
+         [('{model_name="glm",is_streaming="true"}', finished)]),
+        ("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source (device/host/storage).",
+         [('{model_name="glm",cache_source="device"}', c["gpu_reused"]), ('{model_name="glm",cache_source="host"}', c["reused"])]),
+    ):
+        out += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", *(f"{name}{labels} {v}" for labels, v in samples)]
+    out += ["# HELP sglang:queue_time_seconds Histogram of queueing time in seconds.",
+            "# TYPE sglang:queue_time_seconds histogram",
+            f'sglang:queue_time_seconds_bucket{{le="+Inf",{sched[1:]} {finished}',
+            f"sglang:queue_time_seconds_count{sched} {finished}", f"sglang:queue_time_seconds_sum{sched} {0.001 * finished}"]
+    if not st.cfg.get("no_start_time"):
+        out += ["# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {st.start_time}"]
+    return out
 
 
 # --- manager ---------------------------------------------------------------------------------
@@ -534,6 +573,8 @@ def r_load(h, raw) -> None:
         st._reset()
         if kept is not None:  # the store outlives the engine: the new incarnation starts with what it holds
             st.cache = kept
+        if st.cfg.get("sglang"):  # SGLang's warm-up, counted as any generation: one request, 7 prompt and 8 new tokens
+            st.c.update(length=1, prompt=7, generation=8)
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
     h.send_json({"incarnation": f"c{st.incarnation}"})

@@ -44,6 +44,7 @@ class ContractHost:
                            "glm-candidate": "model = dec48abd\nrole = candidate\nhost_cache = rows\n"},
                "incumbent": "prod-incumbent", "request_log": str(self.request_log), **extra}
         (tmp / "host.json").write_text(json.dumps(cfg))
+        self.metrics_profile = "sglang" if extra.get("sglang") else ""
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.contract_host", str(tmp / "host.json")], cwd=ROOT,
                                      stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -61,6 +62,7 @@ class ContractHost:
         u = self.urls
         site = folder / "site.toml"
         site.write_text(
+            (f'metrics_profile = "{self.metrics_profile}"\n' if self.metrics_profile else "") +
             f'[serving]\nurl = "{u["serving"]}"\ntoken_file = "serving.token"\n'
             f'[manager]\nurl = "{u["manager"]}"\ntoken_file = "manager.token"\ncandidate_recipe = "glm-candidate"\n'
             f'[router]\nurl = "{u["router"]}"\ntoken_file = "router.token"\nbackend = "primary"\n'

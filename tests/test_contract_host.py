@@ -608,3 +608,28 @@ def test_a_store_warm_with_the_bodies_before_the_window_keeps_the_b_arm_unloaded
     assert len(loads) == 2  # A, then the incumbent back: no B
     assert r["verdict"]["next_experiment"].startswith("Repeat the window, each arm on an incarnation that starts cold")
     assert (rc, r["outcome"], r["restoration"]["verified"]) == (1, "partial", True)
+
+
+def _for_sglang(plan: Path, folder: Path) -> Path:
+    """The plan without its trace arms, its drains judged without the gauges SGLang does not export."""
+    out = folder / "sglang.toml"
+    out.write_text(_without_trace(plan, folder).read_text() + '\n[drain]\naccept_unobserved = ["requests_retiring", '
+                   '"host_transfers_inflight", "host_transfers_waiting"]\n')
+    return out
+
+
+def test_an_sglang_host_whose_incarnations_count_their_own_warm_up_verifies_them_fresh_and_says_so(tmp_path, small_plan):
+    """SGLang counts the generation it sends itself as it starts: each fresh incarnation's counters show one request.
+    Held to counters at zero, no SGLang window would ever measure a cell."""
+    host = ContractHost(tmp_path / "host", cache_entries=500, sglang=True)
+    try:
+        rc, r = run_window(host, tmp_path / "out", _for_sglang(small_plan, tmp_path))
+    finally:
+        host.stop()
+    cells = {c["phase"]: c for c in r["cells"]}
+    for arm in ("A", "B"):
+        assert cells[f"{arm}.identity"]["status"] == "measured", cells[f"{arm}.identity"]
+        assert ("counters reset (but for 1 start-up request of the engine's own: 7 prompt, 8 generated tokens) and empty "
+                "host cache verified") in cells[f"{arm}.identity"]["reason"]
+    assert set(required_cells(r).values()) == {"measured"}, required_cells(r)
+    assert (rc, r["outcome"], r["restoration"]["verified"]) == (0, "completed", True), (r["abort"], r["alarms"])

@@ -174,3 +174,27 @@ def test_sglang_sample_reads_its_per_request_queue_time_and_no_prefill_time():
     m = _parse("sglang.prom", "sglang")["counters"]
     assert m["engine_queue_s_sum"] == pytest.approx(0.0123) and m["engine_queue_s_count"] == 3
     assert m["engine_prefill_s_sum"] is None and m["engine_prefill_s_count"] is None
+
+
+def _profile(tmp_path: Path, kind: str, extra: str = ""):
+    from flare_diag.daemon.cli.commands import main
+    from flare_diag.daemon.hosts.site import load_site
+    folder = tmp_path / kind
+    assert main(["init-site", kind, str(folder)]) == 0
+    for token in folder.glob("*.token"):
+        token.write_text("t0ken-for-the-test\n")
+    profile = folder / f"{kind}.toml"
+    profile.write_text(profile.read_text() + extra)
+    return load_site(profile)
+
+
+def test_an_sglang_site_allows_a_fresh_incarnation_its_warm_up_and_no_other_engine_anything(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import startup_requests
+    assert startup_requests(_profile(tmp_path, "sglang")) == (16, 8)
+    assert startup_requests(_profile(tmp_path, "flare")) == (0, 0)
+
+
+def test_an_sglang_site_that_remaps_its_finished_requests_is_allowed_no_warm_up(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import startup_requests
+    site = _profile(tmp_path, "sglang", '\n[metrics]\nflare_requests_finished = "my:finished"\n')
+    assert startup_requests(site) == (0, 0)

@@ -637,6 +637,39 @@ def test_a_cold_prime_whose_first_request_finds_the_cache_warm_sends_no_more_of_
     assert (c.status, c.requests) == ("invalid", 1) and c.reason.endswith("(the phase stopped at that request)")
 
 
+def _warm_up_at_load() -> World:
+    """Each candidate incarnation comes up having answered its own warm-up request (SGLang's), counted as any is."""
+    w = World(plan_builtins())
+    orig = w.answer
+
+    def answer(d):
+        r = orig(d)
+        if d.action == "load" and d.args.get("label") in ("A", "B"):
+            w.counters.update(finished=1, generation_tokens=8)
+        return r
+    w.answer = answer
+    return w
+
+
+def _sglang_like(ev):
+    import msgspec
+    return msgspec.structs.replace(ev, startup_requests=16, startup_generated_each=8)
+
+
+def test_a_fresh_incarnation_showing_only_its_engines_own_warm_up_is_verified_fresh_and_says_so():
+    h = run(_warm_up_at_load(), opened=_sglang_like)[1]
+    c = cells(h)
+    assert c["A.identity"].status == c["B.identity"].status == "measured"
+    assert "; counters reset (but for 1 start-up request of the engine's own: 0 prompt, 8 generated tokens) and empty " \
+        "host cache verified" in c["A.identity"].reason
+    assert c["B.forward_replay"].status == "measured" and abort(h) is None
+
+
+def test_a_warm_up_is_not_forgiven_on_an_engine_that_sends_itself_none():
+    c = cells(run(_warm_up_at_load())[1])
+    assert c["A.identity"].status == "invalid" and "counters not reset (finished, generation_tokens)" in c["A.identity"].reason
+
+
 def test_cells_on_an_incarnation_whose_cache_was_warm_are_marked_not_fresh_and_no_others():
     w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
     c = cells(run(w)[1])

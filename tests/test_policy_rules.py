@@ -361,3 +361,45 @@ def test_fewer_tokens_generated_than_the_answers_say_is_the_engines_count():
 def test_as_many_tokens_generated_as_answered_or_a_count_not_known_is_no_shortfall(delta, generated):
     from flare_diag.policies.rules import generated_short
     assert generated_short(delta, generated) is None
+
+
+# --- an engine's own start-up requests on a fresh incarnation (SGLang's warm-up) ---------------------
+
+WARM_UP = {"finished": 1, "prompt_tokens": 7, "generation_tokens": 8, "engine_queue_s_sum": 0.01,
+           "engine_queue_s_count": 1, "host_reused_tokens": 0, "gpu_reused_tokens": 0}
+
+
+def test_counters_that_show_only_the_engines_warm_up_are_named_as_such():
+    assert rules.startup_only(WARM_UP, {}, 16, 8) == "1 start-up request of the engine's own: 7 prompt, 8 generated tokens"
+
+
+@pytest.mark.parametrize("changed", [
+    {"finished": 17, "generation_tokens": 8},       # more requests than the engine sends itself
+    {"generation_tokens": 9},                       # more tokens than its warm-up generates
+    {"gpu_reused_tokens": 3},                       # a cache counter moved
+    {"host_lookups": 1},                            # a counter a warm-up does not move
+    {"engine_queue_s_count": 2},                    # two timing samples for one request
+    {"finished": 0},                                # tokens with no request finished
+])
+def test_counters_the_warm_up_does_not_explain_are_not_taken_for_it(changed):
+    assert rules.startup_only({**WARM_UP, **changed}, {}, 16, 8) is None
+
+
+def test_an_engine_that_sends_itself_nothing_has_no_start_up_to_explain_anything():
+    assert rules.startup_only(WARM_UP, {}, 0, 0) is None
+
+
+def test_a_host_cache_in_tokens_may_hold_the_warm_up_but_nothing_more():
+    assert rules.startup_only(WARM_UP, {"host_cache_tokens_used": 15}, 16, 8).endswith("15 of them in the host cache")
+    assert rules.startup_only(WARM_UP, {"host_cache_tokens_used": 16}, 16, 8) is None
+    assert rules.startup_only(WARM_UP, {"rows_used": 1}, 16, 8) is None
+
+
+@given(st.dictionaries(st.sampled_from(["finished", "prompt_tokens", "generation_tokens", "host_hits", "host_reused_tokens",
+                                        "gpu_reused_tokens", "engine_queue_s_count"]), st.integers(0, 50)),
+       st.integers(0, 20), st.integers(0, 20))
+def test_whatever_the_start_up_explains_moved_no_cache_and_fits_its_bounds(counters, most, each):
+    said = rules.startup_only(counters, {}, most, each)
+    if said is not None:
+        assert not any(counters.get(k) for k in ("host_hits", "host_reused_tokens", "gpu_reused_tokens"))
+        assert 0 < counters["finished"] <= most and counters.get("generation_tokens", 0) <= counters["finished"] * each

@@ -99,6 +99,26 @@ REUSE_IDENTITY: dict[str, list[str]] = {
 }
 
 
+class StartupRequests(NamedTuple):
+    """The generations an engine sends itself as it starts, which its own counters count: a fresh incarnation's
+    counters may show these and nothing else (policies/rules.py, `startup_only`)."""
+
+    at_most: int         # requests
+    generated_each: int  # generated tokens each, at most
+
+
+# SGLang 0.5.23 (PyPI wheel), entrypoints/http_server.py `_execute_server_warmup`: unless launched with
+# --skip-server-warmup, it sends itself one /generate as it starts ("The capital city of France is", one text
+# per data-parallel rank; or, for a vision model, an image and "Describe the image." on /v1/chat/completions),
+# max_new_tokens 8 either way, and leaves `log_metrics` at its default, True (managers/io_struct.py), so
+# TokenizerMetricsCollector counts it (managers/tokenizer_manager.py: `if self.enable_metrics and
+# state.obj.log_metrics`): num_requests, prompt_tokens, generation_tokens and the queue-time histogram move
+# before the window sends anything. Its /health generations set log_metrics=False and are not counted. Up to 16
+# data-parallel ranks are allowed for. vLLM and llama-server count nothing of their own start-up (their real
+# servers' fresh counters read zero in this suite).
+STARTUP_REQUESTS: dict[str, StartupRequests] = {"sglang": StartupRequests(at_most=16, generated_each=8)}
+
+
 # Engines that refuse a body naming a model they do not serve: vLLM answers 404
 # (tests/data/metrics/vllm-0.32.0/wrong-model.json); llama-server answers whatever the body names.
 REFUSES_UNSERVED_MODEL = frozenset({"vllm"})

@@ -1,12 +1,13 @@
 """What a site's engine profile lets a window hold its engine to: the reuse identity its counters keep with
-each request's cached_tokens, and whether a body naming a model it does not serve is refused. Asked here, so
+each request's cached_tokens, the start-up requests a fresh incarnation's counters may show, and whether a
+body naming a model it does not serve is refused. Asked here, so
 that nothing outside daemon/hosts/ looks an engine up by its name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flare_diag.daemon.hosts.engine_profiles import REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, metric_names
+from flare_diag.daemon.hosts.engine_profiles import REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, STARTUP_REQUESTS, metric_names
 from flare_diag.daemon.hosts.localengine import LocalRecipe
 from flare_diag.daemon.hosts.metrics import COUNTERS
 from flare_diag.daemon.hosts.site import Site, SiteProfile
@@ -31,6 +32,18 @@ def reuse_identity(site: Site) -> list[str]:
         elif not (no_tier and n.startswith("host_")):
             return []
     return out
+
+
+def startup_requests(site: Site) -> tuple[int, int]:
+    """(at most, generated tokens each) of the requests the site's engine sends itself as it starts and counts
+    (engine_profiles.STARTUP_REQUESTS); (0, 0) for any other engine, or where the site re-mapped a counter they
+    move (what it counts is then the site's)."""
+    p = site.profile
+    known = STARTUP_REQUESTS.get(p.metrics_profile)
+    moved = ("finished", "prompt_tokens", "generation_tokens")
+    if known is None or any(COUNTERS[n][0] in p.metrics for n in moved):
+        return 0, 0
+    return known.at_most, known.generated_each
 
 
 def refuses_unserved_model(profile: SiteProfile) -> bool:

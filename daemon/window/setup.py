@@ -84,7 +84,8 @@ class WindowSetup:
         return self.recorded_plan_sha256 or hashlib.sha256(self.plan_raw).hexdigest()
 
     def opened(self, window_id: str) -> WindowOpened:
-        from flare_diag.daemon.hosts.profile_rules import reuse_identity  # the site's engine, asked in hosts/
+        from flare_diag.daemon.hosts.profile_rules import reuse_identity, startup_requests  # the site's engine, asked in hosts/
+        most, each = startup_requests(self.site)
         return WindowOpened(at_ns=0, window_id=window_id, plan=msgspec.to_builtins(self.plan),
                             plan_sha256=self.plan_sha256, site=self.site.name,
                             gpu_source=self.site.profile.gpu.source, rehearsal=self.rehearsal,
@@ -98,7 +99,8 @@ class WindowSetup:
                             expected_incumbent_sha256=self.expected_incumbent, clock=self.clock,
                             sim_seed=self.sim_seed, review=self.review,
                             steady_state=bool(self.plan.guards) and self.site.profile.steady_state is not None,
-                            reuse_identity=reuse_identity(self.site))
+                            reuse_identity=reuse_identity(self.site), startup_requests=most,
+                            startup_generated_each=each)
 
 
 def new_window_id(plan: Plan) -> str:
