@@ -401,10 +401,13 @@ def _found_when_cold(delta: dict[str, Any], k: int) -> list[str]:
     """[a line] when the first request on an incarnation verified fresh found something in its host cache (its C1
     counter delta); else []. Nothing on the incarnation could have stored it yet: the cache outlives the engine
     (an external KV store the engine's occupancy gauges do not see), or the counters are not this incarnation's."""
-    hits, reused = delta.get("host_hits"), delta.get("host_reused_tokens")
-    if not hits and not reused:
+    hits, reused, found = delta.get("host_hits"), delta.get("host_reused_tokens"), delta.get("external_found_tokens")
+    if not hits and not reused and not found:
         return []
-    return [f"#{k}: {hits or 0:,} host hits, {reused or 0:,} tokens reused"]
+    # each figure the engine exports (vLLM's host hits and reuse are not observable, not 0)
+    said = [f"{int(hits):,} host hits" if hits is not None else "", f"{int(reused):,} tokens reused" if reused is not None else "",
+            f"{int(found):,} tokens found in a cache outside the engine" if found else ""]
+    return [f"#{k}: " + ", ".join(p for p in said if p)]
 
 
 def _cached_beyond_prompt(rd: RequestDone) -> list[str]:

@@ -127,10 +127,10 @@ def test_samples_of_one_family_that_are_not_contiguous_are_all_counted():
 @pytest.mark.parametrize("sample,profile", [("llamacpp-0.3.36.prom", "llamacpp"), (REAL_VLLM, "vllm"),
                                             ("sglang.prom", "sglang")])
 def test_reading_only_the_families_the_window_reads_gives_what_parsing_the_whole_exposition_gives(sample, profile):
-    from flare_diag.daemon.hosts.metrics import families, shape
+    from flare_diag.daemon.hosts.metrics import declared_splits, families, shape
     text = (DATA / sample).read_text()
     names = metric_names(profile, {})
-    assert parse(text, names) == shape(families(text), names)
+    assert parse(text, names) == shape(families(text), names, declared_splits(text))
 
 
 def test_a_malformed_line_in_a_family_the_window_reads_is_malformed_transport():
@@ -198,3 +198,19 @@ def test_an_sglang_site_that_remaps_its_finished_requests_is_allowed_no_warm_up(
     from flare_diag.daemon.hosts.profile_rules import startup_requests
     site = _profile(tmp_path, "sglang", '\n[metrics]\nflare_requests_finished = "my:finished"\n')
     assert startup_requests(site) == (0, 0)
+
+
+def test_what_a_kv_connector_found_outside_the_engine_is_read_from_vllms_own_counter():
+    """vLLM counts the tokens a connector matched in its store as it schedules a request (before any load)."""
+    text = (DATA / REAL_VLLM).read_text()
+    assert 'vllm:external_prefix_cache_hits_total{engine="0",model_name="glm"} 0.0' in text
+    assert parse(text, metric_names("vllm", {}))["counters"]["external_found_tokens"] == 0
+    found = text.replace('vllm:external_prefix_cache_hits_total{engine="0",model_name="glm"} 0.0',
+                         'vllm:external_prefix_cache_hits_total{engine="0",model_name="glm"} 480.0')
+    assert parse(found, metric_names("vllm", {}))["counters"]["external_found_tokens"] == 480
+
+
+def test_what_sglangs_l3_store_gave_counts_as_found_outside_the_engine_and_is_zero_until_its_child_appears():
+    assert _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="device"} 512.0\n')["external_found_tokens"] == 0
+    c = _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="storage"} 96.0\n')
+    assert (c["external_found_tokens"], c["host_reused_tokens"]) == (96, 0)

@@ -101,15 +101,15 @@ def test_reproduce_fit_recovers_the_real_vllm_windows_block_capacity(small_cache
 def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[Path, Path]:
     """The peer site with a KV connector whose loads all fail (fixtures/engines/vllm/failing_connector.py)
     behind a 64-block prefix cache, and the peer plan (its verdict on the prefix cache: vLLM's figures
-    for the connector count failed loads too, so host reuse is not observable), cut to incarnation A: its
-    reverse replay asks the connector for every body the 64 blocks lost, and B's load and replays would add
-    a minute and a half of the suite's longest file and nothing to what the test shows."""
+    for the connector count failed loads too, so host reuse is not observable). Its store is a folder on
+    disk, which outlives every incarnation: A's reverse replay asks the connector for every body the 64
+    blocks lost, and B's first request finds what A stored there, so B's prime stops at it (B costs a
+    load and one request, not the minute and a half its replays would)."""
     config = json.dumps({"kv_connector": "FailingLoadConnector", "kv_connector_module_path": "failing_connector",
                          "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                          "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv-store")}})
     plan_data = tomllib.loads(PLAN.read_text())
     plan_data["identity"].pop("host_cache_bytes")
-    plan_data["phases"] = [ph for ph in plan_data["phases"] if ph.get("incarnation") == "A"]
     text = tomli_w.dumps(plan_data)
     plan, site = write_site(tmp, python, model, SMALL_BLOCKS, text)
     profile = site.read_text()
@@ -119,12 +119,19 @@ def write_failing_connector_site(tmp: Path, python: Path, model: Path) -> tuple[
     return plan, site
 
 
-def test_real_vllm_whose_kv_connector_fails_every_load_never_reads_reuse_from_it(tmp_path, vllm_python, model):
-    plan, site = write_failing_connector_site(tmp_path, vllm_python, model)
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def failing_connector_window(tmp_path_factory, vllm_python, model) -> tuple[dict, Path]:
+    """One window against vLLM with that connector: (report, the site profile)."""
+    tmp = tmp_path_factory.mktemp("failing-connector")
+    plan, site = write_failing_connector_site(tmp, vllm_python, model)
+    out = tmp / "out"
     p = cli("run", "--plan", str(plan), "--site", str(site), "--out", str(out))
     assert (out / "report.json").exists(), p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads((out / "report.json").read_text())
+    return json.loads((out / "report.json").read_text()), site
+
+
+def test_real_vllm_whose_kv_connector_fails_every_load_never_reads_reuse_from_it(failing_connector_window):
+    r, site = failing_connector_window
     failed = sum(f.read_text(errors="replace").count("failing connector: load of")
                  for f in (site.parent / "engine-logs").glob("engine-*.log"))
     assert failed > 0, "the connector was never asked to load: the test shows nothing"
@@ -133,8 +140,22 @@ def test_real_vllm_whose_kv_connector_fails_every_load_never_reads_reuse_from_it
     # no host reuse from them, and its verdict is about the prefix cache alone
     assert all((c.get("host") or {}).get("reused_tokens") is None for c in r["cells"]), r["cells"]
     assert r["verdict"]["hypothesis"] in ("prefix_cache_churn", "not_reproduced", "no_prefix_reuse", "inconclusive")
-    assert "host" not in r["verdict"]["basis"], r["verdict"]
+    assert "host reused" not in r["verdict"]["basis"] and "host tokens" not in r["verdict"]["basis"], r["verdict"]
     print(f"failing connector: {failed} loads failed; verdict basis: {r['verdict']['basis']}")
+
+
+def test_real_vllm_whose_connector_store_outlives_the_engine_measures_nothing_on_the_incarnation_that_finds_it(
+        failing_connector_window):
+    """The store is a folder on disk: B, loaded fresh (counters at zero), finds at its first request what A put
+    there. vLLM maps no host reuse; what the connector found is its external_prefix_cache_hits."""
+    r, _site = failing_connector_window
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.forward_prime"]["status"] == "measured", cells["A.forward_prime"]
+    prime = cells["B.forward_prime"]
+    assert (prime["status"], prime["requests"]) == ("invalid", 1), prime
+    assert "(#0: 1,024 tokens found in a cache outside the engine)" in prime["reason"], prime  # vLLM has no host hits to say
+    assert cells["B.forward_replay"]["status"] == "invalid" and cells["B.forward_replay"]["not_fresh"]
+    assert cells["B.forward_replay"]["requests"] == 0 and r["restoration"]["verified"]
 
 
 def test_real_vllm_with_a_prefix_cache_that_holds_the_replay_does_not_reproduce(tmp_path, vllm_python, model):

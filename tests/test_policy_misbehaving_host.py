@@ -670,6 +670,25 @@ def test_a_warm_up_is_not_forgiven_on_an_engine_that_sends_itself_none():
     assert c["A.identity"].status == "invalid" and "counters not reset (finished, generation_tokens)" in c["A.identity"].reason
 
 
+def test_a_first_request_that_a_kv_connector_finds_in_its_store_leaves_the_fresh_incarnation_unmeasured():
+    """vLLM's connector store (LMCache's server, Mooncake, a shared directory) outlives the engine; vLLM maps no
+    host reuse, but counts what the connector found in its store as it schedules the request."""
+    w = World(plan_builtins(), reuse_on={"A.reverse_replay"})
+    orig = w.answer
+
+    def answer(d):
+        if d.action == "send_request" and d.args["phase"] == "B.forward_prime" and d.args["order_index"] == 0:
+            w.counters["external_found_tokens"] = 480
+        r = orig(d)
+        w.counters.setdefault("external_found_tokens", 0)  # exported from the start, as vLLM's is
+        return r
+    w.answer = answer
+    c = cells(run(w)[1])
+    assert c["B.forward_prime"].status == "invalid" and c["B.forward_prime"].requests == 1
+    assert "(#0: 0 host hits, 0 tokens reused, 480 tokens found in a cache outside the engine)" in c["B.forward_prime"].reason
+    assert c["B.forward_replay"].not_fresh
+
+
 def test_cells_on_an_incarnation_whose_cache_was_warm_are_marked_not_fresh_and_no_others():
     w = World(plan_builtins(), reuse_on={"A.reverse_replay", "B.forward_prime", "B.forward_replay"})
     c = cells(run(w)[1])

@@ -42,6 +42,13 @@ PROFILES: dict[str, dict[str, str]] = {
         # _update_requests_with_invalid_blocks recomputes them) still counted 24,960 of them on a phase,
         # and each request's cached_tokens with them (tests/test_peer_vllm.py); no counter of failed
         # loads is exported. A site whose connector reports its failures may map it in [metrics].
+        # What a KV connector found in its store, not what was reused: the scheduler records
+        # connector_prefix_cache_hits = num_external_computed_tokens, the tokens the connector's
+        # get_num_new_matched_tokens matched, as it schedules the request and before any load
+        # (v1/core/sched/scheduler.py); loggers.py counts them per engine. On a fresh incarnation
+        # nothing the engine stored could be found there yet: a first request that finds some meets a store
+        # that outlived the last one (LMCache's remote server, Mooncake, a shared-storage directory)
+        "flare_external_cache_found_tokens": "vllm:external_prefix_cache_hits",
         "flare_prompt_tokens": "vllm:prompt_tokens",             # loggers.py: counter, prefill tokens processed
         "flare_generation_tokens": "vllm:generation_tokens",     # loggers.py: counter, tokens generated
         "flare_requests_finished": "vllm:request_success",       # loggers.py: counter per finished_reason
@@ -66,6 +73,9 @@ PROFILES: dict[str, dict[str, str]] = {
         # appears on its first increment (LAZY_SPLITS); a request without details counts under "total"
         "flare_host_cache_reused_tokens": 'sglang:cached_tokens{cache_source="host"}',
         "flare_gpu_prefix_cache_reused_tokens": 'sglang:cached_tokens{cache_source="device"}',
+        # what HiCache's L3 store (a file store, Mooncake, 3FS: outside the process) gave: not the host tier's
+        # reuse, but found outside the engine, which a fresh incarnation's first request must not be
+        "flare_external_cache_found_tokens": 'sglang:cached_tokens{cache_source="storage"}',
         # SchedulerMetricsCollector, declared only with --enable-hierarchical-cache: gauges, in tokens
         "flare_host_cache_tokens_used": "sglang:hicache_host_used_tokens",
         "flare_host_cache_tokens_capacity": "sglang:hicache_host_total_tokens",

@@ -17,6 +17,10 @@ COUNTERS = {
     "gpu_hits": ("flare_gpu_prefix_cache_hits", None), "gpu_reused_tokens": ("flare_gpu_prefix_cache_reused_tokens", None),
     "finished": ("flare_requests_finished", None), "prompt_tokens": ("flare_prompt_tokens", None),
     "generation_tokens": ("flare_generation_tokens", None),
+    # beside the contract (docs/engines.md): tokens a request found in a cache kept outside the engine (a KV
+    # connector's store, an L3 tier), counted as they are found; read only to hold a fresh incarnation's first
+    # request to an empty cache (policies/phases.py), never as reuse
+    "external_found_tokens": ("flare_external_cache_found_tokens", None),
 }
 GAUGES = {
     "requests_active": "flare_requests_active", "requests_pending": "flare_requests_pending",
