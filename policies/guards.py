@@ -161,13 +161,21 @@ def containment_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
 
 
 def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
-    """An identity read, held to the identity it must be (None: nothing to hold it to)."""
+    """An identity watch's read, held to the identity it must be (None: nothing to hold it to). A read that
+    shows no incarnation at all comes with the /health the watch asked then: one that did not answer 200 is
+    an engine that is gone (`engine_lost`), not a drift; a read without it (logs before the watch asked) is
+    judged as any other."""
+    ident = data.get("identity") or {}
     if ctx.identity is None:
         return None
-    changes = rules.identity_changes(ctx.identity, data)
+    changes = rules.identity_changes(ctx.identity, ident)
     if not changes:
         return None
-    return rules.drift_reason(ctx.identity, data, changes), f"{ctx.where}: " + "; ".join(changes)
+    health = data.get("health")
+    if ident.get("incarnation") is None and health is not None and health.get("status") != 200:
+        said = health.get("status") if health.get("status") is not None else health.get("error")
+        return "engine_lost", f"{ctx.where} shows no incarnation loaded and /health answered {said}"
+    return rules.drift_reason(ctx.identity, ident, changes), f"{ctx.where}: " + "; ".join(changes)
 
 
 # observation source -> the rules that judge it, in order (the first breach is the one reported)

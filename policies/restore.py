@@ -77,7 +77,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
         held = {k: v for k, v in identity.items() if k not in ("trace_enabled", "incarnation")}
         ictx = guards.Context(plan.growth, identity=held,
                               where=f"{before} the incumbent's identity differs from before the take-down")
-        if hit := guards.judge("identity", ident.data, ictx):
+        if hit := guards.judge("identity", {"identity": ident.data}, ictx):
             out.append(f"{hit[0]}: {hit[1]}")
     return out
 

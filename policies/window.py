@@ -353,7 +353,7 @@ class WindowPolicy(WindowCore):
         elif inp.source == "gpu" and self.state.stage == Stage.RESTORE:
             # the restore's GPUs are held to the snapshot only at its last gate, once the incumbent is back
             ctx = guards.Context(self.plan.growth)
-        hit = guards.judge(inp.source, inp.data.get("identity") or {} if inp.source == "identity" else inp.data, ctx)
+        hit = guards.judge(inp.source, inp.data, ctx)
         if not hit:
             return
         if self.state.stage in BEFORE_RESTORE:

@@ -36,6 +36,9 @@ Misbehaviours of real engines and supervisors:
   labels, none of the window's requests), as a site whose monitoring URL names another replica does.
 - `crash_after_load` ("c2"): the engine dies just after its load as that incarnation is answered: the identity
   shows no incarnation, /health answers 503 and the manager has nothing loaded.
+- `die_mid_chat` (k): the engine dies under the k-th chat request's stream (on the serving port), after its
+  first event: the identity shows no incarnation, /health answers 503, and that stream says nothing more
+  (its socket held open) until an incarnation is loaded again.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
   completion id, as a router that resumed a generation on a second backend and spliced both answers into
   one stream.
@@ -371,6 +374,7 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
     rid = "c-" + hashlib.sha256(raw + str(time.monotonic_ns()).encode()).hexdigest()[:16]
     if st.cfg.get("response_cache") and not routed and req.get("stream"):
         st.answers[raw] = (rid, n, finish, usage)
+    died = False
     try:
         if not req.get("stream"):
             return h.send_json({"id": rid, "object": "chat.completion", "choices": [
@@ -379,6 +383,9 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         event = _stream_head(h, rid)
         base = {"id": rid, "object": "chat.completion.chunk"}
         event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
+        if not routed and st.chats == st.cfg.get("die_mid_chat"):
+            died = True
+            return _die_mid_stream(st)
         for i in range(n - 1):
             time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
             if i == 1 and not routed and st.chats in st.cfg.get("splice_nth", []):
@@ -389,10 +396,23 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         h.wfile.write(b"0\r\n\r\n")
     finally:
         with st.lock:
-            st.active -= 1
-            if not routed:
+            if not died:  # a stream its engine died under was taken off with everything else
+                st.active -= 1
+            if not routed and not died:
                 st.served += 1
                 st.maybe_restart()
+
+
+def _die_mid_stream(st: State) -> None:
+    """`die_mid_chat`: the engine dies under this stream, its socket held open by what is left of it: nothing
+    serves, /health answers 503, and the stream says nothing more until an incarnation is loaded again (or a
+    minute has passed); then the connection closes with the answer unfinished."""
+    with st.lock:
+        st.loaded = None
+        st.active = 0
+    until = time.monotonic() + 60
+    while st.loaded is None and time.monotonic() < until:
+        time.sleep(0.05)
 
 
 def _stream_head(h, rid: str):
@@ -577,9 +597,12 @@ def r_load(h, raw) -> None:
             st.c.update(length=1, prompt=7, generation=8)
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
-    h.send_json({"incarnation": f"c{st.incarnation}"})
-    if st.cfg.get("crash_after_load") == f"c{st.incarnation}":
-        st.loaded = None  # the engine died as its load was answered: nothing serves, /health answers 503
+        answer = {"incarnation": f"c{st.incarnation}"}
+        if st.cfg.get("crash_after_load") == answer["incarnation"]:
+            # the engine died as its load was answered: nothing serves, /health answers 503. Before the answer
+            # goes out, so that no read the answer lets the daemon send can find it still loaded
+            st.loaded = None
+    h.send_json(answer)
 
 
 def r_unload(h, raw) -> None:

@@ -64,6 +64,16 @@ def test_an_engine_that_dies_as_its_load_is_answered_is_lost_at_its_identity_pha
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["restoration"]
 
 
+def test_an_engine_that_dies_under_a_stream_is_lost_by_the_identity_watch_not_drifted(tmp_path, small_plan):
+    # the third request's engine dies after its first event and the stream hangs: only the identity watch,
+    # which finds no incarnation and asks /health, can see it before the request's own deadline
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), die_mid_chat=3)
+    assert (r["outcome"], r["abort"] and r["abort"]["reason"]) == ("aborted", "engine_lost"), r["abort"]
+    assert r["abort"]["detail"] == ("A.forward_prime: identity watch shows no incarnation loaded and "
+                                    "/health answered 503"), r["abort"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"] and rc == 1, r["restoration"]
+
+
 def test_a_gateway_answering_from_its_store_of_answers_aborts_not_as_sent_naming_no_cause(tmp_path, small_plan):
     # the reverse replay's exact bodies were answered in the forward prime: the gateway gives those answers
     # again and the engine never sees the bodies (the window used to complete, blaming key eligibility)

@@ -148,6 +148,48 @@ def test_an_identity_watch_answer_with_only_a_new_incarnation_aborts_engine_rest
     assert cells(h)["B.forward_prime"].identity_held is None  # a restart, not a drift of what was verified
 
 
+def _watch_finds_no_incarnation(health: dict | None):
+    """Mid B.forward_prime, the identity watch reads no incarnation loaded, with the /health it asked then."""
+    from flare_diag.events.schema import WatchObserved as Watched
+    fired = [False]
+
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "B.forward_prime")
+        if sent == 5 and not fired[0]:
+            fired[0] = True
+            ident = {**world.identity(), "incarnation": None, "recipe_sha256": None}
+            data = {"identity": ident, "polled_at_ns": world.now} | ({"health": health} if health is not None else {})
+            return Watched(at_ns=world.now, source="identity", data=data)
+        return None
+    return hook
+
+
+def test_an_identity_watch_that_finds_no_incarnation_and_health_503_aborts_engine_lost_not_identity_drift():
+    _w, h = run(hook=_watch_finds_no_incarnation({"status": 503}))
+    a = abort(h)
+    assert a.reason == "engine_lost", a
+    assert a.detail == "B.forward_prime: identity watch shows no incarnation loaded and /health answered 503"
+    assert cells(h)["B.forward_prime"].identity_held is None  # gone, not drifted
+
+
+def test_an_identity_watch_that_finds_no_incarnation_and_no_health_answer_aborts_engine_lost_naming_why():
+    _w, h = run(hook=_watch_finds_no_incarnation({"error": "unavailable"}))
+    a = abort(h)
+    assert (a.reason, a.detail.endswith("/health answered unavailable")) == ("engine_lost", True), a
+
+
+def test_an_identity_watch_that_finds_no_incarnation_while_health_answers_200_is_identity_drift():
+    _w, h = run(hook=_watch_finds_no_incarnation({"status": 200}))
+    a = abort(h)
+    assert a.reason == "identity_drift" and "incarnation: was" in a.detail, a
+
+
+def test_an_identity_watch_answer_logged_without_health_is_judged_as_before():
+    # logs written before the watch asked /health: the replay corpus's decisions stay as they were
+    _w, h = run(hook=_watch_finds_no_incarnation(None))
+    assert abort(h).reason == "identity_drift"
+
+
 # --- answers from a model the window did not verify ---------------------------------------------
 
 def _served(world: World) -> World:

@@ -326,10 +326,20 @@ class Runner:
             try:
                 with anyio.fail_after(self._poll_deadline_s()):
                     ident = await self.target.read_identity({})
-                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="identity",
-                                                     data={"identity": ident, "polled_at_ns": polled}))
+                data = {"identity": ident, "polled_at_ns": polled}
+                if ident.get("incarnation") is None:  # gone, or only its identity blank: /health tells which
+                    data["health"] = await self._health_now()
+                self._send.send_nowait(WatchObserved(at_ns=self.now(), source="identity", data=data))
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("identity", exc))
+
+    async def _health_now(self) -> dict:
+        """/health asked once for the identity watch: its status, or what kept it from answering."""
+        try:
+            with anyio.fail_after(self._poll_deadline_s()):
+                return {"status": (await self.target.health({}))["status"]}
+        except Exception as exc:
+            return {"error": classify_exception(exc, "health").error}  # its class only, as an action's error is
 
     async def _watch_guards(self) -> None:
         """Each steady-state guard evaluated every `interval_s` window seconds, a task per guard, each
