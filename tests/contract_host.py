@@ -374,9 +374,21 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
     rid = "c-" + hashlib.sha256(raw + str(time.monotonic_ns()).encode()).hexdigest()[:16]
     if st.cfg.get("response_cache") and not routed and req.get("stream"):
         st.answers[raw] = (rid, n, finish, usage)
-    died = False
+    died = finished = False
+
+    def count_end() -> None:
+        """The request's end, counted before its last bytes go out (as an engine's scheduler has it done when
+        the answer's end is written), so that no scrape the answer lets the daemon send can find it running."""
+        nonlocal finished
+        with st.lock:
+            finished = True
+            st.active -= 1
+            if not routed:
+                st.served += 1
+                st.maybe_restart()
     try:
         if not req.get("stream"):
+            count_end()
             return h.send_json({"id": rid, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": " ok" * n}, "finish_reason": finish}],
                 "usage": usage})
@@ -384,23 +396,20 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         base = {"id": rid, "object": "chat.completion.chunk"}
         event({**base, "choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]})
         if not routed and st.chats == st.cfg.get("die_mid_chat"):
-            died = True
+            died = True  # taken off with everything else the engine held
             return _die_mid_stream(st)
         for i in range(n - 1):
             time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
             if i == 1 and not routed and st.chats in st.cfg.get("splice_nth", []):
                 base = {**base, "id": rid + "-resumed"}  # the rest of the stream is another backend's answer
             event({**base, "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]})
+        count_end()
         event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
         event(b"[DONE]")
         h.wfile.write(b"0\r\n\r\n")
     finally:
-        with st.lock:
-            if not died:  # a stream its engine died under was taken off with everything else
-                st.active -= 1
-            if not routed and not died:
-                st.served += 1
-                st.maybe_restart()
+        if not (finished or died):  # a stream cut short by its client
+            count_end()
 
 
 def _die_mid_stream(st: State) -> None:
