@@ -96,6 +96,9 @@ class ActionDone(Input, tag="action_done", frozen=True):
     error: str | None = None
     detail: str = ""
     data: dict[str, Any] = {}
+    # a read of the engine that failed in transport: what `GET /health` then answered (its status), or why it
+    # could not be read ("no connection", a failure's class); None where it was not asked (logs before 2026-12-07)
+    health_after: int | str | None = None
 
 
 @register
@@ -139,6 +142,8 @@ class RequestDone(Input, tag="request_done", frozen=True):
     # the completion id every chunk of its answer named (target.py holds a stream to one); "" where none was
     # named or read. A generation's id is its own: an id an earlier answer on the incarnation had is a replay
     answer_id: str = ""
+    # a request that failed in transport: what `GET /health` then answered, as ActionDone's
+    health_after: int | str | None = None
 
 
 @register

@@ -162,9 +162,9 @@ def containment_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
 
 def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     """An identity watch's read, held to the identity it must be (None: nothing to hold it to). A read that
-    shows no incarnation at all comes with the /health the watch asked then: one that did not answer 200 is
-    an engine that is gone (`engine_lost`), not a drift; a read without it (logs before the watch asked) is
-    judged as any other."""
+    shows no incarnation at all comes with what /health said then (its status, or why it could not be read):
+    one that did not answer 200 is an engine that is gone (`engine_lost`), not a drift; a read without it (logs
+    before the watch asked) is judged as any other."""
     ident = data.get("identity") or {}
     if ctx.identity is None:
         return None
@@ -172,9 +172,8 @@ def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
     if not changes:
         return None
     health = data.get("health")
-    if ident.get("incarnation") is None and health is not None and health.get("status") != 200:
-        said = health.get("status") if health.get("status") is not None else health.get("error")
-        return "engine_lost", f"{ctx.where} shows no incarnation loaded and /health answered {said}"
+    if ident.get("incarnation") is None and isinstance(health, (int, str)) and health != 200:
+        return "engine_lost", f"{ctx.where} shows no incarnation loaded and /health {rules.health_words(health)}"
     return rules.drift_reason(ctx.identity, ident, changes), f"{ctx.where}: " + "; ".join(changes)
 
 

@@ -47,6 +47,18 @@ def abort_for_error(error: str | None) -> str | None:
     return ERROR_ABORTS.get(error) if error else None
 
 
+def health_words(health: int | str) -> str:
+    """What /health said, as a report's words: 'answered 503', or 'could not be read (no connection)'."""
+    return f"answered {health}" if isinstance(health, int) else f"could not be read ({health})"
+
+
+def engine_gone(error: str | None, health_after: int | str | None) -> bool:
+    """A read of the engine or a request to it that failed in transport, after which /health did not answer
+    200: the engine is gone (`engine_lost`), and nothing says why; a transport failure with the engine still
+    healthy, or one logged before /health was asked after it, stays `malformed_transport`."""
+    return error == "transport" and health_after is not None and health_after != 200
+
+
 def identity_mismatches(expected: Mapping[str, Any], observed: Mapping[str, Any], *, trace: bool | None = None) -> list[str]:
     """Fields where the observed identity differs from the plan's, each as 'field: expected X, found Y'."""
     out = []

@@ -244,7 +244,10 @@ class WindowPolicy(WindowCore):
             # a request by its phase and order, as cells and the report number it (an action id is no request's number)
             where = f"{inp.phase} #{inp.order_index} (action {inp.action_id})" if isinstance(inp, RequestDone) \
                 else f"action {inp.action_id}"
-            self._abort_from_outside(reason, f"{where}: {inp.detail or inp.error}")
+            detail = f"{where}: {inp.detail or inp.error}"
+            if rules.engine_gone(inp.error, inp.health_after):
+                reason, detail = "engine_lost", f"{detail}; /health then {rules.health_words(inp.health_after)}"  # type: ignore[arg-type]  # engine_gone: not None
+            self._abort_from_outside(reason, detail)
             return
         if isinstance(inp, RequestDone):
             self._refusal(inp)

@@ -49,6 +49,10 @@ class World:
         self.fail: dict[str, str] = {}          # action -> error class, answered once
         self.request_error: dict[int, str] = {}  # nth request (1-based) -> error class
         self.request_status: dict[int, int] = {}  # nth request (1-based) -> the HTTP status its error answered
+        # what /health answered after a failure the runner asks it after (a transport failure of a call to the
+        # engine): nth request -> its answer, and action -> its answer for an injected `fail`
+        self.request_health: dict[int, int | str] = {}
+        self.fail_health: dict[str, int | str] = {}
         self.requests_sent = 0
         self.miscounts = False  # restores fail and are counted as reused anyway (a KV connector's failed loads)
         self.completion_tokens = 900  # each answer's usage; above a body's max_tokens: the body was not applied
@@ -104,7 +108,8 @@ class World:
         self.now += int(0.2 * S)
         err = self.fail.pop(a, None) or self.fail.pop(f"{a}:{args.get('what') or args.get('op') or args.get('label') or ''}", None)
         if err:
-            return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error=err, detail=f"injected {err}")
+            return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error=err, detail=f"injected {err}",
+                              health_after=self.fail_health.get(a))
         data: dict = {}
         if a == "validate_fixtures":
             data = {"fixtures": {"c1-52": {"count": 52, "sha256": [f"b{i:02d}" for i in range(52)]},
@@ -193,7 +198,8 @@ class World:
                       body_index=args["body_index"], body_sha256=args["body_sha256"])
         if err:
             return RequestDone(**common, outcome="error", error=err, detail=f"injected {err}",
-                               status_code=self.request_status.get(self.requests_sent))
+                               status_code=self.request_status.get(self.requests_sent),
+                               health_after=self.request_health.get(self.requests_sent))
         length = args["body_index"] % 5 == 0
         total = int(cost * S)
         return RequestDone(**common, outcome="ok", finish_reason="length" if length else "stop",

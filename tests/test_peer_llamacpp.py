@@ -201,6 +201,37 @@ def test_peer_engine_left_running_by_a_killed_daemon_is_stopped_and_the_incumben
     assert engine_gone
 
 
+def test_a_llama_server_killed_mid_prime_aborts_engine_lost_not_malformed_transport_and_is_restored(
+        tmp_path, llama_server, model):
+    # SIGKILL to the candidate's process group as its prime starts (the OOM killer's way): whichever call meets
+    # it first (a request, a read beside one) fails in transport, and /health then finds no one there
+    import signal
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                          "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed, lines = [], []
+    try:
+        for line in p.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if not killed and "phase A.forward_prime" in line:
+                pid = int(next(tmp_path.rglob("engine.pid")).read_text())
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+        rc = p.wait(timeout=600)
+    finally:
+        p.kill()
+    assert killed and (out / "report.json").exists(), "".join(lines)[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "engine_lost"), r["abort"]
+    assert r["abort"]["detail"].endswith("; /health then could not be read (no connection)"), r["abort"]
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.forward_prime"]["status"] == "invalid" and "window aborted (engine_lost)" in cells["A.forward_prime"]["reason"]
+    assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"]
+    assert r["verdict"]["hypothesis"] == "inconclusive"
+    assert _engines_stop(tmp_path)
+
+
 def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_engine(tmp_path, llama_server, model):
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],

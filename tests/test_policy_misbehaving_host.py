@@ -148,7 +148,7 @@ def test_an_identity_watch_answer_with_only_a_new_incarnation_aborts_engine_rest
     assert cells(h)["B.forward_prime"].identity_held is None  # a restart, not a drift of what was verified
 
 
-def _watch_finds_no_incarnation(health: dict | None):
+def _watch_finds_no_incarnation(health: int | str | None):
     """Mid B.forward_prime, the identity watch reads no incarnation loaded, with the /health it asked then."""
     from flare_diag.events.schema import WatchObserved as Watched
     fired = [False]
@@ -165,7 +165,7 @@ def _watch_finds_no_incarnation(health: dict | None):
 
 
 def test_an_identity_watch_that_finds_no_incarnation_and_health_503_aborts_engine_lost_not_identity_drift():
-    _w, h = run(hook=_watch_finds_no_incarnation({"status": 503}))
+    _w, h = run(hook=_watch_finds_no_incarnation(503))
     a = abort(h)
     assert a.reason == "engine_lost", a
     assert a.detail == "B.forward_prime: identity watch shows no incarnation loaded and /health answered 503"
@@ -173,13 +173,13 @@ def test_an_identity_watch_that_finds_no_incarnation_and_health_503_aborts_engin
 
 
 def test_an_identity_watch_that_finds_no_incarnation_and_no_health_answer_aborts_engine_lost_naming_why():
-    _w, h = run(hook=_watch_finds_no_incarnation({"error": "unavailable"}))
+    _w, h = run(hook=_watch_finds_no_incarnation("no connection"))
     a = abort(h)
-    assert (a.reason, a.detail.endswith("/health answered unavailable")) == ("engine_lost", True), a
+    assert (a.reason, a.detail.endswith("/health could not be read (no connection)")) == ("engine_lost", True), a
 
 
 def test_an_identity_watch_that_finds_no_incarnation_while_health_answers_200_is_identity_drift():
-    _w, h = run(hook=_watch_finds_no_incarnation({"status": 200}))
+    _w, h = run(hook=_watch_finds_no_incarnation(200))
     a = abort(h)
     assert a.reason == "identity_drift" and "incarnation: was" in a.detail, a
 
@@ -188,6 +188,40 @@ def test_an_identity_watch_answer_logged_without_health_is_judged_as_before():
     # logs written before the watch asked /health: the replay corpus's decisions stay as they were
     _w, h = run(hook=_watch_finds_no_incarnation(None))
     assert abort(h).reason == "identity_drift"
+
+
+# --- a connection to the engine that fails: gone, or only the transport --------------------------
+
+def test_a_request_that_fails_in_transport_with_health_unreadable_after_it_aborts_engine_lost():
+    w = World(plan_builtins())
+    w.request_error[12], w.request_health[12] = "transport", "no connection"
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_lost", a
+    assert a.detail.startswith("A.forward_prime #11 (action ") and a.detail.endswith(
+        ": injected transport; /health then could not be read (no connection)"), a.detail
+
+
+def test_a_read_of_the_engine_that_fails_in_transport_with_health_503_after_it_aborts_engine_lost():
+    w = World(plan_builtins())
+    w.fail["read_identity"], w.fail_health["read_identity"] = "transport", 503
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_lost" and a.detail.endswith("; /health then answered 503"), a
+
+
+def test_a_transport_failure_with_the_engine_healthy_after_it_is_still_malformed_transport():
+    w = World(plan_builtins())
+    w.request_error[12], w.request_health[12] = "transport", 200
+    _w, h = run(w)
+    assert abort(h).reason == "malformed_transport"
+
+
+def test_a_transport_failure_logged_before_health_was_asked_after_it_is_judged_as_before():
+    w = World(plan_builtins())
+    w.request_error[12] = "transport"
+    _w, h = run(w)
+    assert abort(h).reason == "malformed_transport"
 
 
 # --- answers from a model the window did not verify ---------------------------------------------

@@ -91,3 +91,13 @@ def classify_exception(exc: BaseException, what: str) -> ActionFailed:
         return ActionFailed("transport", f"{what}: {type(exc).__name__}")
     _log.error("internal error while carrying out %s", what, exc_info=exc)
     return ActionFailed("internal_error", f"{what}: internal error ({type(exc).__name__}), not the host's fault")
+
+
+def why_unread(exc: BaseException, what: str) -> str:
+    """Why a read got no answer, in a report's words: "no connection" when nothing accepted one (the
+    process behind the port is gone, or was never there), "timeout", else the failure's class."""
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "no connection"
+    return classify_exception(exc, what).error

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception, why_unread
 from flare_diag.daemon.hosts.site import scrub
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.events.base import Event
@@ -33,6 +33,8 @@ from flare_diag.policies.audit import WindowReplay
 from flare_diag.policies.window import WindowPolicy
 
 MIN_REAL_DEADLINE_S = 5.0  # no action or poll of a scaled (simulated) window gets less real time than this
+# the calls that go to the engine itself (its serving port): one that fails in transport is followed by /health
+ENGINE_CALLS = ("send_request", "scrape_metrics", "read_identity")
 WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
 CATCH_UP_EVERY_S = 1.0  # real seconds between attempts to append what a failing log did not take
 FINAL_CATCH_UP_S = 20.0  # real seconds a closed window keeps trying before it says what the log lacks
@@ -247,20 +249,24 @@ class Runner:
                 res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
             except Exception as exc:  # every outcome, failure included, goes back to the policy
                 f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
-                res = self._failed(d, f.error, f.detail, status=f.status)
+                # a connection to the engine lost or refused: whether the engine is still there is asked
+                # at once, so that the policy can tell an engine that is gone from a broken transport
+                health = await self._health_now() if f.error == "transport" and d.action in ENGINE_CALLS else None
+                res = self._failed(d, f.error, f.detail, status=f.status, health_after=health)
         self.scopes.pop(d.action_id, None)
         if res is None:  # its scope was cancelled: by the policy, or because the window ended
             res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
         self._send.send_nowait(res)
 
     def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False,
-                status: int | None = None) -> Input:
+                status: int | None = None, health_after: int | str | None = None) -> Input:
         detail = scrub(detail, self.target.site.tokens.values())  # a host may echo a token in its error body
         if d.action == "send_request":
             return RequestDone(at_ns=self.now(), action_id=d.action_id, **_req_ids(d.args),
                                outcome="cancelled" if cancelled else "error", error=None if cancelled else error,
-                               detail=detail, status_code=status)
-        return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail)
+                               detail=detail, status_code=status, health_after=health_after)
+        return ActionDone(at_ns=self.now(), action_id=d.action_id, ok=False, error=error, detail=detail,
+                          health_after=health_after)
 
     async def _watch(self) -> None:
         """Polls the GPU view and the router every WATCH_EVERY_S window seconds, each watch in a task
@@ -333,13 +339,14 @@ class Runner:
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("identity", exc))
 
-    async def _health_now(self) -> dict:
-        """/health asked once for the identity watch: its status, or what kept it from answering."""
+    async def _health_now(self) -> int | str:
+        """/health asked once, after a read of the engine found it gone or failed in transport: its status, or
+        why it could not be read ("no connection": nothing accepted one; else the failure's class)."""
         try:
             with anyio.fail_after(self._poll_deadline_s()):
-                return {"status": (await self.target.health({}))["status"]}
+                return int((await self.target.health({}))["status"])
         except Exception as exc:
-            return {"error": classify_exception(exc, "health").error}  # its class only, as an action's error is
+            return why_unread(exc, "health")  # never the host's words: a class, as an action's error is
 
     async def _watch_guards(self) -> None:
         """Each steady-state guard evaluated every `interval_s` window seconds, a task per guard, each
