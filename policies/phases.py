@@ -9,6 +9,7 @@ from typing import Any
 from flare_diag.events.answers import Health, Identity, Incarnation, MetricsSample, read
 from flare_diag.events.schema import (
     NS_PER_S,
+    ActionDone,
     Alarm,
     RequestDone,
     RequestMeasured,
@@ -169,7 +170,12 @@ def _lost_if_gone(w: WindowCore, ph: PhaseSpec, when: str) -> Proc:
     h = yield from w.act("health", {})
     if not (h.ok and read(Health, h).status == 200):
         w.abort_inside("engine_lost", f"{ph.id}: the identity {when} shows no incarnation loaded and /health "
-                                       f"answered {read(Health, h).status if h.ok else h.error}")
+                                       f"{_health_said(h)}")
+
+
+def _health_said(h: ActionDone) -> str:
+    """What /health said, in a report's words: 'answered 503', or 'could not be read (health: ConnectError)'."""
+    return rules.health_words(read(Health, h).status if h.ok else (h.detail or h.error or "no answer"))
 
 
 def _phase_caveat(w: WindowCore, ph: PhaseSpec) -> str:
@@ -418,16 +424,17 @@ def _cached_beyond_prompt(rd: RequestDone) -> list[str]:
 
 
 def _engine_still_there(w: WindowCore, ph: PhaseSpec, results: list[Any]) -> Proc:
-    """An engine that stopped answering: asked once, and the window aborts rather than send the rest of
-    the phase into a host that is not there."""
+    """An engine that stopped answering, or failed a request inside itself: /health asked once, and one that
+    does not answer 200 aborts the window rather than send the rest of the phase into an engine that is gone
+    (vLLM's API server answers 500 for a while after its EngineCore died, and its /health 503:
+    vllm/entrypoints/serve/instrumentator/health.py)."""
     unavailable = [rd for rd in results if getattr(rd, "error", None) in rules.UNAVAILABLE]
     if not unavailable:
         return
     h = yield from w.act("health", {})
     if not (h.ok and read(Health, h).status == 200):
         w.abort_inside("engine_lost", f"{len(unavailable)} request(s) of {ph.id} failed with "
-                                       f"{unavailable[0].error} and /health answered "
-                                       f"{read(Health, h).status if h.ok else h.error}")
+                                       f"{unavailable[0].error} and /health {_health_said(h)}")
 
 
 def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, Any], prev: dict[str, Any], prime: str | None,

@@ -22,7 +22,10 @@ HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_f
                "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected", "not_as_sent")
 
 # A request's error classes that mean nothing is serving (the engine stopped, or was never there).
-UNAVAILABLE = ("http_503", "http_502")
+# a request's failure that may be its engine's end, after which /health is asked once: unavailable (a proxy's
+# 502, an engine's 503), or failed inside the engine (HTTP 500, an error event in its stream: vLLM answers both
+# once its EngineCore is dead, vllm/v1/engine/exceptions.py EngineDeadError, until its API server exits)
+UNAVAILABLE = ("http_503", "http_502", "http_500", "engine_error")
 
 # How an adapter classifies a failed action or request -> the abort it causes (None: no abort).
 ERROR_ABORTS = {

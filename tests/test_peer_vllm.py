@@ -280,3 +280,54 @@ def test_a_request_that_reaches_the_real_vllm_around_the_window_aborts_containme
     assert r["abort"]["reason"] == "containment" and "requests from outside the window" in r["abort"]["detail"], r["abort"]
     assert cell(r, "A.reverse_replay")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
     assert r["verdict"]["hypothesis"] == "inconclusive"
+
+
+def _engine_core(pgid: int) -> list[int]:
+    """The pids of vLLM's EngineCore in the engine's process group (it names itself VLLM::EngineCore)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid and b"EngineCore" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def test_a_real_vllm_whose_engine_core_is_killed_mid_prime_aborts_engine_lost_at_its_first_failed_request(
+        tmp_path, vllm_python, model):
+    # the OOM killer's pick: the EngineCore (it holds the model and the KV cache), not the API server, which
+    # answers HTTP 500 for a while after, its /health 503 (EngineDeadError); the window used to go on sending
+    # the phase's requests into it, and named a broken transport once the server had gone
+    import signal
+    import subprocess
+    import sys
+    import time
+    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                          "--out", str(out)], cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    killed, lines = [], []
+    try:
+        for line in p.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if not killed and "phase A.forward_prime" in line:
+                time.sleep(1.0)  # a request or two in: the kill meets one in flight or the next one sent
+                core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
+                for pid in core:
+                    os.kill(pid, signal.SIGKILL)
+                killed.extend(core)
+        rc = p.wait(timeout=900)
+    finally:
+        p.kill()
+    assert killed and (out / "report.json").exists(), "".join(lines)[-3000:]
+    r = json.loads((out / "report.json").read_text())
+    assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "engine_lost"), r["abort"]
+    assert "/health" in r["abort"]["detail"], r["abort"]
+    with LogReader(out / "log.db") as reader:
+        failed = [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
+    assert len(failed) <= 1, [(ev.error, ev.detail) for ev in failed]  # nothing more sent into a dead engine
+    assert cell(r, "A.forward_prime")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]

@@ -749,6 +749,26 @@ def test_an_engine_that_stops_answering_mid_phase_aborts_engine_lost():
     assert len(sent) == 6  # the failed request was the last one sent
 
 
+def test_an_engine_whose_core_died_answering_500s_and_health_503_aborts_engine_lost_at_the_first_failure():
+    # vLLM once its EngineCore is dead: the request in flight ends with an error event, the next ones get
+    # HTTP 500 from the API server that is still up, and /health answers 503 (EngineDeadError)
+    w = World(plan_builtins())
+    w.request_error = {6: "engine_error", **{n: "http_500" for n in range(7, 400)}}
+    w.engine_down = True
+    _w, h = run(w)
+    ab = decisions(h, AbortDecided)[0]
+    assert ab.reason == "engine_lost" and "failed with engine_error and /health answered 503" in ab.detail, ab
+    assert len([a for a in actions(h) if a.action == "send_request"]) == 6
+
+
+def test_a_500_from_an_engine_whose_health_is_good_fails_the_cell_without_an_abort():
+    w = World(plan_builtins())
+    w.request_error = {6: "http_500"}
+    _w, h = run(w)
+    assert not decisions(h, AbortDecided)
+    assert cells(h)["A.forward_prime"].status == "failed"
+
+
 def test_a_503_from_an_engine_whose_health_is_good_fails_the_cell_without_an_abort():
     w = World(plan_builtins())
     w.request_error = {6: "http_503"}
