@@ -251,7 +251,9 @@ class Runner:
                 f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
                 # a connection to the engine lost or refused: whether the engine is still there is asked
                 # at once, so that the policy can tell an engine that is gone from a broken transport
-                health = await self._health_now() if f.error == "transport" and d.action in ENGINE_CALLS else None
+                # (within the action's own deadline: a restore's are cut to what is left of its reservation)
+                health = await self._health_now(self._real_s(d.deadline_s) if d.deadline_s else None) \
+                    if f.error == "transport" and d.action in ENGINE_CALLS else None
                 res = self._failed(d, f.error, f.detail, status=f.status, health_after=health)
         self.scopes.pop(d.action_id, None)
         if res is None:  # its scope was cancelled: by the policy, or because the window ended
@@ -339,11 +341,12 @@ class Runner:
             except Exception as exc:
                 self._send.send_nowait(self._watch_failed("identity", exc))
 
-    async def _health_now(self) -> int | str:
+    async def _health_now(self, limit_s: float | None = None) -> int | str:
         """/health asked once, after a read of the engine found it gone or failed in transport: its status, or
-        why it could not be read ("no connection": nothing accepted one; else the failure's class)."""
+        why it could not be read ("no connection": nothing accepted one; else the failure's class), within
+        `limit_s` real seconds when it is shorter than a watch's poll."""
         try:
-            with anyio.fail_after(self._poll_deadline_s()):
+            with anyio.fail_after(min(self._poll_deadline_s(), limit_s or math.inf)):
                 return int((await self.target.health({}))["status"])
         except Exception as exc:
             return why_unread(exc, "health")  # never the host's words: a class, as an action's error is
