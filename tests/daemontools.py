@@ -235,3 +235,23 @@ def one_phase_plan(path: Path, name: str = "pool-window") -> Path:
     path.write_text(head.replace('name = "2026-10-22-cache-diagnosis"', f'name = "{name}"')
                     + "[[phases]]" + rest.split("[[phases]]")[0] + rest[rest.index("[[conditional]]"):])
     return path
+
+
+def run_acting_at(plan: Path, site: Path, out: Path, line: str, act) -> tuple[int, dict, list]:
+    """`flare-diag run` of `plan` on `site`, calling `act()` once, as soon as the run prints a line that holds
+    `line`: (exit code, report.json, what `act` returned). The report must exist and `act` must have run."""
+    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                          "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    acted: list = []
+    printed: list[str] = []
+    try:
+        for text in p.stdout:  # type: ignore[union-attr]
+            printed.append(text)
+            if not acted and line in text:
+                acted.append(act())
+        rc = p.wait(timeout=900)
+    finally:
+        p.kill()
+    assert acted and (out / "report.json").exists(), "".join(printed)[-3000:]
+    return rc, json.loads((out / "report.json").read_text()), acted[0]
+

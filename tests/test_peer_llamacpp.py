@@ -206,23 +206,15 @@ def test_a_llama_server_killed_mid_prime_aborts_engine_lost_not_malformed_transp
     # SIGKILL to the candidate's process group as its prime starts (the OOM killer's way): whichever call meets
     # it first (a request, a read beside one) fails in transport, and /health then finds no one there
     import signal
+
+    from tests.daemontools import run_acting_at
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
-    out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
-                          "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed, lines = [], []
-    try:
-        for line in p.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if not killed and "phase A.forward_prime" in line:
-                pid = int(next(tmp_path.rglob("engine.pid")).read_text())
-                os.killpg(pid, signal.SIGKILL)
-                killed.append(pid)
-        rc = p.wait(timeout=600)
-    finally:
-        p.kill()
-    assert killed and (out / "report.json").exists(), "".join(lines)[-3000:]
-    r = json.loads((out / "report.json").read_text())
+
+    def kill() -> int:
+        pid = int(next(tmp_path.rglob("engine.pid")).read_text())
+        os.killpg(pid, signal.SIGKILL)
+        return pid
+    rc, r, _pid = run_acting_at(plan, site, tmp_path / "out", "phase A.forward_prime", kill)
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "engine_lost"), r["abort"]
     assert r["abort"]["detail"].endswith("; /health then could not be read (no connection)"), r["abort"]
     cells = {c["phase"]: c for c in r["cells"]}

@@ -302,29 +302,20 @@ def test_a_real_vllm_whose_engine_core_is_killed_mid_prime_aborts_engine_lost_at
     # answers HTTP 500 for a while after, its /health 503 (EngineDeadError); the window used to go on sending
     # the phase's requests into it, and named a broken transport once the server had gone
     import signal
-    import subprocess
-    import sys
     import time
+
+    from tests.daemontools import run_acting_at
     plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
     out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
-                          "--out", str(out)], cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    killed, lines = [], []
-    try:
-        for line in p.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if not killed and "phase A.forward_prime" in line:
-                time.sleep(1.0)  # a request or two in: the kill meets one in flight or the next one sent
-                core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
-                for pid in core:
-                    os.kill(pid, signal.SIGKILL)
-                killed.extend(core)
-        rc = p.wait(timeout=900)
-    finally:
-        p.kill()
-    assert killed and (out / "report.json").exists(), "".join(lines)[-3000:]
-    r = json.loads((out / "report.json").read_text())
+
+    def kill() -> list[int]:
+        time.sleep(1.0)  # a request or two in: the kill meets one in flight or the next one sent
+        core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
+        for pid in core:
+            os.kill(pid, signal.SIGKILL)
+        return core
+    rc, r, killed = run_acting_at(plan, site, out, "phase A.forward_prime", kill)
+    assert killed, "no EngineCore was found in the engine's process group: the test shows nothing"
     assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "engine_lost"), r["abort"]
     assert "/health" in r["abort"]["detail"], r["abort"]
     with LogReader(out / "log.db") as reader:
