@@ -161,10 +161,11 @@ def containment_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
 
 
 def identity_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
-    """An identity watch's read, held to the identity it must be (None: nothing to hold it to). A read that
-    shows no incarnation at all comes with what /health said then (its status, or why it could not be read):
-    one that did not answer 200 is an engine that is gone (`engine_lost`), not a drift; a read without it (logs
-    before the watch asked) is judged as any other."""
+    """An identity read (`{"identity": ...}`: the watch's, or the restore's last gate's), held to the identity it
+    must be (None: nothing to hold it to). The watch's read that shows no incarnation at all comes with what
+    /health said then (`health`: its status, or why it could not be read): one that did not answer 200 is an
+    engine that is gone (`engine_lost`), not a drift; a read without it (logs before the watch asked, the
+    restore's gate) is judged as any other."""
     ident = data.get("identity") or {}
     if ctx.identity is None:
         return None

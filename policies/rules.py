@@ -21,8 +21,7 @@ NO_CAUSE_ABORTS = ("engine_restart", "rejected", "unexpected_input", "not_as_sen
 HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
                "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected", "not_as_sent")
 
-# A request's error classes that mean nothing is serving (the engine stopped, or was never there).
-# a request's failure that may be its engine's end, after which /health is asked once: unavailable (a proxy's
+# A request's failure that may be its engine's end, after which /health is asked once: unavailable (a proxy's
 # 502, an engine's 503), or failed inside the engine (HTTP 500, an error event in its stream: vLLM answers both
 # once its EngineCore is dead, vllm/v1/engine/exceptions.py EngineDeadError, until its API server exits)
 UNAVAILABLE = ("http_503", "http_502", "http_500", "engine_error")
