@@ -245,8 +245,9 @@ class WindowPolicy(WindowCore):
             where = f"{inp.phase} #{inp.order_index} (action {inp.action_id})" if isinstance(inp, RequestDone) \
                 else f"action {inp.action_id}"
             detail = f"{where}: {inp.detail or inp.error}"
-            if rules.engine_gone(inp.error, inp.health_after):
-                reason, detail = "engine_lost", f"{detail}; /health then {rules.health_words(inp.health_after)}"  # type: ignore[arg-type]  # engine_gone: not None
+            health = inp.health_after
+            if health is not None and rules.engine_gone(inp.error, health):
+                reason, detail = "engine_lost", f"{detail}; /health then {rules.health_words(health)}"
             self._abort_from_outside(reason, detail)
             return
         if isinstance(inp, RequestDone):

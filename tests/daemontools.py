@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml"
@@ -237,15 +239,16 @@ def one_phase_plan(path: Path, name: str = "pool-window") -> Path:
     return path
 
 
-def run_acting_at(plan: Path, site: Path, out: Path, line: str, act) -> tuple[int, dict, list]:
+def run_acting_at(plan: Path, site: Path, out: Path, line: str, act: Callable[[], Any]) -> tuple[int, dict, Any]:
     """`flare-diag run` of `plan` on `site`, calling `act()` once, as soon as the run prints a line that holds
     `line`: (exit code, report.json, what `act` returned). The report must exist and `act` must have run."""
     p = subprocess.Popen([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
                           "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    acted: list = []
+    assert p.stdout is not None  # stdout=PIPE
+    acted: list[Any] = []
     printed: list[str] = []
     try:
-        for text in p.stdout:  # type: ignore[union-attr]
+        for text in p.stdout:
             printed.append(text)
             if not acted and line in text:
                 acted.append(act())
