@@ -11,12 +11,12 @@ Status = Literal["measured", "failed", "invalid", "deferred"]
 Hypothesis = Literal["not_reproduced", "row_checkpoint_churn", "restore_path", "key_or_checkpoint_eligibility",
                      "inconclusive", "prefix_cache_churn", "no_prefix_reuse"]
 # contract section 4's reasons (engine_restart and rejected since its 2026-12-03 amendment), and the
-# departures' (docs/departures.md: engine_lost, store_failure, preflight, steady_state, unexpected_input,
+# departures' (docs/departures.md: engine_lost, engine_stalled, store_failure, preflight, steady_state, unexpected_input,
 # not_as_sent);
 # policies.rules.ABORT_REASONS is the same list (tests/test_reports.py holds them equal)
 AbortReason = Literal["identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-                      "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                      "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input",
+                      "uncontrolled_growth", "watch_lost", "engine_lost", "engine_stalled", "operator", "daemon_restart",
+                      "store_failure", "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input",
                       "not_as_sent"]
 
 

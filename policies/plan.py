@@ -47,6 +47,9 @@ class Timing(msgspec.Struct, forbid_unknown_fields=True):
     action_timeout_s: float = 60  # reads, scrapes, previews, quiesce, readmit, trace toggles
     load_timeout_s: float = 600  # loading or unloading an incarnation
     request_timeout_s: float = 600  # one replayed request or preflight generation
+    # a generation's stream that gives no event this long fails as `stalled` (the engine holds it and gives
+    # nothing: a hung collective, a stopped process); with /health then 200 the window aborts `engine_stalled`
+    stall_s: float = 120
     arm_margin_min: float = 1.0  # an arm starts only if its required phases end this long before the stop minute
     # what the restore may take from its start: every restore action's deadline is cut to what is left
     # of it (default: the reserve less the bound on a closing drain after the stop minute)

@@ -51,6 +51,7 @@ RANGES: dict[str, Range] = {
     "timing.action_timeout_s": _r(0, DAY_S, POS, True),
     "timing.load_timeout_s": _r(0, DAY_S, POS, True),
     "timing.request_timeout_s": _r(0, DAY_S, POS, True),
+    "timing.stall_s": _r(0, DAY_S, POS, True),
     "timing.arm_margin_min": _r(0, DAY_MIN, "minutes, 0 or more"),
     "timing.restore_budget_min": _r(0, DAY_MIN, POS, True),
     "rates.prefill_tokens_per_s": _r(0, 1e9, POS, True),

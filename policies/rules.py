@@ -9,8 +9,8 @@ from flare_diag.events.answers import BuildIdentity
 
 # Abort reasons of contract section 4 (plus "preflight": the window never touched the host).
 ABORT_REASONS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-                 "uncontrolled_growth", "watch_lost", "engine_lost", "operator", "daemon_restart", "store_failure",
-                 "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input", "not_as_sent")
+                 "uncontrolled_growth", "watch_lost", "engine_lost", "engine_stalled", "operator", "daemon_restart",
+                 "store_failure", "preflight", "steady_state", "engine_restart", "rejected", "unexpected_input", "not_as_sent")
 
 # Aborts after which no cell may name a cause (contract 4, amended 2026-12-03): what the window measured
 # may be an engine that restarted under it, or a host that refused the bodies themselves or changed them.
@@ -19,12 +19,18 @@ NO_CAUSE_ABORTS = ("engine_restart", "rejected", "unexpected_input", "not_as_sen
 # Reasons that are the host's fault: before anything was taken down they abort as `preflight` (the
 # window refused a host it never changed), with the class kept in the detail.
 HOST_FAULTS = ("identity_drift", "authentication", "malformed_transport", "gpu_fault", "containment",
-               "uncontrolled_growth", "watch_lost", "engine_lost", "engine_restart", "rejected", "not_as_sent")
+               "uncontrolled_growth", "watch_lost", "engine_lost", "engine_stalled", "engine_restart", "rejected",
+               "not_as_sent")
 
 # A request's failure that may be its engine's end, after which /health is asked once: unavailable (a proxy's
 # 502, an engine's 503), or failed inside the engine (HTTP 500, an error event in its stream: vLLM answers both
 # once its EngineCore is dead, vllm/v1/engine/exceptions.py EngineDeadError, until its API server exits)
 UNAVAILABLE = ("http_503", "http_502", "http_500", "engine_error")
+
+# A call to the engine that failed in a way only the engine's own state can explain, after which the runner
+# asks /health at once (the answer's `health_after`): a connection lost or refused, no answer within the
+# call's deadline, a generation's stream that gave no event for the plan's stall bound (timing.stall_s)
+ASK_HEALTH_AFTER = ("transport", "timeout", "stalled")
 
 # How an adapter classifies a failed action or request -> the abort it causes (None: no abort).
 ERROR_ABORTS = {
@@ -36,6 +42,9 @@ ERROR_ABORTS = {
     "gpu_fault": "gpu_fault",
     "identity_drift": "identity_drift",
     "containment": "containment",
+    # a stream that gave no event for timing.stall_s while the engine's /health answered 200: it holds the
+    # request and gives nothing; no more of the phase is sent into it (with /health not 200, `engine_lost`)
+    "stalled": "engine_stalled",
 }
 
 HOST_KEYS = ("lookups", "hits", "fetched_tokens", "reused_tokens")
@@ -55,10 +64,10 @@ def health_words(health: int | str) -> str:
 
 
 def engine_gone(error: str | None, health_after: int | str | None) -> bool:
-    """A read of the engine or a request to it that failed in transport, after which /health did not answer
-    200: the engine is gone (`engine_lost`), and nothing says why; a transport failure with the engine still
-    healthy, or one logged before /health was asked after it, stays `malformed_transport`."""
-    return error == "transport" and health_after is not None and health_after != 200
+    """A read of the engine or a request to it that failed in transport, got no answer in time or stalled, after
+    which /health did not answer 200: the engine is gone (`engine_lost`), and nothing says why; with the engine
+    healthy, or logged before /health was asked after it, the failure is judged as its own class."""
+    return error in ASK_HEALTH_AFTER and health_after is not None and health_after != 200
 
 
 def identity_mismatches(expected: Mapping[str, Any], observed: Mapping[str, Any], *, trace: bool | None = None) -> list[str]:

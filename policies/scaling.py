@@ -17,6 +17,7 @@ from flare_diag.policies.plan import Plan, Timing
 
 WATCH_LOST_MIN_REAL_S = 5.0  # a watch's silence is judged over no less than this much real time
 DRAIN_MIN_REAL_S = 5.0  # a drain's bound never shrinks below this much real time
+STALL_MIN_REAL_S = 5.0  # a generation's stream is never called stalled after less real silence than this
 
 # bound -> (the Timing field, its real-seconds floor, why the floor is there)
 FLOORED = {
@@ -26,6 +27,8 @@ FLOORED = {
                                "a drain needs consecutive real scrapes: it is given at least {floor:g} real s"),
     "timing.quiesce_drain_timeout_s": ("quiesce_drain_timeout_s", DRAIN_MIN_REAL_S,
                                        "a drain needs consecutive real scrapes: it is given at least {floor:g} real s"),
+    "timing.stall_s": ("stall_s", STALL_MIN_REAL_S,
+                       "a stream's silence is timed in real time: it is given at least {floor:g} real s"),
 }
 
 

@@ -239,15 +239,16 @@ class WindowPolicy(WindowCore):
             return
         if self.state.stage not in BEFORE_RESTORE:
             return
-        reason = rules.abort_for_error(inp.error)
+        health = inp.health_after
+        gone = health is not None and rules.engine_gone(inp.error, health)
+        reason = "engine_lost" if gone else rules.abort_for_error(inp.error)
         if reason:
             # a request by its phase and order, as cells and the report number it (an action id is no request's number)
             where = f"{inp.phase} #{inp.order_index} (action {inp.action_id})" if isinstance(inp, RequestDone) \
                 else f"action {inp.action_id}"
             detail = f"{where}: {inp.detail or inp.error}"
-            health = inp.health_after
-            if health is not None and rules.engine_gone(inp.error, health):
-                reason, detail = "engine_lost", f"{detail}; /health then {rules.health_words(health)}"
+            if health is not None and reason in ("engine_lost", "engine_stalled"):
+                detail = f"{detail}; /health then {rules.health_words(health)}"
             self._abort_from_outside(reason, detail)
             return
         if isinstance(inp, RequestDone):

@@ -39,6 +39,9 @@ Misbehaviours of real engines and supervisors:
 - `die_mid_chat` (k): the engine dies under the k-th chat request's stream (on the serving port), after its
   first event: the identity shows no incarnation, /health answers 503, and that stream says nothing more
   (its socket held open) until an incarnation is loaded again.
+- `hang_mid_chat` (k): the engine hangs under the k-th chat request's stream (on the serving port), after its
+  first event, as one whose collective hung does: /health still answers 200, the identity and the metrics
+  still answer, and that stream says nothing more until its incarnation is unloaded (or a minute has passed).
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
   completion id, as a router that resumed a generation on a second backend and spliced both answers into
   one stream.
@@ -398,6 +401,9 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         if not routed and st.chats == st.cfg.get("die_mid_chat"):
             died = True  # taken off with everything else the engine held
             return _die_mid_stream(st)
+        if not routed and st.chats == st.cfg.get("hang_mid_chat"):
+            died = _hang_mid_stream(st)  # unloaded under it: gone with what the engine held
+            return
         for i in range(n - 1):
             time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
             if i == 1 and not routed and st.chats in st.cfg.get("splice_nth", []):
@@ -422,6 +428,15 @@ def _die_mid_stream(st: State) -> None:
     until = time.monotonic() + 60
     while st.loaded is None and time.monotonic() < until:
         time.sleep(0.05)
+
+
+def _hang_mid_stream(st: State) -> bool:
+    """`hang_mid_chat`: the stream says nothing more while everything else answers, until the incarnation it
+    runs on is unloaded (True) or a minute has passed; then the connection closes with the answer unfinished."""
+    on, until = st.loaded, time.monotonic() + 60
+    while st.loaded == on and time.monotonic() < until:
+        time.sleep(0.05)
+    return st.loaded != on
 
 
 def _stream_head(h, rid: str):

@@ -189,3 +189,31 @@ def test_at_x6_a_gpu_view_that_falls_silent_aborts_watch_lost_within_the_plans_3
     # machine's late tick may add real seconds, never the 270 window s a raised bound would
     assert 30 * 10**9 < decided_at - last_answer < 60 * 10**9
     assert r["restoration"]["verified"] and p.returncode == 1
+
+
+def _stall_bound(plan, folder, stall_s: float):
+    """The plan with `[timing] stall_s` set."""
+    out = folder / "stall.toml"
+    out.write_text(plan.read_text().replace("[timing]\n", f"[timing]\nstall_s = {stall_s:g}\n", 1))
+    return out
+
+
+def test_an_engine_that_hangs_under_a_stream_while_healthy_aborts_engine_stalled_at_the_stall_bound(tmp_path, small_plan):
+    # the third request's stream stops after its first event while /health, the identity and the metrics all
+    # answer (a hung collective): only the stream's silence shows it. Before the bound, the request waited out
+    # its 600 s deadline and the phase went on sending into the same engine
+    plan = _stall_bound(_without_trace(small_plan, tmp_path), tmp_path, 3)
+    rc, r, seen = _window(tmp_path, plan, hang_mid_chat=3)
+    assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "engine_stalled"), r["abort"]
+    detail = r["abort"]["detail"]
+    assert detail.startswith("A.forward_prime #2 (action ") and detail.endswith(
+        ": chat completion: no event for 300 s (timing.stall_s 3 s, raised by the scaled clock's real-seconds floor), "
+        "after 1 event(s); /health then answered 200"), detail
+    assert {"bound": "timing.stall_s", "plan_s": 3.0, "effective_s": 300.0,
+            "reason": "a stream's silence is timed in real time: it is given at least 5 real s, x60"} in r["scaled_bounds"]
+    loads = [i for i, x in enumerate(seen) if x.get("path") == "/manager/v1/load"]
+    chats = [x for x in seen[:loads[-1]] if x.get("path") == "/v1/chat/completions" and x["service"] == "serving"]
+    assert len(chats) == 3  # nothing more was sent into the hung engine before the incumbent was loaded back
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.forward_prime"]["status"] == "invalid" and "window aborted (engine_stalled)" in cells["A.forward_prime"]["reason"]
+    assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"], r["restoration"]

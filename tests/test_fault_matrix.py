@@ -133,6 +133,8 @@ SAFETY_FAULTS = {
     "router_watch_down": ("watch_lost", "router watch"),
     "xid_unsupported": ("watch_lost", "Xid events unsupported"),
     "cache_overflow": ("uncontrolled_growth", "beyond its capacity"),
+    # a request that never answers while /health does: cut at the stall bound, not its 600 s deadline
+    "request_hang": ("engine_stalled", "no event for 120 s (timing.stall_s), after 0 event(s); /health then answered 200"),
 }
 
 
@@ -150,7 +152,7 @@ def hang_plan(small_plan, tmp_path_factory) -> Path:
     at minute 2 is still hanging at the stop minute."""
     p = tmp_path_factory.mktemp("hang") / "hang.toml"
     p.write_text(small_plan.read_text().replace("window_min = 90 ", "window_min = 40 ").replace("stop_min = 70 ", "stop_min = 20 ")
-                 .replace("[timing]", "[timing]\naction_timeout_s = 3000\nrequest_timeout_s = 3000"))
+                 .replace("[timing]", "[timing]\naction_timeout_s = 3000\nrequest_timeout_s = 3000\nstall_s = 3000"))
     return p
 
 

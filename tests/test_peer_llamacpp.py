@@ -224,6 +224,32 @@ def test_a_llama_server_killed_mid_prime_aborts_engine_lost_not_malformed_transp
     assert _engines_stop(tmp_path)
 
 
+def test_a_llama_server_stopped_mid_prime_is_lost_within_its_bounds_not_waited_out(tmp_path, llama_server, model):
+    # SIGSTOP to the candidate's process group as its prime starts (a process frozen whole: a debugger, a host
+    # swapping): it holds every connection and answers nothing. Whichever call meets it first (a drain's scrape,
+    # the identity watch, a request whose stream gives nothing) gets no answer within its bound, and /health then
+    # none within its own. Before: the drain waited out its scrapes' 60 s, called its phase unsettled and the
+    # window loaded B; a request met by it would have waited its 600 s
+    import signal
+    import time
+
+    from tests.daemontools import run_acting_at
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    plan.write_text(plan.read_text().replace("[timing]\n", "[timing]\naction_timeout_s = 5\nstall_s = 5\n", 1))
+
+    def stop() -> float:
+        os.killpg(int(next(tmp_path.rglob("engine.pid")).read_text()), signal.SIGSTOP)
+        return time.monotonic()
+    rc, r, stopped = run_acting_at(plan, site, tmp_path / "out", "phase A.forward_prime", stop)
+    assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "engine_lost"), r["abort"]
+    assert r["abort"]["detail"].endswith("; /health then could not be read (timeout)"), r["abort"]
+    assert r["abort"]["minute"] is not None and r["abort"]["minute"] < 1, r["abort"]  # within its bounds, not 60 s
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["B.forward_prime"]["status"] == "failed", cells["B.forward_prime"]  # no other incarnation tried
+    assert r["restoration"]["verified"] and r["restoration"]["incumbent_sha256_match"], r["restoration"]
+    assert _engines_stop(tmp_path)
+
+
 def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_engine(tmp_path, llama_server, model):
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],

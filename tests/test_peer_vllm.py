@@ -322,3 +322,35 @@ def test_a_real_vllm_whose_engine_core_is_killed_mid_prime_aborts_engine_lost_at
         failed = [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
     assert len(failed) <= 1, [(ev.error, ev.detail) for ev in failed]  # nothing more sent into a dead engine
     assert cell(r, "A.forward_prime")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
+
+
+def test_a_real_vllm_whose_engine_core_hangs_mid_prime_aborts_engine_stalled_at_the_stall_bound(
+        tmp_path, vllm_python, model):
+    # SIGSTOP to the EngineCore (a hung collective, as a rank stuck in NCCL looks from outside): the API server
+    # still answers /health 200 (its check_health asks only whether the core died: vllm/v1/engine/async_llm.py),
+    # /metrics and /v1/models; only the request's stream gives nothing. Before the stall bound, the request
+    # waited its 600 s deadline, and the phase then sent the next into the same core
+    import signal
+    import time
+
+    from tests.daemontools import run_acting_at
+    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
+    plan.write_text(plan.read_text().replace("[timing]\n", "[timing]\nstall_s = 15\n", 1))
+    out = tmp_path / "out"
+
+    def stop() -> list[int]:
+        time.sleep(1.0)  # a request or two in: the stop meets one in flight or the next one sent
+        core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
+        for pid in core:
+            os.kill(pid, signal.SIGSTOP)
+        return core
+    rc, r, stopped = run_acting_at(plan, site, out, "phase A.forward_prime", stop)
+    assert stopped, "no EngineCore was found in the engine's process group: the test shows nothing"
+    assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "engine_stalled"), r["abort"]
+    assert r["abort"]["detail"].endswith("; /health then answered 200"), r["abort"]
+    assert "no event for 15 s (timing.stall_s)" in r["abort"]["detail"], r["abort"]
+    with LogReader(out / "log.db") as reader:
+        failed = [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
+    assert [ev.error for ev in failed] == ["stalled"]  # nothing more sent into the stopped core
+    assert cell(r, "A.forward_prime")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
+

@@ -224,6 +224,41 @@ def test_a_transport_failure_logged_before_health_was_asked_after_it_is_judged_a
     assert abort(h).reason == "malformed_transport"
 
 
+# --- an engine that holds its work and gives nothing ---------------------------------------------
+
+def test_a_stalled_request_with_the_engine_healthy_after_it_aborts_engine_stalled_naming_its_health():
+    w = World(plan_builtins())
+    w.request_error[12], w.request_health[12] = "stalled", 200
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_stalled", a
+    assert a.detail.startswith("A.forward_prime #11 (action ") and a.detail.endswith(
+        ": injected stalled; /health then answered 200"), a.detail
+
+
+def test_a_stalled_request_with_health_unreadable_after_it_aborts_engine_lost():
+    w = World(plan_builtins())
+    w.request_error[12], w.request_health[12] = "stalled", "timeout"
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_lost" and a.detail.endswith("; /health then could not be read (timeout)"), a
+
+
+def test_a_read_of_the_engine_that_times_out_with_health_unreadable_after_it_aborts_engine_lost():
+    w = World(plan_builtins())
+    w.fail["scrape_metrics"], w.fail_health["scrape_metrics"] = "timeout", "timeout"
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_lost" and a.detail.endswith(": injected timeout; /health then could not be read (timeout)"), a
+
+
+def test_a_read_of_the_engine_that_times_out_with_the_engine_healthy_after_it_aborts_nothing():
+    w = World(plan_builtins())
+    w.fail["scrape_metrics"], w.fail_health["scrape_metrics"] = "timeout", 200
+    _w, h = run(w)
+    assert abort(h) is None, "a slow read alone is no abort"
+
+
 # --- answers from a model the window did not verify ---------------------------------------------
 
 def _served(world: World) -> World:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import anyio
 import httpx
@@ -24,6 +26,19 @@ from flare_diag.daemon.hosts.stamping import SendClock, StampingTransport, read_
 from flare_diag.daemon.hosts.stream_errors import stream_error
 
 RESPONSE_CAP = 4096
+
+
+class StallBound(NamedTuple):
+    """How long a generation's stream may give no event: on the loop's clock, in window seconds, and as the
+    plan states it (less than the window's bound where a scaled clock's real-seconds floor raised it)."""
+
+    real_s: float
+    window_s: float
+    plan_s: float
+
+    def words(self) -> str:
+        raised = f" {self.plan_s:g} s, raised by the scaled clock's real-seconds floor" if self.window_s > self.plan_s else ""
+        return f"no event for {self.window_s:g} s (timing.stall_s{raised})"
 
 
 class Target(Actions):
@@ -47,6 +62,8 @@ class Target(Actions):
         prometheus = Prometheus(site) if site.profile.steady_state is not None else None
         # the host's five roles behind their ports, chosen from the profile (daemon/hosts/host.py)
         super().__init__(build_host(site, self, self._h("serving")), site, fixtures, plan_sha256, recipe_dir, prometheus)
+        # set by the runner from the plan (timing.stall_s); None: a stream is bounded by its request's deadline only
+        self.stall: StallBound | None = None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -92,24 +109,33 @@ class Target(Actions):
 
     async def stream_chat(self, svc: str, url: str, body: bytes) -> dict:
         """Streams one chat completion of the exact body bytes and returns the RequestDone fields (raises
-        on abort-class errors): its times from the kernel's read stamps of its bytes."""
+        on abort-class errors): its times from the kernel's read stamps of its bytes. A stream that gives no
+        event for the stall bound fails as `stalled`, whatever is left of its request's deadline."""
         clock = SendClock(_now_ns)
         answer = _Answer()
         headers = {**self._h(svc), "content-type": "application/json"}
-        async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
-                                extensions=clock.extensions()) as es:
-            t0 = clock.t0  # its headers went out on an open connection: the connect is not in its times
-            resp = es.response
-            if resp.status_code != 200:
-                await resp.aread()
-                raise classify_response(resp, "chat completion")
-            stamp = functools.partial(read_source, resp)
-            async for sse in es.aiter_sse():
-                # when its bytes were read (or came, where the kernel stamps them), not when they were parsed
-                if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
-                    break
+        with anyio.CancelScope(deadline=self._stall_deadline()) as watchdog:
+            async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
+                                    extensions=clock.extensions()) as es:
+                t0 = clock.t0  # its headers went out on an open connection: the connect is not in its times
+                resp = es.response
+                if resp.status_code != 200:
+                    await resp.aread()
+                    raise classify_response(resp, "chat completion")
+                stamp = functools.partial(read_source, resp)
+                async for sse in es.aiter_sse():
+                    watchdog.deadline = self._stall_deadline()  # an event with data, not a keep-alive comment
+                    # when its bytes were read (or came, where the kernel stamps them), not when they were parsed
+                    if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
+                        break
+        if watchdog.cancelled_caught:
+            assert self.stall is not None  # only a bound set the watchdog's deadline
+            raise ActionFailed("stalled", f"chat completion: {self.stall.words()}, after {answer.events} event(s)")
         return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
                 **answer.fields()}
+
+    def _stall_deadline(self) -> float:
+        return math.inf if self.stall is None else anyio.current_time() + self.stall.real_s
 
 
 class _Answer:

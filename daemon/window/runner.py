@@ -22,18 +22,21 @@ import msgspec
 
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception, why_unread
 from flare_diag.daemon.hosts.site import scrub
-from flare_diag.daemon.hosts.target import Target
+from flare_diag.daemon.hosts.target import StallBound, Target
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
     RequestDone, Tick, WatchFailed, WatchObserved, WindowClosed, WindowOpened,
 )
 from flare_diag.events.store import EventStore, StoreWriteError
+from flare_diag.policies import rules
 from flare_diag.policies.audit import WindowReplay
+from flare_diag.policies.scaling import STALL_MIN_REAL_S, effective_s
 from flare_diag.policies.window import WindowPolicy
 
 MIN_REAL_DEADLINE_S = 5.0  # no action or poll of a scaled (simulated) window gets less real time than this
-# the calls that go to the engine itself (its serving port): one that fails in transport is followed by /health
+# the calls that go to the engine itself (its serving port): one that fails in transport, gets no answer
+# within its deadline, or whose stream stalls is followed by /health (rules.ASK_HEALTH_AFTER)
 ENGINE_CALLS = ("send_request", "scrape_metrics", "read_identity")
 WATCH_EVERY_S = 5.0  # window seconds between GPU and router polls
 CATCH_UP_EVERY_S = 1.0  # real seconds between attempts to append what a failing log did not take
@@ -102,6 +105,7 @@ class Runner:
             tg.start_soon(self._watch)
             try:
                 await self.feed(first)
+                self._bound_stalls()
                 if self.target.prometheus is not None:  # the plan's guards are known once the first input is in
                     tg.start_soon(self._watch_guards)
                 while not self.policy.closed:
@@ -246,19 +250,23 @@ class Runner:
                 else:
                     res = ActionDone(at_ns=self.now(), action_id=d.action_id, ok=True, data=data)
             except TimeoutError:
-                res = self._failed(d, "timeout", f"{d.action}: no answer within its deadline of {d.deadline_s:g} s")
+                res = await self._failed_asking(d, ActionFailed("timeout", f"{d.action}: no answer within its deadline "
+                                                                           f"of {d.deadline_s:g} s"))
             except Exception as exc:  # every outcome, failure included, goes back to the policy
-                f = classify_exception(exc, d.action) if not isinstance(exc, ActionFailed) else exc
-                # a connection to the engine lost or refused: whether the engine is still there is asked
-                # at once, so that the policy can tell an engine that is gone from a broken transport
-                # (within the action's own deadline: a restore's are cut to what is left of its reservation)
-                health = await self._health_now(self._real_s(d.deadline_s) if d.deadline_s else None) \
-                    if f.error == "transport" and d.action in ENGINE_CALLS else None
-                res = self._failed(d, f.error, f.detail, status=f.status, health_after=health)
+                res = await self._failed_asking(d, classify_exception(exc, d.action))
         self.scopes.pop(d.action_id, None)
         if res is None:  # its scope was cancelled: by the policy, or because the window ended
             res = self._failed(d, "cancelled", "cancelled by the policy", cancelled=True)
         self._send.send_nowait(res)
+
+    async def _failed_asking(self, d: ActionRequested, f: ActionFailed) -> Input:
+        """A failed action's answer. A call to the engine lost or refused, unanswered, or whose stream stalled is
+        followed at once by /health, so that the policy can tell an engine that is gone (or holds its work and
+        does not progress) from a broken transport or a slow answer; within the action's own deadline (a
+        restore's are cut to what is left of its reservation)."""
+        health = await self._health_now(self._real_s(d.deadline_s) if d.deadline_s else None) \
+            if f.error in rules.ASK_HEALTH_AFTER and d.action in ENGINE_CALLS else None
+        return self._failed(d, f.error, f.detail, status=f.status, health_after=health)
 
     def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False,
                 status: int | None = None, health_after: int | str | None = None) -> Input:
@@ -282,6 +290,13 @@ class Runner:
             if self.target.host.router.present:
                 tg.start_soon(self._watch_router)
             tg.start_soon(self._watch_identity)
+
+    def _bound_stalls(self) -> None:
+        """The plan's stall bound on every generation's stream, once the plan is known (the first input)."""
+        if self.policy.plan is not None:
+            planned = self.policy.plan.timing.stall_s
+            window_s = effective_s(planned, STALL_MIN_REAL_S, self.scale) if self.scale > 1 else planned
+            self.target.stall = StallBound(window_s / self.scale, window_s, planned)
 
     def _poll_deadline_s(self) -> float:
         t = self.policy.plan.timing if self.policy.plan is not None else None

@@ -1,0 +1,83 @@
+"""A generation's stream that gives no event for the stall bound fails as `stalled`, against a real loopback
+server: a keep-alive comment is not an event, and a stream that keeps giving events outlives the bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from flare_diag.daemon.hosts.errors import ActionFailed
+from flare_diag.daemon.hosts.site import sim_site
+from flare_diag.daemon.hosts.target import StallBound, Target
+
+Write = Callable[[bytes], Awaitable[None]]
+CHUNK = {"id": "c-1", "model": "m", "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]}
+LAST = {"id": "c-1", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+
+
+def _event(obj: object) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+async def _serving(answer: Callable[[Write], Awaitable[None]]) -> AsyncIterator[str]:
+    """An HTTP/1.1 server on loopback whose every POST is answered by `answer` writing a chunked SSE body."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")) if k.lower() == b"content-length")
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+        async def write(data: bytes) -> None:
+            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            await writer.drain()
+        try:
+            await answer(write)
+            await write(b"")
+        finally:
+            writer.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _chat(answer: Callable[[Write], Awaitable[None]], stall_s: float) -> dict:
+    async for url in _serving(answer):
+        target = Target(sim_site(url, "t0ken"), {}, "")
+        target.stall = StallBound(stall_s, stall_s, stall_s)
+        try:
+            return await target.stream_chat("serving", f"{url}/v1/chat/completions", b"{}")
+        finally:
+            await target.close()
+    raise AssertionError("no server")
+
+
+async def test_a_stream_that_only_sends_keep_alive_comments_after_its_first_event_stalls_at_the_bound():
+    async def answer(write: Write) -> None:
+        await write(_event(CHUNK))
+        for _ in range(600):  # a proxy's pings in front of an engine that gives nothing (a minute at most)
+            await write(b": ping\n\n")
+            await asyncio.sleep(0.1)
+    with pytest.raises(ActionFailed) as got:
+        await _chat(answer, 1.0)
+    assert got.value.error == "stalled"
+    assert str(got.value).endswith("chat completion: no event for 1 s (timing.stall_s), after 1 event(s)")
+
+
+async def test_a_stream_whose_events_keep_coming_outlives_the_stall_bound():
+    async def answer(write: Write) -> None:
+        for _ in range(12):  # 3.6 s in all, no gap near the bound
+            await write(_event(CHUNK))
+            await asyncio.sleep(0.3)
+        await write(_event(LAST) + _event(b"[DONE]"))
+    done = await _chat(answer, 2.0)
+    assert done["outcome"] == "ok" and done["completion_tokens"] == 2
+
+
+def test_a_stall_bound_raised_by_a_scaled_clock_says_so():
+    assert StallBound(5.0, 300.0, 3.0).words() == ("no event for 300 s (timing.stall_s 3 s, raised by the scaled "
+                                                    "clock's real-seconds floor)")
+    assert StallBound(120.0, 120.0, 120.0).words() == "no event for 120 s (timing.stall_s)"
