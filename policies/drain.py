@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import msgspec
+
 from flare_diag.events.answers import MetricsSample, RouterView, read
 from flare_diag.events.schema import NS_PER_S, DrainObserved
 from flare_diag.policies import rules
@@ -12,26 +14,40 @@ from flare_diag.policies.core import WindowCore
 from flare_diag.policies.driver import Sleep
 
 
-def drain(w: WindowCore, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, bool]:
+class Drained(msgspec.Struct, frozen=True):
+    """How a drain ended: settled or not, and the scrapes that got no answer (whose silence is not a busy engine)."""
+
+    settled: bool
+    polls: int = 0
+    unanswered: int = 0
+    last_error: str = ""  # the last unanswered scrape's words
+
+    def unanswered_words(self) -> str:
+        """' (2 of 3 scrapes got no answer: ...)' when some did, for the words of a drain that did not settle."""
+        return f" ({self.unanswered} of {self.polls} scrapes got no answer: {self.last_error})" if self.unanswered else ""
+
+
+def drain(w: WindowCore, timeout_s: float, purpose: str, router: bool = False) -> Generator[Any, Any, Drained]:
     """Polls until the drain rule holds or `timeout_s` (floored by WindowCore.drain_timeout_s) runs out."""
     timeout_s = w.drain_timeout_s(timeout_s)
     start = w.now
-    polls = [0]
-    settled = yield from _drain_polls(w, timeout_s, router, polls)
+    seen: list[Any] = []  # each poll's metrics answer
+    settled = yield from _drain_polls(w, timeout_s, router, seen)
     w.emit(DrainObserved(purpose=purpose, settled=settled, waited_s=round((w.now - start) / NS_PER_S, 3),
-                          polls=polls[0], minute=w.minute()))
-    return settled
+                          polls=len(seen), minute=w.minute()))
+    failed = [m for m in seen if not m.ok]
+    return Drained(settled, len(seen), len(failed), (failed[-1].detail or failed[-1].error or "") if failed else "")
 
 
-def _drain_polls(w: WindowCore, timeout_s: float, router: bool, polls: list[int]) -> Generator[Any, Any, bool]:
+def _drain_polls(w: WindowCore, timeout_s: float, router: bool, seen: list[Any]) -> Generator[Any, Any, bool]:
     timing = w.plan.timing
     start = w.now
     stable, last = 0, None
     while True:
-        polls[0] += 1
         calls: list[tuple[str, dict[str, Any]]] = [("scrape_metrics", {})] + ([("snapshot", {"what": "router"})] if router else [])
         res = yield from w.act_all(calls)
         m = res[0]
+        seen.append(m)
         sample = read(MetricsSample, m) if m.ok else MetricsSample()
         ok = m.ok and rules.drained(sample.gauges, w.plan.drain.accept_unobserved)
         if m.ok:

@@ -16,7 +16,7 @@ from flare_diag.events.schema import (
 )
 from flare_diag.policies import consistency, guards, rules
 from flare_diag.policies.core import WindowCore
-from flare_diag.policies.drain import drain
+from flare_diag.policies.drain import Drained, drain
 from flare_diag.policies.driver import Act, Proc
 from flare_diag.policies.interpret import PRIMES
 from flare_diag.policies.plan import PhaseSpec, expected_identity
@@ -228,10 +228,11 @@ def replay_phase(w: WindowCore, ph: PhaseSpec) -> Proc:
     started, est_end = w.state.phase_marks.get(ph.id, (None, None))
     w.phase_running(Running(id=ph.id, total=len(reqs), comparable=ph.comparable, started_minute=started,
                             estimated_end_minute=est_end))
-    settled = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
-    if not settled:
+    drained = yield from drain(w, plan.timing.drain_timeout_s, f"before {ph.id}")
+    if not drained.settled:
         w.phase_stopped()
-        w.record_cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s",
+        w.record_cell(ph.id, "invalid", f"drain before the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s"
+                f"{drained.unanswered_words()}",
                 comparable=ph.comparable)
         return
     before = dict(w.state.last_counters or {})
@@ -444,8 +445,8 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
     if tally.ids:
         w.answers_seen(ph.incarnation or "", tally.ids)
     w.phase_closing(True)
-    settled = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
-    after = w.state.last_counters if settled else prev
+    drained = yield from drain(w, w.plan.timing.drain_timeout_s, f"after {ph.id}")
+    after = w.state.last_counters if drained.settled else prev
     closing = yield from w.act("read_identity", {})
     w.phase_closing(False)
     held, changes = None, []
@@ -458,7 +459,7 @@ def _close_phase(w: WindowCore, ph: PhaseSpec, requests: int, before: dict[str, 
     common = dict(requests=requests, host=host, gpu=gpu, comparable=ph.comparable, counters=delta,
                   natural_failures=tally.natural, prime=prime, incarnation_id=w.state.candidate_id, identity_held=held,
                   hit_requests=tally.hit_requests, drain_unseen=sorted(w.state.drain_unseen))
-    phase_cell(w, ph, common, closing, settled, changes, tally)
+    phase_cell(w, ph, common, closing, drained, changes, tally)
 
 
 def reuse_disagreement(identity: list[str], delta: dict[str, Any], rd: RequestDone) -> list[str]:
@@ -519,7 +520,7 @@ def _answers_contradict(ph: PhaseSpec, tally: _Tally, reqs: int, delta: dict[str
     return None
 
 
-def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: Any, settled: bool, changes: list[str],
+def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: Any, drained: Drained, changes: list[str],
                tally: _Tally) -> None:
     """A replay phase's cell once its closing drain and identity are read: invalid (a drifted or unread
     identity, a drain that did not settle), failed (requests failed), or measured (with what it was
@@ -533,8 +534,9 @@ def phase_cell(w: WindowCore, ph: PhaseSpec, common: dict[str, Any], closing: An
     if not closing.ok:
         w.record_cell(ph.id, "invalid", f"its closing identity could not be read ({closing.detail or closing.error}), so the "
                 f"identity it was measured on is not known", **common)
-    elif not settled:
-        w.record_cell(ph.id, "invalid", f"drain after the phase did not settle within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s", **common)
+    elif not drained.settled:
+        w.record_cell(ph.id, "invalid", f"drain after the phase did not settle within "
+                      f"{w.drain_timeout_s(plan.timing.drain_timeout_s):g} s{drained.unanswered_words()}", **common)
     elif stray := rules.traffic_from_elsewhere(common["counters"], reqs):
         w.record_cell(ph.id, "invalid", f"requests from outside the window reached the quiesced engine: it {stray}, so "
                 f"the phase's counters are not its own", **common)

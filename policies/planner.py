@@ -288,13 +288,26 @@ class Estimator:
             out = known.completion[b.sha256]
         else:
             out = b.max_tokens * self._share_under(known)
+        return self._prefill_under(known, b) + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
+
+    def _prefill_under(self, known: Learned, b: BodyWork) -> float:
+        """The rate model's time for one request's prompt."""
         if b.sha256 in known.prompt:
             prompt: float = known.prompt[b.sha256]
         elif b.prompt_tokens is not None:
             prompt = b.prompt_tokens
         else:
             prompt = b.prompt_chars / self.rates.chars_per_token
-        return prompt / self.rates.prefill_tokens_per_s + min(out, b.max_tokens) / self.rates.decode_tokens_per_s
+        return prompt / self.rates.prefill_tokens_per_s
+
+    def slowest_first_token(self, phases: Sequence[PhaseSpec]) -> tuple[float, str]:
+        """The longest a stream of these phases is expected to stay silent before its first token, in window
+        seconds, and whose: every prompt of the round before it prefilled first (`concurrency` of them), at the
+        estimate's pace, plus its overhead. (0.0, "") when no phase sends a body."""
+        a, b = self._solve()
+        found = [(a * ph.concurrency * self._prefill_under(self.known, body) + b, f"{ph.fixture} #{i} at C{ph.concurrency}")
+                 for ph in phases if ph.kind != "identity" for i, body in enumerate(self.work.get(ph.fixture or "", ()))]
+        return max(found, default=(0.0, ""))
 
     def _works(self, fixture: str) -> list[float]:
         """work_s of each of the fixture's bodies (the same numbers, computed once until they change)."""
@@ -424,6 +437,17 @@ class Schedule(msgspec.Struct):
     overhead_s: float
     calibration: str
     unfit: list[str] = []
+    first_token_s: float = 0.0  # the slowest first token the estimate expects (Estimator.slowest_first_token)
+    first_token_of: str = ""  # whose: "c1-52 #17 at C4"
+    stall_s: float = 0.0  # the plan's timing.stall_s, which a stream silent before its first token would meet
+
+    def stall_error(self) -> str | None:
+        """Why the plan's stall bound would cut a stream the estimate expects to be silent longer, or None."""
+        if self.first_token_s <= self.stall_s:
+            return None
+        return (f"timing.stall_s = {self.stall_s:g} s: expected more than the slowest first token the forecast expects, "
+                f"{self.first_token_s:.1f} s ({self.first_token_of}, pace x{self.pace:.2f} + {self.overhead_s:.1f} s), or a "
+                f"healthy engine would be taken for a stalled one; raise timing.stall_s")
 
     def render(self) -> list[str]:
         lines = [f"plan {self.plan}: stop minute {self.stop_min:g}, arm margin {self.margin_min:g} min, "
@@ -436,6 +460,9 @@ class Schedule(msgspec.Struct):
             lines.append(f"every required cell fits: the last ends at minute {self.required_end_min:.1f}")
         else:
             lines.append(f"required cells do not fit before the stop minute: {', '.join(self.unfit)}")
+        if self.first_token_of:
+            lines.append(self.stall_error() or f"the slowest first token expected, {self.first_token_s:.1f} s "
+                                               f"({self.first_token_of}), is within timing.stall_s = {self.stall_s:g} s")
         return lines
 
 
@@ -477,9 +504,11 @@ def forecast(plan: Plan, est: Estimator, start_min: float = 0.0, quiesce: bool =
     req = [s for s in slots if s.required]
     unfit = [s.phase for s in req if s.status != "scheduled"]
     ends = [s.end_min for s in req if s.end_min is not None]
+    first_token_s, first_token_of = est.slowest_first_token(all_phases(plan))
     return Schedule(plan=plan.name, stop_min=t.stop_min, margin_min=t.arm_margin_min, slots=slots,
                     required_end_min=max(ends) if ends else None, fits=not unfit, pace=round(est.pace, 3), overhead_s=round(est.overhead_s, 3),
-                    calibration=est.cal.source, unfit=unfit)
+                    calibration=est.cal.source, unfit=unfit, first_token_s=round(first_token_s, 3),
+                    first_token_of=first_token_of, stall_s=t.stall_s)
 
 
 def all_phases(plan: Plan) -> list[PhaseSpec]:

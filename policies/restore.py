@@ -64,12 +64,13 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
                        f"{plan.growth.max_resident_growth_bytes / 2**30:.1f} GiB")
     # idle before it takes traffic: every drain gauge at zero within the drain timeout, with no request
     # of the window in flight (a scheduler queue that grows by itself never settles)
-    settled = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
-    if not settled:
+    drained = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
+    if not drained.settled:
         idle = read(MetricsSample, m).gauges if m.ok else {}
         busy = {g: v for g in rules.DRAIN_GAUGES if (v := idle.get(g))}
         out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s "
-                   f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})")
+                   f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})"
+                   f"{drained.unanswered_words()}")
     if not ident.ok:
         out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")
     elif identity:

@@ -97,8 +97,9 @@ def take_down(w: WindowCore) -> Proc:
     w.quiesced_now()
     drained = yield from drain(w, plan.timing.quiesce_drain_timeout_s, "quiesce",
                                router=w.state.snapshots.get("router") is not None)
-    if not drained:
-        w.abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s of quiesce")
+    if not drained.settled:
+        w.abort_inside("containment", f"the primary did not drain within {w.drain_timeout_s(plan.timing.quiesce_drain_timeout_s):g} s "
+                                       f"of quiesce{drained.unanswered_words()}")
     res = yield from w.act("unload", {"recipe": inc.get("recipe"), "sha256": inc.get("sha256")})
     if not res.ok:
         # the take-down itself failed: no candidate can load beside the incumbent, so restore

@@ -144,6 +144,33 @@ def test_plan_forecast_json_names_unfit_cells_and_exits_1(tmp_path, capsys):
     assert not d["fits"] and "B.forward_replay" in d["unfit"]
 
 
+def test_the_slowest_first_token_is_the_longest_prompt_at_its_phase_s_concurrency_at_the_estimate_s_pace():
+    est = Estimator(PLAN, {"f": [BodyWork("a", 100, 5000), BodyWork("b", 100, 20000)]})
+    phases = [msgspec.structs.replace(PLAN.phases[1], fixture="f", concurrency=4)]
+    s, whose = est.slowest_first_token(phases)
+    assert whose == "f #1 at C4" and s == 4 * est.pace * 20000 / PLAN.rates.prefill_tokens_per_s + est.overhead_s
+
+
+def _stall_plan(tmp_path, stall_s: float) -> Path:
+    p = tmp_path / "stall.toml"
+    p.write_text(PLAN_PATH.read_text().replace("[timing]\n", f"[timing]\nstall_s = {stall_s:g}\n", 1))
+    return p
+
+
+def test_plan_forecast_of_a_stall_bound_shorter_than_a_first_token_it_expects_exits_1_naming_the_body(tmp_path, capsys):
+    assert main(["plan", "forecast", str(_stall_plan(tmp_path, 1))]) == 1
+    out = capsys.readouterr().out
+    assert "timing.stall_s = 1 s: expected more than the slowest first token the forecast expects, 4.8 s (c1-52 #35 at C1" in out
+
+
+def test_rehearse_refuses_a_stall_bound_shorter_than_a_first_token_it_expects_before_anything_starts(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["rehearse", "--plan", str(_stall_plan(tmp_path, 1)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "timing.stall_s = 1 s" in err and err.rstrip().endswith("raise timing.stall_s; nothing was changed")
+    assert not (out / "log.db").exists()
+
+
 def test_plan_forecast_with_a_log_that_is_not_one_exits_2_naming_it(tmp_path, capsys):
     bad = tmp_path / "nope.db"
     bad.write_text("not a log")

@@ -259,6 +259,19 @@ def test_a_read_of_the_engine_that_times_out_with_the_engine_healthy_after_it_ab
     assert abort(h) is None, "a slow read alone is no abort"
 
 
+def test_a_closing_drain_whose_scrapes_get_no_answer_says_so_in_its_cell_not_only_that_it_did_not_settle():
+    def hook(world: World, history):
+        sent = sum(1 for i, _ds in history if type(i).__name__ == "RequestDone" and i.phase == "A.forward_prime")
+        closed = any(type(d).__name__ == "CellRecorded" and d.phase == "A.forward_prime" for _i, ds in history for d in ds)
+        if sent == 52 and not closed:  # every scrape of its closing drain, /health 200 after each
+            world.fail["scrape_metrics"], world.fail_health["scrape_metrics"] = "timeout", 200
+        return None
+    _w, h = run(hook=hook)
+    prime = cells(h)["A.forward_prime"]
+    assert prime.status == "invalid" and prime.reason.startswith("drain after the phase did not settle within 10 s ("), prime
+    assert prime.reason.endswith(" scrapes got no answer: injected timeout)"), prime.reason
+
+
 # --- answers from a model the window did not verify ---------------------------------------------
 
 def _served(world: World) -> World:

@@ -463,7 +463,7 @@ def _plan_forecast(args: argparse.Namespace) -> int:
         return _plan_simulate(args, setup, cal)
     sched = schedule(setup, cal)
     print(json.dumps(msgspec.to_builtins(sched)) if args.json else "\n".join(sched.render()))
-    return EXIT_OK if sched.fits else EXIT_FAILED
+    return EXIT_OK if sched.fits and not sched.stall_error() else EXIT_FAILED
 
 
 def _plan_simulate(args: argparse.Namespace, setup, cal) -> int:

@@ -128,4 +128,6 @@ async def planned(setup: WindowSetup, target: Target) -> Schedule:
     setup.calibration = cal
     sched = schedule(setup, cal)
     refuse_unfit(sched, setup.plan_path or setup.plan.name, setup.accept_partial)
+    if why := sched.stall_error():  # --accept-partial does not cover it: the bound would abort a healthy window
+        raise InputError(f"{setup.plan_path or setup.plan.name}: {why}; nothing was changed")
     return sched
