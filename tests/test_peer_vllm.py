@@ -296,30 +296,44 @@ def _engine_core(pgid: int) -> list[int]:
     return out
 
 
+def _signal_core_mid_prime(tmp_path: Path, vllm_python: Path, model: Path, sig: int, stall_s: float | None = None,
+                           ) -> tuple[int, dict, Path]:
+    """`run` of the peer plan on vLLM, `sig` sent to its EngineCore a second into A.forward_prime (a request or
+    two in: it meets one in flight or the next one sent): (exit code, report, out folder)."""
+    import time
+
+    from tests.daemontools import run_acting_at
+    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
+    if stall_s is not None:
+        plan.write_text(plan.read_text().replace("[timing]\n", f"[timing]\nstall_s = {stall_s:g}\n", 1))
+    out = tmp_path / "out"
+
+    def send() -> list[int]:
+        time.sleep(1.0)
+        core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
+        for pid in core:
+            os.kill(pid, sig)
+        return core
+    rc, r, signalled = run_acting_at(plan, site, out, "phase A.forward_prime", send)
+    assert signalled, "no EngineCore was found in the engine's process group: the test shows nothing"
+    return rc, r, out
+
+
+def _failed_requests(out: Path) -> list:
+    with LogReader(out / "log.db") as reader:
+        return [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
+
+
 def test_a_real_vllm_whose_engine_core_is_killed_mid_prime_aborts_engine_lost_at_its_first_failed_request(
         tmp_path, vllm_python, model):
     # the OOM killer's pick: the EngineCore (it holds the model and the KV cache), not the API server, which
     # answers HTTP 500 for a while after, its /health 503 (EngineDeadError); the window used to go on sending
     # the phase's requests into it, and named a broken transport once the server had gone
     import signal
-    import time
-
-    from tests.daemontools import run_acting_at
-    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
-    out = tmp_path / "out"
-
-    def kill() -> list[int]:
-        time.sleep(1.0)  # a request or two in: the kill meets one in flight or the next one sent
-        core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
-        for pid in core:
-            os.kill(pid, signal.SIGKILL)
-        return core
-    rc, r, killed = run_acting_at(plan, site, out, "phase A.forward_prime", kill)
-    assert killed, "no EngineCore was found in the engine's process group: the test shows nothing"
+    rc, r, out = _signal_core_mid_prime(tmp_path, vllm_python, model, signal.SIGKILL)
     assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "engine_lost"), r["abort"]
     assert "/health" in r["abort"]["detail"], r["abort"]
-    with LogReader(out / "log.db") as reader:
-        failed = [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
+    failed = _failed_requests(out)
     assert len(failed) <= 1, [(ev.error, ev.detail) for ev in failed]  # nothing more sent into a dead engine
     assert cell(r, "A.forward_prime")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
 
@@ -331,26 +345,9 @@ def test_a_real_vllm_whose_engine_core_hangs_mid_prime_aborts_engine_stalled_at_
     # /metrics and /v1/models; only the request's stream gives nothing. Before the stall bound, the request
     # waited its 600 s deadline, and the phase then sent the next into the same core
     import signal
-    import time
-
-    from tests.daemontools import run_acting_at
-    plan, site = write_site(tmp_path, vllm_python, model, LARGE_BLOCKS)
-    plan.write_text(plan.read_text().replace("[timing]\n", "[timing]\nstall_s = 15\n", 1))
-    out = tmp_path / "out"
-
-    def stop() -> list[int]:
-        time.sleep(1.0)  # a request or two in: the stop meets one in flight or the next one sent
-        core = _engine_core(int(next(tmp_path.rglob("engine.pid")).read_text()))
-        for pid in core:
-            os.kill(pid, signal.SIGSTOP)
-        return core
-    rc, r, stopped = run_acting_at(plan, site, out, "phase A.forward_prime", stop)
-    assert stopped, "no EngineCore was found in the engine's process group: the test shows nothing"
+    rc, r, out = _signal_core_mid_prime(tmp_path, vllm_python, model, signal.SIGSTOP, stall_s=15)
     assert (rc, r["abort"] and r["abort"]["reason"]) == (1, "engine_stalled"), r["abort"]
     assert r["abort"]["detail"].endswith("; /health then answered 200"), r["abort"]
     assert "no event for 15 s (timing.stall_s)" in r["abort"]["detail"], r["abort"]
-    with LogReader(out / "log.db") as reader:
-        failed = [ev for e in reader.iter(types=["request_done"]) for ev in [e.event()] if ev.outcome == "error"]
-    assert [ev.error for ev in failed] == ["stalled"]  # nothing more sent into the stopped core
+    assert [ev.error for ev in _failed_requests(out)] == ["stalled"]  # nothing more sent into the stopped core
     assert cell(r, "A.forward_prime")["status"] == "invalid" and r["restoration"]["verified"], r["restoration"]
-

@@ -192,11 +192,17 @@ def test_an_identity_watch_answer_logged_without_health_is_judged_as_before():
 
 # --- a connection to the engine that fails: gone, or only the transport --------------------------
 
-def test_a_request_that_fails_in_transport_with_health_unreadable_after_it_aborts_engine_lost():
+def _request_12_fails(error: str, health: int | str | None):
+    """The abort of a window whose 12th request fails with `error`, /health then answering `health`."""
     w = World(plan_builtins())
-    w.request_error[12], w.request_health[12] = "transport", "no connection"
+    w.request_error[12] = error
+    if health is not None:
+        w.request_health[12] = health
     _w, h = run(w)
-    a = abort(h)
+    return abort(h)
+
+def test_a_request_that_fails_in_transport_with_health_unreadable_after_it_aborts_engine_lost():
+    a = _request_12_fails("transport", "no connection")
     assert a.reason == "engine_lost", a
     assert a.detail.startswith("A.forward_prime #11 (action ") and a.detail.endswith(
         ": injected transport; /health then could not be read (no connection)"), a.detail
@@ -211,36 +217,24 @@ def test_a_read_of_the_engine_that_fails_in_transport_with_health_503_after_it_a
 
 
 def test_a_transport_failure_with_the_engine_healthy_after_it_is_still_malformed_transport():
-    w = World(plan_builtins())
-    w.request_error[12], w.request_health[12] = "transport", 200
-    _w, h = run(w)
-    assert abort(h).reason == "malformed_transport"
+    assert _request_12_fails("transport", 200).reason == "malformed_transport"
 
 
 def test_a_transport_failure_logged_before_health_was_asked_after_it_is_judged_as_before():
-    w = World(plan_builtins())
-    w.request_error[12] = "transport"
-    _w, h = run(w)
-    assert abort(h).reason == "malformed_transport"
+    assert _request_12_fails("transport", None).reason == "malformed_transport"
 
 
 # --- an engine that holds its work and gives nothing ---------------------------------------------
 
 def test_a_stalled_request_with_the_engine_healthy_after_it_aborts_engine_stalled_naming_its_health():
-    w = World(plan_builtins())
-    w.request_error[12], w.request_health[12] = "stalled", 200
-    _w, h = run(w)
-    a = abort(h)
+    a = _request_12_fails("stalled", 200)
     assert a.reason == "engine_stalled", a
     assert a.detail.startswith("A.forward_prime #11 (action ") and a.detail.endswith(
         ": injected stalled; /health then answered 200"), a.detail
 
 
 def test_a_stalled_request_with_health_unreadable_after_it_aborts_engine_lost():
-    w = World(plan_builtins())
-    w.request_error[12], w.request_health[12] = "stalled", "timeout"
-    _w, h = run(w)
-    a = abort(h)
+    a = _request_12_fails("stalled", "timeout")
     assert a.reason == "engine_lost" and a.detail.endswith("; /health then could not be read (timeout)"), a
 
 
