@@ -114,7 +114,8 @@ class Target(Actions):
         clock = SendClock(_now_ns)
         answer = _Answer()
         headers = {**self._h(svc), "content-type": "application/json"}
-        with anyio.CancelScope(deadline=self._stall_deadline()) as watchdog:
+        watchdog = _Watchdog(self.stall)
+        with watchdog.scope:
             async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
                                     extensions=clock.extensions()) as es:
                 t0 = clock.t0  # its headers went out on an open connection: the connect is not in its times
@@ -124,18 +125,33 @@ class Target(Actions):
                     raise classify_response(resp, "chat completion")
                 stamp = functools.partial(read_source, resp)
                 async for sse in es.aiter_sse():
-                    watchdog.deadline = self._stall_deadline()  # an event with data, not a keep-alive comment
+                    watchdog.event()  # an event with data, not a keep-alive comment
                     # when its bytes were read (or came, where the kernel stamps them), not when they were parsed
                     if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
                         break
-        if watchdog.cancelled_caught:
-            assert self.stall is not None  # only a bound set the watchdog's deadline
+        if watchdog.scope.cancelled_caught:
+            assert self.stall is not None  # only a bound gives the watchdog a deadline
             raise ActionFailed("stalled", f"chat completion: {self.stall.words()}, after {answer.events} event(s)")
         return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
                 **answer.fields()}
 
-    def _stall_deadline(self) -> float:
-        return math.inf if self.stall is None else anyio.current_time() + self.stall.real_s
+
+class _Watchdog:
+    """A stream's stall deadline, moved on by its events: it fires after at least the bound with no event, and at
+    most a tenth more. (Moving a cancel scope's deadline costs about as much as parsing the event, so it is moved
+    only once a tenth of the bound has passed since it last was.)"""
+
+    def __init__(self, stall: StallBound | None) -> None:
+        self.bound = stall.real_s if stall is not None else math.inf
+        self.slack = self.bound / 10
+        self.moved = anyio.current_time()
+        self.scope = anyio.CancelScope(deadline=self.moved + self.bound + self.slack)
+
+    def event(self) -> None:
+        now = anyio.current_time()
+        if now - self.moved >= self.slack:  # the last event before the deadline came less than a slack after `moved`
+            self.moved = now
+            self.scope.deadline = now + self.bound + self.slack
 
 
 class _Answer:
