@@ -305,3 +305,16 @@ def test_a_store_the_incumbents_traffic_left_warm_ends_the_window_before_b_with_
 def test_a_store_said_to_hold_a_fixture_the_simulator_lacks_is_refused_naming_the_fixtures(tmp_path):
     rc, out, err = flare_diag_here("rehearse", "--out", str(tmp_path / "out"), "--fault", "cache_outlives_load,served=nope")
     assert rc == 2 and "served: expected a fixture's name, one of c1-52, peer-30, tok1024, got 'nope'" in err, (out, err)
+
+
+def test_a_restore_read_that_gets_no_answer_is_not_followed_by_a_health_ask_that_would_spend_the_reservation(
+        small_plan, tmp_path):
+    # the first scrape after the incumbent's load (the third load: A, B, then the restore's) hangs past its deadline
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "scrape_hang@after_load=3")
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        evs = [e.event() for e in reader.iter()]
+    restore_at = next(i for i, e in enumerate(evs) if type(e).__name__ == "RestoreStarted")
+    timed_out = [e for e in evs[restore_at:] if type(e).__name__ == "ActionDone" and e.error == "timeout"]
+    assert timed_out, "no restore read timed out: the test shows nothing"
+    assert all(e.health_after is None for e in timed_out), [(e.action_id, e.health_after) for e in timed_out]
+    assert r["restoration"]["within_reservation"], r["restoration"]

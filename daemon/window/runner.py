@@ -28,6 +28,7 @@ from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
     RequestDone, Tick, WatchFailed, WatchObserved, WindowClosed, WindowOpened,
 )
+from flare_diag.events.stages import BEFORE_RESTORE
 from flare_diag.events.store import EventStore, StoreWriteError
 from flare_diag.policies import rules
 from flare_diag.policies.audit import WindowReplay
@@ -261,11 +262,12 @@ class Runner:
 
     async def _failed_asking(self, d: ActionRequested, f: ActionFailed) -> Input:
         """A failed action's answer. A call to the engine lost or refused, unanswered, or whose stream stalled is
-        followed at once by /health, so that the policy can tell an engine that is gone (or holds its work and
-        does not progress) from a broken transport or a slow answer; within the action's own deadline (a
-        restore's are cut to what is left of its reservation)."""
-        health = await self._health_now(self._real_s(d.deadline_s) if d.deadline_s else None) \
-            if f.error in rules.ASK_HEALTH_AFTER and d.action in ENGINE_CALLS else None
+        followed at once by /health, within the action's own deadline, so that the policy can tell an engine
+        that is gone (or holds its work and does not progress) from a broken transport or a slow answer. Not
+        once the restore has begun: it judges a failed read as a failed read, and the ask would only spend
+        its reservation."""
+        ask = f.error in rules.ASK_HEALTH_AFTER and d.action in ENGINE_CALLS and self.policy.state.stage in BEFORE_RESTORE
+        health = await self._health_now(self._real_s(d.deadline_s) if d.deadline_s else None) if ask else None
         return self._failed(d, f.error, f.detail, status=f.status, health_after=health)
 
     def _failed(self, d: ActionRequested, error: str, detail: str, cancelled: bool = False,
