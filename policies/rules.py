@@ -45,6 +45,8 @@ ERROR_ABORTS = {
     # a stream that gave no event for timing.stall_s while the engine's /health answered 200: it holds the
     # request and gives nothing; no more of the phase is sent into it (with /health not 200, `engine_lost`)
     "stalled": "engine_stalled",
+    # a stream cut as it went on past its body's max_tokens (in events): the host did not serve the body as sent
+    "overlong": "not_as_sent",
 }
 
 HOST_KEYS = ("lookups", "hits", "fetched_tokens", "reused_tokens")

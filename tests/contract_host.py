@@ -42,6 +42,8 @@ Misbehaviours of real engines and supervisors:
 - `hang_mid_chat` (k): the engine hangs under the k-th chat request's stream (on the serving port), after its
   first event, as one whose collective hung does: /health still answers 200, the identity and the metrics
   still answer, and that stream says nothing more until its incarnation is unloaded (or a minute has passed).
+- `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
+  its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
   completion id, as a router that resumed a generation on a second backend and spliced both answers into
   one stream.
@@ -401,6 +403,8 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         if not routed and st.chats == st.cfg.get("die_mid_chat"):
             died = True  # taken off with everything else the engine held
             return _die_mid_stream(st)
+        if not routed and st.chats == st.cfg.get("runaway_chat"):
+            n = 10**7  # until the client hangs up (a broken pipe ends the handler)
         if not routed and st.chats == st.cfg.get("hang_mid_chat"):
             died = _hang_mid_stream(st)  # unloaded under it: gone with what the engine held
             return

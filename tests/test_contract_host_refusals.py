@@ -217,3 +217,16 @@ def test_an_engine_that_hangs_under_a_stream_while_healthy_aborts_engine_stalled
     cells = {c["phase"]: c for c in r["cells"]}
     assert cells["A.forward_prime"]["status"] == "invalid" and "window aborted (engine_stalled)" in cells["A.forward_prime"]["reason"]
     assert r["verdict"]["hypothesis"] == "inconclusive" and r["restoration"]["verified"], r["restoration"]
+
+
+def test_a_stream_that_goes_on_past_its_bodys_max_tokens_is_cut_there_and_aborts_not_as_sent(tmp_path, small_plan):
+    # an engine that reads another field than max_tokens (the third request's stream goes on, one token an event):
+    # cut after max_tokens and the slack, where it used to run to the request's 600 s deadline
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), runaway_chat=3)
+    assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "not_as_sent"), r["abort"]
+    detail = r["abort"]["detail"]
+    assert detail.startswith("A.forward_prime #2 (action ") and detail.endswith(
+        ": chat completion: the stream went on past 1,056 events for a body whose max_tokens is 1,024: the engine "
+        "did not stop at it"), detail
+    assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
+    assert r["restoration"]["verified"], r["restoration"]

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import anyio
 import httpx
+import msgspec
 from httpx_sse import ServerSentEvent, aconnect_sse
 
 from flare_diag.daemon.hosts.actions import Actions
@@ -115,6 +116,7 @@ class Target(Actions):
         answer = _Answer()
         headers = {**self._h(svc), "content-type": "application/json"}
         watchdog = _Watchdog(self.stall)
+        most = _most_events(body)
         with watchdog.scope:
             async with aconnect_sse(self.fresh, "POST", url, content=body, headers=headers,
                                     extensions=clock.extensions()) as es:
@@ -129,11 +131,37 @@ class Target(Actions):
                     # when its bytes were read (or came, where the kernel stamps them), not when they were parsed
                     if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
                         break
+                    if answer.events > most:  # hung up on: the engine stops generating into a closed stream
+                        raise ActionFailed("overlong", f"chat completion: the stream went on past {most:,} events for a "
+                                                       f"body whose max_tokens is {most - EVENTS_BEYOND_MAX_TOKENS:,}: the "
+                                                       f"engine did not stop at it")
         if watchdog.scope.cancelled_caught:
             assert self.stall is not None  # only a bound gives the watchdog a deadline
             raise ActionFailed("stalled", f"chat completion: {self.stall.words()}, after {answer.events} event(s)")
         return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
                 **answer.fields()}
+
+
+# Events a stream may give beyond its body's max_tokens: the role's, the finish's and usage's own, and slack. An
+# engine gives at most one event a token (vLLM, SGLang, llama.cpp's server; more tokens an event with a stream
+# interval or speculative decoding), so a stream past it has generated beyond max_tokens: it is cut there rather
+# than left to run to the request's deadline. Streams that carry several tokens an event are judged by their usage.
+EVENTS_BEYOND_MAX_TOKENS = 32
+
+
+class _Asked(msgspec.Struct):
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+def _most_events(body: bytes) -> float:
+    """The most events a stream of this body may give (inf when it states no max_tokens)."""
+    try:
+        asked = msgspec.json.decode(body, type=_Asked)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return math.inf
+    limit = asked.max_tokens or asked.max_completion_tokens
+    return limit + EVENTS_BEYOND_MAX_TOKENS if limit and limit > 0 else math.inf
 
 
 class _Watchdog:

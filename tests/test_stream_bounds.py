@@ -1,5 +1,6 @@
-"""A generation's stream that gives no event for the stall bound fails as `stalled`, against a real loopback
-server: a keep-alive comment is not an event, and a stream that keeps giving events outlives the bound."""
+"""A generation's stream is bounded, against a real loopback server: one that gives no event for the stall bound
+fails as `stalled` (a keep-alive comment is not an event; one that keeps giving events outlives the bound), and
+one that goes on past its body's max_tokens is cut there as `overlong`."""
 
 from __future__ import annotations
 
@@ -44,12 +45,12 @@ async def _serving(answer: Callable[[Write], Awaitable[None]]) -> AsyncIterator[
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-async def _chat(answer: Callable[[Write], Awaitable[None]], stall_s: float) -> dict:
+async def _chat(answer: Callable[[Write], Awaitable[None]], stall_s: float, body: bytes = b"{}") -> dict:
     async for url in _serving(answer):
         target = Target(sim_site(url, "t0ken"), {}, "")
         target.stall = StallBound(stall_s, stall_s, stall_s)
         try:
-            return await target.stream_chat("serving", f"{url}/v1/chat/completions", b"{}")
+            return await target.stream_chat("serving", f"{url}/v1/chat/completions", body)
         finally:
             await target.close()
     raise AssertionError("no server")
@@ -81,3 +82,22 @@ def test_a_stall_bound_raised_by_a_scaled_clock_says_so():
     assert StallBound(5.0, 300.0, 3.0).words() == ("no event for 300 s (timing.stall_s 3 s, raised by the scaled "
                                                     "clock's real-seconds floor)")
     assert StallBound(120.0, 120.0, 120.0).words() == "no event for 120 s (timing.stall_s)"
+
+
+async def _tokens(write: Write, n: int) -> None:
+    for _ in range(n):
+        await write(_event(CHUNK))
+    await write(_event(LAST) + _event(b"[DONE]"))
+
+
+async def test_a_stream_that_goes_on_past_its_bodys_max_tokens_is_cut_as_overlong():
+    with pytest.raises(ActionFailed) as got:
+        await _chat(lambda write: _tokens(write, 500), 30.0, b'{"max_tokens": 4, "stream": true}')
+    assert got.value.error == "overlong"
+    assert str(got.value).endswith("the stream went on past 36 events for a body whose max_tokens is 4: the engine "
+                                   "did not stop at it")
+
+
+async def test_a_stream_of_a_body_that_states_no_max_tokens_is_not_cut_by_its_events():
+    done = await _chat(lambda write: _tokens(write, 500), 30.0, b'{"stream": true}')
+    assert done["outcome"] == "ok"
