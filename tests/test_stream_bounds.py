@@ -101,3 +101,38 @@ async def test_a_stream_that_goes_on_past_its_bodys_max_tokens_is_cut_as_overlon
 async def test_a_stream_of_a_body_that_states_no_max_tokens_is_not_cut_by_its_events():
     done = await _chat(lambda write: _tokens(write, 500), 30.0, b'{"stream": true}')
     assert done["outcome"] == "ok"
+
+
+async def _endless_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A GET answered with a chunked body that does not end: twice the daemon's cap in 1 MiB chunks, then
+    nothing more until its client hangs up (so that a client that held it all holds 128 MiB, not the machine)."""
+    from flare_diag.daemon.hosts.errors import MAX_ANSWER_BYTES
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n")
+    chunk = b"x" * (1 << 20)
+    try:
+        for _ in range(2 * MAX_ANSWER_BYTES // len(chunk)):
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await writer.drain()
+        await reader.read()  # the client's hang-up
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def test_a_read_whose_answer_never_ends_is_refused_past_the_answer_cap_not_held_whole():
+    import anyio
+
+    from flare_diag.daemon.hosts.errors import MAX_ANSWER_BYTES
+    server = await asyncio.start_server(_endless_answer, "127.0.0.1", 0)
+    async with server:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        target = Target(sim_site(url, "t0ken"), {}, "")
+        try:
+            with anyio.fail_after(60), pytest.raises(ActionFailed) as got:  # before: read on, all of it held
+                await target.get("serving", f"{url}/metrics")
+        finally:
+            await target.close()
+    assert got.value.error == "malformed_transport"
+    assert str(got.value) == f"GET /metrics: an answer of more than {MAX_ANSWER_BYTES} bytes (at most that many are read)"

@@ -17,7 +17,7 @@ import msgspec
 from httpx_sse import ServerSentEvent, aconnect_sse
 
 from flare_diag.daemon.hosts.actions import Actions
-from flare_diag.daemon.hosts.errors import ActionFailed, answer_object, classify_response
+from flare_diag.daemon.hosts.errors import MAX_ANSWER_BYTES, ActionFailed, answer_object, classify_response
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.host import build_host
 from flare_diag.daemon.hosts.httpclient import STALE_CONNECTION, host_client
@@ -81,9 +81,9 @@ class Target(Actions):
     async def _retrying(self, method: str, url: str, **kw) -> httpx.Response:
         """An idempotent call: once more on a new connection if the pooled one was stale."""
         try:
-            return await self.client.request(method, url, **kw)
+            return await bounded(self.client, method, url, **kw)
         except STALE_CONNECTION:
-            return await self.fresh.request(method, url, **kw)
+            return await bounded(self.fresh, method, url, **kw)
 
     async def get(self, svc: str, url: str) -> httpx.Response:
         return await self._retrying("GET", url, headers=self._h(svc))
@@ -97,7 +97,7 @@ class Target(Actions):
     async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict:
         """POST; `once`: it may change the host (load, unload), so it goes out once on its own connection."""
         if once:
-            r = await self.fresh.post(url, headers=self._h(svc), json=body or {})
+            r = await bounded(self.fresh, "POST", url, headers=self._h(svc), json=body or {})
         else:
             r = await self._retrying("POST", url, headers=self._h(svc), json=body or {})
         if r.status_code != 200:
@@ -106,7 +106,7 @@ class Target(Actions):
 
     async def post_once(self, svc: str, url: str, body: bytes) -> httpx.Response:
         """A generation's exact bytes, sent once on a connection of its own."""
-        return await self.fresh.post(url, content=body, headers={**self._h(svc), "content-type": "application/json"})
+        return await bounded(self.fresh, "POST", url, content=body, headers={**self._h(svc), "content-type": "application/json"})
 
     async def stream_chat(self, svc: str, url: str, body: bytes) -> dict:
         """Streams one chat completion of the exact body bytes and returns the RequestDone fields (raises
@@ -180,6 +180,24 @@ class _Watchdog:
         if now - self.moved >= self.slack:  # the last event before the deadline came less than a slack after `moved`
             self.moved = now
             self.scope.deadline = now + self.bound + self.slack
+
+
+# Framing of an answer as it came over the wire, not of the bytes `bounded` hands on (already decoded, whole)
+_FRAMING = (b"content-encoding", b"content-length", b"transfer-encoding")
+
+
+async def bounded(client: httpx.AsyncClient, method: str, url: str, **kw) -> httpx.Response:
+    """A request whose answer is read as it comes and refused once it passes MAX_ANSWER_BYTES (decoded, so a
+    compressed bomb too): a host that streams an endless answer costs this daemon that much, not its memory."""
+    async with client.stream(method, url, **kw) as resp:
+        body = bytearray()
+        async for chunk in resp.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                raise ActionFailed("malformed_transport", f"{method} {httpx.URL(url).path}: an answer of more than "
+                                                          f"{MAX_ANSWER_BYTES} bytes (at most that many are read)")
+    headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _FRAMING]
+    return httpx.Response(resp.status_code, headers=headers, content=bytes(body), request=resp.request)
 
 
 class _Answer:
