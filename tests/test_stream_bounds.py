@@ -136,3 +136,19 @@ async def test_a_read_whose_answer_never_ends_is_refused_past_the_answer_cap_not
             await target.close()
     assert got.value.error == "malformed_transport"
     assert str(got.value) == f"GET /metrics: an answer of more than {MAX_ANSWER_BYTES} bytes (at most that many are read)"
+
+
+async def test_a_stream_whose_event_never_ends_is_refused_past_the_answer_cap_not_held_whole():
+    import anyio
+
+    from flare_diag.daemon.hosts.errors import MAX_ANSWER_BYTES
+
+    async def answer(write: Write) -> None:
+        await write(b"data: ")
+        for _ in range(2 * MAX_ANSWER_BYTES // (1 << 20)):  # one line, twice the cap, then nothing more
+            await write(b"x" * (1 << 20))
+        await asyncio.sleep(60)
+    with anyio.fail_after(60), pytest.raises(ActionFailed) as got:  # before: held until the stall bound
+        await _chat(answer, 30.0)
+    assert got.value.error == "malformed_transport"
+    assert str(got.value) == f"chat completion: an answer of more than {MAX_ANSWER_BYTES} bytes (at most that many are read)"

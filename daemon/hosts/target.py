@@ -7,7 +7,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -125,6 +125,7 @@ class Target(Actions):
                 if resp.status_code != 200:
                     await resp.aread()
                     raise classify_response(resp, "chat completion")
+                resp.stream = _Capped(resp.stream)  # an event's line is held until it ends: bounded, as any answer
                 stamp = functools.partial(read_source, resp)
                 async for sse in es.aiter_sse():
                     watchdog.event()  # an event with data, not a keep-alive comment
@@ -180,6 +181,25 @@ class _Watchdog:
         if now - self.moved >= self.slack:  # the last event before the deadline came less than a slack after `moved`
             self.moved = now
             self.scope.deadline = now + self.bound + self.slack
+
+
+class _Capped(httpx.AsyncByteStream):
+    """A stream's bytes, refused once they pass MAX_ANSWER_BYTES: a line that never ends is not held whole."""
+
+    def __init__(self, inner: httpx.SyncByteStream | httpx.AsyncByteStream) -> None:
+        assert isinstance(inner, httpx.AsyncByteStream)  # an async client's
+        self._inner, self._total = inner, 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._total += len(chunk)
+            if self._total > MAX_ANSWER_BYTES:
+                raise ActionFailed("malformed_transport", f"chat completion: an answer of more than {MAX_ANSWER_BYTES} "
+                                                          f"bytes (at most that many are read)")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 # Framing of an answer as it came over the wire, not of the bytes `bounded` hands on (already decoded, whole)
