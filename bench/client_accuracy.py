@@ -149,7 +149,8 @@ async def ours(server: Server, requests: int, concurrency: int) -> tuple[list[fl
     """The project's client: (TTFT errors in ms, requests a second)."""
     from flare_diag.daemon.hosts.fixture import Fixture
     from flare_diag.daemon.hosts.site import sim_site
-    from flare_diag.daemon.hosts.target import StallBound, Target
+    from flare_diag.daemon.hosts.bounds import StallBound
+    from flare_diag.daemon.hosts.target import Target
     site = sim_site(f"{server.scheme}://127.0.0.1:{server.port}", "bench-token")
     fx = Fixture(name="bench", bodies=[BODY], sha256=[hashlib.sha256(BODY).hexdigest()], sampling={})
     target = Target(site, {"bench": fx}, "bench")

@@ -12,7 +12,8 @@ import pytest
 
 from flare_diag.daemon.hosts.errors import ActionFailed
 from flare_diag.daemon.hosts.site import sim_site
-from flare_diag.daemon.hosts.target import StallBound, Target
+from flare_diag.daemon.hosts.bounds import StallBound
+from flare_diag.daemon.hosts.target import Target
 
 Write = Callable[[bytes], Awaitable[None]]
 CHUNK = {"id": "c-1", "model": "m", "choices": [{"index": 0, "delta": {"content": " ok"}, "finish_reason": None}]}

@@ -22,7 +22,8 @@ import msgspec
 
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception, why_unread
 from flare_diag.daemon.hosts.site import scrub
-from flare_diag.daemon.hosts.target import StallBound, Target
+from flare_diag.daemon.hosts.bounds import StallBound
+from flare_diag.daemon.hosts.target import Target
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
     ActionDone, ActionRequested, CancelRequested, DaemonRestarted, Decision, Input, LogUnwritable, OperatorAbort,
