@@ -231,16 +231,16 @@ def test_a_llama_server_stopped_mid_prime_is_lost_within_its_bounds_not_waited_o
     # none within its own. Before: the drain waited out its scrapes' 60 s, called its phase unsettled and the
     # window loaded B; a request met by it would have waited its 600 s
     import signal
-    import time
 
     from tests.daemontools import run_acting_at
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
     plan.write_text(plan.read_text().replace("[timing]\n", "[timing]\naction_timeout_s = 5\nstall_s = 5\n", 1))
 
-    def stop() -> float:
-        os.killpg(int(next(tmp_path.rglob("engine.pid")).read_text()), signal.SIGSTOP)
-        return time.monotonic()
-    rc, r, stopped = run_acting_at(plan, site, tmp_path / "out", "phase A.forward_prime", stop)
+    def stop() -> int:
+        pid = int(next(tmp_path.rglob("engine.pid")).read_text())
+        os.killpg(pid, signal.SIGSTOP)
+        return pid
+    rc, r, _pid = run_acting_at(plan, site, tmp_path / "out", "phase A.forward_prime", stop)
     assert (rc, r["outcome"], r["abort"] and r["abort"]["reason"]) == (1, "aborted", "engine_lost"), r["abort"]
     assert r["abort"]["detail"].endswith("; /health then could not be read (timeout)"), r["abort"]
     assert r["abort"]["minute"] is not None and r["abort"]["minute"] < 1, r["abort"]  # within its bounds, not 60 s

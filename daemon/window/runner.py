@@ -20,9 +20,9 @@ import anyio
 import anyio.abc
 import msgspec
 
+from flare_diag.daemon.hosts.bounds import StallBound
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception, why_unread
 from flare_diag.daemon.hosts.site import scrub
-from flare_diag.daemon.hosts.bounds import StallBound
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.events.base import Event
 from flare_diag.events.schema import (
