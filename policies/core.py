@@ -35,6 +35,8 @@ from flare_diag.policies.evolve import (
     CandidateKept,
     CandidateLoaded,
     CandidateUnloaded,
+    HostAtRest,
+    LoadsStopped,
     CellDecided,
     ClockStarted,
     ColdEnded,
@@ -297,8 +299,16 @@ class WindowCore(Driver):
     def xids_judged(self, n: int) -> None:
         self.apply(XidsJudged(n=n))
 
-    def incarnation_failed(self, label: str, why: str) -> None:
-        self.apply(IncarnationFailed(label=label, why=why))
+    def incarnation_failed(self, label: str, why: str, unseen: str = "") -> None:
+        """`label` did not load or unload (`why`); `unseen`: the words of one that got no answer."""
+        self.apply(IncarnationFailed(label=label, why=why, unseen=unseen))
+
+    def host_at_rest(self) -> None:
+        """The manager shows nothing loaded and nothing running: the next candidate load may go."""
+        self.apply(HostAtRest())
+
+    def loads_stopped(self, why: str) -> None:
+        self.apply(LoadsStopped(why=why))
 
     def candidate_unloaded(self) -> None:
         self.apply(CandidateUnloaded())

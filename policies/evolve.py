@@ -210,6 +210,16 @@ class CandidateLoaded(Fact, frozen=True):
 class IncarnationFailed(Fact, frozen=True):
     label: str
     why: str
+    unseen: str = ""  # the words of a load or unload that got no answer ("": the host answered)
+
+
+class HostAtRest(Fact, frozen=True):
+    """After a load or unload that got no answer, the manager showed nothing loaded and nothing running."""
+
+
+class LoadsStopped(Fact, frozen=True):
+    """No later arm loads the candidate: why."""
+    why: str
 
 
 class IdentityVerified(Fact, frozen=True):
@@ -360,6 +370,7 @@ _RULES.update({
     TakingDown: _set(took_down=True),
     QuiesceNotSent: _set(took_down=False),
     CandidateUnloaded: _set(candidate_loaded=None, ref_labels=None, baseline=Baseline(), cold=None),
+    HostAtRest: _set(load_unseen="", candidate_loaded=None, ref_labels=None, baseline=Baseline(), cold=None),
     ColdEnded: _set(cold=None),
     LoadAsked: _set(restart_watch=RestartWatch()),
     RequestAnswered: _set(refused_run=()),
@@ -530,7 +541,12 @@ def _incarnation_cold(s: WindowState, f: IncarnationCold) -> WindowState:
 
 @_rule(IncarnationFailed)
 def _incarnation_failed(s: WindowState, f: IncarnationFailed) -> WindowState:
-    return replace(s, failed_incarnations={**s.failed_incarnations, f.label: f.why})
+    return replace(s, failed_incarnations={**s.failed_incarnations, f.label: f.why}, load_unseen=f.unseen or s.load_unseen)
+
+
+@_rule(LoadsStopped)
+def _loads_stopped(s: WindowState, f: LoadsStopped) -> WindowState:
+    return replace(s, loads_stopped=s.loads_stopped or f.why)
 
 
 _REF_FIELDS = ("image", "flare_commit", "package", "model", "incarnation", "recipe_sha256")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from flare_diag.events.answers import Health, Identity, Incarnation, MetricsSample, read
+from flare_diag.events.answers import Health, Identity, Incarnation, LoadedRecipe, ManagerState, MetricsSample, read
 from flare_diag.events.schema import (
     NS_PER_S,
     ActionDone,
@@ -27,22 +27,54 @@ OCCUPANCY = ("host_cache_records", "host_cache_bytes_used", "rows_used", "pages_
 
 
 def fresh_incarnation(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
+    if w.state.load_unseen and not (yield from host_at_rest(w, label)):
+        return False
     cand = w.candidate_recipe
     if w.state.candidate_loaded is not None:
+        was = w.state.candidate_loaded
         res = yield from w.act("unload", {"recipe": cand, "sha256": w.state.candidate_sha})
         if not res.ok:
-            w.incarnation_failed(label, f"unload of incarnation {w.state.candidate_loaded} failed: {res.detail}")
+            w.incarnation_failed(label, f"unload of incarnation {was} failed: {res.detail}",
+                                 unseen=unseen("unload", was, res.error))
             return False
     w.candidate_unloaded()
     started = w.now
     res = yield from w.act("load", {"recipe": cand, "sha256": w.state.candidate_sha, "label": label})
-    if res.ok:
-        w.est.observe_load((w.now - started) / NS_PER_S)
+    # a load that failed after a while says the next may take as long: later arms are fitted to it
+    w.est.observe_load((w.now - started) / NS_PER_S)
     if not res.ok:
-        w.incarnation_failed(label, f"candidate incarnation {label} did not load: {res.detail or res.error}")
+        w.incarnation_failed(label, f"candidate incarnation {label} did not load: {res.detail or res.error}",
+                             unseen=unseen("load", label, res.error))
         return False
     w.candidate_loaded_as(label, read(Incarnation, res).incarnation)
     return True
+
+
+def unseen(op: str, label: str | None, error: str | None) -> str:
+    """The words of a failed load or unload that got no answer within its deadline, or "" for one the host
+    answered: it may still be running on the host, or have finished after the window stopped waiting."""
+    if error != "timeout":
+        return ""
+    return f"the candidate's {op} as incarnation {label} got no answer within its deadline"
+
+
+def host_at_rest(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
+    """After a load or unload that got no answer, the next goes only to a manager that shows nothing loaded
+    and nothing running: a load sent over one still starting could hold two engines' memory at once.
+    Anything else (a load still running, a recipe loaded, no answer) stops every later candidate load;
+    the restore reads the manager's state before it changes anything."""
+    st = yield from w.act("manager_state", {})
+    said = read(ManagerState, st) if st.ok else None
+    loaded = said.loaded if said is not None and said.loaded != LoadedRecipe() else None
+    if said is not None and loaded is None and not said.busy:
+        w.host_at_rest()
+        return True
+    seen = (f"could not be read ({st.detail or st.error})" if said is None else
+            "showed a load or unload still running" if said.busy else f"showed {loaded.recipe if loaded else ''} loaded")
+    why = f"{w.state.load_unseen}, and the manager then {seen}: no later arm loads the candidate"
+    w.loads_stopped(why)
+    w.incarnation_failed(label, f"not started: {why}")
+    return False
 
 
 def run_phase(w: WindowCore, ph: PhaseSpec) -> Proc:

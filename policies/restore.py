@@ -66,11 +66,13 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
     # of the window in flight (a scheduler queue that grows by itself never settles)
     drained = yield from drain(w, plan.timing.drain_timeout_s, "before readmit")
     if not drained.settled:
+        # the busy gauges the gate's own scrape showed (the words every earlier build wrote), else what held
+        # the drain's last answered scrape: never a claim of load nobody saw
         idle = read(MetricsSample, m).gauges if m.ok else {}
-        busy = {g: v for g in rules.DRAIN_GAUGES if (v := idle.get(g))}
+        busy = ", ".join(f"{g} = {v:g}" for g in rules.DRAIN_GAUGES if (v := idle.get(g)))
+        seen = f" ({busy or drained.held})" if busy or drained.held else ""
         out.append(f"uncontrolled_growth: before readmit the incumbent did not drain within {w.drain_timeout_s(plan.timing.drain_timeout_s):g} s "
-                   f"with no request of the window in flight ({', '.join(f'{g} = {v:g}' for g, v in busy.items()) or 'not idle'})"
-                   f"{drained.unanswered_words()}")
+                   f"with no request of the window in flight{seen}{drained.unanswered_words()}")
     if not ident.ok:
         out.append(f"identity_drift: the identity could not be read before readmit ({ident.detail or ident.error})")
     elif identity:
@@ -189,10 +191,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
             yield from w.act("unload", {"recipe": loaded.recipe, "sha256": loaded.sha256})
         w.restore_unloaded_candidate()
         if not loaded or loaded.sha256 != sha:
-            for _attempt in range(2):
-                r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
-                if r.ok:
-                    break
+            yield from load_incumbent(w, recipe, sha)
     w.incumbent_returned()
     first = yield from w.act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
     w.incumbent_first_seen(read(MetricsSample, first).gauges.get("resident_bytes") if first.ok else None)
@@ -286,6 +285,19 @@ def readmitted(w: WindowCore, re: Any) -> Generator[Any, Any, bool]:
         f"shows backend {read(RouterView, view).backend.id} admitted {read(RouterView, view).backend.admitted}")
         + ": the primary may still be out of rotation; check the router before anything else"))
     return False
+
+
+def load_incumbent(w: WindowCore, recipe: str | None, sha: str) -> Proc:
+    """The incumbent's load, tried twice. A first load that got no answer may have finished after the window
+    stopped waiting: the manager is asked first, and the incumbent it shows loaded is not loaded over."""
+    for attempt in range(2):
+        r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
+        if r.ok or attempt:
+            return
+        if r.error == "timeout":
+            st = yield from w.act("manager_state", {})
+            if (now := _loaded(st)) is not None and now.sha256 == sha:
+                return
 
 
 def _loaded(st: Any) -> LoadedRecipe | None:

@@ -72,5 +72,5 @@ def snapshot(w: WindowCore, inputs: int = 0) -> WindowSnapshot:
         restore_end_minute=_restore_end_minute(w), restore_faults=tuple(w.state.restore_faults),
         restore_restarts=w.state.restore_restarts, restore_unloaded=w.state.restore_unloaded,
         incumbent_back=w.state.incumbent_back,
-        readmit_requested=w.state.readmit_requested, working=_working(w),
+        readmit_requested=w.state.readmit_requested, working=_working(w), loads_stopped=w.state.loads_stopped,
     )

@@ -108,6 +108,8 @@ class WindowState(msgspec.Struct, frozen=True, kw_only=True):
     candidate_id: str | None = None
     failed_incarnations: dict[str, str] = {}
     unverified_incarnations: dict[str, str] = {}
+    load_unseen: str = ""  # a candidate load or unload that got no answer: the manager is asked before the next
+    loads_stopped: str = ""  # why no later arm loads the candidate (the manager did not show a host at rest)
     verified_identity: dict[str, dict[str, Any]] = {}  # incarnation label -> the identity its identity phase verified
     cold: str | None = None  # an incarnation verified fresh (counters at zero) that no request has reached yet
     ref_labels: dict[str, Any] | None = None
@@ -224,3 +226,4 @@ class WindowSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     incumbent_back: bool
     readmit_requested: bool
     working: Working
+    loads_stopped: str = ""  # why no later arm loads the candidate ("": later arms may)

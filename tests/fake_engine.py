@@ -20,9 +20,13 @@ class Handler(BaseHTTPRequestHandler):
         self.answered += 1
 
     def do_GET(self) -> None:  # noqa: N802
-        body = {"/health": {"status": "ok"}, "/props": {"build_info": "fake", "total_slots": 1}}.get(self.path)
+        if NEVER_HEALTHY and self.path == "/health":  # as llama-server answers while its model loads
+            body, status = {"error": {"code": 503, "message": "Loading model"}}, 503
+        else:
+            body = {"/health": {"status": "ok"}, "/props": {"build_info": "fake", "total_slots": 1}}.get(self.path)
+            status = 200 if body else 404
         data = json.dumps(body or {"error": "not found"}).encode()
-        self.send_response(200 if body else 404)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -33,6 +37,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 DROP_KEPT_CONNECTIONS = False
+NEVER_HEALTHY = False
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -40,7 +45,9 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--drop-kept-connections", action="store_true",
                     help="keep connections open (HTTP/1.1), then close each unanswered at its second request")
+    ap.add_argument("--never-healthy", action="store_true", help="answer /health 503 (loading) for ever")
     a = ap.parse_args()
+    NEVER_HEALTHY = a.never_healthy
     if a.drop_kept_connections:
         DROP_KEPT_CONNECTIONS = True
         Handler.protocol_version = "HTTP/1.1"

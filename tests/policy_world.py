@@ -59,6 +59,7 @@ class World:
         self.prompt_tokens = 5000  # each answer's usage; another figure later: the engine was given another prompt
         self.first_token_stamp = ""  # where each answer's first token time came from (kernel | read | "")
         self.drain_stuck = False
+        self.manager_busy = False  # the manager's state says a load or unload is still running
         self.identity_override: dict = {}
         self.admitted = True
         self.pool: Callable[[World, str], float | None] = lambda _w, _n: 0.0  # every guard's value: healthy
@@ -152,7 +153,7 @@ class World:
         elif a == "health":
             data = {"status": 503 if self.engine_down else 200}
         elif a == "manager_state":
-            data = {"loaded": self.loaded, "busy": False}
+            data = {"loaded": self.loaded, "busy": self.manager_busy}
         elif a == "steady_state":
             data = {"when": args["when"], "guards": {n: self.guard_answer(n) for n in args["queries"]}}
         elif a == "send_request":

@@ -85,6 +85,23 @@ def test_an_incumbent_that_will_not_load_ends_restore_failed_with_the_primary_le
     assert actions.count("load") >= 2 and "readmit" not in actions  # tried the incumbent again; never readmitted
 
 
+def test_a_candidate_load_that_never_answers_is_not_sent_again_and_the_window_restores_early(small_plan, tmp_path):
+    # the manager's load of A never answers (its engine never becomes healthy) and the manager still shows it
+    # running: the window does not load B over it, and ends at the restore rather than another load deadline later
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "load_hang@before_load=1")
+    assert (rc, r["outcome"], r["abort"]) == (1, "partial", None)
+    cells = {c["phase"]: c for c in r["cells"]}
+    assert cells["A.identity"]["reason"] == "candidate incarnation A did not load: load: no answer within its deadline of 600 s"
+    assert cells["B.identity"]["status"] == "failed" and cells["B.identity"]["reason"] == (
+        "not started: the candidate's load as incarnation A got no answer within its deadline, and the "
+        "manager then showed a load or unload still running: no later arm loads the candidate")
+    assert r["restoration"]["verified"] and r["restoration"]["started_minute"] < 12  # one load deadline, not two
+    with LogReader(tmp_path / "out" / "log.db") as reader:
+        loads = [ev.args["label"] for e in reader.iter() if e.type == "action_requested" for ev in [e.event()]
+                 if ev.action == "load"]
+    assert loads == ["A", "incumbent"]
+
+
 @pytest.fixture(scope="module")
 def slow_host_run(small_plan, tmp_path_factory) -> tuple[int, dict, Path]:
     out = tmp_path_factory.mktemp("slow") / "out"

@@ -6,6 +6,7 @@ run without building llama.cpp; tests/test_peer_llamacpp.py drives the real one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -114,5 +115,45 @@ async def test_reads_of_an_engine_that_closes_kept_connections_as_the_next_reque
         first = await eng.identity({})
         again = await eng.identity({})
         assert first["build_info"] == again["build_info"] == "fake"
+    finally:
+        await eng.close()
+
+
+async def test_an_engine_that_never_becomes_healthy_fails_its_load_and_is_stopped_whole(tmp_path):
+    """A load that hangs (a model read stuck on a mount) fails at the site's load_timeout_s, and the
+    process is stopped: nothing is left starting on the host for the next load to land beside."""
+    port = _free_port()
+    eng = _engine(tmp_path, port, "--never-healthy")
+    eng.load_timeout_s = 2
+    try:
+        with pytest.raises(ActionFailed, match="engine incumbent was not healthy within 2 s") as failed:
+            await eng.load("incumbent", (await eng.recipe("incumbent"))["sha256"])
+        assert failed.value.error == "load_failed"
+        assert eng.proc is None and eng.loaded is None and not (tmp_path / "engine-logs" / PIDFILE).exists()
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the polls' closed connections linger
+            s.bind(("127.0.0.1", port))  # refused while anything still listens on it: the engine is gone
+    finally:
+        await eng.close()
+
+
+async def test_a_load_its_caller_gave_up_on_shows_busy_and_the_next_load_stops_it_first(tmp_path):
+    """The window's load deadline can pass before the site's own: the engine is still starting, and the
+    manager's state must not read as a host at rest (the window would load the candidate over it)."""
+    port = _free_port()
+    eng = _engine(tmp_path, port)
+    argv = [str(FAKE), "--host", "{host}", "--port", "{port}", "--never-healthy"]
+    eng.recipes["candidate"] = LocalRecipe("candidate", argv, tmp_path / "model.bin")
+    try:
+        await eng.state()  # the incumbent, started and healthy
+        sha = {n: (await eng.recipe(n))["sha256"] for n in ("incumbent", "candidate")}
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(eng.load("candidate", sha["candidate"]), 2)  # the engine's own bound is 20 s
+        left = eng.proc
+        assert left is not None and left.returncode is None
+        assert await eng.state() == {"loaded": None, "busy": True}
+        await eng.load("incumbent", sha["incumbent"])
+        assert left.returncode is not None
+        assert (await eng.state())["loaded"]["recipe"] == "incumbent"
     finally:
         await eng.close()

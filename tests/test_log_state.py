@@ -13,6 +13,7 @@ from flare_diag.events.actions import SendRequest
 from flare_diag.events.reader import LogReader
 from flare_diag.events.schema import Input, window_minute
 from flare_diag.policies.audit import StateAt, WindowReplay, state_at
+from tests.test_fault_matrix import rehearse
 from tests.test_replay_corpus import EXPECTED, _log
 
 
@@ -171,3 +172,11 @@ def test_the_state_names_the_steps_the_procedure_is_in(tmp_path):
     assert mid.procedure[:5] == ("experiment", "run", "run_arm", "run_phase", "replay_phase"), mid.procedure
     assert "act" not in mid.procedure and "act_all" not in mid.procedure  # the driver's own: `waiting` says those
     assert state_at(records, wid).state.procedure == ()  # closed: nothing runs
+
+
+def test_the_state_after_a_candidate_load_that_got_no_answer_says_no_later_load_is_sent(small_plan, tmp_path, capsys):
+    rehearse(small_plan, tmp_path / "out", "--fault", "load_hang@before_load=1")
+    capsys.readouterr()
+    assert main(["log", "state", str(tmp_path / "out" / "log.db")]) == 0
+    out = capsys.readouterr().out
+    assert "candidate loads stopped: the candidate's load as incarnation A got no answer within its deadline" in out, out

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from flare_diag.events.schema import (
-    AbortDecided, ActionDone, ActionRequested, Alarm, BoundsScaled, CellRecorded, OperatorAbort, PhaseStarted,
+    AbortDecided, ActionDone, ActionRequested, Alarm, ArmStarted, BoundsScaled, CellRecorded, OperatorAbort, PhaseStarted,
     RestorationRecorded, RestoreStarted, VerdictReached, WatchObserved, WindowClosed,
 )
 from flare_diag.policies.window import WindowPolicy
@@ -460,6 +460,163 @@ def test_the_streak_is_the_plans():
     _w, h = run(w)
     assert abort(h).reason == "rejected"
     assert len([d for d in decisions(h, ActionRequested) if d.action == "send_request"]) == 5
+
+
+# --- a candidate load that fails ----------------------------------------------------------------
+
+def candidate_loads(h) -> list[str]:
+    return [d.args["label"] for d in decisions(h, ActionRequested) if d.action == "load" and d.args["label"] != "incumbent"]
+
+
+def test_a_candidate_load_that_got_no_answer_is_followed_by_a_look_at_the_manager_before_the_next_load():
+    w = World(plan_builtins())
+    w.fail["load:A"] = "timeout"
+    _w, h = run(w)
+    acts = [(d.action, d.args.get("label")) for d in decisions(h, ActionRequested) if d.action in ("load", "manager_state")]
+    assert acts[acts.index(("load", "A")):][:3] == [("load", "A"), ("manager_state", None), ("load", "B")], acts
+    assert cells(h)["B.forward_replay"].status == "measured"
+
+
+def test_a_manager_still_busy_after_a_load_that_got_no_answer_gets_no_later_candidate_load():
+    w = World(plan_builtins())
+    w.fail["load:A"] = "timeout"
+    w.manager_busy = True  # the engine A's load started is still starting
+    _w, h = run(w)
+    assert candidate_loads(h) == ["A"]
+    c = cells(h)["B.forward_replay"]
+    assert c.status == "failed" and c.reason == (
+        "not started: the candidate's load as incarnation A got no answer within its deadline, and the "
+        "manager then showed a load or unload still running: no later arm loads the candidate")
+    assert decisions(h, RestorationRecorded)[0].verified and decisions(h, WindowClosed)[-1].outcome == "partial"
+
+
+def test_a_candidate_load_the_host_refused_is_followed_by_the_next_arms_load():
+    w = World(plan_builtins())
+    w.fail["load:A"] = "load_failed"  # answered: the host saw it fail, and nothing is left loading
+    _w, h = run(w)
+    assert candidate_loads(h) == ["A", "B"]
+    assert cells(h)["B.forward_replay"].status == "measured"
+
+
+class FailingLoadOfA(World):
+    """A's load fails after `failed_after_s` (900: an engine not healthy within the manager's own bound)."""
+
+    def __init__(self, plan: dict, failed_after_s: float) -> None:
+        super().__init__(plan)
+        self.failed_after_s = failed_after_s
+
+    def answer(self, d: ActionRequested):
+        if d.action == "load" and d.args.get("label") == "A":
+            self.now += int(self.failed_after_s * 1e9)
+            return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error="load_failed",
+                              detail=f"engine was not healthy within {self.failed_after_s:g} s")
+        return super().answer(d)
+
+
+def b_arm_minutes(failed_after_s: float) -> float:
+    """How long arm B was estimated to take when it started, after A's load failed in `failed_after_s`."""
+    _w, h = run(FailingLoadOfA(plan_builtins(), failed_after_s))
+    b = next(a for a in decisions(h, ArmStarted) if a.arm == "B")
+    return b.estimated_end_minute - b.minute
+
+
+def test_the_next_arm_is_fitted_to_a_load_that_failed_slowly():
+    # World's loads take 60 s: B's estimate carries the 900 s the failed one took, not a load's usual time
+    assert b_arm_minutes(900) - b_arm_minutes(1) >= (900 - 60) / 60 - 0.1
+
+
+class LateLoads(World):
+    """Loads of `label` that get no answer within their deadline, and have loaded all the same."""
+
+    def __init__(self, plan: dict, label: str) -> None:
+        super().__init__(plan)
+        self.late_label = label
+
+    def answer(self, d: ActionRequested):
+        done = super().answer(d)
+        if d.action in ("load", "unload") and d.args.get("label") == self.late_label:
+            return ActionDone(at_ns=self.now, action_id=d.action_id, ok=False, error="timeout",
+                              detail=f"{d.action}: no answer within its deadline of 600 s")
+        return done
+
+
+def test_an_incumbent_load_that_got_no_answer_but_loaded_is_not_loaded_again():
+    _w, h = run(LateLoads(plan_builtins(), "incumbent"))
+    acts = [d.action for d in decisions(h, ActionRequested) if d.action in ("load", "manager_state")]
+    restore = acts[acts.index("manager_state"):]  # from the restore's first look at the manager
+    assert restore[:3] == ["manager_state", "load", "manager_state"] and restore.count("load") == 1, restore
+    assert decisions(h, RestorationRecorded)[0].verified
+
+
+def test_an_incumbent_load_that_got_no_answer_and_loaded_nothing_is_tried_again():
+    w = World(plan_builtins())
+    w.fail["load:incumbent"] = "timeout"  # once: the second attempt loads
+    _w, h = run(w)
+    loads = [d.args["label"] for d in decisions(h, ActionRequested) if d.action == "load"]
+    assert loads.count("incumbent") == 2 and decisions(h, RestorationRecorded)[0].verified
+
+
+def with_arm_c(plan: dict) -> dict:
+    """The plan with a third loading arm: a fresh incarnation C's identity phase, after B's."""
+    b = next(i for i, ph in enumerate(plan["phases"]) if ph["id"] == "B.identity")
+    c = {**plan["phases"][b], "id": "C.identity", "incarnation": "C", "optional": True}
+    return {**plan, "phases": [*plan["phases"], c]}
+
+
+def test_a_candidate_unload_that_got_no_answer_is_not_sent_again_and_no_later_arm_loads():
+    fired = [False]
+
+    def unload_hangs_once_a_is_up(world: World, _history):
+        if not fired[0] and world.incarnations == 1:  # A loaded: the next unload is A's, before B
+            fired[0] = True
+            world.fail["unload"] = "timeout"
+        return None
+    _w, h = run(World(with_arm_c(plan_builtins())), unload_hangs_once_a_is_up)
+    acts = [(d.action, d.args.get("label")) for d in decisions(h, ActionRequested) if d.action in ("load", "unload")]
+    assert acts[:4] == [("unload", None), ("load", "A"), ("unload", None), ("unload", None)], acts  # the 4th: the restore's
+    assert ("load", "C") not in acts and ("load", "B") not in acts
+    c = cells(h)["C.identity"]
+    assert c.status == "failed" and c.reason.startswith("not started: the candidate's unload as incarnation A got no answer")
+    assert c.reason.endswith("and the manager then showed glm-candidate loaded: no later arm loads the candidate")
+
+
+# --- the restore's last drain says what it saw ---------------------------------------------------
+
+def once_restoring(change):
+    """From the restore's first decision on, `change(world)` before every answer."""
+    def hook(world: World, history):
+        if any(isinstance(d, RestoreStarted) for _i, ds in history for d in ds):
+            change(world)
+        return None
+    return hook
+
+
+def fault_during_restore(h) -> str:
+    return next(a.detail for a in decisions(h, Alarm) if a.kind == "fault_during_restore")
+
+
+def test_a_restore_drain_held_by_moving_counters_names_them_not_a_busy_engine():
+    def tick(world: World):
+        world.counters["finished"] += 1
+    _w, h = run(hook=once_restoring(tick))
+    said = fault_during_restore(h)
+    assert "every drain gauge at zero, but finished still changed between scrapes" in said, said
+    assert "not idle" not in said and decisions(h, WindowClosed)[-1].outcome == "restore_failed"
+
+
+def test_a_restore_drain_held_by_a_gauge_the_engine_stopped_exporting_names_the_gauge():
+    def drop(world: World):
+        world.gauges.pop("host_transfers_waiting", None)
+    _w, h = run(hook=once_restoring(drop))
+    said = fault_during_restore(h)
+    assert "(its metrics do not carry host_transfers_waiting)" in said, said
+
+
+def test_a_restore_drain_held_by_a_busy_gauge_names_the_value_its_last_scrape_showed():
+    def busy(world: World):
+        world.gauges["requests_pending"] = 7
+    _w, h = run(hook=once_restoring(busy))
+    assert "with no request of the window in flight (requests_pending = 7)" in fault_during_restore(h)
 
 
 # --- a restore that restores everything --------------------------------------------------------

@@ -106,6 +106,8 @@ def _host(s: WindowSnapshot) -> list[str]:
         out.append(f"candidate {s.candidate_loaded} (incarnation {s.candidate_id or 'unknown'}): {gone}")
     for label, why in {**s.failed_incarnations, **s.unverified_incarnations}.items():
         out.append(f"incarnation {label}: {why}")
+    if s.loads_stopped:
+        out.append(f"candidate loads stopped: {s.loads_stopped}")
     return out
 
 

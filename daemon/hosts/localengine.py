@@ -260,7 +260,10 @@ class LocalEngine:
         await self.prepare()
         note = {"note": self.reaped} if self.reaped else {}
         if self.loaded is None or self.proc is None or self.proc.returncode is not None:
-            return {"loaded": None, **note}
+            # a process still running that never answered healthy: a load still starting, or one its caller
+            # gave up on (the next load stops it first); either way, not a host at rest
+            starting = self.proc is not None and self.proc.returncode is None
+            return {"loaded": None, "busy": starting, **note}
         return {"loaded": {"recipe": self.loaded.name, "sha256": self.loaded.sha256,
                            "incarnation": str(self.incarnation)}, **note}
 

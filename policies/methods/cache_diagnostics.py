@@ -58,6 +58,10 @@ def run_arm(w: WindowCore, arm: Arm) -> Proc:
             else:
                 w.record_cell(p.id, "invalid", w.state.unverified_incarnations[label], comparable=False)
         return
+    if arm.loads and w.state.loads_stopped:
+        for p in arm.phases:
+            w.record_cell(p.id, "failed", f"not started: {w.state.loads_stopped}", comparable=p.comparable)
+        return
     if not arm.loads and label != w.state.candidate_loaded:
         why = f"not started: incarnation {label} is not loaded (its own arm did not run), and this arm does not verify one"
         for p in arm.phases:
