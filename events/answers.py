@@ -172,6 +172,7 @@ class IncumbentSnapshot(LoadedRecipe, frozen=True):
     """snapshot incumbent: the loaded recipe and the engine's identity, read before anything changes."""
 
     identity: Identity = Identity()
+    busy: bool | None = None  # the manager's own word that a load or unload is running (None: it did not say)
 
 
 class Health(Answer, frozen=True, kw_only=True):

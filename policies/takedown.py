@@ -44,6 +44,11 @@ def preflight(w: WindowCore) -> Proc:
             w.fail_inside(r, f"{s} snapshot failed")
     inc = w.state.snapshots["incumbent"] or {}
     w.incumbent_found()
+    # a load or unload someone else started: what the manager shows loaded may be on its way out, and a
+    # window that took it for the incumbent could restore the wrong recipe; its identity is in flux too
+    if inc.get("busy"):
+        w.abort_inside("preflight", f"the manager reports a load or unload in progress (busy) with {inc.get('recipe')!r} "
+                                     f"loaded: the incumbent is not settled; try again once the manager is idle")
     mism = rules.identity_mismatches(expected_identity(plan), inc.get("identity", {}))
     if inc.get("identity", {}).get("recipe_sha256") not in (None, inc.get("sha256")):
         mism.append("incumbent serving recipe_sha256 differs from the manager's loaded recipe")

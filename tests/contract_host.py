@@ -581,7 +581,7 @@ def r_state(h, _raw) -> None:
         return h.error(503, f"unavailable for {presented}", f"manager busy; your credentials were {presented}")
     loaded = None if st.loaded is None else {"recipe": st.loaded, "sha256": st.sha(st.loaded),
                                              "incarnation": f"c{st.incarnation}"}
-    h.send_json({"loaded": loaded, "busy": False})
+    h.send_json({"loaded": loaded, "busy": bool(st.cfg.get("manager_busy"))})  # busy: someone else's load runs
 
 
 def _recipe_arg(h, raw: bytes) -> tuple[dict, str] | None:

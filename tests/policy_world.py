@@ -117,7 +117,7 @@ class World:
                                  "tok1024": {"count": 8, "sha256": [f"t{i}" for i in range(8)]}}}
         elif a == "snapshot":
             w = args["what"]
-            data = {"incumbent": lambda: {**self.loaded, "identity": self.identity()},
+            data = {"incumbent": lambda: {**self.loaded, "identity": self.identity(), "busy": self.manager_busy},
                     "router": lambda: {"config_sha256": "router-1", "backend": {"id": "primary", "admitted": self.admitted, "inflight": 0}},
                     "monitoring": lambda: {"target": {"id": "primary", "registered": True, "healthy": True}},
                     "gpu": lambda: {"gpus": self.base_identity["gpus"], "xid_events": []},

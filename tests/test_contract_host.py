@@ -223,6 +223,14 @@ def test_site_check_refuses_a_router_that_lists_the_primary_twice(tmp_path):
     assert "'primary' is listed 2 times" in {c["name"]: c for c in check["capabilities"]}["router.backend"]["reason"]
 
 
+def test_site_check_calls_a_manager_busy_with_a_load_not_ready_for_a_window(tmp_path):
+    p = _site_check(tmp_path, manager_busy=True)
+    assert p.returncode == 1, p.stdout
+    check = json.loads(p.stdout)
+    state = {c["name"]: c for c in check["capabilities"]}["manager.state"]
+    assert "manager.state" in check["missing"] and "in progress (busy)" in state["reason"], state
+
+
 def test_site_check_passes_on_flaresim(tmp_path):
     from tests.daemontools import Sim
     sim = Sim(tmp_path)

@@ -152,6 +152,13 @@ def test_a_bound_the_healthy_incumbent_already_breaches_is_refused_with_no_host_
     assert not [x for x in seen if x.get("path") == "/v1/chat/completions"]
 
 
+def test_a_manager_busy_with_someone_elses_load_is_refused_at_preflight_with_no_host_change(tmp_path, small_plan):
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), manager_busy=True)
+    assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "preflight"), r["abort"]
+    assert "load or unload in progress (busy)" in r["abort"]["detail"]
+    assert not host_changes(seen, chats=False)  # no quiesce, unload, load or trace switch: only reads and preflights
+
+
 def test_at_x60_the_raised_bounds_are_in_scaled_bounds_and_under_needs_attention(tmp_path, small_plan):
     rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path))
     raised = {b["bound"]: b for b in r["scaled_bounds"]}

@@ -480,8 +480,12 @@ def test_a_candidate_load_that_got_no_answer_is_followed_by_a_look_at_the_manage
 def test_a_manager_still_busy_after_a_load_that_got_no_answer_gets_no_later_candidate_load():
     w = World(plan_builtins())
     w.fail["load:A"] = "timeout"
-    w.manager_busy = True  # the engine A's load started is still starting
-    _w, h = run(w)
+
+    def still_starting(world: World, history):
+        if "A" in candidate_loads(history):  # the engine A's load started is still starting
+            world.manager_busy = True
+        return None
+    _w, h = run(w, still_starting)
     assert candidate_loads(h) == ["A"]
     c = cells(h)["B.forward_replay"]
     assert c.status == "failed" and c.reason == (
@@ -578,6 +582,16 @@ def test_a_candidate_unload_that_got_no_answer_is_not_sent_again_and_no_later_ar
     c = cells(h)["C.identity"]
     assert c.status == "failed" and c.reason.startswith("not started: the candidate's unload as incarnation A got no answer")
     assert c.reason.endswith("and the manager then showed glm-candidate loaded: no later arm loads the candidate")
+
+
+def test_a_manager_busy_before_the_window_aborts_preflight_with_nothing_taken_down():
+    w = World(plan_builtins())
+    w.manager_busy = True  # someone else's load or unload is running
+    _w, h = run(w)
+    a = abort(h)
+    assert a is not None and a.reason == "preflight" and "in progress (busy)" in a.detail, a
+    assert not [d for d in decisions(h, ActionRequested) if d.action in ("quiesce", "unload", "load")]
+    assert decisions(h, WindowClosed)[-1].outcome == "aborted"
 
 
 # --- the restore's last drain says what it saw ---------------------------------------------------

@@ -87,7 +87,7 @@ returned (what this class builds itself, the fixtures' work and a kept recipe's 
             if not loaded:
                 raise ActionFailed("no_incumbent", "the manager reports no recipe loaded")
             ident = await self.read_identity({})
-            return {**loaded, "identity": ident}
+            return {**loaded, "identity": ident, **({"busy": st["busy"]} if st.get("busy") is not None else {})}
         if what == "router":
             return await self.host.router.snapshot()
         if what == "monitoring":

@@ -277,9 +277,10 @@ class _Probe:
             self.add("manager.state", NOT_OBSERVABLE, exc.detail, required=True)
             return
         loaded = st.get("loaded")
-        self.add("manager.state", OBSERVABLE if loaded else NOT_OBSERVABLE,
-                 f"{loaded['recipe']} loaded" if loaded else "no recipe loaded: there is no incumbent to restore",
-                 required=True)
+        said = f"{loaded['recipe']} loaded" if loaded else "no recipe loaded: there is no incumbent to restore"
+        if st.get("busy"):  # a window refuses such a host at preflight (policies/takedown.py)
+            said += "; a load or unload is in progress (busy): a window would refuse to start until it ends"
+        self.add("manager.state", OBSERVABLE if loaded and not st.get("busy") else NOT_OBSERVABLE, said, required=True)
         roles = [("candidate", t.site.candidate_recipe, None)]
         if loaded:
             roles.insert(0, ("incumbent", loaded.get("recipe"), loaded.get("sha256")))
