@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from flare_diag.daemon.hosts.errors import ActionFailed
@@ -155,5 +156,30 @@ async def test_a_load_its_caller_gave_up_on_shows_busy_and_the_next_load_stops_i
         await eng.load("incumbent", sha["incumbent"])
         assert left.returncode is not None
         assert (await eng.state())["loaded"]["recipe"] == "incumbent"
+    finally:
+        await eng.close()
+
+
+async def test_a_model_read_that_never_returns_shows_busy_after_its_load_was_given_up_on(tmp_path):
+    """A model on a mount that stopped answering: the load's sha256 check blocks on its read for good. The
+    caller gives up at its deadline; the manager's state must not read as a host at rest meanwhile."""
+    eng = _engine(tmp_path, _free_port())
+    model = tmp_path / "stuck-model.bin"
+    model.write_bytes(b"weights")
+    eng.recipes["candidate"] = LocalRecipe("candidate", [str(FAKE), "--host", "{host}", "--port", "{port}"], model)
+    try:
+        await eng.state()
+        sha = (await eng.recipe("candidate"))["sha256"]
+        await eng.unload("incumbent", (await eng.recipe("incumbent"))["sha256"])
+        model.unlink()
+        os.mkfifo(model)  # opening it for reading blocks until a writer comes: a read that never returns
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(eng.load("candidate", sha), 2)
+        assert await eng.state() == {"loaded": None, "busy": True}
+        with open(model, "wb"):  # the mount answers again: the read ends (empty, so the check fails)
+            pass
+        with anyio.fail_after(30):
+            while (await eng.state())["busy"]:
+                await asyncio.sleep(0.05)
     finally:
         await eng.close()

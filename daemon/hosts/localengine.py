@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import hashlib
 import json
 import os
 import re
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,22 @@ from flare_diag.daemon.hosts.httpclient import host_client
 
 STOP_GRACE_S = 10.0
 PIDFILE = "engine.pid"
+
+
+def checked_off_loop(path: Path) -> concurrent.futures.Future[str]:
+    """`file_sha256(path)` on a thread of its own, as a future that outlives whoever gave up waiting on it:
+    a model on a mount that stopped answering blocks its read for good, and the engine's state says
+    `busy` while it does (a daemon thread: a read that never returns does not hold the daemon's exit)."""
+    fut: concurrent.futures.Future[str] = concurrent.futures.Future()
+    fut.set_running_or_notify_cancel()  # running from here: a waiter that gives up cannot mark it done
+
+    def run() -> None:
+        try:
+            fut.set_result(file_sha256(path))
+        except BaseException as exc:  # handed to whoever awaits the future, as to_thread would
+            fut.set_exception(exc)
+    threading.Thread(target=run, name=f"sha256 {path.name}", daemon=True).start()
+    return fut
 
 
 def file_sha256(path: Path) -> str:
@@ -113,6 +131,7 @@ class LocalEngine:
         self.incarnation = 0
         self._prepared = False
         self._hashed = False
+        self._checking: concurrent.futures.Future[str] | None = None  # the last load's model check
         self.reaped: str | None = None
         # no connection is kept between reads: the engine is restarted under the same address (a load,
         # an unload) and its HTTP server closes idle connections after a few seconds (uvicorn's 5 s
@@ -259,13 +278,15 @@ class LocalEngine:
         await self._ready()
         await self.prepare()
         note = {"note": self.reaped} if self.reaped else {}
+        # a model check still reading (a load its caller gave up on, on a mount that stopped answering)
+        checking = self._checking is not None and not self._checking.done()
         if self.loaded is None or self.proc is None or self.proc.returncode is not None:
             # a process still running that never answered healthy: a load still starting, or one its caller
             # gave up on (the next load stops it first); either way, not a host at rest
             starting = self.proc is not None and self.proc.returncode is None
-            return {"loaded": None, "busy": starting, **note}
+            return {"loaded": None, "busy": starting or checking, **note}
         return {"loaded": {"recipe": self.loaded.name, "sha256": self.loaded.sha256,
-                           "incarnation": str(self.incarnation)}, **note}
+                           "incarnation": str(self.incarnation)}, **({"busy": True} if checking else {}), **note}
 
     async def recipe(self, name: str) -> dict:
         await self._ready()
@@ -282,7 +303,8 @@ class LocalEngine:
     async def load(self, name: str, sha256: str) -> dict:
         await self._ready()
         r = self._recipe(name, sha256)
-        if await asyncio.to_thread(file_sha256, r.model) != r.model_sha256:  # a model is GBs: off the loop
+        self._checking = checked_off_loop(r.model)  # a model is GBs: off the loop
+        if await asyncio.wrap_future(self._checking) != r.model_sha256:
             raise ActionFailed("identity_drift", f"recipe {name!r}: the model file changed since the recipe was read")
         await self._stop()
         await self._start(r)
