@@ -95,6 +95,7 @@ class State:
         self.restarted = False
         self.start_time = 1_700_000_000.0
         self.chats = 0  # chat requests the serving port has received, any incarnation
+        self.state_reads = 0  # GET /manager/v1/state answered
         self.stamped = 0  # prompts the stamping gateway (cfg stamp_prompts) has stamped
         self.answers: dict[bytes, tuple] = {}  # the response-caching gateway's stored answers (cfg response_cache)
         self.loading_incumbent = False
@@ -581,7 +582,10 @@ def r_state(h, _raw) -> None:
         return h.error(503, f"unavailable for {presented}", f"manager busy; your credentials were {presented}")
     loaded = None if st.loaded is None else {"recipe": st.loaded, "sha256": st.sha(st.loaded),
                                              "incarnation": f"c{st.incarnation}"}
-    h.send_json({"loaded": loaded, "busy": bool(st.cfg.get("manager_busy"))})  # busy: someone else's load runs
+    st.state_reads += 1
+    # busy: someone else's load or unload runs (from the n-th read on: one that starts after a site check)
+    busy = st.cfg.get("manager_busy_from") is not None and st.state_reads >= st.cfg["manager_busy_from"]
+    h.send_json({"loaded": loaded, "busy": busy})
 
 
 def _recipe_arg(h, raw: bytes) -> tuple[dict, str] | None:

@@ -224,7 +224,7 @@ def test_site_check_refuses_a_router_that_lists_the_primary_twice(tmp_path):
 
 
 def test_site_check_calls_a_manager_busy_with_a_load_not_ready_for_a_window(tmp_path):
-    p = _site_check(tmp_path, manager_busy=True)
+    p = _site_check(tmp_path, manager_busy_from=1)
     assert p.returncode == 1, p.stdout
     check = json.loads(p.stdout)
     state = {c["name"]: c for c in check["capabilities"]}["manager.state"]

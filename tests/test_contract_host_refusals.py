@@ -152,8 +152,21 @@ def test_a_bound_the_healthy_incumbent_already_breaches_is_refused_with_no_host_
     assert not [x for x in seen if x.get("path") == "/v1/chat/completions"]
 
 
-def test_a_manager_busy_with_someone_elses_load_is_refused_at_preflight_with_no_host_change(tmp_path, small_plan):
-    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), manager_busy=True)
+def test_run_refuses_a_manager_busy_with_someone_elses_load_before_anything_starts(tmp_path, small_plan):
+    h = ContractHost(tmp_path / "host", cache_entries=4, manager_busy_from=1)
+    try:
+        p = flare_diag("run", "--plan", str(_without_trace(small_plan, tmp_path)), "--site", str(h.site),
+                       "--out", str(tmp_path / "out"), "--time-scale", "60")
+        seen = h.requests()
+    finally:
+        h.stop()
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "a load or unload is in progress (busy)" in p.stderr, p.stderr
+    assert not (tmp_path / "out" / "report.json").exists() and not host_changes(seen)
+
+
+def test_a_manager_that_turns_busy_after_the_site_check_is_refused_at_preflight_with_no_host_change(tmp_path, small_plan):
+    # someone else's load starts between `run`'s site check (the first state read) and the window's own look
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), manager_busy_from=2)
     assert (rc, r["outcome"], r["abort"]["reason"]) == (1, "aborted", "preflight"), r["abort"]
     assert "load or unload in progress (busy)" in r["abort"]["detail"]
     assert not host_changes(seen, chats=False)  # no quiesce, unload, load or trace switch: only reads and preflights

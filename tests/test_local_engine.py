@@ -176,8 +176,7 @@ async def test_a_model_read_that_never_returns_shows_busy_after_its_load_was_giv
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(eng.load("candidate", sha), 2)
         assert await eng.state() == {"loaded": None, "busy": True}
-        with open(model, "wb"):  # the mount answers again: the read ends (empty, so the check fails)
-            pass
+        await asyncio.to_thread(model.write_bytes, b"")  # the mount answers again: the read ends (empty: the check fails)
         with anyio.fail_after(30):
             while (await eng.state())["busy"]:
                 await asyncio.sleep(0.05)

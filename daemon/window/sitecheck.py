@@ -65,7 +65,7 @@ class SiteCheck:
         if self.ready:
             return f"site check: ready: everything the plan needs is observable on site {self.site} ({tally})"
         unhealthy = [f"{c.name}: {c.reason}" for c in self.capabilities if c.missing and c.fits is False
-                     and (c.name.startswith("guard.") or c.name == "serving.request_schema")]
+                     and (c.name.startswith("guard.") or c.name in ("serving.request_schema", "manager.state"))]
         return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
                 f"({tally})" + "".join(f"; {u}" for u in unhealthy))
 
@@ -278,9 +278,10 @@ class _Probe:
             return
         loaded = st.get("loaded")
         said = f"{loaded['recipe']} loaded" if loaded else "no recipe loaded: there is no incumbent to restore"
-        if st.get("busy"):  # a window refuses such a host at preflight (policies/takedown.py)
+        busy = bool(st.get("busy"))
+        if busy:  # a window refuses such a host at preflight (policies/takedown.py)
             said += "; a load or unload is in progress (busy): a window would refuse to start until it ends"
-        self.add("manager.state", OBSERVABLE if loaded and not st.get("busy") else NOT_OBSERVABLE, said, required=True)
+        self.add("manager.state", OBSERVABLE if loaded else NOT_OBSERVABLE, said, required=True, fits=not busy)
         roles = [("candidate", t.site.candidate_recipe, None)]
         if loaded:
             roles.insert(0, ("incumbent", loaded.get("recipe"), loaded.get("sha256")))
