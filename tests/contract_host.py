@@ -96,6 +96,8 @@ class State:
         self.start_time = 1_700_000_000.0
         self.chats = 0  # chat requests the serving port has received, any incarnation
         self.state_reads = 0  # GET /manager/v1/state answered
+        self.loads = 0  # POST /manager/v1/load received
+        self.starting = False  # a load that never answered is still starting its engine (cfg hang_load): busy
         self.stamped = 0  # prompts the stamping gateway (cfg stamp_prompts) has stamped
         self.answers: dict[bytes, tuple] = {}  # the response-caching gateway's stored answers (cfg response_cache)
         self.loading_incumbent = False
@@ -584,7 +586,7 @@ def r_state(h, _raw) -> None:
                                              "incarnation": f"c{st.incarnation}"}
     st.state_reads += 1
     # busy: someone else's load or unload runs (from the n-th read on: one that starts after a site check)
-    busy = st.cfg.get("manager_busy_from") is not None and st.state_reads >= st.cfg["manager_busy_from"]
+    busy = st.starting or st.cfg.get("manager_busy_from") is not None and st.state_reads >= st.cfg["manager_busy_from"]
     h.send_json({"loaded": loaded, "busy": busy})
 
 
@@ -613,6 +615,10 @@ def r_load(h, raw) -> None:
     if got is None:
         return
     st: State = h.server.state
+    st.loads += 1
+    st.starting = st.loads == st.cfg.get("hang_load")  # the n-th load's engine never becomes healthy
+    if st.starting:
+        threading.Event().wait()  # never answers; the manager stays busy until the next load
     st.loading_incumbent = got[1] == st.cfg["incumbent"]
     time.sleep(st.cfg.get("load_delay_s", 0))
     with st.lock:

@@ -172,6 +172,17 @@ def test_a_manager_that_turns_busy_after_the_site_check_is_refused_at_preflight_
     assert not host_changes(seen, chats=False)  # no quiesce, unload, load or trace switch: only reads and preflights
 
 
+def test_a_contract_host_whose_candidate_load_never_answers_gets_no_later_load_and_is_restored(tmp_path, small_plan):
+    # the manager's first load (the candidate as A) never answers and it stays busy starting that engine
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), hang_load=1)
+    assert (rc, r["outcome"], r["abort"]) == (1, "partial", None), (r["abort"], r["alarms"])
+    assert {c["phase"]: c["status"] for c in r["cells"]}["B.forward_replay"] == "failed"
+    assert "the manager then showed a load or unload still running" in next(
+        c["reason"] for c in r["cells"] if c["phase"] == "B.identity")
+    loads = [x for x in seen if x.get("path") == "/manager/v1/load"]
+    assert len(loads) == 2 and r["restoration"]["verified"]  # A's, then the incumbent's: none over A's start
+
+
 def test_at_x60_the_raised_bounds_are_in_scaled_bounds_and_under_needs_attention(tmp_path, small_plan):
     rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path))
     raised = {b["bound"]: b for b in r["scaled_bounds"]}
