@@ -47,6 +47,10 @@ class ManagerState(Answer, frozen=True):
     loaded: LoadedRecipe | None = None
     busy: bool | None = None
 
+    def recipe_loaded(self) -> LoadedRecipe | None:
+        """What is loaded; None when `loaded` names nothing (null, or `{}`)."""
+        return self.loaded if self.loaded != LoadedRecipe() else None
+
 
 class Preview(Answer, frozen=True):
     """`POST /manager/v1/preview`: whether the change would be carried out, and its steps."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from flare_diag.events.answers import Health, Identity, Incarnation, LoadedRecipe, ManagerState, MetricsSample, read
+from flare_diag.events.answers import Health, Identity, Incarnation, ManagerState, MetricsSample, read
 from flare_diag.events.schema import (
     NS_PER_S,
     ActionDone,
@@ -65,7 +65,7 @@ def host_at_rest(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
     the restore reads the manager's state before it changes anything."""
     st = yield from w.act("manager_state", {})
     said = read(ManagerState, st) if st.ok else None
-    loaded = said.loaded if said is not None and said.loaded != LoadedRecipe() else None
+    loaded = said.recipe_loaded() if said is not None else None
     if said is not None and loaded is None and not said.busy:
         w.host_at_rest()
         return True

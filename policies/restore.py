@@ -302,8 +302,7 @@ def load_incumbent(w: WindowCore, recipe: str | None, sha: str) -> Proc:
 
 def _loaded(st: Any) -> LoadedRecipe | None:
     """What the manager says is loaded; None when it could not say, or names no recipe."""
-    loaded = read(ManagerState, st).loaded if st.ok else None
-    return loaded if loaded != LoadedRecipe() else None  # `"loaded": {}` names nothing either
+    return read(ManagerState, st).recipe_loaded() if st.ok else None
 
 
 def _gpu_fields(snapshot: Mapping[str, Any]) -> list[tuple[Any, Any]]:
