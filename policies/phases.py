@@ -70,7 +70,7 @@ def host_at_rest(w: WindowCore, label: str) -> Generator[Any, Any, bool]:
         w.host_at_rest()
         return True
     seen = (f"could not be read ({st.detail or st.error})" if said is None else
-            "showed a load or unload still running" if said.busy else f"showed {loaded.recipe if loaded else ''} loaded")
+            "showed a load or unload still running" if said.busy or loaded is None else f"showed {loaded.recipe} loaded")
     why = f"{w.state.load_unseen}, and the manager then {seen}: no later arm loads the candidate"
     w.loads_stopped(why)
     w.incarnation_failed(label, f"not started: {why}")

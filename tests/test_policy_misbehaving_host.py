@@ -626,7 +626,7 @@ def test_a_restore_drain_held_by_a_gauge_the_engine_stopped_exporting_names_the_
     assert "(its metrics do not carry host_transfers_waiting)" in said, said
 
 
-def test_a_restore_drain_held_by_a_busy_gauge_names_the_value_its_last_scrape_showed():
+def test_a_restore_drain_held_by_a_busy_gauge_names_the_value_the_gates_scrape_showed():
     def busy(world: World):
         world.gauges["requests_pending"] = 7
     _w, h = run(hook=once_restoring(busy))
