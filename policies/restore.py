@@ -222,6 +222,9 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
         checks["monitoring_registered"] = bool(t and t.registered and t.healthy)
     direct = yield from w.act("preflight", {"path": "direct"})
     checks["direct_preflight"] = bool(direct.ok)
+    if not direct.ok and checks["incumbent_sha256_match"]:  # the incumbent is back but does not serve: say how
+        w.emit(Alarm(kind="direct_preflight_failed", detail=f"the incumbent is back but does not serve: "
+                                                            f"{direct.detail or direct.error}"))
     # an Xid, an OOM or a containment breach while restoring: the incumbent is not known good
     checks["no_fault_during_restore"] = not w.state.restore_faults
     breaches: list[str] = []

@@ -42,6 +42,10 @@ Misbehaviours of real engines and supervisors:
 - `hang_mid_chat` (k): the engine hangs under the k-th chat request's stream (on the serving port), after its
   first event, as one whose collective hung does: /health still answers 200, the identity and the metrics
   still answer, and that stream says nothing more until its incarnation is unloaded (or a minute has passed).
+- `hang_incumbent_reload` (true): the incumbent the window loads back hangs at its first generation and every one
+  after, as an engine whose collective hung as it started serving: /health, the identity and the metrics
+  answer; a streamed generation gets its head and one event, one not streamed gets nothing, and either is
+  held until that incarnation is unloaded (or a minute has passed).
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -101,6 +105,7 @@ class State:
         self.stamped = 0  # prompts the stamping gateway (cfg stamp_prompts) has stamped
         self.answers: dict[bytes, tuple] = {}  # the response-caching gateway's stored answers (cfg response_cache)
         self.loading_incumbent = False
+        self.hung: int | None = None  # the incarnation that holds every generation (cfg hang_incumbent_reload)
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
 
@@ -394,7 +399,11 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
             if not routed:
                 st.served += 1
                 st.maybe_restart()
+    hung = not routed and st.hung == st.incarnation
     try:
+        if hung and not req.get("stream"):
+            _hang_mid_stream(st)  # nothing at all: a whole answer is never ready
+            return
         if not req.get("stream"):
             count_end()
             return h.send_json({"id": rid, "object": "chat.completion", "choices": [
@@ -408,7 +417,7 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
             return _die_mid_stream(st)
         if not routed and st.chats == st.cfg.get("runaway_chat"):
             n = 10**7  # until the client hangs up (a broken pipe ends the handler)
-        if not routed and st.chats == st.cfg.get("hang_mid_chat"):
+        if hung or not routed and st.chats == st.cfg.get("hang_mid_chat"):
             died = _hang_mid_stream(st)  # unloaded under it: gone with what the engine held
             return
         for i in range(n - 1):
@@ -636,6 +645,8 @@ def r_load(h, raw) -> None:
         if st.cfg.get("admit_on_incumbent_load") and got[1] == st.cfg["incumbent"]:
             st.admitted = True  # a router that readmits the backend by itself as soon as it serves again
         answer = {"incarnation": f"c{st.incarnation}"}
+        if st.cfg.get("hang_incumbent_reload") and got[1] == st.cfg["incumbent"]:
+            st.hung = st.incarnation
         if st.cfg.get("crash_after_load") == answer["incarnation"]:
             # the engine died as its load was answered: nothing serves, /health answers 503. Before the answer
             # goes out, so that no read the answer lets the daemon send can find it still loaded

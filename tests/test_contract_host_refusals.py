@@ -261,3 +261,19 @@ def test_a_stream_that_goes_on_past_its_bodys_max_tokens_is_cut_there_and_aborts
         "did not stop at it"), detail
     assert r["verdict"]["hypothesis"] == "inconclusive" and "no cause is named" in r["verdict"]["basis"], r["verdict"]
     assert r["restoration"]["verified"], r["restoration"]
+
+
+def test_an_incumbent_that_holds_its_preflight_fails_the_restore_at_the_stall_bound_not_the_reserves_end(tmp_path, small_plan):
+    # the incumbent loaded back takes its preflight and says nothing more while /health, the identity and the
+    # metrics answer (its collective hung as it started serving). Not streamed, the preflight got no byte before
+    # its deadline, the rest of the reserve under a 30-minute request bound: the restore failed at the window's end
+    plan = _stall_bound(_without_trace(small_plan, tmp_path), tmp_path, 3)
+    plan.write_text(plan.read_text().replace("[timing]\n", "[timing]\nrequest_timeout_s = 1800\n", 1))
+    rc, r, _seen = _window(tmp_path, plan, hang_incumbent_reload=True)
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["direct_preflight"], rest["readmitted"]) == (3, "restore_failed", False, False), rest
+    assert rest["incumbent_sha256_match"] is True  # the incumbent is back; it does not serve
+    said = next(a["detail"] for a in r["alarms"] if a["kind"] == "direct_preflight_failed")
+    assert said == ("the incumbent is back but does not serve: direct preflight: no event for 300 s (timing.stall_s 3 s, "
+                    "raised by the scaled clock's real-seconds floor), after 1 event(s)"), said
+    assert rest["finished_minute"] - rest["started_minute"] < 10, rest  # the stall bound is 5 window minutes

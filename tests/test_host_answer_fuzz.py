@@ -3,6 +3,7 @@ either returns what it read or says the answer is malformed; none raises anythin
 
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
@@ -55,14 +56,25 @@ def test_any_stream_delta_reads_as_content_and_reasoning_text(delta):
     assert isinstance(said, str) and isinstance(thought, str)
 
 
+def _preflight_stream(events: list[str]) -> str | None:
+    """A streamed preflight's events, [DONE] after them, read as the target reads them: its finish reason."""
+    from httpx_sse import ServerSentEvent
+
+    from flare_diag.daemon.hosts.target import _Finish
+    reader = _Finish()
+    for data in [*events, "[DONE]"]:
+        if reader.event(ServerSentEvent(data=data)):
+            break
+    return reader.finish
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(json_text)
-def test_any_preflight_answer_reads_as_its_finish_reason_or_is_malformed_transport(answer):
-    from flare_diag.daemon.hosts.ports import finish_reason
+@given(st.lists(st.one_of(json_text.map(json.dumps), st.text(max_size=20)), max_size=4))
+def test_any_streamed_preflight_reads_as_its_finish_reason_or_fails_with_a_class(events):
     try:
-        reason = finish_reason(answer, "direct preflight")
+        reason = _preflight_stream(events)
     except ActionFailed as exc:
-        assert exc.error == "malformed_transport"
+        assert exc.error in ("malformed_transport", "engine_error", "cuda_error", "out_of_memory") and "\n" not in exc.detail
         return
     assert reason is None or isinstance(reason, str)
 
@@ -79,13 +91,14 @@ def test_any_models_answer_reads_as_model_ids_or_is_malformed_transport(answer):
     assert all(isinstance(i, str) for i in ids)
 
 
-def test_a_preflight_answer_without_choices_is_the_hosts_malformed_answer_not_ours():
-    from flare_diag.daemon.hosts.ports import finish_reason
-    for answer in ({"choices": []}, {"choices": ["x"]}, [1], {"id": "x"}):
+def test_a_streamed_preflight_without_choices_is_the_hosts_malformed_answer_not_ours():
+    for events in ([], ['{"choices": []}'], ['{"choices": ["x"]}'], ['{"id": "x"}'], ['{"choices": 5}']):
         try:
-            finish_reason(answer, "direct preflight")
+            _preflight_stream(events)
         except ActionFailed as exc:
             assert exc.error == "malformed_transport"
         else:
-            raise AssertionError(f"{answer!r} read as a finish reason")
-    assert finish_reason({"choices": [{"finish_reason": "length"}]}, "direct preflight") == "length"
+            raise AssertionError(f"{events!r} read as a finish reason")
+    chunks = ['{"choices": [{"delta": {"content": "ok"}, "finish_reason": null}]}',
+              '{"choices": [{"delta": {}, "finish_reason": "length"}]}']
+    assert _preflight_stream(chunks) == "length"

@@ -24,8 +24,9 @@ from flare_diag.events import answers
 
 def preflight_body(model: str | None) -> bytes:
     """The restore's preflight generation, naming the model the window's own bodies name (an engine
-    refuses a model it does not serve: vLLM answers 404 for any other name); None: no model field."""
-    body: dict = {"messages": [{"role": "user", "content": "preflight"}], "max_tokens": 8, "stream": False}
+    refuses a model it does not serve: vLLM answers 404 for any other name); None: no model field.
+    Streamed, so that the stall bound can tell an engine that holds it from a slow one (Target.stream_short)."""
+    body: dict = {"messages": [{"role": "user", "content": "preflight"}], "max_tokens": 8, "stream": True}
     return json.dumps({"model": model, **body} if model is not None else body).encode()
 
 

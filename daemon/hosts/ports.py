@@ -23,7 +23,7 @@ class JsonCalls(Protocol):
     async def get_json(self, svc: str, url: str, what: str) -> dict: ...
     async def post_json(self, svc: str, url: str, what: str, body: dict | None = None, once: bool = False) -> dict: ...
     async def get(self, svc: str, url: str) -> httpx.Response: ...
-    async def post_once(self, svc: str, url: str, body: bytes) -> httpx.Response: ...
+    async def stream_short(self, svc: str, url: str, body: bytes, what: str) -> dict: ...
     async def stream_chat(self, svc: str, url: str, body: bytes) -> dict: ...
 
 
@@ -55,16 +55,6 @@ class Serving(Protocol):
     async def openapi(self) -> dict | None: ...  # its published request schema, where it publishes one
 
 
-def finish_reason(answer: object, what: str) -> str | None:
-    """A chat completion's first choice's finish_reason; its absence or any other shape is malformed."""
-    choices = json_object(answer, what).get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(first, dict):
-        raise ActionFailed("malformed_transport", f"{what}: the answer has no choices")
-    reason = first.get("finish_reason")
-    return reason if isinstance(reason, str) else None
-
-
 def model_ids(answer: object) -> list[str]:
     """`GET /v1/models`' ids (entries without a string id are left out); any other shape is malformed."""
     data = json_object(answer, "models").get("data")
@@ -74,11 +64,8 @@ def model_ids(answer: object) -> list[str]:
 
 
 async def complete_at(calls: JsonCalls, svc: str, url: str, body: bytes, what: str) -> dict:
-    """One short generation at `url`, sent once on a connection of its own: its finish reason and id."""
-    r = await calls.post_once(svc, url, body)
-    if r.status_code != 200:
-        raise classify_response(r, what)
-    return {"finish_reason": finish_reason(answer_json(r, what), what), "request_id": r.headers.get("x-request-id")}
+    """One short generation at `url`, streamed once on a connection of its own: its finish reason and id."""
+    return await calls.stream_short(svc, url, body, what)
 
 
 class HttpManager:

@@ -89,16 +89,29 @@ class Target(Actions):
             raise classify_response(r, what)
         return answer_object(r, what)
 
-    async def post_once(self, svc: str, url: str, body: bytes) -> httpx.Response:
-        """A generation's exact bytes, sent once on a connection of its own."""
-        return await bounded(self.fresh, "POST", url, content=body, headers={**self._h(svc), "content-type": "application/json"})
-
     async def stream_chat(self, svc: str, url: str, body: bytes) -> dict:
         """Streams one chat completion of the exact body bytes and returns the RequestDone fields (raises
-        on abort-class errors): its times from the kernel's read stamps of its bytes. A stream that gives no
-        event for the stall bound fails as `stalled`, whatever is left of its request's deadline."""
-        clock = SendClock(_now_ns)
+        on abort-class errors): its times from the kernel's read stamps of its bytes."""
         answer = _Answer()
+        resp = await self._bounded_stream(svc, url, body, answer, "chat completion")
+        return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
+                **answer.fields()}
+
+    async def stream_short(self, svc: str, url: str, body: bytes, what: str) -> dict:
+        """A short generation (a preflight), streamed under the bounds every generation has: its finish reason
+        and the host's request id. Streamed because an engine that holds a request says nothing until a whole
+        non-streamed answer is ready: only a stream's events can show it stalled before the call's deadline."""
+        answer = _Finish()
+        resp = await self._bounded_stream(svc, url, body, answer, what)
+        if not answer.done:
+            raise ActionFailed("malformed_transport", f"{what}: the stream ended without [DONE]")
+        return {"finish_reason": answer.finish, "request_id": resp.headers.get("x-request-id")}
+
+    async def _bounded_stream(self, svc: str, url: str, body: bytes, answer: _Answer | _Finish, what: str) -> httpx.Response:
+        """One generation's stream, sent once on a connection of its own, each event handed to `answer`. A stream
+        that gives no event for the stall bound fails as `stalled`, whatever is left of its request's deadline;
+        one that goes on past its body's max_tokens (in events) is cut there as `overlong`."""
+        clock = SendClock(_now_ns)
         headers = {**self._h(svc), "content-type": "application/json"}
         watchdog = Watchdog(self.stall)
         most = most_events(body)
@@ -109,7 +122,7 @@ class Target(Actions):
                 resp = es.response
                 if resp.status_code != 200:
                     await resp.aread()
-                    raise classify_response(resp, "chat completion")
+                    raise classify_response(resp, what)
                 resp.stream = Capped(resp.stream)  # an event's line is held until it ends: bounded, as any answer
                 stamp = functools.partial(read_source, resp)
                 async for sse in es.aiter_sse():
@@ -118,14 +131,38 @@ class Target(Actions):
                     if answer.event(sse, read_ns(resp, _now_ns) - t0, stamp):
                         break
                     if answer.events > most:  # hung up on: the engine stops generating into a closed stream
-                        raise ActionFailed("overlong", f"chat completion: the stream went on past {most:,} events for a "
+                        raise ActionFailed("overlong", f"{what}: the stream went on past {most:,} events for a "
                                                        f"body whose max_tokens is {most - EVENTS_BEYOND_MAX_TOKENS:,}: the "
                                                        f"engine did not stop at it")
         if watchdog.scope.cancelled_caught:
             assert self.stall is not None  # only a bound gives the watchdog a deadline
-            raise ActionFailed("stalled", f"chat completion: {self.stall.words()}, after {answer.events} event(s)")
-        return {"outcome": "ok", "request_id": resp.headers.get("x-request-id"), "status_code": resp.status_code,
-                **answer.fields()}
+            raise ActionFailed("stalled", f"{what}: {self.stall.words()}, after {answer.events} event(s)")
+        return resp
+
+
+class _Finish:
+    """A short generation's stream as its events come: how many, its finish reason, and whether it ended."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.choices = 0  # chunks that carried a choice: an answer with none is no generation
+        self.finish: str | None = None
+        self.done = False
+
+    def event(self, sse: ServerSentEvent, _now: int = 0, _stamp: Callable[[], str] | None = None) -> bool:
+        """Takes one event; True at [DONE]. Raises the error a stream carries, or malformed_transport."""
+        if sse.data == "[DONE]":
+            if not self.choices:
+                raise ActionFailed("malformed_transport", "chat completion: the answer has no choices")
+            self.done = True
+            return True
+        self.events += 1
+        choices = _chunk(sse).get("choices")
+        for ch in choices if isinstance(choices, list) else []:
+            if isinstance(ch, dict):
+                self.choices += 1
+                self.finish = ch["finish_reason"] if isinstance(ch.get("finish_reason"), str) else self.finish
+        return False
 
 
 class _Answer:
