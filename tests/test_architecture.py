@@ -197,7 +197,8 @@ def test_no_code_outside_the_hosts_room_branches_on_which_engine_a_site_runs():
     assert found == []
 
 
-_ENGINE_TABLES = frozenset({"REFUSES_UNSERVED_MODEL", "REUSE_IDENTITY", "ANSWER_NAMES_SERVED_MODEL", "PROFILES"})
+_ENGINE_TABLES = frozenset({"REFUSES_UNSERVED_MODEL", "REUSE_IDENTITY", "ANSWER_NAMES_SERVED_MODEL", "PROFILES",
+                            "USAGE_ONLY_WHEN_ASKED", "FORCES_USAGE"})
 
 
 def _names_an_engine(node: ast.AST) -> bool:

@@ -214,3 +214,62 @@ def test_what_sglangs_l3_store_gave_counts_as_found_outside_the_engine_and_is_ze
     assert _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="device"} 512.0\n')["external_found_tokens"] == 0
     c = _sglang('sglang:cached_tokens_total{model_name="glm",cache_source="storage"} 96.0\n')
     assert (c["external_found_tokens"], c["host_reused_tokens"]) == (96, 0)
+
+
+def _bodies(*bodies: dict):
+    import hashlib
+    import json
+
+    from flare_diag.daemon.hosts.fixture import Fixture
+    raw = [json.dumps(b).encode() for b in bodies]
+    return {"f": Fixture("f", raw, [hashlib.sha256(r).hexdigest() for r in raw], {})}
+
+
+def _engine_site(tmp_path: Path, kind: str, force: int = 0):
+    """`init-site KIND` as an operator fills in its local engine (the binary, the model); `force` of its recipes
+    given vLLM's --enable-force-include-usage."""
+    import sys
+
+    from flare_diag.daemon.cli.commands import main
+    from flare_diag.daemon.hosts.site import load_site
+    assert main(["init-site", kind, str(tmp_path / kind)]) == 0
+    for token in (tmp_path / kind).glob("*.token"):
+        token.write_text("t0ken-for-the-test\n")
+    profile = tmp_path / kind / f"{kind}.toml"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    text = (profile.read_text().replace("REPLACE-/path/to/vllm-venv/bin/python", sys.executable)
+            .replace("REPLACE-/path/to/llama-server", sys.executable)
+            .replace("REPLACE-model-folder", str(tmp_path / "model")).replace("REPLACE-model.gguf", sys.executable)
+            .replace('"--served-model-name",', '"--enable-force-include-usage", "--served-model-name",', force))
+    profile.write_text(text)
+    return load_site(profile)
+
+
+ASKS = {"messages": [], "stream": True, "stream_options": {"include_usage": True}}
+BARE = {"messages": [], "stream": True}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "llamacpp"])
+def test_a_body_that_does_not_ask_for_usage_is_named_where_the_engine_streams_usage_only_when_asked(tmp_path, kind):
+    from flare_diag.daemon.hosts.profile_rules import usage_unasked
+    fixtures = _bodies(ASKS, BARE, BARE)
+    site = _profile(tmp_path, kind) if kind == "sglang" else _engine_site(tmp_path, kind)
+    assert usage_unasked(site.profile, fixtures) == f"fixture f body 1 (sha256 {fixtures['f'].sha256[1][:12]})"
+
+
+def test_a_flare_host_is_held_to_no_usage_request_since_the_contract_has_it_in_every_stream(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import usage_unasked
+    assert usage_unasked(_profile(tmp_path, "flare").profile, _bodies(BARE)) is None
+
+
+def test_bodies_that_all_ask_for_usage_are_not_held_back_on_any_engine(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import usage_unasked
+    assert usage_unasked(_engine_site(tmp_path, "vllm").profile, _bodies(ASKS, ASKS)) is None
+
+
+def test_a_vllm_whose_every_recipe_forces_usage_takes_bodies_that_do_not_ask(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import usage_unasked
+    assert usage_unasked(_engine_site(tmp_path / "both", "vllm", force=2).profile, _bodies(BARE)) is None
+    # one recipe that does not force it fails every body sent to its incarnation
+    assert usage_unasked(_engine_site(tmp_path / "one", "vllm", force=1).profile, _bodies(BARE)) is not None

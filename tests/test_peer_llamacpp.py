@@ -263,6 +263,75 @@ def test_site_check_passes_on_llama_server_with_the_peer_profile_and_leaves_no_e
     assert _engines_stop(tmp_path)
 
 
+def _bodies_without_usage(beside: Path) -> Path:
+    """The peer-30 fixture beside a plan, every body without its stream_options (its manifest's hashes anew)."""
+    import hashlib
+    src = ROOT / "fixtures" / "data" / "peer-30"
+    out = beside / "peer-30"
+    out.mkdir()
+    bodies = []
+    for line in (src / "bodies.jsonl").read_bytes().splitlines():
+        body = json.loads(line)
+        body.pop("stream_options")
+        bodies.append(json.dumps(body, separators=(",", ":")).encode())
+    (out / "bodies.jsonl").write_bytes(b"\n".join(bodies) + b"\n")
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["sha256"] = [hashlib.sha256(b).hexdigest() for b in bodies]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_llama_server_streams_no_usage_to_a_body_that_does_not_ask_so_its_answer_is_not_measured(
+        tmp_path, llama_server, model):
+    """What engine_profiles.USAGE_ONLY_WHEN_ASKED says of llama.cpp, on the real server: the same body without
+    `stream_options.include_usage` gets an answer with no usage, which the window cannot measure."""
+    import anyio
+
+    from flare_diag.daemon.hosts.errors import ActionFailed
+    from flare_diag.daemon.hosts.fixture import load_fixture
+    from flare_diag.daemon.hosts.site import load_site
+    from flare_diag.daemon.hosts.target import Target
+
+    _plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    asks = load_fixture(ROOT / "fixtures" / "data" / "peer-30")
+    bare = load_fixture(_bodies_without_usage(tmp_path))
+
+    async def both() -> tuple[dict, str]:
+        target = Target(load_site(site), {"asks": asks, "bare": bare}, "0" * 64)
+        try:
+            await target.engine.prepare()
+            done = await target.send_request({"fixture": "asks", "body_index": 0})
+            try:
+                await target.send_request({"fixture": "bare", "body_index": 0})
+            except ActionFailed as exc:
+                return done, exc.detail
+            return done, ""
+        finally:
+            await target.close()
+
+    done, failed = anyio.run(both)
+    assert done["prompt_tokens"] and done["completion_tokens"] is not None, done
+    assert failed == "chat completion: no usage before [DONE]"
+    assert _engines_stop(tmp_path)
+
+
+def test_run_on_llama_server_refuses_bodies_that_do_not_ask_for_usage_before_anything_changes(tmp_path, llama_server, model):
+    plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
+    _bodies_without_usage(plan.parent)  # found beside the plan before the built-in fixture of that name
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site), "--plan", str(plan), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    check = json.loads(p.stdout)
+    assert p.returncode == 1 and check["missing"] == ["serving.usage"], (check["missing"], p.stderr[-2000:])
+    usage = next(c for c in check["capabilities"] if c["name"] == "serving.usage")
+    assert usage["reason"].startswith("fixture peer-30 body 0 (sha256 ") and "streams only when asked" in usage["reason"]
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "serving.usage" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not (out / "log.db").exists()  # nothing started: no window, no log
+    assert _engines_stop(tmp_path)
+
+
 def test_peer_engine_runs_the_output_consistency_phase_cold_then_with_its_prompt_cache(tmp_path, llama_server, model):
     plan, site = write_peer_site(tmp_path, llama_server, model, cache_mib=4)
     head = plan.read_text().split("[[phases]]", 1)[0].replace('name = "peer-llamacpp"', 'name = "peer-consistency"')

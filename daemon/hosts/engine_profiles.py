@@ -133,6 +133,17 @@ STARTUP_REQUESTS: dict[str, StartupRequests] = {"sglang": StartupRequests(at_mos
 # (tests/data/metrics/vllm-0.32.0/wrong-model.json); llama-server answers whatever the body names.
 REFUSES_UNSERVED_MODEL = frozenset({"vllm"})
 
+# Engines that stream `usage` only when the body asks for it (`"stream_options": {"include_usage": true}`), where
+# contract section 1's Flare host carries it in every stream's last chunk: vLLM 0.32.0 (`should_include_usage` in
+# vllm/entrypoints/serve/utils/api_utils.py: the body's stream_options.include_usage, or the server's
+# --enable-force-include-usage), SGLang (`should_include_usage` in python/sglang/srt/entrypoints/openai/utils.py:
+# the body's, or the server's default), llama-server (slot.params.include_usage from the body's stream_options,
+# default false; measured on the 0.3.36 build, tests/test_peer_llamacpp.py). A window reads each answer's token
+# counts from its usage, so a body that does not ask fails every request it is sent as.
+USAGE_ONLY_WHEN_ASKED = frozenset({"vllm", "sglang", "llamacpp"})
+# the server flag that makes an engine send usage whether or not the body asks (a site's local recipe may carry it)
+FORCES_USAGE = {"vllm": "--enable-force-include-usage"}
+
 # Engines whose streamed answer names the model that served it, the name their identity reports: vLLM's
 # chat chunks carry `model=model_name`, `OpenAIServingModels.model_name()` (the first served model's name,
 # a LoRA's for a LoRA request; vllm/entrypoints/openai/chat_completion/serving.py, models/serving.py), the

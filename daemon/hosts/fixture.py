@@ -35,6 +35,20 @@ class Fixture(msgspec.Struct):
     prompt_tokens: list[int] | None = None  # optional in the manifest: the host tokenizer's count per body
     manifest_sha256: str = ""  # of manifest.json's bytes: what a review covers (it lists every body's hash)
 
+    def unasked_usage(self) -> int | None:
+        """The first streamed body that does not ask for usage (`stream_options.include_usage` true), or None."""
+        for i, b in enumerate(self.bodies):
+            try:
+                d = _decode(b)
+            except msgspec.DecodeError:
+                continue
+            if not isinstance(d, dict) or d.get("stream") is not True:
+                continue
+            opts = d.get("stream_options")
+            if not (isinstance(opts, dict) and opts.get("include_usage") is True):
+                return i
+        return None
+
     def models(self) -> list[str]:
         """The distinct models the bodies name, in the order first named."""
         seen: dict[str, None] = {}

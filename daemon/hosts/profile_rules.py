@@ -1,13 +1,15 @@
 """What a site's engine profile lets a window hold its engine to: the reuse identity its counters keep with
-each request's cached_tokens, the start-up requests a fresh incarnation's counters may show, and whether a
-body naming a model it does not serve is refused. Asked here, so
+each request's cached_tokens, the start-up requests a fresh incarnation's counters may show, whether a
+body naming a model it does not serve is refused, and whether a body must ask for its usage. Asked here, so
 that nothing outside daemon/hosts/ looks an engine up by its name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flare_diag.daemon.hosts.engine_profiles import REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, STARTUP_REQUESTS, metric_names
+from flare_diag.daemon.hosts.engine_profiles import (FORCES_USAGE, REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, STARTUP_REQUESTS,
+                                                      USAGE_ONLY_WHEN_ASKED, metric_names)
+from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.localengine import LocalRecipe
 from flare_diag.daemon.hosts.metrics import COUNTERS
 from flare_diag.daemon.hosts.site import Site, SiteProfile
@@ -50,3 +52,20 @@ def refuses_unserved_model(profile: SiteProfile) -> bool:
     """Whether the engine refuses a body naming a model it does not serve (engine_profiles.REFUSES_UNSERVED_MODEL):
     then every request of such a plan would fail, and a site check must say so as a refusal."""
     return profile.metrics_profile in REFUSES_UNSERVED_MODEL
+
+
+def usage_unasked(profile: SiteProfile, fixtures: dict[str, Fixture]) -> str | None:
+    """The first body whose answer would carry no usage on this site's engine, which streams it only when asked
+    (engine_profiles.USAGE_ONLY_WHEN_ASKED) and whose own recipes do not all force it: 'fixture F body N
+    (sha256 ...)'; None when every body asks, or the engine sends usage whatever a body says."""
+    if profile.metrics_profile not in USAGE_ONLY_WHEN_ASKED:
+        return None
+    force = FORCES_USAGE.get(profile.metrics_profile)
+    if force and profile.engine is not None and profile.engine.recipes and \
+            all(force in r.args for r in profile.engine.recipes.values()):
+        return None
+    for name in sorted(fixtures):
+        i = fixtures[name].unasked_usage()
+        if i is not None:
+            return f"fixture {name} body {i} (sha256 {fixtures[name].sha256[i][:12]})"
+    return None

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from flare_diag.daemon.hosts import request_schema
-from flare_diag.daemon.hosts.profile_rules import refuses_unserved_model
+from flare_diag.daemon.hosts.profile_rules import refuses_unserved_model, usage_unasked
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -144,6 +144,7 @@ class _Probe:
                      + ("" if fits else f"; the plan expects {want_n} at {want_w} W"), required=True, fits=fits)
         await self._served_model()
         await self._bodies_accepted()
+        self._usage_asked()
         trace = self.plan is not None and self.plan.trace is not None
         if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
@@ -215,6 +216,17 @@ class _Probe:
                      + ("" if model in served else f"; the fixtures and the preflight name {model!r}"
                         + (": every request would be refused" if strict else ", which this engine does not check")),
                      required=strict, fits=fits)
+
+    def _usage_asked(self) -> None:
+        """Whether every body asks for the usage this engine streams only when asked (profile_rules.usage_unasked):
+        a window reads each answer's token counts from it, so a body that does not ask fails every request."""
+        if not self.t.fixtures:
+            return
+        unasked = usage_unasked(self.t.p, self.t.fixtures)
+        self.add("serving.usage", OBSERVABLE, "every body asks for usage in its stream" if unasked is None else
+                 f"{unasked} does not ask for usage (\"stream_options\": {{\"include_usage\": true}}), which this "
+                 f"engine streams only when asked: every answer to it would carry no token counts and fail; add it to "
+                 f"the bodies (and their manifest's hashes)", required=unasked is not None, fits=unasked is None)
 
     def _field(self, name: str, ident: dict, f: str, expected: dict) -> None:
         if f not in ident:
