@@ -461,6 +461,10 @@ def _check_observation_trace_and_guards(plan: Plan, source: str, seen: set[str])
         raise PlanError(str(exc)) from None
     if not 0 < plan.sampling.top_p <= 1:
         raise PlanError(f"{source}: sampling.top_p = {plan.sampling.top_p}, expected in (0, 1]")
+    if not plan.sampling.stream:  # bodies that matched it would each fail at the host, after the take-down
+        raise PlanError(f"{source}: sampling.stream = false: expected true (a window reads every answer as a "
+                        f"stream: its first token's time, its usage)")
+
 
 def trace_arm_order(trace: TraceArms) -> list[tuple[str, int, int, bool]]:
     """The frozen alternating order: (phase id, concurrency, repetition, trace on)."""

@@ -339,18 +339,17 @@ def test_a_plan_that_accepts_a_weaker_drain_runs_and_every_cell_names_the_unseen
                            for c in replays)
 
 
-def _fixture_with(tmp: Path, name: str, change: dict, body: int = 7) -> Path:
-    """A copy of the built-in fixture `name` beside a copy of the plan, one body's sampling changed
-    (and its manifest hash updated, so that only the sampling is wrong)."""
+def _fixture_with(tmp: Path, name: str, change: dict, body: int | None = 7) -> Path:
+    """A copy of the built-in fixture `name` beside a copy of the plan, one body's sampling changed (every
+    body's with `body` None; the manifest's hashes updated, so that only the sampling is wrong)."""
     import hashlib
     src = ROOT / "fixtures" / "data" / name
     dst = tmp / name
     dst.mkdir(parents=True)
     bodies = (src / "bodies.jsonl").read_bytes().split(b"\n")
     bodies = [b for b in bodies if b]
-    d = json.loads(bodies[body])
-    d.update(change)
-    bodies[body] = json.dumps(d, separators=(",", ":")).encode()
+    for i in range(len(bodies)) if body is None else [body]:
+        bodies[i] = json.dumps({**json.loads(bodies[i]), **change}, separators=(",", ":")).encode()
     (dst / "bodies.jsonl").write_bytes(b"\n".join(bodies) + b"\n")
     m = json.loads((src / "manifest.json").read_text())
     m["sha256"] = [hashlib.sha256(b).hexdigest() for b in bodies]
@@ -368,6 +367,20 @@ def test_a_fixture_with_one_bodys_sampling_changed_is_refused_before_quiesce(tmp
     field = next(iter(change))
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert "fixture c1-52: body 7 (sha256" in p.stderr and f"{field} = {change[field]!r}" in p.stderr
+    assert not churning_host.requests(), "the host was touched"
+    assert not (tmp_path / "out" / "log.db").exists()
+
+
+def test_a_plan_whose_sampling_is_not_streamed_is_refused_even_with_bodies_that_match_it(tmp_path, churning_host):
+    # every body and the plan agree on stream = false, so no sampling check catches it; before, only the offline
+    # harness's rehearsal stopped it ("ended aborted; see .../harness/report.md"): its first answer was no stream
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.read_text().replace("[sampling]\n", "[sampling]\nstream = false\n", 1))
+    for fixture in ("c1-52", "tok1024"):  # the replay's and the trace arms'
+        _fixture_with(tmp_path, fixture, {"stream": False, "stream_options": None}, body=None)
+    p = flare_diag("run", "--plan", str(plan), "--site", str(churning_host.site), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "sampling.stream = false: expected true" in p.stderr, p.stderr
     assert not churning_host.requests(), "the host was touched"
     assert not (tmp_path / "out" / "log.db").exists()
 
