@@ -198,7 +198,7 @@ def test_no_code_outside_the_hosts_room_branches_on_which_engine_a_site_runs():
 
 
 _ENGINE_TABLES = frozenset({"REFUSES_UNSERVED_MODEL", "REUSE_IDENTITY", "ANSWER_NAMES_SERVED_MODEL", "PROFILES",
-                            "USAGE_ONLY_WHEN_ASKED", "FORCES_USAGE"})
+                            "USAGE_ONLY_WHEN_ASKED", "FORCES_USAGE", "REPORTS_CACHED_TOKENS_WITH"})
 
 
 def _names_an_engine(node: ast.AST) -> bool:

@@ -13,7 +13,7 @@ from flare_diag.policies.planner import phase_requests
 from tests.policy_world import plan_builtins
 
 
-def _answers(hashes: list[str], cached: int = 0, host: int | None = 0) -> list[Answer]:
+def _answers(hashes: list[str], cached: int | None = 0, host: int | None = 0) -> list[Answer]:
     return [Answer(i, h, cached, host) for i, h in enumerate(hashes)]
 
 
@@ -82,3 +82,30 @@ def test_a_consistency_phase_on_a_sampled_fixture_is_refused_naming_the_temperat
 def test_a_consistency_phase_after_a_replay_on_its_incarnation_is_refused():
     with pytest.raises(PlanError, match="runs first on a fresh incarnation"):
         plan_from_builtins(_consistency_plan(after_replay=True))
+
+
+def test_a_warm_pass_whose_reuse_no_figure_shows_is_not_said_to_have_reused_nothing():
+    # vLLM without --enable-prompt-tokens-details: the usage has no cached_tokens, and no host counter is mapped
+    res = judge(_answers(["a", "b"], cached=None, host=None), _answers(["a", "b"], cached=None, host=None))
+    assert res["reused_warm"] == 0 and res["reuse_untold"] == 2
+    status, why = finding(res)
+    assert status == "invalid" and "reused nothing" not in why
+    assert "not observable for 2 of them (their usage carries no cached_tokens and no host counter moved)" in why
+
+
+def test_an_answer_that_changes_where_reuse_cannot_be_told_is_named_without_a_reuse_claim():
+    res = judge(_answers(["a"], cached=None, host=None), _answers(["x"], cached=None, host=None))
+    assert res["differ"] == [{"body_index": 0, "cold_sha256": "a", "warm_sha256": "x", "reused": None}]
+
+
+def test_the_reports_consistency_table_says_reuse_was_not_observable_rather_than_not_exercised():
+    from flare_diag.daemon.reports.report_view import consistency_rows
+    untold = judge(_answers(["a", "b"], cached=None, host=None), _answers(["a", "x"], cached=None, host=None))
+    nothing = judge(_answers(["a"]), _answers(["a"]))
+    rows, diffs = consistency_rows({"cells": [{"phase": "A.consistency", "consistency": untold},
+                                              {"phase": "B.consistency", "consistency": nothing}]})
+    assert [r[-1] for r in rows] == ["INCONSISTENT", "not exercised"]
+    assert diffs == [["A.consistency", "#1", "b", "x", "not observable"]]
+    rows, _ = consistency_rows({"cells": [{"phase": "A.consistency", "consistency": judge(
+        _answers(["a"], cached=None, host=None), _answers(["a"], cached=None, host=None))}]})
+    assert rows[0][-1] == "reuse not observable"

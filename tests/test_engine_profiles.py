@@ -273,3 +273,14 @@ def test_a_vllm_whose_every_recipe_forces_usage_takes_bodies_that_do_not_ask(tmp
     assert usage_unasked(_engine_site(tmp_path / "both", "vllm", force=2).profile, _bodies(BARE)) is None
     # one recipe that does not force it fails every body sent to its incarnation
     assert usage_unasked(_engine_site(tmp_path / "one", "vllm", force=1).profile, _bodies(BARE)) is not None
+
+
+def test_a_local_vllm_recipe_without_prompt_tokens_details_is_named_as_reporting_no_cached_tokens(tmp_path):
+    from flare_diag.daemon.hosts.profile_rules import cached_tokens_unreported
+    from flare_diag.daemon.hosts.site import load_site
+    site = _engine_site(tmp_path, "vllm")
+    assert cached_tokens_unreported(site.profile) == ("--enable-prompt-tokens-details", [])  # init-site's recipes carry it
+    profile = tmp_path / "vllm" / "vllm.toml"
+    profile.write_text(profile.read_text().replace('"--enable-prompt-tokens-details"', '"--enable-prefix-caching"', 1))
+    assert cached_tokens_unreported(load_site(profile).profile) == ("--enable-prompt-tokens-details", ["incumbent"])
+    assert cached_tokens_unreported(_profile(tmp_path, "flare").profile) is None

@@ -240,6 +240,7 @@ def test_init_site_vllm_gives_a_profile_that_site_check_accepts_against_a_real_v
     by_name = {c["name"]: c for c in check["capabilities"]}
     assert by_name["serving.model"]["status"] == "observable"
     assert by_name["counter.host_reused_tokens"]["status"] == "not applicable"
+    assert by_name["serving.usage"]["status"] == "observable" and by_name["serving.cached_tokens"]["status"] == "observable"
 
 
 def test_a_request_that_reaches_the_real_vllm_around_the_window_aborts_containment(tmp_path, vllm_python, model):

@@ -144,6 +144,11 @@ USAGE_ONLY_WHEN_ASKED = frozenset({"vllm", "sglang", "llamacpp"})
 # the server flag that makes an engine send usage whether or not the body asks (a site's local recipe may carry it)
 FORCES_USAGE = {"vllm": "--enable-force-include-usage"}
 
+# The server flag without which an engine leaves `prompt_tokens_details` (cached_tokens) out of every answer's
+# usage: vLLM 0.32.0's _make_prompt_tokens_details returns None unless the server runs with
+# --enable-prompt-tokens-details (vllm/entrypoints/openai/chat_completion/serving.py)
+REPORTS_CACHED_TOKENS_WITH = {"vllm": "--enable-prompt-tokens-details"}
+
 # Engines whose streamed answer names the model that served it, the name their identity reports: vLLM's
 # chat chunks carry `model=model_name`, `OpenAIServingModels.model_name()` (the first served model's name,
 # a LoRA's for a LoRA request; vllm/entrypoints/openai/chat_completion/serving.py, models/serving.py), the

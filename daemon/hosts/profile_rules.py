@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flare_diag.daemon.hosts.engine_profiles import (FORCES_USAGE, REFUSES_UNSERVED_MODEL, REUSE_IDENTITY, STARTUP_REQUESTS,
-                                                      USAGE_ONLY_WHEN_ASKED, metric_names)
+from flare_diag.daemon.hosts.engine_profiles import (FORCES_USAGE, REFUSES_UNSERVED_MODEL, REPORTS_CACHED_TOKENS_WITH,
+                                                      REUSE_IDENTITY, STARTUP_REQUESTS, USAGE_ONLY_WHEN_ASKED,
+                                                      metric_names)
 from flare_diag.daemon.hosts.fixture import Fixture
 from flare_diag.daemon.hosts.localengine import LocalRecipe
 from flare_diag.daemon.hosts.metrics import COUNTERS
@@ -69,3 +70,13 @@ def usage_unasked(profile: SiteProfile, fixtures: dict[str, Fixture]) -> str | N
         if i is not None:
             return f"fixture {name} body {i} (sha256 {fixtures[name].sha256[i][:12]})"
     return None
+
+
+def cached_tokens_unreported(profile: SiteProfile) -> tuple[str, list[str]] | None:
+    """(the flag, the site's local recipes that lack it) where the engine leaves each answer's cached_tokens out
+    without that flag (engine_profiles.REPORTS_CACHED_TOKENS_WITH); None where the engine is not one such that the
+    daemon runs itself (a remote engine's flags are not seen: its answers show it)."""
+    flag = REPORTS_CACHED_TOKENS_WITH.get(profile.metrics_profile)
+    if flag is None or profile.engine is None:
+        return None
+    return flag, sorted(n for n, r in profile.engine.recipes.items() if flag not in r.args)

@@ -704,10 +704,10 @@ def consistency_rows(r: dict) -> tuple[list[list[str]], list[list[str]]]:
         if res is None:
             continue
         finding = ("INCONSISTENT" if res["differ"] else "consistent" if res.get("consistent") and res["reused_warm"]
-                   else "not exercised")
+                   else "reuse not observable" if res.get("reuse_untold") else "not exercised")
         rows.append([c["phase"], f"{res['compared']:,}", f"{res['reused_warm']:,}", f"{len(res['differ']):,}", finding])
         diffs += [[c["phase"], f"#{d['body_index']}", d["cold_sha256"][:16], d["warm_sha256"][:16],
-                   "yes" if d["reused"] else "no"] for d in res["differ"]]
+                   {True: "yes", False: "no"}.get(d["reused"], "not observable")] for d in res["differ"]]
     return rows, diffs
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from flare_diag.daemon.hosts import request_schema
-from flare_diag.daemon.hosts.profile_rules import refuses_unserved_model, usage_unasked
+from flare_diag.daemon.hosts.profile_rules import cached_tokens_unreported, refuses_unserved_model, usage_unasked
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -145,6 +145,7 @@ class _Probe:
         await self._served_model()
         await self._bodies_accepted()
         self._usage_asked()
+        self._cached_tokens_reported()
         trace = self.plan is not None and self.plan.trace is not None
         if not t.serving.trace_switch:
             self.add("serving.trace_switch", NOT_APPLICABLE, "this engine has no request-trace switch")
@@ -227,6 +228,19 @@ class _Probe:
                  f"{unasked} does not ask for usage (\"stream_options\": {{\"include_usage\": true}}), which this "
                  f"engine streams only when asked: every answer to it would carry no token counts and fail; add it to "
                  f"the bodies (and their manifest's hashes)", required=unasked is not None, fits=unasked is None)
+
+    def _cached_tokens_reported(self) -> None:
+        """Whether the engine's own recipes have it report each answer's cached_tokens (profile_rules.cached_tokens_unreported):
+        without them no request's reuse is held to the counters, and a consistency phase cannot tell reuse."""
+        said = cached_tokens_unreported(self.t.p)
+        if said is None:
+            return
+        flag, lacking = said
+        self.add("serving.cached_tokens", NOT_OBSERVABLE if lacking else OBSERVABLE,
+                 f"each answer's usage carries cached_tokens ({flag})" if not lacking else
+                 f"recipe{'s' if len(lacking) > 1 else ''} {', '.join(lacking)} run{'' if len(lacking) > 1 else 's'} "
+                 f"without {flag}: their answers carry no cached_tokens, so no request's reuse is held to the "
+                 f"engine's counters and a consistency phase cannot tell reuse")
 
     def _field(self, name: str, ident: dict, f: str, expected: dict) -> None:
         if f not in ident:
