@@ -46,6 +46,8 @@ Misbehaviours of real engines and supervisors:
   after, as an engine whose collective hung as it started serving: /health, the identity and the metrics
   answer; a streamed generation gets its head and one event, one not streamed gets nothing, and either is
   held until that incarnation is unloaded (or a minute has passed).
+- `abort_nth` ([k, ...]): the k-th chat requests' streams end after their second event with finish_reason
+  "abort" and their usage, as an ordinary chunk, as SGLang ends a request aborted gracefully (its /abort_request).
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -420,6 +422,9 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         if hung or not routed and st.chats == st.cfg.get("hang_mid_chat"):
             died = _hang_mid_stream(st)  # unloaded under it: gone with what the engine held
             return
+        if not routed and st.chats in st.cfg.get("abort_nth", []):
+            n, finish = 2, "abort"  # ended by the engine: what it generated so far, then an ordinary last chunk
+            usage = {**usage, "completion_tokens": n}
         for i in range(n - 1):
             time.sleep(st.cfg.get("token_delay_s", 0))  # a slower engine: requests in flight long enough to be seen
             if i == 1 and not routed and st.chats in st.cfg.get("splice_nth", []):

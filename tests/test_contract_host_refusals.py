@@ -277,3 +277,15 @@ def test_an_incumbent_that_holds_its_preflight_fails_the_restore_at_the_stall_bo
     assert said == ("the incumbent is back but does not serve: direct preflight: no event for 300 s (timing.stall_s 3 s, "
                     "raised by the scaled clock's real-seconds floor), after 1 event(s)"), said
     assert rest["finished_minute"] - rest["started_minute"] < 10, rest  # the stall bound is 5 window minutes
+
+
+def test_a_stream_the_engine_ended_itself_as_abort_is_a_failed_request_not_a_measured_one(tmp_path, small_plan):
+    # SGLang ends a gracefully aborted request (its /abort_request) with finish_reason "abort" in an ordinary last
+    # chunk, usage and [DONE] included: read at its word it was a whole answer, and its phase measured
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), abort_nth=[3])
+    cells = {c["phase"]: c for c in r["cells"]}
+    cell = cells["A.forward_prime"]
+    assert cell["status"] == "failed" and "1 of 8 requests failed: #2: engine_error" in cell["reason"], cell
+    assert r["abort"] is None and cells["B.forward_replay"]["status"] == "measured", r["abort"]  # the window goes on
+    failed = [q for q in r["requests"] if q["phase"] == "A.forward_prime" and q["outcome"] != "ok"]
+    assert [q["order_index"] for q in failed] == [2]

@@ -26,6 +26,12 @@ from flare_diag.daemon.hosts.stream_errors import stream_error
 
 RESPONSE_CAP = 4096
 
+# Finish reasons of a stream the engine ended itself, not a generation that stopped or reached max_tokens: SGLang
+# streams "abort" as an ordinary chunk for a graceful abort (its /abort_request, a session's clean-up:
+# python/sglang/srt/entrypoints/openai/serving_chat.py), vLLM's FinishReason has "abort" and "error"
+# (vllm/v1/engine/__init__.py; "error" is meant to reach a client as a 500). Such an answer is a failed request.
+ENDED_BY_ENGINE = ("abort", "error")
+
 
 class Target(Actions):
     """A site's host over HTTP: the adapters `build_host` picks from its profile, given this target's
@@ -244,6 +250,9 @@ class _Answer:
             raise ActionFailed("malformed_transport", "chat completion: the stream ended without [DONE]")
         if self.usage is None:
             raise ActionFailed("malformed_transport", "chat completion: no usage before [DONE]")
+        if self.finish in ENDED_BY_ENGINE:
+            raise ActionFailed("engine_error", f"chat completion: the engine ended it itself (finish_reason "
+                                               f"{self.finish!r}, after {self.events} event(s)): no whole generation")
         u = self.usage
         return dict(finish_reason=self.finish, visible_output=self.visible,
                     reasoning_only=self.reasoning and not self.visible, prompt_tokens=u.get("prompt_tokens"),
