@@ -22,6 +22,7 @@ from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Proc, Quiet, Sleep
+from flare_diag.policies.scaling import effective_s
 
 
 def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
@@ -86,6 +87,12 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
 
 
 STEADY_AFTER_MAX_MIN = 5.0  # how long after the readmission the guards are waited for
+# How long monitoring is given to show the restored incumbent healthy: it shows a target that came back only at
+# its next scrape (Prometheus scrapes every minute by default), so its first read after a load can still hold the
+# scrape that failed while the engine was down. Never less than MONITORING_MIN_REAL_S of real time.
+MONITORING_SETTLE_S = 120.0
+MONITORING_MIN_REAL_S = 5.0
+MONITORING_READS = 12  # reads within that bound, at most
 
 
 def steady_state_after(w: WindowCore) -> Proc:
@@ -121,6 +128,31 @@ def steady_state_after(w: WindowCore) -> Proc:
         yield Sleep(w.now + int(step * NS_PER_S))
 
 
+def monitoring_settled(w: WindowCore) -> Generator[Any, Any, bool]:
+    """Monitoring read again until it shows the incumbent registered and healthy, for MONITORING_SETTLE_S at most
+    (and never past the restore's budget or the window's end): True once it does; else an alarm saying what it showed last, and False.
+    Asked only after a first read that did not show it, and after the readmission, which does not wait for it."""
+    bound_s = effective_s(MONITORING_SETTLE_S, MONITORING_MIN_REAL_S, w.time_scale)
+    step = int(bound_s / MONITORING_READS * NS_PER_S)
+    end = w.now + int(bound_s * NS_PER_S)
+    if w.state.restore_end_ns is not None:  # the restore's own budget
+        end = min(end, w.state.restore_end_ns)
+    if w.state.t0 is not None:
+        end = min(end, w.state.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
+    last = "nothing was read"
+    while w.now + step <= end:
+        yield Sleep(w.now + step)
+        mon = yield from w.act("snapshot", {"what": "monitoring"})
+        t = read(MonitoringView, mon).target if mon.ok else None
+        if t is not None and t.registered and t.healthy:
+            return True
+        last = (f"it could not be read ({mon.detail or mon.error})" if not mon.ok else "no such target" if t is None
+                else f"target {t.id} registered {t.registered}, healthy {t.healthy}")
+    w.emit(Alarm(kind="monitoring_not_healthy", detail=f"monitoring did not show the incumbent registered and healthy "
+                                                       f"within {bound_s:g} s of the restore: {last}"))
+    return False
+
+
 RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not one to readmit
 
 
@@ -144,6 +176,9 @@ def restore(w: WindowCore) -> Proc:
         after = yield from w.act("read_identity", {})
         checks["identity_restored"] = restored_identity(w, identity, after)
         yield from steady_state_after(w)
+    if checks.get("monitoring_registered") is False and checks["incumbent_sha256_match"] and checks["direct_preflight"]:
+        # the incumbent is back and serves, and monitoring lags a restart by up to a scrape: read it again
+        checks["monitoring_registered"] = yield from monitoring_settled(w)
     checks["no_fault_during_restore"] = not w.state.restore_faults  # a fault after the readmit counts too
     # the seed's promise is the incumbent back *within* the reservation: a restore that ends past
     # the window end did not keep it, whatever else it verified

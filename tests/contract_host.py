@@ -48,6 +48,8 @@ Misbehaviours of real engines and supervisors:
   held until that incarnation is unloaded (or a minute has passed).
 - `abort_nth` ([k, ...]): the k-th chat requests' streams end after their second event with finish_reason
   "abort" and their usage, as an ordinary chunk, as SGLang ends a request aborted gracefully (its /abort_request).
+- `monitoring_lag_s` (seconds): for that long after the incumbent is loaded back, monitoring lists the primary
+  registered but not healthy, as a monitoring system shows a target that came back only at its next scrape.
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -108,6 +110,7 @@ class State:
         self.answers: dict[bytes, tuple] = {}  # the response-caching gateway's stored answers (cfg response_cache)
         self.loading_incumbent = False
         self.hung: int | None = None  # the incarnation that holds every generation (cfg hang_incumbent_reload)
+        self.incumbent_back: float | None = None  # when the incumbent was last loaded back (cfg monitoring_lag_s)
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
 
@@ -652,6 +655,8 @@ def r_load(h, raw) -> None:
         answer = {"incarnation": f"c{st.incarnation}"}
         if st.cfg.get("hang_incumbent_reload") and got[1] == st.cfg["incumbent"]:
             st.hung = st.incarnation
+        if got[1] == st.cfg["incumbent"]:
+            st.incumbent_back = time.monotonic()
         if st.cfg.get("crash_after_load") == answer["incarnation"]:
             # the engine died as its load was answered: nothing serves, /health answers 503. Before the answer
             # goes out, so that no read the answer lets the daemon send can find it still loaded
@@ -698,8 +703,9 @@ def r_backend_op(h, _raw, rest: str) -> None:
 
 def r_targets(h, _raw) -> None:
     st: State = h.server.state
+    lagging = st.incumbent_back is not None and time.monotonic() - st.incumbent_back < st.cfg.get("monitoring_lag_s", 0)
     h.send_json({"targets": [{"id": "primary", "url": st.cfg.get("serving_url", ""), "registered": True,
-                              "healthy": st.loaded is not None}]})
+                              "healthy": st.loaded is not None and not lagging}]})
 
 
 def r_gpu(h, _raw) -> None:

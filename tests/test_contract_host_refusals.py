@@ -289,3 +289,23 @@ def test_a_stream_the_engine_ended_itself_as_abort_is_a_failed_request_not_a_mea
     assert r["abort"] is None and cells["B.forward_replay"]["status"] == "measured", r["abort"]  # the window goes on
     failed = [q for q in r["requests"] if q["phase"] == "A.forward_prime" and q["outcome"] != "ok"]
     assert [q["order_index"] for q in failed] == [2]
+
+
+def test_monitoring_that_shows_the_restored_incumbent_healthy_a_scrape_later_does_not_fail_the_restore(tmp_path, small_plan):
+    # monitoring lists the primary unhealthy for two real seconds after the incumbent is back (its last scrape
+    # was the failed one, while the engine was down): one read at the restore called it restore_failed, exit 3
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), monitoring_lag_s=2)
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["verified"], rest["monitoring_registered"], rest["readmitted"]) == \
+        (0, "completed", True, True, True), (rest, r["alarms"])
+    assert "monitoring_not_healthy" not in [a["kind"] for a in r["alarms"]]
+
+
+def test_monitoring_that_never_shows_the_restored_incumbent_healthy_fails_the_restore_saying_what_it_showed(
+        tmp_path, small_plan):
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), monitoring_lag_s=3600)
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["monitoring_registered"], rest["readmitted"]) == (3, "restore_failed", False, True), rest
+    said = next(a["detail"] for a in r["alarms"] if a["kind"] == "monitoring_not_healthy")
+    assert said == ("monitoring did not show the incumbent registered and healthy within 300 s of the restore: "
+                    "target primary registered True, healthy False"), said
