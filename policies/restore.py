@@ -153,6 +153,34 @@ def monitoring_settled(w: WindowCore) -> Generator[Any, Any, bool]:
     return False
 
 
+# A read of the restore that failed in a way that may pass when asked again: a connection lost or refused, no
+# answer in time, a 502 or 503 (an engine or a proxy still coming up after the load)
+PASSING_ERRORS = ("transport", "timeout", "http_502", "http_503")
+READ_AGAIN_S = 30.0  # how long such a read is asked again (never less than MONITORING_MIN_REAL_S of real time)
+READ_AGAIN_TRIES = 3
+
+
+def read_again(w: WindowCore, action: str, args: dict[str, Any], res: Any) -> Generator[Any, Any, Any]:
+    """`res`, a read of the restore; where it failed in a way that may pass (PASSING_ERRORS), the same read asked
+    again up to READ_AGAIN_TRIES times within READ_AGAIN_S (and the restore's budget), until one answers: one
+    answer the host would have given a moment later does not fail the restore and leave the primary out."""
+    bound_s = effective_s(READ_AGAIN_S, MONITORING_MIN_REAL_S, w.time_scale)
+    step = int(bound_s / READ_AGAIN_TRIES * NS_PER_S)
+    end = w.now + int(bound_s * NS_PER_S)
+    if w.state.restore_end_ns is not None:
+        end = min(end, w.state.restore_end_ns)
+    while not res.ok and res.error in PASSING_ERRORS and w.now + step <= end:
+        yield Sleep(w.now + step)
+        res = yield from w.act(action, args)
+    return res
+
+
+def read_identity(w: WindowCore) -> Generator[Any, Any, Any]:
+    """The incumbent's identity, read (again, where the read failed in a way that may pass)."""
+    ident = yield from w.act("read_identity", {})
+    return (yield from read_again(w, "read_identity", {}, ident))
+
+
 RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not one to readmit
 
 
@@ -173,7 +201,7 @@ def restore(w: WindowCore) -> Proc:
     yield from readmission(w, checks)
     if checks.get("readmitted"):
         # what the window may have changed, every field of it, against the identity before the take-down
-        after = yield from w.act("read_identity", {})
+        after = yield from read_identity(w)
         checks["identity_restored"] = restored_identity(w, identity, after)
         yield from steady_state_after(w)
     if checks.get("monitoring_registered") is False and checks["incumbent_sha256_match"] and checks["direct_preflight"]:
@@ -218,6 +246,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     inc = w.state.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
     st = yield from w.act("manager_state", {})
+    st = yield from read_again(w, "manager_state", {}, st)
     loaded = _loaded(st)
     if not sha and loaded:  # the window stopped before it read the incumbent: keep what is loaded
         recipe, sha, identity = loaded.recipe, loaded.sha256, {}
@@ -230,7 +259,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     w.incumbent_returned()
     first = yield from w.act("scrape_metrics", {})  # the incumbent's first observation: what it may grow from
     w.incumbent_first_seen(read(MetricsSample, first).gauges.get("resident_bytes") if first.ok else None)
-    ident = yield from w.act("read_identity", {})
+    ident = yield from read_identity(w)
     ident = yield from trace_back(w, identity, ident)
     checks["incumbent_sha256_match"] = bool(ident.ok and sha and read(Identity, ident).recipe_sha256 == sha)
     if checks["incumbent_sha256_match"] and identity:
@@ -238,6 +267,8 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
         checks["incumbent_sha256_match"] = not drift
     router_snap, gpu_snap = w.state.snapshots.get("router"), w.state.snapshots.get("gpu")
     now_router, now_gpu = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
+    now_router = yield from read_again(w, "snapshot", {"what": "router"}, now_router)
+    now_gpu = yield from read_again(w, "snapshot", {"what": "gpu"}, now_gpu)
     contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
     if router_snap is not None:
         contained = now_router.ok and read(RouterView, now_router).config_sha256 == router_snap.get("config_sha256")
@@ -250,6 +281,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
             w.xids_judged(len(new))
             w.restore_fault(f"gpu_fault: Xid {new[0].xid} on GPU {new[0].gpu}")
     mon = yield from w.act("snapshot", {"what": "monitoring"})
+    mon = yield from read_again(w, "snapshot", {"what": "monitoring"}, mon)
     if mon.error == "not_applicable":
         checks["monitoring_registered"] = None
     else:
@@ -279,7 +311,7 @@ def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator
     if not res.ok:
         w.restore_fault(f"identity_drift: the incumbent's trace could not be set back {'on' if want else 'off'} "
                          f"({res.detail or res.error})")
-    return (yield from w.act("read_identity", {}))
+    return (yield from read_identity(w))
 
 
 def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:

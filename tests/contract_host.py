@@ -50,6 +50,8 @@ Misbehaviours of real engines and supervisors:
   "abort" and their usage, as an ordinary chunk, as SGLang ends a request aborted gracefully (its /abort_request).
 - `monitoring_lag_s` (seconds): for that long after the incumbent is loaded back, monitoring lists the primary
   registered but not healthy, as a monitoring system shows a target that came back only at its next scrape.
+- `flaky_after_restore` ({"identity": N, "router": M}): once the incumbent is loaded back, the first N identity
+  reads and the first M router backend reads answer 503, as an engine or a proxy still coming up does.
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -284,7 +286,20 @@ def r_health(h, _raw) -> None:
     h.wfile.write(data)
 
 
+def flaky(st: State, service: str) -> bool:
+    """Whether this read of `service` is one of the first `flaky_after_restore` ones since the incumbent came back."""
+    left = (st.cfg.get("flaky_after_restore") or {}).get(service, 0)
+    if st.incumbent_back is None or not left:
+        return False
+    with st.lock:
+        n = st.__dict__.setdefault("flaky_reads", {}).get(service, 0)
+        st.flaky_reads[service] = n + 1
+    return n < left
+
+
 def r_identity(h, _raw) -> None:
+    if flaky(h.server.state, "identity"):
+        return h.error(503, "unavailable", "the engine is still coming up")
     if not r_identity_deep(h):
         h.send_json(identity(h.server.state))
 
@@ -684,6 +699,8 @@ def backend(st: State) -> dict:
 
 
 def r_backends(h, _raw) -> None:
+    if flaky(h.server.state, "router"):
+        return h.error(503, "unavailable", "the router is reloading")
     live = backend(h.server.state)
     # `stale_backend`: a second entry under the same id, admitted (a router whose view kept an old one)
     stale = [{**live, "admitted": True}] if h.server.state.cfg.get("stale_backend") else []
