@@ -22,7 +22,7 @@ from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Proc, Quiet, Sleep
-from flare_diag.policies.scaling import effective_s
+from flare_diag.policies.restore_reads import admitted_settled, monitoring_settled, read_again, read_identity
 
 
 def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
@@ -87,12 +87,6 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
 
 
 STEADY_AFTER_MAX_MIN = 5.0  # how long after the readmission the guards are waited for
-# How long monitoring is given to show the restored incumbent healthy: it shows a target that came back only at
-# its next scrape (Prometheus scrapes every minute by default), so its first read after a load can still hold the
-# scrape that failed while the engine was down. Never less than MONITORING_MIN_REAL_S of real time.
-MONITORING_SETTLE_S = 120.0
-MONITORING_MIN_REAL_S = 5.0
-MONITORING_READS = 12  # reads within that bound, at most
 
 
 def steady_state_after(w: WindowCore) -> Proc:
@@ -126,59 +120,6 @@ def steady_state_after(w: WindowCore) -> Proc:
                 for g, v in broken)))
             return
         yield Sleep(w.now + int(step * NS_PER_S))
-
-
-def monitoring_settled(w: WindowCore) -> Generator[Any, Any, bool]:
-    """Monitoring read again until it shows the incumbent registered and healthy, for MONITORING_SETTLE_S at most
-    (and never past the restore's budget or the window's end): True once it does; else an alarm saying what it showed last, and False.
-    Asked only after a first read that did not show it, and after the readmission, which does not wait for it."""
-    bound_s = effective_s(MONITORING_SETTLE_S, MONITORING_MIN_REAL_S, w.time_scale)
-    step = int(bound_s / MONITORING_READS * NS_PER_S)
-    end = w.now + int(bound_s * NS_PER_S)
-    if w.state.restore_end_ns is not None:  # the restore's own budget
-        end = min(end, w.state.restore_end_ns)
-    if w.state.t0 is not None:
-        end = min(end, w.state.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
-    last = "nothing was read"
-    while w.now + step <= end:
-        yield Sleep(w.now + step)
-        mon = yield from w.act("snapshot", {"what": "monitoring"})
-        t = read(MonitoringView, mon).target if mon.ok else None
-        if t is not None and t.registered and t.healthy:
-            return True
-        last = (f"it could not be read ({mon.detail or mon.error})" if not mon.ok else "no such target" if t is None
-                else f"target {t.id} registered {t.registered}, healthy {t.healthy}")
-    w.emit(Alarm(kind="monitoring_not_healthy", detail=f"monitoring did not show the incumbent registered and healthy "
-                                                       f"within {bound_s:g} s of the restore: {last}"))
-    return False
-
-
-# A read of the restore that failed in a way that may pass when asked again: a connection lost or refused, no
-# answer in time, a 502 or 503 (an engine or a proxy still coming up after the load)
-PASSING_ERRORS = ("transport", "timeout", "http_502", "http_503")
-READ_AGAIN_S = 30.0  # how long such a read is asked again (never less than MONITORING_MIN_REAL_S of real time)
-READ_AGAIN_TRIES = 3
-
-
-def read_again(w: WindowCore, action: str, args: dict[str, Any], res: Any) -> Generator[Any, Any, Any]:
-    """`res`, a read of the restore; where it failed in a way that may pass (PASSING_ERRORS), the same read asked
-    again up to READ_AGAIN_TRIES times within READ_AGAIN_S (and the restore's budget), until one answers: one
-    answer the host would have given a moment later does not fail the restore and leave the primary out."""
-    bound_s = effective_s(READ_AGAIN_S, MONITORING_MIN_REAL_S, w.time_scale)
-    step = int(bound_s / READ_AGAIN_TRIES * NS_PER_S)
-    end = w.now + int(bound_s * NS_PER_S)
-    if w.state.restore_end_ns is not None:
-        end = min(end, w.state.restore_end_ns)
-    while not res.ok and res.error in PASSING_ERRORS and w.now + step <= end:
-        yield Sleep(w.now + step)
-        res = yield from w.act(action, args)
-    return res
-
-
-def read_identity(w: WindowCore) -> Generator[Any, Any, Any]:
-    """The incumbent's identity, read (again, where the read failed in a way that may pass)."""
-    ident = yield from w.act("read_identity", {})
-    return (yield from read_again(w, "read_identity", {}, ident))
 
 
 RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not one to readmit
@@ -348,6 +289,7 @@ def readmitted(w: WindowCore, re: Any) -> Generator[Any, Any, bool]:
             f"failed: {re.detail or re.error}" if not re.ok else "answered that the backend is not admitted")))
         return False
     view = yield from w.act("snapshot", {"what": "router"})
+    view = yield from admitted_settled(w, view)
     if view.ok and read(RouterView, view).backend.admitted is True:
         return True
     w.emit(Alarm(kind="readmit_not_verified", detail="after the readmit the router " + (

@@ -52,6 +52,8 @@ Misbehaviours of real engines and supervisors:
   registered but not healthy, as a monitoring system shows a target that came back only at its next scrape.
 - `flaky_after_restore` ({"identity": N, "router": M}): once the incumbent is loaded back, the first N identity
   reads and the first M router backend reads answer 503, as an engine or a proxy still coming up does.
+- `readmit_applied_after_s` (seconds): the router answers a readmit at once and applies it that long after, as one
+  that pushes the change to its proxies does; its backends show the primary out until then.
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -713,6 +715,9 @@ def r_backend_op(h, _raw, rest: str) -> None:
     if bid != "primary" or op not in ("quiesce", "readmit"):
         return h.error(404, "not_found", rest)
     if op == "readmit" and st.cfg.get("readmit_ignored"):  # acknowledged as done, the backend left out
+        return h.send_json({**backend(st), "admitted": True})
+    if op == "readmit" and st.cfg.get("readmit_applied_after_s"):  # acknowledged now, applied later
+        threading.Timer(st.cfg["readmit_applied_after_s"], lambda: setattr(st, "admitted", True)).start()
         return h.send_json({**backend(st), "admitted": True})
     st.admitted = op == "readmit"
     h.send_json(backend(st))

@@ -321,3 +321,13 @@ def test_a_restore_whose_identity_read_fails_once_as_the_engine_comes_up_reads_i
     back = max(i for i, x in enumerate(seen) if x.get("path") == "/manager/v1/load")
     reads = [x for x in seen[back:] if x.get("path") == "/flare/v1/identity"]
     assert len(reads) >= 3  # two refused, then the one that answered
+
+
+def test_a_router_that_applies_a_readmit_a_moment_after_answering_it_is_read_again_and_the_restore_verifies(
+        tmp_path, small_plan):
+    # the readmit is answered admitted and applied a second later (a configuration pushed to the router's proxies):
+    # one read of its backends right after it called the readmission not verified (restore_failed, exit 3)
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), readmit_applied_after_s=1)
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["readmitted"], rest["verified"]) == (0, "completed", True, True), (rest, r["alarms"])
+    assert "readmit_not_verified" not in [a["kind"] for a in r["alarms"]]
