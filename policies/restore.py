@@ -229,6 +229,7 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
         t = read(MonitoringView, mon).target if mon.ok else None
         checks["monitoring_registered"] = bool(t and t.registered and t.healthy)
     direct = yield from w.act("preflight", {"path": "direct"})
+    direct = yield from read_again(w, "preflight", {"path": "direct"}, direct)  # an engine still coming up: 503
     checks["direct_preflight"] = bool(direct.ok)
     if not direct.ok and checks["incumbent_sha256_match"]:  # the incumbent is back but does not serve: say how
         w.emit(Alarm(kind="direct_preflight_failed", detail=f"the incumbent is back but does not serve: "
@@ -265,6 +266,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
     elif not w.state.took_down:  # never quiesced: nothing to readmit, and nothing left quiesced
         checks["readmitted"] = None
         routed = yield from w.act("preflight", {"path": "routed"})
+        routed = yield from read_again(w, "preflight", {"path": "routed"}, routed)
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
     elif unready:
         # Routing production traffic to a primary whose restore did not verify would turn a
@@ -278,6 +280,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         re = yield from w.act("readmit", {})
         checks["readmitted"] = None if re.error == "not_applicable" else (yield from readmitted(w, re))
         routed = yield from w.act("preflight", {"path": "routed"})
+        routed = yield from read_again(w, "preflight", {"path": "routed"}, routed)
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
 
 

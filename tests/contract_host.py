@@ -50,8 +50,9 @@ Misbehaviours of real engines and supervisors:
   "abort" and their usage, as an ordinary chunk, as SGLang ends a request aborted gracefully (its /abort_request).
 - `monitoring_lag_s` (seconds): for that long after the incumbent is loaded back, monitoring lists the primary
   registered but not healthy, as a monitoring system shows a target that came back only at its next scrape.
-- `flaky_after_restore` ({"identity": N, "router": M}): once the incumbent is loaded back, the first N identity
-  reads and the first M router backend reads answer 503, as an engine or a proxy still coming up does.
+- `flaky_after_restore` ({"identity": N, "router": M, "chat": K}): once the incumbent is loaded back, the first N
+  identity reads, M router backend reads and K chat requests on the serving port answer 503, as an engine or a
+  proxy still coming up does.
 - `readmit_applied_after_s` (seconds): the router answers a readmit at once and applies it that long after, as one
   that pushes the change to its proxies does; its backends show the primary out until then.
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
@@ -344,6 +345,8 @@ def generate(h, raw: bytes, routed: bool = False) -> None:
         return h.error(503, "unavailable", "no admitted backend")
     if st.loaded is None:
         return h.error(503, "unavailable", "no incarnation loaded")
+    if not routed and flaky(st, "chat"):
+        return h.error(503, "unavailable", "the engine is still warming up")
     try:
         req = json.loads(raw)
         messages = req["messages"]

@@ -331,3 +331,13 @@ def test_a_router_that_applies_a_readmit_a_moment_after_answering_it_is_read_aga
     rest = r["restoration"]
     assert (rc, r["outcome"], rest["readmitted"], rest["verified"]) == (0, "completed", True, True), (rest, r["alarms"])
     assert "readmit_not_verified" not in [a["kind"] for a in r["alarms"]]
+
+
+def test_a_restored_incumbent_that_refuses_its_first_preflight_while_warming_is_asked_again_and_readmitted(
+        tmp_path, small_plan):
+    # the incumbent's first generation after its load answers 503 (an engine still warming up behind a manager that
+    # answered the load already): one preflight decided direct_preflight, and the primary was left out of rotation
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), flaky_after_restore={"chat": 1})
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["direct_preflight"], rest["readmitted"], rest["verified"]) == \
+        (0, "completed", True, True, True), (rest, r["alarms"])
