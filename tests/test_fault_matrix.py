@@ -335,3 +335,26 @@ def test_a_restore_read_that_gets_no_answer_is_not_followed_by_a_health_ask_that
     assert timed_out, "no restore read timed out: the test shows nothing"
     assert all(e.health_after is None for e in timed_out), [(e.action_id, e.health_after) for e in timed_out]
     assert r["restoration"]["within_reservation"], r["restoration"]
+
+
+def test_monitoring_that_shows_the_restored_incumbent_healthy_a_scrape_later_is_waited_for(small_plan, tmp_path):
+    # monitoring shows the incumbent healthy 90 s after its load: read again after the readmission (up to 120 s)
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "monitoring_lag,duration_s=90", "--accept-partial")
+    rest = r["restoration"]
+    assert rest["monitoring_registered"] is True and rest["verified"] and rest["readmitted"], (rest, r["alarms"])
+    assert rc in (0, 1) and r["outcome"] in ("completed", "partial")
+
+
+def test_monitoring_that_never_shows_the_restored_incumbent_healthy_is_named_and_fails_the_restore(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "monitoring_lag,duration_s=3600")
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["monitoring_registered"], rest["readmitted"]) == (3, "restore_failed", False, True), rest
+    said = next(a["detail"] for a in r["alarms"] if a["kind"] == "monitoring_not_healthy")
+    assert said.endswith("within 120 s of the restore: target primary registered True, healthy False"), said
+
+
+def test_a_readmit_the_router_applies_seconds_after_answering_it_is_verified_when_it_is_applied(small_plan, tmp_path):
+    rc, r = rehearse(small_plan, tmp_path / "out", "--fault", "readmit_lag,duration_s=12", "--accept-partial")
+    rest = r["restoration"]
+    assert rest["readmitted"] is True and rest["verified"], (rest, r["alarms"])
+    assert "readmit_not_verified" not in [a["kind"] for a in r["alarms"]]
