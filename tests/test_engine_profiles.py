@@ -9,6 +9,8 @@ import pytest
 from flare_diag.daemon.hosts.engine_profiles import metric_names
 from flare_diag.daemon.hosts.metrics import parse, selector
 
+ROOT = Path(__file__).resolve().parent.parent
+
 DATA = Path(__file__).resolve().parent / "data" / "metrics"
 
 
@@ -284,3 +286,19 @@ def test_a_local_vllm_recipe_without_prompt_tokens_details_is_named_as_reporting
     profile.write_text(profile.read_text().replace('"--enable-prompt-tokens-details"', '"--enable-prefix-caching"', 1))
     assert cached_tokens_unreported(load_site(profile).profile) == ("--enable-prompt-tokens-details", ["incumbent"])
     assert cached_tokens_unreported(_profile(tmp_path, "flare").profile) is None
+
+
+def test_plan_check_with_a_site_refuses_bodies_its_engine_would_answer_without_usage(tmp_path, capsys):
+    from flare_diag.daemon.cli.commands import main
+    from tests.test_contract_host import _fixture_with
+    _engine_site(tmp_path / "site", "llamacpp")
+    site = tmp_path / "site" / "llamacpp" / "llamacpp.toml"
+    plan = tmp_path / "plan.toml"
+    plan.write_text((ROOT / "fixtures" / "plans" / "2026-10-22-cache-diagnosis.toml").read_text())
+    assert main(["plan", "check", str(plan), "--site", str(site)]) == 0  # the shipped bodies all ask
+    capsys.readouterr()
+    _fixture_with(tmp_path, "c1-52", {"stream_options": None}, body=None)  # found beside the plan first
+    assert main(["plan", "check", str(plan), "--site", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fixture c1-52 body 0 (sha256 " in err and "does not ask for usage" in err, err
+    assert main(["plan", "check", str(plan)]) == 0  # without a site, which engine answers is not known

@@ -625,6 +625,20 @@ def _share(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _bodies_fit_the_sites_engine(path: Path, site: Path, fixtures: dict) -> None:
+    """The fixture checks `run` makes against the site's engine that need no host: every body asks for the
+    usage an engine that streams it only when asked must be asked for (site check's serving.usage)."""
+    from flare_diag.daemon.hosts.profile_rules import usage_unasked, usage_unasked_words
+    from flare_diag.daemon.hosts.site import SiteError, load_site
+    try:
+        profile = load_site(site).profile
+    except SiteError as exc:
+        raise UsageError(f"--site {site}: {exc}") from None
+    unasked = usage_unasked(profile, fixtures)
+    if unasked is not None:
+        raise UsageError(f"plan check {path}: {usage_unasked_words(unasked)} (site check: serving.usage)")
+
+
 def _plan_check(path: Path, as_json: bool = False, site: Path | None = None) -> int:
     """The plan decoded and checked, and its fixtures checked as `rehearse` and `run` check them (found beside
     the plan, beside the site profile when given, then built in; each body against the plan's sampling)."""
@@ -637,6 +651,8 @@ def _plan_check(path: Path, as_json: bool = False, site: Path | None = None) -> 
         fixtures = load_fixtures(plan, [path.parent.resolve(), *([site.parent.resolve()] if site else [])])
     except InputError as exc:
         raise UsageError(f"plan check {path}: {exc}") from None
+    if site is not None:
+        _bodies_fit_the_sites_engine(path, site, fixtures)
     phases = all_phases(plan)
     sizes = {name: len(f.bodies) for name, f in fixtures.items()}
     if as_json:

@@ -72,6 +72,13 @@ def usage_unasked(profile: SiteProfile, fixtures: dict[str, Fixture]) -> str | N
     return None
 
 
+def usage_unasked_words(unasked: str) -> str:
+    """What a site check and a plan check say of the body usage_unasked names."""
+    return (f"{unasked} does not ask for usage (\"stream_options\": {{\"include_usage\": true}}), which this engine "
+            f"streams only when asked: every answer to it would carry no token counts and fail; add it to the bodies "
+            f"(and their manifest's hashes)")
+
+
 def cached_tokens_unreported(profile: SiteProfile) -> tuple[str, list[str]] | None:
     """(the flag, the site's local recipes that lack it) where the engine leaves each answer's cached_tokens out
     without that flag (engine_profiles.REPORTS_CACHED_TOKENS_WITH); None where the engine is not one such that the

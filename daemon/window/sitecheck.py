@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 
 from flare_diag.daemon.hosts import request_schema
-from flare_diag.daemon.hosts.profile_rules import cached_tokens_unreported, refuses_unserved_model, usage_unasked
+from flare_diag.daemon.hosts.profile_rules import (cached_tokens_unreported, refuses_unserved_model, usage_unasked,
+                                                    usage_unasked_words)
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -225,9 +226,7 @@ class _Probe:
             return
         unasked = usage_unasked(self.t.p, self.t.fixtures)
         self.add("serving.usage", OBSERVABLE, "every body asks for usage in its stream" if unasked is None else
-                 f"{unasked} does not ask for usage (\"stream_options\": {{\"include_usage\": true}}), which this "
-                 f"engine streams only when asked: every answer to it would carry no token counts and fail; add it to "
-                 f"the bodies (and their manifest's hashes)", required=unasked is not None, fits=unasked is None)
+                 usage_unasked_words(unasked), required=unasked is not None, fits=unasked is None)
 
     def _cached_tokens_reported(self) -> None:
         """Whether the engine's own recipes have it report each answer's cached_tokens (profile_rules.cached_tokens_unreported):
