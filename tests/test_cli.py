@@ -321,7 +321,9 @@ def test_plan_check_searches_beside_the_site_profile_as_run_does(tmp_path, capsy
     import shutil
     site = tmp_path / "site"
     shutil.copytree(ROOT / "fixtures" / "data" / "c1-52", site / "ours-52")
-    (site / "site.toml").write_text("")  # only its folder is read by plan check
+    assert main(["init-site", "flare", str(site), "--name", "site"]) == 0  # read whole, as run reads it
+    for token in site.glob("*.token"):
+        token.write_text("t0ken-for-the-test\n")
     plan = tmp_path / "plans" / "plan.toml"
     plan.parent.mkdir()
     plan.write_text(PLAN.read_text().replace('"c1-52"', '"ours-52"'))

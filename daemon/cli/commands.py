@@ -300,7 +300,8 @@ def _add_plan_commands(sub, scenarios: str) -> None:  # noqa: ANN001 - argparse'
     pc.add_argument("plan", type=Path, help="the plan (TOML)")
     pc.add_argument("--json", action="store_true", help="one JSON object instead of a line")
     pc.add_argument("--site", type=Path, default=None,
-                    help="the site profile a `run` would name: fixtures beside it are searched too, as `run` does")
+                    help="the site profile a `run` would name, read as `run` reads it: fixtures beside it are searched "
+                         "too, and the bodies are held to what its engine needs (usage asked for)")
     fo = psub.add_parser("follow-on", help="the second window's plan, from a window that earns it",
                          description="From a row_checkpoint_churn window the reproducer reproduces, with a policy that "
                                      "reuses more in the model (--policy), or from a window whose cache effects and trace "
