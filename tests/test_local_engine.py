@@ -7,6 +7,7 @@ run without building llama.cpp; tests/test_peer_llamacpp.py drives the real one.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -182,3 +183,26 @@ async def test_a_model_read_that_never_returns_shows_busy_after_its_load_was_giv
                 await asyncio.sleep(0.05)
     finally:
         await eng.close()
+
+
+def test_run_on_a_site_whose_incumbent_engine_exits_as_it_starts_refuses_in_one_line(tmp_path):
+    # the site check's start of the incumbent raised past it, and `run` printed a traceback at the operator
+    root = Path(__file__).resolve().parent.parent
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "model.gguf").write_bytes(b"weights")
+    (site / "serving.token").write_text(os.urandom(12).hex())
+    (site / "site.toml").write_text((root / "fixtures" / "engines" / "llamacpp" / "site.template.toml").read_text().format(
+        port=_free_port(), binary="/bin/false", cache_mib=4))
+    plan = root / "fixtures" / "plans" / "peer-llamacpp.toml"
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
+                        str(site / "site.toml"), "--out", str(out)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert "serving.health" in p.stderr, p.stderr
+    assert not (out / "log.db").exists()
+    p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site / "site.toml"), "--json"],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    health = next(c for c in json.loads(p.stdout)["capabilities"] if c["name"] == "serving.health")
+    assert p.returncode == 1 and health["reason"] == ("the site's incumbent could not be started: engine incumbent "
+                                                      "exited with status 1 while loading"), health

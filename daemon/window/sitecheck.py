@@ -110,13 +110,20 @@ class _Probe:
                 await step()
             except _ServiceDown:
                 continue
+            except ActionFailed as exc:  # a failure no step expected: one required line, never a traceback
+                self.add(step.__name__, NOT_OBSERVABLE, exc.detail, required=True)
         return self.out
 
     # --- serving --------------------------------------------------------------------------
 
     async def serving(self) -> None:
         t = self.t
-        await t.manager.prepare()  # a local engine is brought to the state a window finds it in
+        try:
+            await t.manager.prepare()  # a local engine is brought to the state a window finds it in
+        except ActionFailed as exc:
+            self.add("serving.health", NOT_OBSERVABLE, f"the site's incumbent could not be started: {exc.detail}",
+                     required=True)
+            raise _ServiceDown from None
         code = (await self.call("serving", t.health({})))["status"]
         self.add("serving.health", OBSERVABLE if code == 200 else NOT_OBSERVABLE,
                  "an incarnation is loaded and ready" if code == 200 else f"/health answered {code}",
