@@ -192,8 +192,11 @@ def test_run_on_a_site_whose_incumbent_engine_exits_as_it_starts_refuses_in_one_
     site.mkdir()
     (site / "model.gguf").write_bytes(b"weights")
     (site / "serving.token").write_text(os.urandom(12).hex())
+    engine = tmp_path / "llama-server"  # says why in its own words, as llama-server does, and exits
+    engine.write_text("#!/bin/sh\necho 'starting'\necho 'error: failed to load model' >&2\nexit 1\n")
+    engine.chmod(0o755)
     (site / "site.toml").write_text((root / "fixtures" / "engines" / "llamacpp" / "site.template.toml").read_text().format(
-        port=_free_port(), binary="/bin/false", cache_mib=4))
+        port=_free_port(), binary=engine, cache_mib=4))
     plan = root / "fixtures" / "plans" / "peer-llamacpp.toml"
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
@@ -204,5 +207,6 @@ def test_run_on_a_site_whose_incumbent_engine_exits_as_it_starts_refuses_in_one_
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site / "site.toml"), "--json"],
                        cwd=root, capture_output=True, text=True, timeout=120)
     health = next(c for c in json.loads(p.stdout)["capabilities"] if c["name"] == "serving.health")
-    assert p.returncode == 1 and health["reason"] == ("the site's incumbent could not be started: engine incumbent "
-                                                      "exited with status 1 while loading"), health
+    assert p.returncode == 1 and health["reason"].startswith("the site's incumbent could not be started: engine "
+                                                             "incumbent exited with status 1 while loading; its log "), health
+    assert health["reason"].endswith("-incumbent.log ends: error: failed to load model"), health

@@ -224,7 +224,8 @@ class LocalEngine:
             raise ActionFailed("load_failed", f"engine {r.name}: {self.host}:{self.port} is already taken by another "
                                               f"process; a second engine is not started on it")
         self.incarnation += 1
-        log = (self.log_dir / f"engine-{self.incarnation}-{r.name}.log").open("ab")
+        log_path = self.log_dir / f"engine-{self.incarnation}-{r.name}.log"
+        log = log_path.open("ab")
         try:
             self.proc = await asyncio.create_subprocess_exec(*self._argv(r), stdout=log, stderr=asyncio.subprocess.STDOUT,
                                                              stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
@@ -237,7 +238,8 @@ class LocalEngine:
         deadline = time.monotonic() + self.load_timeout_s
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:
-                raise ActionFailed("load_failed", f"engine {r.name} exited with status {self.proc.returncode} while loading")
+                raise ActionFailed("load_failed", f"engine {r.name} exited with status {self.proc.returncode} while loading"
+                                                  f"{self._last_words(log_path)}")
             try:
                 if (await self._client.get(f"{self.url}/health")).status_code == 200:
                     self.loaded = r
@@ -247,6 +249,22 @@ class LocalEngine:
             await asyncio.sleep(0.1)
         await self._stop()
         raise ActionFailed("load_failed", f"engine {r.name} was not healthy within {self.load_timeout_s:g} s")
+
+    def _last_words(self, log_path: Path) -> str:
+        """'; its log LOG ends: LINE' (its last line, 200 characters at most, the serving token scrubbed): why an
+        engine exited is in its own words there, and the operator reads the rest of it there."""
+        try:
+            with log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return f"; its log {log_path}"
+        last = " ".join(lines[-1].split())[:200] if lines else "(empty)"
+        try:
+            token = self.api_key_file.read_text().strip() if self.api_key_file is not None else ""
+        except OSError:
+            token = ""
+        return f"; its log {log_path} ends: {last.replace(token, '***') if token else last}"
 
     async def _stop(self) -> None:
         p, self.proc, self.loaded = self.proc, None, None
