@@ -153,3 +153,31 @@ async def test_a_stream_whose_event_never_ends_is_refused_past_the_answer_cap_no
         await _chat(answer, 30.0)
     assert got.value.error == "malformed_transport"
     assert str(got.value) == f"chat completion: an answer of more than {MAX_ANSWER_BYTES} bytes (at most that many are read)"
+
+
+async def test_a_stream_the_engine_ended_as_abort_without_usage_is_its_failed_request_not_a_malformed_one():
+    async def answer(write: Write) -> None:
+        await write(_event(CHUNK))
+        await write(_event({**LAST, "choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}], "usage": None})
+                    + _event(b"[DONE]"))
+    with pytest.raises(ActionFailed) as got:
+        await _chat(answer, 30.0)
+    assert got.value.error == "engine_error"
+    assert str(got.value).endswith("the engine ended it itself (finish_reason 'abort', after 2 event(s)): no whole generation")
+
+
+async def test_a_preflight_held_by_its_engine_after_its_first_event_stalls_at_the_bound_naming_the_preflight():
+    async def answer(write: Write) -> None:
+        await write(_event(CHUNK))
+        await asyncio.sleep(60)  # the engine holds the rest (a minute at most)
+    async for url in _serving(answer):
+        target = Target(sim_site(url, "t0ken"), {}, "")
+        target.stall = StallBound(1.0, 1.0, 1.0)
+        try:
+            with pytest.raises(ActionFailed) as got:
+                await target.stream_short("serving", f"{url}/v1/chat/completions", b'{"max_tokens": 8, "stream": true}',
+                                          "direct preflight")
+        finally:
+            await target.close()
+    assert got.value.error == "stalled"
+    assert str(got.value).endswith("direct preflight: no event for 1 s (timing.stall_s), after 1 event(s)")

@@ -248,11 +248,11 @@ class _Answer:
         """Its RequestDone fields, once the stream has ended; malformed_transport without [DONE] or usage."""
         if self.end is None:
             raise ActionFailed("malformed_transport", "chat completion: the stream ended without [DONE]")
-        if self.usage is None:
-            raise ActionFailed("malformed_transport", "chat completion: no usage before [DONE]")
-        if self.finish in ENDED_BY_ENGINE:
+        if self.finish in ENDED_BY_ENGINE:  # before the usage: an engine that gave up on it may send none
             raise ActionFailed("engine_error", f"chat completion: the engine ended it itself (finish_reason "
                                                f"{self.finish!r}, after {self.events} event(s)): no whole generation")
+        if self.usage is None:
+            raise ActionFailed("malformed_transport", "chat completion: no usage before [DONE]")
         u = self.usage
         return dict(finish_reason=self.finish, visible_output=self.visible,
                     reasoning_only=self.reasoning and not self.visible, prompt_tokens=u.get("prompt_tokens"),
