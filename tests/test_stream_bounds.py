@@ -46,15 +46,21 @@ async def _serving(answer: Callable[[Write], Awaitable[None]]) -> AsyncIterator[
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-async def _chat(answer: Callable[[Write], Awaitable[None]], stall_s: float, body: bytes = b"{}") -> dict:
+async def _on_target(answer: Callable[[Write], Awaitable[None]], stall_s: float,
+                     call: Callable[[Target, str], Awaitable[dict]]) -> dict:
+    """`call(target, chat URL)` on a target bound by `stall_s`, against a server answering with `answer`."""
     async for url in _serving(answer):
         target = Target(sim_site(url, "t0ken"), {}, "")
         target.stall = StallBound(stall_s, stall_s, stall_s)
         try:
-            return await target.stream_chat("serving", f"{url}/v1/chat/completions", body)
+            return await call(target, f"{url}/v1/chat/completions")
         finally:
             await target.close()
     raise AssertionError("no server")
+
+
+async def _chat(answer: Callable[[Write], Awaitable[None]], stall_s: float, body: bytes = b"{}") -> dict:
+    return await _on_target(answer, stall_s, lambda target, url: target.stream_chat("serving", url, body))
 
 
 async def test_a_stream_that_only_sends_keep_alive_comments_after_its_first_event_stalls_at_the_bound():
@@ -170,14 +176,8 @@ async def test_a_preflight_held_by_its_engine_after_its_first_event_stalls_at_th
     async def answer(write: Write) -> None:
         await write(_event(CHUNK))
         await asyncio.sleep(60)  # the engine holds the rest (a minute at most)
-    async for url in _serving(answer):
-        target = Target(sim_site(url, "t0ken"), {}, "")
-        target.stall = StallBound(1.0, 1.0, 1.0)
-        try:
-            with pytest.raises(ActionFailed) as got:
-                await target.stream_short("serving", f"{url}/v1/chat/completions", b'{"max_tokens": 8, "stream": true}',
-                                          "direct preflight")
-        finally:
-            await target.close()
+    body = b'{"max_tokens": 8, "stream": true}'
+    with pytest.raises(ActionFailed) as got:
+        await _on_target(answer, 1.0, lambda target, url: target.stream_short("serving", url, body, "direct preflight"))
     assert got.value.error == "stalled"
     assert str(got.value).endswith("direct preflight: no event for 1 s (timing.stall_s), after 1 event(s)")
