@@ -22,7 +22,7 @@ from flare_diag.policies import guards, rules, steady
 from flare_diag.policies.core import WindowCore
 from flare_diag.policies.drain import drain
 from flare_diag.policies.driver import Proc, Quiet, Sleep
-from flare_diag.policies.restore_reads import admitted_settled, monitoring_settled, read_again, read_identity
+from flare_diag.policies.restore_reads import admitted_settled, monitoring_settled, pause, read_again, read_identity
 
 
 def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
@@ -123,6 +123,8 @@ def steady_state_after(w: WindowCore) -> Proc:
 
 
 RESTORE_PASSES = 3  # an engine that keeps restarting under the restore is not one to readmit
+UNAVAILABLE_LOAD = ("http_502", "http_503")  # a load refused before the manager did anything with it
+LOAD_AGAIN_S = 10.0  # how long after such a refusal the incumbent's load is sent again
 
 
 def restore(w: WindowCore) -> Proc:
@@ -304,7 +306,9 @@ def readmitted(w: WindowCore, re: Any) -> Generator[Any, Any, bool]:
 
 def load_incumbent(w: WindowCore, recipe: str | None, sha: str) -> Proc:
     """The incumbent's load, tried twice. A first load that got no answer may have finished after the window
-    stopped waiting: the manager is asked first, and the incumbent it shows loaded is not loaded over."""
+    stopped waiting: the manager is asked first, and the incumbent it shows loaded is not loaded over. One the
+    manager (or a proxy before it) refused as unavailable is tried again a moment later, not at once: a manager
+    still releasing what the candidate held refuses the same load again at once."""
     for attempt in range(2):
         r = yield from w.act("load", {"recipe": recipe, "sha256": sha, "label": "incumbent"})
         if r.ok or attempt:
@@ -313,6 +317,8 @@ def load_incumbent(w: WindowCore, recipe: str | None, sha: str) -> Proc:
             st = yield from w.act("manager_state", {})
             if (now := _loaded(st)) is not None and now.sha256 == sha:
                 return
+        elif r.error in UNAVAILABLE_LOAD:
+            yield from pause(w, LOAD_AGAIN_S)
 
 
 def _loaded(st: Any) -> LoadedRecipe | None:

@@ -47,6 +47,15 @@ def read_until(w: WindowCore, action: str, args: dict[str, Any], res: Any, done:
     return res
 
 
+def pause(w: WindowCore, wait_s: float) -> Generator[Any, Any, None]:
+    """A wait of `wait_s` (never less than SETTLE_MIN_REAL_S of real time), cut to the restore's budget."""
+    until = w.now + int(effective_s(wait_s, SETTLE_MIN_REAL_S, w.time_scale) * NS_PER_S)
+    if w.state.restore_end_ns is not None:
+        until = min(until, w.state.restore_end_ns)
+    if until > w.now:
+        yield Sleep(until)
+
+
 def _answered(res: Any) -> bool:
     return bool(res.ok) or res.error not in PASSING_ERRORS
 

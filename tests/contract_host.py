@@ -55,6 +55,8 @@ Misbehaviours of real engines and supervisors:
   proxy still coming up does.
 - `readmit_applied_after_s` (seconds): the router answers a readmit at once and applies it that long after, as one
   that pushes the change to its proxies does; its backends show the primary out until then.
+- `busy_after_unload_s` (seconds): for that long after an unload, a load of the incumbent is refused 503, as a
+  manager still releasing what the last engine held refuses it.
 - `runaway_chat` (k): the k-th chat request's stream (on the serving port) goes on, one token an event, past
   its body's max_tokens until its client hangs up, as an engine that reads another field than max_tokens does.
 - `splice_nth` ([k, ...]): the k-th chat requests' streams go on, after their third event, under another
@@ -116,6 +118,7 @@ class State:
         self.loading_incumbent = False
         self.hung: int | None = None  # the incarnation that holds every generation (cfg hang_incumbent_reload)
         self.incumbent_back: float | None = None  # when the incumbent was last loaded back (cfg monitoring_lag_s)
+        self.unloaded_at = float("-inf")  # when the last unload was answered (cfg busy_after_unload_s)
         self.log = open(cfg["request_log"], "a", buffering=1) if cfg.get("request_log") else None
         self._reset()
 
@@ -652,6 +655,8 @@ def r_load(h, raw) -> None:
     if got is None:
         return
     st: State = h.server.state
+    if got[1] == st.cfg["incumbent"] and time.monotonic() - st.unloaded_at < st.cfg.get("busy_after_unload_s", 0):
+        return h.error(503, "unavailable", "the manager is still releasing the last engine's memory")
     st.loads += 1
     st.starting = st.loads == st.cfg.get("hang_load")  # the n-th load's engine never becomes healthy
     if st.starting:
@@ -692,6 +697,7 @@ def r_unload(h, raw) -> None:
     if st.loaded != got[1]:
         return h.error(409, "conflict", "that recipe is not loaded")
     st.loaded = None
+    st.unloaded_at = time.monotonic()
     h.send_json({})
 
 

@@ -341,3 +341,15 @@ def test_a_restored_incumbent_that_refuses_its_first_preflight_while_warming_is_
     rest = r["restoration"]
     assert (rc, r["outcome"], rest["direct_preflight"], rest["readmitted"], rest["verified"]) == \
         (0, "completed", True, True, True), (rest, r["alarms"])
+
+
+def test_an_incumbent_load_refused_while_the_manager_releases_the_candidate_is_sent_again_a_moment_later(
+        tmp_path, small_plan):
+    # the manager refuses loads of the incumbent for two real seconds after the candidate's unload: the second
+    # attempt went out at once, was refused too, and the restore failed with the primary left out of rotation
+    rc, r, seen = _window(tmp_path, _without_trace(small_plan, tmp_path), busy_after_unload_s=2)
+    rest = r["restoration"]
+    assert (rc, r["outcome"], rest["incumbent_sha256_match"], rest["verified"]) == (0, "completed", True, True), \
+        (rest, r["alarms"])
+    last_unload = max(i for i, x in enumerate(seen) if x.get("path") == "/manager/v1/unload")
+    assert len([x for x in seen[last_unload:] if x.get("path") == "/manager/v1/load"]) == 2  # refused, then loaded
