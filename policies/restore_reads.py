@@ -30,17 +30,23 @@ MONITORING_SETTLE_S, MONITORING_READS = 120.0, 12
 READMIT_SETTLE_S, READMIT_READS = 30.0, 6
 
 
-def read_until(w: WindowCore, action: str, args: dict[str, Any], res: Any, done: Callable[[Any], bool],
-               bound_s: float, reads: int) -> Generator[Any, Any, Any]:
-    """`res`, a read of the restore, asked again every bound/reads until `done` says of an answer that it settles
-    the read, or the bound passes (never past the restore's budget or the window's end): the last answer."""
-    bound_s = effective_s(bound_s, SETTLE_MIN_REAL_S, w.time_scale)
-    step = int(bound_s / reads * NS_PER_S)
-    end = w.now + int(bound_s * NS_PER_S)
+def _until(w: WindowCore, bound_s: float) -> int:
+    """`bound_s` from now (never less than SETTLE_MIN_REAL_S of real time), cut to the restore's budget and the
+    window's end."""
+    end = w.now + int(effective_s(bound_s, SETTLE_MIN_REAL_S, w.time_scale) * NS_PER_S)
     if w.state.restore_end_ns is not None:
         end = min(end, w.state.restore_end_ns)
     if w.state.t0 is not None:
         end = min(end, w.state.t0 + int(w.plan.timing.window_min * NS_PER_MIN))
+    return end
+
+
+def read_until(w: WindowCore, action: str, args: dict[str, Any], res: Any, done: Callable[[Any], bool],
+               bound_s: float, reads: int) -> Generator[Any, Any, Any]:
+    """`res`, a read of the restore, asked again every bound/reads until `done` says of an answer that it settles
+    the read, or the bound passes (never past the restore's budget or the window's end): the last answer."""
+    step = int(effective_s(bound_s, SETTLE_MIN_REAL_S, w.time_scale) / reads * NS_PER_S)
+    end = _until(w, bound_s)
     while not done(res) and w.now + step <= end:
         yield Sleep(w.now + step)
         res = yield from w.act(action, args)
@@ -49,9 +55,7 @@ def read_until(w: WindowCore, action: str, args: dict[str, Any], res: Any, done:
 
 def pause(w: WindowCore, wait_s: float) -> Generator[Any, Any, None]:
     """A wait of `wait_s` (never less than SETTLE_MIN_REAL_S of real time), cut to the restore's budget."""
-    until = w.now + int(effective_s(wait_s, SETTLE_MIN_REAL_S, w.time_scale) * NS_PER_S)
-    if w.state.restore_end_ns is not None:
-        until = min(until, w.state.restore_end_ns)
+    until = _until(w, wait_s)
     if until > w.now:
         yield Sleep(until)
 
