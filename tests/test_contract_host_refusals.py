@@ -276,7 +276,9 @@ def test_an_incumbent_that_holds_its_preflight_fails_the_restore_at_the_stall_bo
     said = next(a["detail"] for a in r["alarms"] if a["kind"] == "direct_preflight_failed")
     assert said == ("the incumbent is back but does not serve: direct preflight: no event for 300 s (timing.stall_s 3 s, "
                     "raised by the scaled clock's real-seconds floor), after 1 event(s)"), said
-    assert rest["finished_minute"] - rest["started_minute"] < 10, rest  # the stall bound is 5 window minutes
+    # the stall bound is 5 window minutes (5 real s at x60); the deadline left the preflight the whole 20-minute
+    # reserve, which a slow machine's real seconds (a window minute each here) cannot stretch this restore to
+    assert rest["finished_minute"] - rest["started_minute"] < 19, rest
 
 
 def test_a_stream_the_engine_ended_itself_as_abort_is_a_failed_request_not_a_measured_one(tmp_path, small_plan):
