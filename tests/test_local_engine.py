@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -51,9 +52,24 @@ def _orphan(argv: list[str]) -> int:
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
+def _serving_orphan() -> tuple[int, int]:
+    """(port, pid) of a stand-in engine left running as a killed daemon leaves it, once it answers: a port another
+    test took between `_free_port` and the engine's bind (both cores busy, five workers) makes it exit, and
+    then another port is tried."""
+    for _ in range(5):
+        port = _free_port()
+        pid = _orphan([sys.executable, str(FAKE), "--host", "127.0.0.1", "--port", str(port)])
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return port, pid
+            time.sleep(0.05)
+    raise AssertionError("no stand-in engine came up on a free port")
+
+
 async def test_an_engine_left_running_by_a_killed_daemon_is_stopped_before_the_incumbent_starts(tmp_path):
-    port = _free_port()
-    orphan = _orphan([sys.executable, str(FAKE), "--host", "127.0.0.1", "--port", str(port)])
+    port, orphan = _serving_orphan()
     (tmp_path / "engine-logs").mkdir()
     (tmp_path / "engine-logs" / PIDFILE).write_text(f"{orphan}\n")
     eng = _engine(tmp_path, port)
