@@ -241,7 +241,10 @@ class WindowPolicy(WindowCore):
             return
         health = inp.health_after
         gone = health is not None and rules.engine_gone(inp.error, health)
-        reason = "engine_lost" if gone else rules.abort_for_error(inp.error)
+        # a /health that could not be read is what the procedure that asked it judges (the engine gone), never a
+        # broken transport in its own right: vLLM's API server exits soon after its EngineCore died
+        judged_by_asker = action == "health"
+        reason = "engine_lost" if gone else None if judged_by_asker else rules.abort_for_error(inp.error)
         if reason:
             # a request by its phase and order, as cells and the report number it (an action id is no request's number)
             where = f"{inp.phase} #{inp.order_index} (action {inp.action_id})" if isinstance(inp, RequestDone) \

@@ -1063,3 +1063,16 @@ def test_a_first_request_that_finds_nothing_leaves_the_cold_prime_measured_whate
         return None
     _w, h = run(w, later_hits)
     assert cells(h)["A.forward_prime"].status == "measured"
+
+
+def test_a_request_failed_inside_the_engine_whose_health_cannot_be_read_then_aborts_engine_lost_not_transport():
+    # vLLM's EngineCore killed: the request answers 500, and by the time /health is asked the API server has
+    # exited too (seen on a real vLLM in a clean-clone CI): the /health read's own ConnectError was judged as a
+    # broken transport (`malformed_transport`) before the phase could judge the engine gone
+    w = World(plan_builtins())
+    w.request_error[12] = "http_500"
+    w.fail["health"] = "transport"
+    _w, h = run(w)
+    a = abort(h)
+    assert a.reason == "engine_lost", a
+    assert a.detail.endswith("failed with http_500 and /health could not be read (injected transport)"), a.detail
