@@ -218,7 +218,7 @@ def test_run_on_a_site_whose_incumbent_engine_exits_as_it_starts_refuses_in_one_
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site",
                         str(site / "site.toml"), "--out", str(out)], cwd=root, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr[-2000:]
-    assert "serving.health" in p.stderr, p.stderr
+    assert "serving.health" in p.stderr and "error: failed to load model" in p.stderr, p.stderr  # the why, in its line
     assert not (out / "log.db").exists()
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "site", "check", str(site / "site.toml"), "--json"],
                        cwd=root, capture_output=True, text=True, timeout=120)

@@ -328,6 +328,7 @@ def test_run_on_llama_server_refuses_bodies_that_do_not_ask_for_usage_before_any
     p = subprocess.run([sys.executable, "-m", "flare_diag.daemon.cli", "run", "--plan", str(plan), "--site", str(site),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "serving.usage" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "streams only when asked" in p.stderr, p.stderr[-2000:]  # the refusal says why, not only what
     assert not (out / "log.db").exists()  # nothing started: no window, no log
     assert _engines_stop(tmp_path)
 

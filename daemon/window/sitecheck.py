@@ -65,14 +65,21 @@ class SiteCheck:
         tally = ", ".join(f"{n} {s}" for s, n in counts.items())
         if self.ready:
             return f"site check: ready: everything the plan needs is observable on site {self.site} ({tally})"
-        unhealthy = [f"{c.name}: {c.reason}" for c in self.capabilities if c.missing and c.fits is False
-                     and (c.name.startswith("guard.") or c.name in ("serving.request_schema", "manager.state"))]
+        # every line that holds the window back says why: the operator reading `run`'s one-line refusal
+        # should not need a second command to learn what to mend
+        why = [*self.services.values(), *(f"{c.name}: {c.reason}" for c in self.capabilities if c.missing)]
         return (f"site check: NOT READY: site {self.site} lacks what the plan needs: {', '.join(self.missing)} "
-                f"({tally})" + "".join(f"; {u}" for u in unhealthy))
+                f"({tally})" + "".join(f"; {_one_line(w)}" for w in why))
 
     def as_dict(self) -> dict:
         return {"site": self.site, "plan": self.plan, "ready": self.ready, "missing": self.missing,
                 "services": self.services, "capabilities": [{**asdict(c), "missing": c.missing} for c in self.capabilities]}
+
+
+def _one_line(reason: str, most: int = 400) -> str:
+    """A reason as one bounded line: an engine's log tail or a service's error may carry newlines or run long."""
+    flat = " ".join(reason.split())
+    return flat if len(flat) <= most else flat[: most - 3] + "..."
 
 
 class _ServiceDown(Exception):
