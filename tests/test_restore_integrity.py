@@ -14,6 +14,7 @@ from flare_diag.events.reader import LogReader
 from tests.daemontools import Sim
 from tests.test_fault_matrix import ROOT, aborted_and_restored, rehearse, rehearse_printing
 from tests.reviewtools import with_review
+from tests.simtools import flare_diag_here
 
 
 def _events(log) -> list:
@@ -144,6 +145,18 @@ def test_a_router_that_hangs_is_the_router_watch_lost_and_the_primary_stays_out(
     assert len(gpu_after) >= 2  # the GPU watch went on answering beside the hung router
     abort_at = next(i for i, e in enumerate(evs) if type(e).__name__ == "AbortDecided")
     assert not [e for e in evs[abort_at:] if type(e).__name__ == "ActionRequested" and e.experimental]
+
+
+def test_a_watch_read_the_host_holds_past_its_deadline_is_logged_a_timeout_not_this_daemons_error(small_plan, tmp_path):
+    # the hung router's reads ended at the watch's own deadline, and were logged as the daemon's internal
+    # error ("not the host's fault"), with a traceback on stderr, when the host was the one that held them
+    out = tmp_path / "out"
+    rc, _stdout, stderr = flare_diag_here("rehearse", "--plan", str(small_plan), "--out", str(out),
+                                          "--fault", "router_hang@before_load=1")
+    failed = [e for e in _events(out / "log.db") if type(e).__name__ == "WatchFailed" and e.source == "router"]
+    assert failed and {e.error for e in failed} == {"timeout"}, {(e.error, e.detail) for e in failed}
+    assert "no answer within" in failed[0].detail and "internal" not in failed[0].detail, failed[0].detail
+    assert "Traceback" not in stderr, stderr[-2000:]
 
 
 def test_a_readmit_the_router_acknowledges_but_does_not_apply_is_not_called_verified(small_plan, tmp_path):

@@ -301,9 +301,13 @@ class Runner:
             window_s = effective_s(planned, STALL_MIN_REAL_S, self.scale) if self.scale > 1 else planned
             self.target.stall = StallBound(window_s / self.scale, window_s, planned)
 
-    def _poll_deadline_s(self) -> float:
+    def _poll_window_s(self) -> float:
+        """A watch's read deadline in window seconds: the plan's action timeout."""
         t = self.policy.plan.timing if self.policy.plan is not None else None
-        return self._real_s(t.action_timeout_s if t else 60.0)
+        return t.action_timeout_s if t else 60.0
+
+    def _poll_deadline_s(self) -> float:
+        return self._real_s(self._poll_window_s())
 
     def _real_s(self, window_s: float) -> float:
         """A deadline in real seconds: the window's, divided by the time scale, but never below
@@ -393,7 +397,10 @@ class Runner:
                 self._send.send_nowait(msgspec.structs.replace(f, detail=f"guard {g.name}: {f.detail}"))
 
     def _watch_failed(self, source: str, exc: Exception) -> WatchFailed:
-        f = classify_exception(exc, f"{source} watch")
+        if isinstance(exc, TimeoutError):  # the watch's own deadline: the host held the read, not this daemon's bug
+            f = ActionFailed("timeout", f"{source} watch: no answer within its deadline of {self._poll_window_s():g} s")
+        else:
+            f = classify_exception(exc, f"{source} watch")
         return WatchFailed(at_ns=self.now(), source=source, error=f.error,
                            detail=scrub(f.detail, self.target.site.tokens.values()))
 
