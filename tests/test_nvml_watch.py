@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
+import threading
 import time
 import types
 
 import pytest
 
+from flare_diag.daemon.hosts.host import NvmlGpu
 from flare_diag.daemon.hosts.nvml import NvmlUnavailable, XidWatcher, read_gpus
 
 
@@ -116,3 +119,52 @@ def test_read_gpus_without_nvml_says_why():
     nv.nvmlInit = fail
     with pytest.raises(NvmlUnavailable, match="NVML unavailable"):
         read_gpus(nv)
+
+
+def _blocking_reads(nv: types.SimpleNamespace) -> tuple[threading.Event, list[int]]:
+    """Reads of the GPUs' memory that block until the event is set (a driver that stopped answering), and
+    the most of them ever in flight at once."""
+    release, inflight, most = threading.Event(), [0], [0]
+    memory = nv.nvmlDeviceGetMemoryInfo
+
+    def held(h):
+        inflight[0] += 1
+        most[0] = max(most[0], inflight[0])
+        release.wait(10)
+        inflight[0] -= 1
+        return memory(h)
+    nv.nvmlDeviceGetMemoryInfo = held
+    return release, most
+
+
+async def test_a_gpu_read_nvml_does_not_return_is_not_joined_by_another_thread_at_each_poll():
+    nv = fake_nvml([])
+    release, most = _blocking_reads(nv)
+    gpu = NvmlGpu(nv)
+    try:
+        for _ in range(5):  # the GPU watch's polls, each under its own deadline
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(gpu.view(), 0.05)
+        assert most[0] == 1  # one thread held by the read that never returned, not one a poll
+        release.set()
+        view = await asyncio.wait_for(gpu.view(), 5)
+        assert [g["uuid"] for g in view["gpus"]] == ["GPU-h0", "GPU-h1"] and nv.calls.count("init") == 1 + 2
+    finally:
+        release.set()
+        await gpu.close()
+
+
+async def test_two_callers_at_once_each_get_a_read_of_their_own_one_after_the_other():
+    nv = fake_nvml([])
+    release, most = _blocking_reads(nv)
+    gpu = NvmlGpu(nv)
+    try:
+        both = asyncio.gather(gpu.view(), gpu.view())
+        await asyncio.sleep(0.05)
+        release.set()
+        first, second = await asyncio.wait_for(both, 5)
+        assert first["gpus"] and second["gpus"] and first is not second and most[0] == 1
+        assert nv.calls.count("init") == 1 + 2  # one Xid watcher's, then each read's own
+    finally:
+        release.set()
+        await gpu.close()

@@ -8,6 +8,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flare_diag.daemon.hosts.errors import ActionFailed
@@ -152,28 +153,45 @@ class SimGpu:
 
 class NvmlGpu:
     """The host's GPUs through NVML. NVML blocks: the reads and the Xid event wait stay off the event
-    loop, the watcher on a thread of its own, started at the first read."""
+    loop, the watcher on a thread of its own, started at the first read. One read at a time: a caller waits for
+    the read in flight to return before its own starts, so a read NVML never returns (a driver that stopped
+    answering) is not joined by another each second, each holding one of the worker threads the daemon's
+    other blocking calls share, until none is left."""
 
     present = True
     source = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, nv: ModuleType | None = None) -> None:
+        self._nv = nv  # NVML's module; None: nvidia-ml-py's, imported at the first read
         self._xids: XidWatcher | None = None
+        self._reading: asyncio.Future[dict[str, Any]] | None = None
 
     async def view(self) -> dict[str, Any]:
-        from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
+        view = await self._read()
         xids = self._xids
-        if xids is None:
-            xids = XidWatcher()
-            await asyncio.to_thread(xids.start)  # NvmlUnavailable on a machine without the driver
-            self._xids = xids
-        view = await asyncio.to_thread(read_gpus)
+        assert xids is not None  # the read started it first
         view["xid_events"] = xids.events()
         if xids.error:
             view["xid_watch_error"] = xids.error
         if xids.unsupported:
             view["unsupported"] = list(xids.unsupported)
         return view
+
+    async def _read(self) -> dict[str, Any]:
+        """A read of this caller's own, started once the read in flight (anyone's) has returned."""
+        while self._reading is not None and not self._reading.done():
+            await asyncio.wait([self._reading])  # a caller's deadline ends this wait, never the read
+        self._reading = asyncio.get_running_loop().run_in_executor(None, self._read_blocking)
+        return await asyncio.shield(self._reading)  # a caller's deadline leaves the read to finish alone
+
+    def _read_blocking(self) -> dict[str, Any]:
+        """The Xid watcher started (once; NvmlUnavailable on a machine without the driver), then the GPUs read."""
+        from flare_diag.daemon.hosts.nvml import XidWatcher, read_gpus
+        if self._xids is None:  # reads run one at a time: no second watcher
+            xids = XidWatcher(self._nv)
+            xids.start()
+            self._xids = xids
+        return read_gpus(self._nv)
 
     async def close(self) -> None:
         if self._xids is not None:
