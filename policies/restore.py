@@ -25,13 +25,13 @@ from flare_diag.policies.driver import Proc, Quiet, Sleep
 from flare_diag.policies.restore_reads import admitted_settled, monitoring_settled, pause, read_again, read_identity
 
 
-def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, list[str]]:
+def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, tuple[list[str], Any]]:
     """Right before the primary is readmitted: every rule that aborts an experiment, applied to the
     restored incumbent. The router (the quiesced backend still out, nothing in flight), the GPUs (no
     new Xid, memory under its bound, the same UUIDs and power limits), the engine (idle: every drain
     gauge at zero; within its growth bounds, resident memory not grown past the bound since the
     restore's first observation) and the identity (the incumbent's as read before the take-down).
-    Each breach, as a sentence; any one keeps the primary out."""
+    Each breach, as a sentence (any one keeps the primary out), and the router's answer it read."""
     plan = w.plan
     router, gpu, m, ident = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"}),
                                                    ("scrape_metrics", {}), ("read_identity", {})])
@@ -83,7 +83,7 @@ def last_gate(w: WindowCore, identity: dict[str, Any]) -> Generator[Any, Any, li
                               where=f"{before} the incumbent's identity differs from before the take-down")
         if hit := guards.judge("identity", {"identity": ident.data}, ictx):
             out.append(f"{hit[0]}: {hit[1]}")
-    return out
+    return out, router
 
 
 STEADY_AFTER_MAX_MIN = 5.0  # how long after the readmission the guards are waited for
@@ -133,7 +133,7 @@ def restore(w: WindowCore) -> Proc:
     identity: dict[str, Any] = {}
     for _pass in range(RESTORE_PASSES):
         seen = w.state.restore_restarts
-        checks, identity, breaches = yield from restore_pass(w)
+        checks, identity, breaches, router = yield from restore_pass(w)
         if w.state.restore_restarts == seen:
             break
     else:
@@ -141,7 +141,7 @@ def restore(w: WindowCore) -> Proc:
     for breach in breaches:
         w.restore_fault(breach)
     checks["no_fault_during_restore"] = not w.state.restore_faults
-    yield from readmission(w, checks)
+    yield from readmission(w, checks, router)
     if checks.get("readmitted"):
         # what the window may have changed, every field of it, against the identity before the take-down
         after = yield from read_identity(w)
@@ -182,9 +182,9 @@ def restored_identity(w: WindowCore, before: dict[str, Any], after: Any) -> bool
     return not changes
 
 
-def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dict[str, Any], list[str]]]:
+def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dict[str, Any], list[str], Any]]:
     """One pass of the restore's checks, from the manager's state to the last gate: (checks, the
-    identity the incumbent is held to, the last gate's breaches)."""
+    identity the incumbent is held to, the last gate's breaches, the router's latest answer)."""
     checks: dict[str, Any] = {}
     inc = w.state.incumbent
     recipe, sha, identity = (inc.recipe, inc.sha256, inc.identity) if inc else (None, None, {})
@@ -242,8 +242,8 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     if w.state.took_down and not [k for k in ("incumbent_sha256_match", "direct_preflight", "containment")
                             if checks[k] is False]:
         # the last gate: every rule that would abort an experiment, applied before the primary goes back
-        breaches = yield from last_gate(w, identity)
-    return checks, identity, breaches
+        breaches, now_router = yield from last_gate(w, identity)
+    return checks, identity, breaches, now_router
 
 
 def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator[Any, Any, Any]:
@@ -258,8 +258,9 @@ def trace_back(w: WindowCore, identity: dict[str, Any], ident: Any) -> Generator
     return (yield from read_identity(w))
 
 
-def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
-    """The primary back in rotation, only when every check of the restore holds; the routed path tried."""
+def readmission(w: WindowCore, checks: dict[str, Any], router: Any) -> Proc:
+    """The primary back in rotation, only when every check of the restore holds; the routed path tried.
+    `router`: the restore's latest read of the router's backends."""
     unready = [k for k in ("incumbent_sha256_match", "direct_preflight", "containment", "no_fault_during_restore")
                if checks[k] is False]
     if "router" in w.state.snapshots and w.state.snapshots["router"] is None:  # the site has no router
@@ -276,7 +277,7 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         checks["readmitted"] = False
         checks["routed_preflight"] = False
         why = ", ".join(unready) + " failed" + (f" ({'; '.join(w.state.restore_faults)})" if w.state.restore_faults else "")
-        w.emit(Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}"))
+        w.emit(_not_readmitted(router, why))
     else:
         w.readmit_sent()
         re = yield from w.act("readmit", {})
@@ -284,6 +285,18 @@ def readmission(w: WindowCore, checks: dict[str, Any]) -> Proc:
         routed = yield from w.act("preflight", {"path": "routed"})
         routed = yield from read_again(w, "preflight", {"path": "routed"}, routed)
         checks["routed_preflight"] = None if routed.error == "not_applicable" else bool(routed.ok)
+
+
+def _not_readmitted(router: Any, why: str) -> Alarm:
+    """What a person must know of a primary the window did not readmit: out of rotation, or, where the router's
+    own latest view shows it admitted (a supervisor or a person admitted it, not the window), perhaps taking
+    traffic on an incumbent whose restore did not verify."""
+    backend = read(RouterView, router).backend if router is not None and router.ok else None
+    if backend is not None and backend.admitted is True:
+        return Alarm(kind="primary_admitted_unverified", detail=(
+            f"the router shows backend {backend.id} admitted, though the window did not readmit it: it may be taking "
+            f"traffic on an incumbent whose restore did not verify ({why}); take it out of rotation, then check it"))
+    return Alarm(kind="primary_left_quiesced", detail=f"not readmitted to the router: {why}")
 
 
 def readmitted(w: WindowCore, re: Any) -> Generator[Any, Any, bool]:

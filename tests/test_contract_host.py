@@ -422,15 +422,18 @@ def test_site_check_prints_no_token_a_host_echoes_back_in_its_error_body(tmp_pat
             assert tok not in p.stdout + p.stderr  # ... without the token it echoed
 
 
-def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is_left_to_a_person(tmp_path, small_plan):
+def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is_left_to_a_person_who_is_told_it_is_admitted(tmp_path, small_plan):
     # the window aborts (identity drift after three requests); as the restore loads the incumbent the
     # router admits the backend by itself: the last gate before readmit sees it and keeps it out
     rc, r, seen = _window_without_trace(tmp_path, small_plan, cache_entries=4, admit_on_incumbent_load=True,
                                         drift={"after": 3, "field": "tensor_parallel", "value": 1})
     assert (rc, r["outcome"]) == (3, "restore_failed"), (r["abort"], r["restoration"], r["alarms"])
     assert r["restoration"]["readmitted"] is False
-    left = next(a for a in r["alarms"] if a["kind"] == "primary_left_quiesced")
-    assert "containment" in left["detail"] and "before readmit" in left["detail"]
+    # the router shows it admitted: the alarm says so, never that the primary was left out of rotation
+    left = next(a for a in r["alarms"] if a["kind"] == "primary_admitted_unverified")
+    assert "containment" in left["detail"] and "before readmit" in left["detail"], left
+    assert "backend primary admitted, though the window did not readmit it" in left["detail"], left
+    assert "primary_left_quiesced" not in [a["kind"] for a in r["alarms"]]
     assert not [x for x in seen if "/readmit" in x.get("path", "")]
 
 

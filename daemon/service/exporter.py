@@ -108,6 +108,7 @@ class ServiceMetrics(Collector):
             yield GaugeMetricFamily("flare_diag_fleet_lease_held", "1 while this host holds its pool's lease",
                                     value=1.0 if f.get("lease") else 0.0)
         yield GaugeMetricFamily("flare_diag_primary_left_quiesced",
-                                "1 when no window runs and the primary may still be out of rotation: a restore that "
-                                "did not verify, or a window left unfinished; a person is needed",
+                                "1 when no window runs and the primary may still be out of rotation (or back in it unverified, "
+                                "by someone else's hand): a restore that did not verify, or a window left unfinished; "
+                                "a person is needed",
                                 value=1.0 if left and not w else 0.0)
