@@ -152,7 +152,9 @@ def containment_rule(data: Mapping[str, Any], ctx: Context) -> Abort:
         # `inflight` is routed requests only (docs/host-api.md); a router adapter that reports the
         # engine's running requests counts the window's own direct ones: said, never taken for the cause
         same = not backend.get("admitted") and backend.get("inflight") == ctx.direct_inflight
-        return "containment", (f"quiesced backend {backend.get('id')} is receiving traffic"
+        # what was seen, no more: requests in flight are traffic; an admission alone is a route to it
+        seen = "is receiving traffic" if backend.get("inflight") else "is admitted again, so the router may send it traffic"
+        return "containment", (f"quiesced backend {backend.get('id')} {seen}"
                                f" (admitted={backend.get('admitted')}, inflight={backend.get('inflight')})"
                                + (f"; the window itself had {ctx.direct_inflight} direct request(s) in flight: a "
                                   f"router whose inflight counts the engine's running requests, not routed ones, "

@@ -289,6 +289,19 @@ def test_containment_breach_reported_by_the_router_aborts():
     assert decisions(h, AbortDecided)[0].reason == "containment"
 
 
+@pytest.mark.parametrize(("admitted", "inflight", "words"), [
+    (True, 2, "is receiving traffic"), (False, 1, "is receiving traffic"),
+    (True, 0, "is admitted again, so the router may send it traffic"),
+    (True, None, "is admitted again, so the router may send it traffic")])
+def test_a_containment_breach_says_traffic_only_when_requests_were_seen_in_flight(admitted, inflight, words):
+    from flare_diag.policies import guards
+    from flare_diag.policies.plan import Growth
+    ctx = guards.Context(Growth(), None, {"config_sha256": "router-1"})
+    hit = guards.judge("router", {"config_sha256": "router-1",
+                                  "backend": {"id": "primary", "admitted": admitted, "inflight": inflight}}, ctx)
+    assert hit is not None and hit[0] == "containment" and f"quiesced backend primary {words} " in hit[1], hit
+
+
 def test_uncontrolled_growth_aborts():
     def hook(world, hist):
         if world.requests_sent == 6:
