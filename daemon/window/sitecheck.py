@@ -107,7 +107,11 @@ class _Probe:
                 raise _ServiceDown from None
             if f.error == "transport":
                 url = getattr(getattr(self.t.p, service, None), "url", "?")
-                self.out.services[service] = f"{service}: unreachable at {url} ({f.detail.split(': ', 1)[-1]})"
+                why = f.detail.split(": ", 1)[-1]
+                # a connection nobody accepted is a service unreachable; one accepted, then closed or held
+                # without an answer, is a service that is there and did not answer
+                seen = "unreachable at" if why.startswith(("ConnectError", "ConnectTimeout")) else "no answer from"
+                self.out.services[service] = f"{service}: {seen} {url} ({why})"
                 raise _ServiceDown from None
             raise ActionFailed(f.error, f.detail) from None
 
