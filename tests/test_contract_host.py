@@ -422,6 +422,20 @@ def test_site_check_prints_no_token_a_host_echoes_back_in_its_error_body(tmp_pat
             assert tok not in p.stdout + p.stderr  # ... without the token it echoed
 
 
+def test_run_refuses_in_one_line_without_the_token_a_host_echoes_back_in_its_error(tmp_path, small_plan):
+    # the refusal's line says why each missing need holds the window back, in the host's words: scrubbed
+    host = ContractHost(tmp_path / "host", echo_token=True)
+    try:
+        p = flare_diag("run", "--plan", str(_without_trace(small_plan, tmp_path)), "--site", str(host.site),
+                       "--out", str(tmp_path / "out"), "--time-scale", "60")
+    finally:
+        host.stop()
+    assert p.returncode == 2 and "manager.state: manager state: HTTP 503" in p.stderr, p.stderr
+    for tok in host.tokens.values():
+        assert tok not in p.stdout + p.stderr
+    assert "[token]" in p.stderr
+
+
 def test_a_contract_host_whose_router_readmits_the_primary_during_the_restore_is_left_to_a_person_who_is_told_it_is_admitted(tmp_path, small_plan):
     # the window aborts (identity drift after three requests); as the restore loads the incumbent the
     # router admits the backend by itself: the last gate before readmit sees it and keeps it out

@@ -18,6 +18,7 @@ from flare_diag.daemon.hosts import request_schema
 from flare_diag.daemon.hosts.profile_rules import (cached_tokens_unreported, refuses_unserved_model, usage_unasked,
                                                     usage_unasked_words)
 from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
+from flare_diag.daemon.hosts.site import scrub
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
 from flare_diag.policies import guards, steady
@@ -93,7 +94,9 @@ class _Probe:
         self.out = SiteCheck(target.site.name, plan.name if plan else None)
 
     def add(self, name: str, status: str, reason: str, required: bool = False, fits: bool = True) -> None:
-        self.out.capabilities.append(Capability(name, status, reason, required, fits))
+        # a host's words may carry the credential it was sent: scrubbed as they are kept, so that no reader of
+        # the check (its table, its JSON, `run`'s one-line refusal) can print one
+        self.out.capabilities.append(Capability(name, status, scrub(reason, self.t.site.tokens.values()), required, fits))
 
     async def call(self, service: str, coro):
         """One probe; a refused token or an unreachable service is recorded once, for the service."""
@@ -111,7 +114,7 @@ class _Probe:
                 # a connection nobody accepted is a service unreachable; one accepted, then closed or held
                 # without an answer, is a service that is there and did not answer
                 seen = "unreachable at" if why.startswith(("ConnectError", "ConnectTimeout")) else "no answer from"
-                self.out.services[service] = f"{service}: {seen} {url} ({why})"
+                self.out.services[service] = scrub(f"{service}: {seen} {url} ({why})", self.t.site.tokens.values())
                 raise _ServiceDown from None
             raise ActionFailed(f.error, f.detail) from None
 
@@ -500,8 +503,9 @@ async def checked_target(setup: WindowSetup, recipe_dir: Path) -> Target:
         raise
     if breaches:
         await target.close()
-        raise InputError(f"{setup.plan_path or 'plan'}: the incumbent as it serves now already breaches "
-                         f"{'; '.join(breaches)}; a window would abort and strand the primary, so nothing was changed")
+        raise InputError(scrub(f"{setup.plan_path or 'plan'}: the incumbent as it serves now already breaches "
+                               f"{'; '.join(breaches)}; a window would abort and strand the primary, so nothing was "
+                               f"changed", setup.site.tokens.values()))  # the breaches quote the host's answers
     return target
 
 
