@@ -212,12 +212,11 @@ def restore_pass(w: WindowCore) -> Generator[Any, Any, tuple[dict[str, Any], dic
     now_router, now_gpu = yield from w.act_all([("snapshot", {"what": "router"}), ("snapshot", {"what": "gpu"})])
     now_router = yield from read_again(w, "snapshot", {"what": "router"}, now_router)
     now_gpu = yield from read_again(w, "snapshot", {"what": "gpu"}, now_gpu)
-    contained: bool | None = True if router_snap is not None or gpu_snap is not None else None  # None: nothing to contain
-    if router_snap is not None:
-        contained = now_router.ok and read(RouterView, now_router).config_sha256 == router_snap.get("config_sha256")
-    if gpu_snap is not None:
-        contained = contained and now_gpu.ok and _gpu_fields(now_gpu.data) == _gpu_fields(gpu_snap)
-    checks["containment"] = None if contained is None else bool(contained)
+    uncontained = _uncontained(router_snap, now_router, gpu_snap, now_gpu)
+    # None: nothing to contain (neither a router nor GPUs were snapshotted before the take-down)
+    checks["containment"] = None if router_snap is None and gpu_snap is None else not uncontained
+    if uncontained:  # "containment failed" alone sends a person to the router for a GPU view that did not answer
+        w.emit(Alarm(kind="containment_not_verified", detail="; ".join(uncontained)))
     if gpu_snap is not None and now_gpu.ok:  # an Xid the watch has not reported yet is seen here, before any readmit
         new = read(GpuView, now_gpu).xid_events[w.state.xids_known:]
         if new:
@@ -337,6 +336,25 @@ def load_incumbent(w: WindowCore, recipe: str | None, sha: str) -> Proc:
 def _loaded(st: Any) -> LoadedRecipe | None:
     """What the manager says is loaded; None when it could not say, or names no recipe."""
     return read(ManagerState, st).recipe_loaded() if st.ok else None
+
+
+def _uncontained(router_snap: Mapping[str, Any] | None, now_router: Any, gpu_snap: Mapping[str, Any] | None,
+                 now_gpu: Any) -> list[str]:
+    """Why the router and the GPUs as the restore reads them are not as they were before the take-down, each
+    as a sentence: a read that failed is said as one, never as a change."""
+    out: list[str] = []
+    if router_snap is not None:
+        if not now_router.ok:
+            out.append(f"the router could not be read ({now_router.detail or now_router.error})")
+        elif (now := read(RouterView, now_router).config_sha256) != router_snap.get("config_sha256"):
+            out.append(f"the router's configuration sha256 was {router_snap.get('config_sha256')}, now {now}")
+    if gpu_snap is not None:
+        if not now_gpu.ok:
+            out.append(f"the GPU view could not be read ({now_gpu.detail or now_gpu.error})")
+        elif _gpu_fields(now_gpu.data) != _gpu_fields(gpu_snap):
+            out.append("; ".join(rules.gpu_changes(gpu_snap.get("gpus", []), now_gpu.data.get("gpus", [])))
+                       or "the GPUs' power limits differ from before the take-down")
+    return out
 
 
 def _gpu_fields(snapshot: Mapping[str, Any]) -> list[tuple[Any, Any]]:

@@ -197,6 +197,16 @@ def test_at_x60_the_raised_bounds_are_in_scaled_bounds_and_under_needs_attention
     assert "BoundsScaled" in kinds and rc == 0
 
 
+def test_a_gpu_view_silent_through_the_restore_says_the_containment_it_could_not_verify_and_why(tmp_path, small_plan):
+    # from A's third request the GPU view answers 503 for longer than the window; at x60 the watch's bound is
+    # 300 window s, which the experiment does not outlast: the restore meets the silent view
+    rc, r, _seen = _window(tmp_path, _without_trace(small_plan, tmp_path), gpu_silent={"after_chats": 3, "for_s": 600})
+    assert (rc, r["outcome"], r["restoration"]["containment"]) == (3, "restore_failed", False), (r["abort"], r["restoration"])
+    said = next(a["detail"] for a in r["alarms"] if a["kind"] == "containment_not_verified")
+    assert said.startswith("the GPU view could not be read (") and "503" in said, said
+    assert "router" not in said  # the router was read and unchanged: it is not named
+
+
 def test_at_x6_a_gpu_view_that_falls_silent_aborts_watch_lost_within_the_plans_30_window_seconds(tmp_path, small_plan):
     # loads take 4 real s (24 window s), so the experiment outlasts 30 window s (5 real s) of silence from
     # A's third request, whatever the machine's speed (slower only lengthens it); the view answers again
