@@ -93,6 +93,16 @@ def classify_exception(exc: BaseException, what: str) -> ActionFailed:
     return ActionFailed("internal_error", f"{what}: internal error ({type(exc).__name__}), not the host's fault")
 
 
+# the transport failures where nothing accepted a connection, as `classify_exception` names them in a detail
+NO_CONNECTION = (httpx.ConnectError.__name__, httpx.ConnectTimeout.__name__)
+
+
+def no_connection_made(f: ActionFailed) -> bool:
+    """Whether a transport failure is one where no connection was accepted (a service unreachable), not one
+    accepted and then closed or held without an answer."""
+    return f.error == "transport" and f.detail.rsplit(": ", 1)[-1] in NO_CONNECTION
+
+
 def why_unread(exc: BaseException, what: str) -> str:
     """Why a read got no answer, in a report's words: "no connection" when nothing accepted one (the
     process behind the port is gone, or was never there), "timeout", else the failure's class."""

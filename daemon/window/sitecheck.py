@@ -17,7 +17,7 @@ import httpx
 from flare_diag.daemon.hosts import request_schema
 from flare_diag.daemon.hosts.profile_rules import (cached_tokens_unreported, refuses_unserved_model, usage_unasked,
                                                     usage_unasked_words)
-from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception
+from flare_diag.daemon.hosts.errors import ActionFailed, classify_exception, no_connection_made
 from flare_diag.daemon.hosts.site import scrub
 from flare_diag.daemon.hosts.target import Target
 from flare_diag.daemon.window.setup import InputError, WindowSetup
@@ -113,7 +113,7 @@ class _Probe:
                 why = f.detail.split(": ", 1)[-1]
                 # a connection nobody accepted is a service unreachable; one accepted, then closed or held
                 # without an answer, is a service that is there and did not answer
-                seen = "unreachable at" if why.startswith(("ConnectError", "ConnectTimeout")) else "no answer from"
+                seen = "unreachable at" if no_connection_made(f) else "no answer from"
                 self.out.services[service] = scrub(f"{service}: {seen} {url} ({why})", self.t.site.tokens.values())
                 raise _ServiceDown from None
             raise ActionFailed(f.error, f.detail) from None
